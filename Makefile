@@ -1,0 +1,51 @@
+# outbox: PGXS build.
+#
+#   make              build
+#   make install      install into the PostgreSQL that pg_config names
+#   make test         install, then run pg_regress and the TAP tests, each
+#                     against its own throwaway server (works as root)
+#   make demo         install packages, build, and show messages flowing
+
+MODULE_big = outbox
+OBJS = \
+	src/api.o \
+	src/emit.o \
+	src/outbox.o \
+	src/shmem.o \
+	src/storage.o
+
+EXTENSION = outbox
+DATA = outbox--0.1.sql
+PGFILEDESC = "outbox - transactional outbox delivered in commit order"
+
+REGRESS = emit savepoints triggers frontier errors
+REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
+	--temp-instance=$(CURDIR)/tmp_check_regress
+
+TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
+PROVE_FLAGS = -I $(srcdir)/test/t
+
+CURL_CONFIG ?= curl-config
+PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags)
+# Extra warnings PostgreSQL's own headers build clean with; WERROR=1 (CI)
+# turns every warning into an error.
+PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
+	-Wno-missing-field-initializers -Wshadow=compatible-local \
+	$(if $(WERROR),-Werror)
+SHLIB_LINK = $(shell $(CURL_CONFIG) --libs)
+
+EXTRA_CLEAN = tmp_check_regress test-output
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+$(OBJS): src/outbox.h src/compat.h
+
+.PHONY: test demo
+test: all
+	test/run-tests.sh
+
+demo:
+	test/demo.sh

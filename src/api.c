@@ -1,0 +1,424 @@
+/*-------------------------------------------------------------------------
+ *
+ * api.c
+ *	  SQL-callable entry points and the checks on their input.
+ *
+ * outbox_emit() refuses everything it cannot honour at the call, not at
+ * commit: a library that was not preloaded, the wrong database, a read-only
+ * transaction or a standby, a parallel worker, and malformed input.  A
+ * refused call raises an error and buffers nothing.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/detoast.h"
+#include "access/parallel.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "commands/dbcommands.h"
+#include "common/pg_prng.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_emit);
+PG_FUNCTION_INFO_V1(outbox_frontier);
+
+/* Whether this backend's database is outbox.database: 0 unknown, 1 yes, -1 no. */
+static int	database_matches = 0;
+
+/* Generator for the random bits of message ids, seeded once per backend. */
+static pg_prng_state uuid_prng;
+static bool uuid_prng_seeded = false;
+
+/* Refuse to run unless the library was loaded by shared_preload_libraries. */
+static void
+outbox_check_preloaded(const char *what)
+{
+	if (!outbox_preloaded || !outbox_shmem_ready())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s requires the outbox library to be preloaded", what),
+				 errdetail("The commit sequence lives in shared memory, which only a preloaded library can set up."),
+				 errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
+
+/*
+ * Refuse to run in a database other than outbox.database: the relay worker
+ * serves only that one, so messages stored elsewhere would never leave.
+ */
+void
+outbox_check_database(const char *what)
+{
+	if (database_matches == 0)
+	{
+		char	   *dbname = get_database_name(MyDatabaseId);
+
+		database_matches = (dbname && strcmp(dbname, outbox_database) == 0) ? 1 : -1;
+	}
+	if (database_matches < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s cannot be used in database \"%s\"", what,
+						get_database_name(MyDatabaseId)),
+				 errdetail("The outbox relay serves database \"%s\" (outbox.database).",
+						   outbox_database),
+				 errhint("Connect to database \"%s\", or set outbox.database to \"%s\" and restart the server.",
+						 outbox_database, get_database_name(MyDatabaseId))));
+}
+
+/* Refuse to emit where the message could not be stored at commit. */
+static void
+outbox_check_writable(void)
+{
+	if (IsParallelWorker() || IsInParallelMode())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
+				 errmsg("cannot call outbox_emit() during a parallel operation"),
+				 errhint("Call outbox_emit() from a function marked PARALLEL UNSAFE.")));
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot call outbox_emit() during recovery"),
+				 errdetail("A standby server cannot store messages."),
+				 errhint("Emit messages on the primary server.")));
+	if (XactReadOnly)
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot call outbox_emit() in a read-only transaction"),
+				 errhint("Emit messages from a read-write transaction.")));
+}
+
+/* Reject control characters that would break an HTTP header line. */
+static int
+outbox_find_control_char(const char *s, int len)
+{
+	int			i;
+
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			return i;
+	}
+	return -1;
+}
+
+static void
+outbox_check_topic(text *topic_t, const char **topic, int *topic_len)
+{
+	int			len = VARSIZE_ANY_EXHDR(topic_t);
+	const char *s = VARDATA_ANY(topic_t);
+	int			i;
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox topic must not be empty"),
+				 errhint("Name the topic, for example 'orders.created'.")));
+	if (len > OUTBOX_MAX_TOPIC_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("outbox topic is too long"),
+				 errdetail("The topic has %d bytes; the limit is %d.",
+						   len, OUTBOX_MAX_TOPIC_LEN),
+				 errhint("Use a shorter topic name.")));
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		if (c <= 0x20 || c == 0x7f || c == '*')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("outbox topic contains an invalid character"),
+					 errdetail("Byte %d of the topic is 0x%02x; topics may not contain white space, control characters or \"*\".",
+							   i + 1, c),
+					 errhint("Use names such as 'orders.created'; \"*\" is reserved for subscription patterns.")));
+	}
+	*topic = s;
+	*topic_len = len;
+}
+
+static void
+outbox_check_key(text *key_t, const char **key, int *key_len)
+{
+	int			len = VARSIZE_ANY_EXHDR(key_t);
+	const char *s = VARDATA_ANY(key_t);
+
+	if (len > OUTBOX_MAX_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("outbox key is too long"),
+				 errdetail("The key has %d bytes; the limit is %d.",
+						   len, OUTBOX_MAX_KEY_LEN),
+				 errhint("Use a shorter key, such as the aggregate's id.")));
+	if (outbox_find_control_char(s, len) >= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox key contains a control character"),
+				 errdetail("Byte %d of the key is 0x%02x.",
+						   outbox_find_control_char(s, len) + 1,
+						   (unsigned char) s[outbox_find_control_char(s, len)]),
+				 errhint("Keys travel as HTTP header values; remove carriage returns, line feeds and other control characters.")));
+	*key = s;
+	*key_len = len;
+}
+
+/* RFC 9110 token characters, the only ones allowed in a header name. */
+static bool
+outbox_is_token_char(unsigned char c)
+{
+	if (c >= '0' && c <= '9')
+		return true;
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+		return true;
+	return strchr("!#$%&'*+-.^_`|~", c) != NULL && c != '\0';
+}
+
+/* Headers the relay sets itself, which a message may not override. */
+static bool
+outbox_is_reserved_header(const char *name, int len)
+{
+	static const char *const reserved[] = {
+		"content-length", "content-type", "host", "connection",
+		"transfer-encoding", "te", "upgrade", "expect", "trailer",
+		"keep-alive", "proxy-connection"
+	};
+	int			i;
+
+	if (len >= 8 && pg_strncasecmp(name, "webhook-", 8) == 0)
+		return true;
+	if (len >= 7 && pg_strncasecmp(name, "outbox-", 7) == 0)
+		return true;
+	for (i = 0; i < lengthof(reserved); i++)
+		if ((int) strlen(reserved[i]) == len &&
+			pg_strncasecmp(name, reserved[i], len) == 0)
+			return true;
+	return false;
+}
+
+/* headers must be a flat JSON object of string values usable as HTTP headers. */
+static void
+outbox_check_headers(Jsonb *headers)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *name = NULL;
+	int			name_len = 0;
+
+	if (VARSIZE(headers) > OUTBOX_MAX_HEADERS_SIZE)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox headers are too large"),
+				 errdetail("The headers take %zu bytes; the limit is %d.",
+						   (size_t) VARSIZE(headers), OUTBOX_MAX_HEADERS_SIZE),
+				 errhint("Move bulky data into the payload.")));
+
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("outbox headers must be a JSON object"),
+				 errhint("Pass headers such as '{\"x-tenant\": \"acme\"}'.")));
+
+	it = JsonbIteratorInit(&headers->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			int			i;
+
+			name = v.val.string.val;
+			name_len = v.val.string.len;
+			if (name_len == 0 || name_len > OUTBOX_MAX_HEADER_NAME_LEN)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox header name must have 1 to %d bytes",
+								OUTBOX_MAX_HEADER_NAME_LEN),
+						 errhint("Use header names such as \"x-tenant\".")));
+			for (i = 0; i < name_len; i++)
+				if (!outbox_is_token_char((unsigned char) name[i]))
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("outbox header name \"%.*s\" is not a valid HTTP header name",
+									name_len, name),
+							 errdetail("Header names may contain only letters, digits and !#$%%&'*+-.^_`|~."),
+							 errhint("Use header names such as \"x-tenant\".")));
+			if (outbox_is_reserved_header(name, name_len))
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox header name \"%.*s\" is reserved",
+								name_len, name),
+						 errdetail("The relay sets this header itself."),
+						 errhint("Choose another header name, for example one starting with \"x-\".")));
+		}
+		else if (tok == WJB_VALUE)
+		{
+			int			bad;
+
+			if (v.type != jbvString)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox header \"%.*s\" must have a string value",
+								name_len, name),
+						 errhint("Quote the value, for example '{\"x-retry\": \"3\"}'.")));
+			bad = outbox_find_control_char(v.val.string.val, v.val.string.len);
+			if (bad >= 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox header \"%.*s\" contains a control character",
+								name_len, name),
+						 errdetail("Byte %d of the value is 0x%02x.", bad + 1,
+								   (unsigned char) v.val.string.val[bad]),
+						 errhint("Remove carriage returns, line feeds and other control characters from header values.")));
+		}
+	}
+}
+
+/* A version 7 UUID: 48 bits of Unix milliseconds, then 74 random bits. */
+static void
+outbox_make_uuid(pg_uuid_t *uuid, TimestampTz now)
+{
+	uint64		unix_ms;
+	uint64		r1;
+	uint64		r2;
+	int			i;
+
+	if (!uuid_prng_seeded)
+	{
+		if (!pg_prng_strong_seed(&uuid_prng))
+			pg_prng_seed(&uuid_prng,
+						 (uint64) MyProcPid ^ (uint64) GetCurrentTimestamp());
+		uuid_prng_seeded = true;
+	}
+
+	unix_ms = (uint64) (now / 1000) +
+		(uint64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
+	r1 = pg_prng_uint64(&uuid_prng);
+	r2 = pg_prng_uint64(&uuid_prng);
+
+	for (i = 0; i < 6; i++)
+		uuid->data[i] = (unsigned char) (unix_ms >> (40 - 8 * i));
+	uuid->data[6] = 0x70 | (unsigned char) (r1 & 0x0f);
+	uuid->data[7] = (unsigned char) (r1 >> 8);
+	uuid->data[8] = 0x80 | (unsigned char) (r2 & 0x3f);
+	for (i = 9; i < 16; i++)
+		uuid->data[i] = (unsigned char) (r2 >> (8 * (i - 8)));
+}
+
+/*
+ * outbox_emit(topic text, payload jsonb, key text, headers jsonb) -> uuid
+ *
+ * Buffer a message in the current transaction.  It is stored, with a
+ * commit-ordered id, if and only if the transaction commits.
+ */
+Datum
+outbox_emit(PG_FUNCTION_ARGS)
+{
+	OutboxMessage msg;
+	pg_uuid_t  *result;
+	Jsonb	   *payload;
+	Size		payload_size;
+
+	outbox_check_preloaded("outbox_emit()");
+	outbox_check_writable();
+	outbox_check_database("outbox_emit()");
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox topic must not be null"),
+				 errhint("Name the topic, for example 'orders.created'.")));
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox payload must not be null"),
+				 errhint("Pass 'null'::jsonb or '{}' for a message without a body.")));
+
+	memset(&msg, 0, sizeof(msg));
+	outbox_check_topic(PG_GETARG_TEXT_PP(0), &msg.topic, &msg.topic_len);
+
+	/* Check the size before detoasting a huge value. */
+	payload_size = toast_raw_datum_size(PG_GETARG_DATUM(1)) - VARHDRSZ;
+	if (payload_size > (Size) outbox_max_payload_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox payload is too large"),
+				 errdetail("The payload takes %zu bytes as jsonb; outbox.max_payload_size is %d bytes.",
+						   payload_size, outbox_max_payload_size),
+				 errhint("Send a reference to the data instead, or raise outbox.max_payload_size.")));
+	payload = PG_GETARG_JSONB_P(1);
+	msg.payload = (struct varlena *) payload;
+
+	if (!PG_ARGISNULL(2))
+		outbox_check_key(PG_GETARG_TEXT_PP(2), &msg.key, &msg.key_len);
+
+	if (!PG_ARGISNULL(3))
+	{
+		Jsonb	   *headers = PG_GETARG_JSONB_P(3);
+
+		outbox_check_headers(headers);
+		msg.headers = (struct varlena *) headers;
+	}
+
+	msg.emitted_at = GetCurrentTimestamp();
+	outbox_make_uuid(&msg.msg_id, msg.emitted_at);
+
+	outbox_buffer_append(&msg);
+
+	result = palloc(sizeof(pg_uuid_t));
+	*result = msg.msg_id;
+	PG_RETURN_UUID_P(result);
+}
+
+/*
+ * outbox.frontier() -> bigint
+ *
+ * The highest id at or below which no message can still become visible.
+ * Messages up to it are also durable: WAL is flushed past their commit
+ * records before the value is returned (invariant I7), so a reader that
+ * acts on them never acts on a commit a crash could undo.
+ *
+ * Read the messages in a statement that starts after this one returned, so
+ * that its snapshot is taken after the frontier was computed.
+ */
+Datum
+outbox_frontier(PG_FUNCTION_ARGS)
+{
+	int64		frontier;
+
+	outbox_check_preloaded("outbox.frontier()");
+	outbox_check_database("outbox.frontier()");
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox.frontier() cannot be used during recovery"),
+				 errdetail("Transactions still in progress on the primary can commit messages below any frontier a standby could compute."),
+				 errhint("Call outbox.frontier() on the primary server.")));
+
+	if (!outbox_counter_valid())
+	{
+		Relation	rel = outbox_open_messages(AccessShareLock);
+
+		outbox_ensure_counter(rel);
+		table_close(rel, AccessShareLock);
+	}
+
+	frontier = outbox_compute_frontier();
+
+	/*
+	 * Every commit at or below the frontier wrote its commit record before
+	 * it cleared its slot, so flushing to the current insert position makes
+	 * them all durable.  Cheap when synchronous_commit is on: already done.
+	 */
+	XLogFlush(GetXLogInsertRecPtr());
+
+	PG_RETURN_INT64(frontier);
+}

@@ -1,0 +1,69 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.c
+ *	  Module load: GUCs, shared memory hooks and transaction callbacks.
+ *
+ * The library must be loaded through shared_preload_libraries: the commit
+ * sequence and the in-flight slots live in shared memory, and the
+ * transaction callbacks must be in place in every backend before its first
+ * transaction.  Loaded any other way, it defines its settings and nothing
+ * else, and the SQL functions explain what to change.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "outbox.h"
+
+PG_MODULE_MAGIC;
+
+/*---- GUC variables ----*/
+char	   *outbox_database = NULL;
+int			outbox_max_payload_size = 1024 * 1024;
+
+/* Whether _PG_init ran from shared_preload_libraries. */
+bool		outbox_preloaded = false;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	/* Reloadable settings first: they are useful even without preloading. */
+	DefineCustomIntVariable("outbox.max_payload_size",
+							"Largest payload outbox_emit() accepts.",
+							"Measured as the size of the jsonb value.",
+							&outbox_max_payload_size,
+							1024 * 1024,
+							1024,
+							MaxAllocSize / 2,
+							PGC_SUSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	if (!process_shared_preload_libraries_in_progress)
+	{
+		MarkGUCPrefixReserved("outbox");
+		return;
+	}
+
+	DefineCustomStringVariable("outbox.database",
+							   "Database whose outbox the relay serves.",
+							   "outbox_emit() is refused in other databases.",
+							   &outbox_database,
+							   "postgres",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("outbox");
+
+	outbox_shmem_init_hooks();
+	outbox_emit_init();
+	outbox_preloaded = true;
+}

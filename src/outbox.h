@@ -1,0 +1,99 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.h
+ *	  Declarations shared by the files of the outbox extension.
+ *
+ * The extension is split by job (see DESIGN.md):
+ *	  outbox.c	- module load: GUCs, hook and callback registration
+ *	  shmem.c	- shared state: the commit sequence, in-flight slots, frontier
+ *	  emit.c	- the per-transaction message buffer and the xact callbacks
+ *	  storage.c	- everything that reads or writes outbox tables directly
+ *	  api.c		- SQL-callable entry points and their input checks
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_H
+#define OUTBOX_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "storage/lockdefs.h"
+#include "utils/relcache.h"
+#include "utils/uuid.h"
+
+#include "compat.h"
+
+/*---- names of the extension's objects ----*/
+#define OUTBOX_SCHEMA			"outbox"
+#define OUTBOX_MESSAGES_TABLE	"messages"
+#define OUTBOX_STATE_TABLE		"state"
+
+/*---- columns of outbox.messages, in table order ----*/
+#define Anum_outbox_messages_id			1
+#define Anum_outbox_messages_msg_id		2
+#define Anum_outbox_messages_topic		3
+#define Anum_outbox_messages_key		4
+#define Anum_outbox_messages_payload	5
+#define Anum_outbox_messages_headers	6
+#define Anum_outbox_messages_emitted_at	7
+#define Natts_outbox_messages			7
+
+/*---- input limits ----*/
+#define OUTBOX_MAX_TOPIC_LEN		255 /* bytes */
+#define OUTBOX_MAX_KEY_LEN			1024	/* bytes */
+#define OUTBOX_MAX_HEADER_NAME_LEN	256 /* bytes */
+#define OUTBOX_MAX_HEADERS_SIZE		(64 * 1024) /* bytes of jsonb */
+
+/*
+ * One message as handed from the emit buffer to storage.  The pointers are
+ * valid only until the next message is fetched.
+ */
+typedef struct OutboxMessage
+{
+	pg_uuid_t	msg_id;			/* stable id returned by outbox_emit */
+	TimestampTz emitted_at;		/* when outbox_emit was called */
+	const char *topic;			/* not NUL-terminated */
+	int			topic_len;		/* bytes in topic */
+	const char *key;			/* NULL for no key; not NUL-terminated */
+	int			key_len;		/* bytes in key */
+	struct varlena *payload;	/* jsonb, untoasted, 4-byte header */
+	struct varlena *headers;	/* jsonb or NULL */
+} OutboxMessage;
+
+/* Iterator over the buffered messages of the transaction (emit.c). */
+typedef bool (*OutboxNextMessage) (void *state, OutboxMessage *msg);
+
+/*---- outbox.c ----*/
+extern char *outbox_database;
+extern int	outbox_max_payload_size;
+extern bool outbox_preloaded;
+
+/*---- shmem.c ----*/
+extern void outbox_shmem_init_hooks(void);
+extern bool outbox_shmem_ready(void);
+extern bool outbox_counter_valid(void);
+extern void outbox_counter_initialize(int64 highest_used);
+extern int64 outbox_reserve_ids(int64 count);
+extern void outbox_release_slot(void);
+extern int64 outbox_compute_frontier(void);
+extern void outbox_wake_worker(void);
+
+/*---- emit.c ----*/
+extern void outbox_emit_init(void);
+extern void outbox_buffer_append(const OutboxMessage *msg);
+
+/*---- storage.c ----*/
+typedef struct OutboxWriter OutboxWriter;
+extern Relation outbox_open_messages(LOCKMODE lockmode);
+extern void outbox_ensure_counter(Relation messages);
+extern OutboxWriter *outbox_writer_begin(void);
+extern void outbox_writer_store(OutboxWriter *writer, int64 first_id,
+								int64 count, OutboxNextMessage next,
+								void *next_state);
+extern void outbox_writer_end(OutboxWriter *writer);
+
+/*---- api.c ----*/
+extern void outbox_check_database(const char *what);
+
+#endif							/* OUTBOX_H */

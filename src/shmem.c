@@ -1,0 +1,278 @@
+/*-------------------------------------------------------------------------
+ *
+ * shmem.c
+ *	  Shared state: the commit sequence, the in-flight slots and the frontier.
+ *
+ * Message ids are handed out at PRE_COMMIT, so they follow commit order
+ * (invariant I2).  A committing backend reserves a contiguous block of ids
+ * and publishes the first one in its in-flight slot; it clears the slot in
+ * its COMMIT or ABORT callback, which runs after the transaction became
+ * visible (or was rolled back) and before its locks are released.
+ *
+ * The frontier is the lowest published slot minus one, or the last id handed
+ * out when no slot is published.  Every id at or below it belongs to a
+ * transaction that is visible to any snapshot taken from now on, or that
+ * aborted and left a gap (invariant I3).
+ *
+ * Locking protocol: OutboxShared->lock is taken exclusively to reserve ids
+ * (read next_id, publish the slot, advance next_id) and to initialise the
+ * counter; it is taken shared to compute the frontier.  A backend clears its
+ * own slot without the lock: a single atomic write, and a reader that misses
+ * it only computes a lower, still safe, frontier.
+ *
+ * The counter is not persisted here.  After every start it is initialised
+ * lazily (storage.c) from the highest id in outbox.messages and the durable
+ * high-water mark in outbox.state, so a crash can leave gaps but never make
+ * an id handed out before reappear (invariant I6).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/autovacuum.h"
+#include "replication/walsender.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "access/twophase.h"
+
+#include "outbox.h"
+
+typedef struct OutboxSharedState
+{
+	LWLock	   *lock;			/* see the locking protocol above */
+	bool		counter_valid;	/* next_id initialised since the last start */
+	int64		next_id;		/* next id to hand out */
+	Latch	   *worker_latch;	/* the relay worker's latch, or NULL */
+	int			nslots;			/* entries in inflight[] */
+	pg_atomic_uint64 inflight[FLEXIBLE_ARRAY_MEMBER];	/* first reserved id of
+														 * each backend, by
+														 * PGPROC index; 0 =
+														 * none */
+} OutboxSharedState;
+
+static OutboxSharedState *OutboxShared = NULL;
+
+/* Whether this backend has published its slot and must clear it. */
+static bool slot_published = false;
+
+#if PG_VERSION_NUM >= 150000
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+#endif
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/*
+ * Number of PGPROC entries, so any backend or background worker can index
+ * its slot by its PGPROC number.
+ */
+static int
+outbox_slot_count(void)
+{
+#if PG_VERSION_NUM >= 150000
+	return MaxBackends + NUM_AUXILIARY_PROCS + max_prepared_xacts;
+#else
+	/* MaxBackends is not computed yet when _PG_init runs before 15. */
+	return MaxConnections + autovacuum_max_workers + 1 +
+		max_worker_processes + max_wal_senders +
+		NUM_AUXILIARY_PROCS + max_prepared_xacts;
+#endif
+}
+
+static Size
+outbox_shmem_size(void)
+{
+	return add_size(offsetof(OutboxSharedState, inflight),
+					mul_size(outbox_slot_count(), sizeof(pg_atomic_uint64)));
+}
+
+static void
+outbox_shmem_request(void)
+{
+#if PG_VERSION_NUM >= 150000
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+#endif
+	RequestAddinShmemSpace(outbox_shmem_size());
+	RequestNamedLWLockTranche("outbox", 1);
+}
+
+static void
+outbox_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	OutboxShared = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
+	if (!found)
+	{
+		int			i;
+
+		OutboxShared->lock = &(GetNamedLWLockTranche("outbox"))->lock;
+		OutboxShared->counter_valid = false;
+		OutboxShared->next_id = 1;
+		OutboxShared->worker_latch = NULL;
+		OutboxShared->nslots = outbox_slot_count();
+		for (i = 0; i < OutboxShared->nslots; i++)
+			pg_atomic_init_u64(&OutboxShared->inflight[i], 0);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * Clear our slot if a backend exits between PRE_COMMIT and the end of its
+ * transaction without passing through the abort path.
+ */
+static void
+outbox_shmem_exit(int code, Datum arg)
+{
+	outbox_release_slot();
+}
+
+/*
+ * Install the shared memory hooks.  Called from _PG_init while
+ * shared_preload_libraries is being processed.
+ */
+void
+outbox_shmem_init_hooks(void)
+{
+#if PG_VERSION_NUM >= 150000
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_shmem_request;
+#else
+	outbox_shmem_request();
+#endif
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_shmem_startup;
+}
+
+/* True when the shared state exists (the library was preloaded). */
+bool
+outbox_shmem_ready(void)
+{
+	return OutboxShared != NULL;
+}
+
+bool
+outbox_counter_valid(void)
+{
+	bool		valid;
+
+	LWLockAcquire(OutboxShared->lock, LW_SHARED);
+	valid = OutboxShared->counter_valid;
+	LWLockRelease(OutboxShared->lock);
+	return valid;
+}
+
+/*
+ * Initialise the counter to follow highest_used, unless another backend did
+ * so first.  highest_used was read while the counter was invalid, so no id
+ * has been handed out since and the value cannot be stale.
+ */
+void
+outbox_counter_initialize(int64 highest_used)
+{
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	if (!OutboxShared->counter_valid)
+	{
+		OutboxShared->next_id = Max(highest_used, 0) + 1;
+		OutboxShared->counter_valid = true;
+	}
+	LWLockRelease(OutboxShared->lock);
+}
+
+/*
+ * Reserve count contiguous ids and publish the first in our slot.  The
+ * caller must clear it with outbox_release_slot() at the end of the
+ * transaction.  Precondition: the counter is valid.
+ */
+int64
+outbox_reserve_ids(int64 count)
+{
+	int			me = OUTBOX_MY_PROC_INDEX();
+	int64		first;
+	static bool exit_hook_registered = false;
+
+	Assert(count > 0);
+	if (me < 0 || me >= OutboxShared->nslots)
+		elog(ERROR, "outbox: process index %d outside the %d in-flight slots",
+			 me, OutboxShared->nslots);
+
+	if (!exit_hook_registered)
+	{
+		before_shmem_exit(outbox_shmem_exit, (Datum) 0);
+		exit_hook_registered = true;
+	}
+
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	if (!OutboxShared->counter_valid)
+		elog(ERROR, "outbox: commit sequence used before initialisation");
+	first = OutboxShared->next_id;
+	OutboxShared->next_id += count;
+	pg_atomic_write_u64(&OutboxShared->inflight[me], (uint64) first);
+	slot_published = true;
+	LWLockRelease(OutboxShared->lock);
+
+	return first;
+}
+
+/*
+ * Clear our slot.  Called at COMMIT (after the transaction became visible),
+ * at ABORT, and at backend exit.
+ */
+void
+outbox_release_slot(void)
+{
+	if (!slot_published || OutboxShared == NULL)
+		return;
+	pg_memory_barrier();
+	pg_atomic_write_u64(&OutboxShared->inflight[OUTBOX_MY_PROC_INDEX()], 0);
+	slot_published = false;
+}
+
+/*
+ * The highest id such that no message with an id at or below it can still
+ * become visible.  Precondition: the counter is valid.
+ *
+ * A caller that reads messages up to the frontier must take its snapshot
+ * after this returns.
+ */
+int64
+outbox_compute_frontier(void)
+{
+	int64		lowest;
+	int			i;
+
+	LWLockAcquire(OutboxShared->lock, LW_SHARED);
+	lowest = OutboxShared->next_id;
+	for (i = 0; i < OutboxShared->nslots; i++)
+	{
+		int64		v = (int64) pg_atomic_read_u64(&OutboxShared->inflight[i]);
+
+		if (v != 0 && v < lowest)
+			lowest = v;
+	}
+	LWLockRelease(OutboxShared->lock);
+
+	return lowest - 1;
+}
+
+/* Wake the relay worker, if one is running. */
+void
+outbox_wake_worker(void)
+{
+	Latch	   *latch;
+
+	if (OutboxShared == NULL)
+		return;
+	latch = OutboxShared->worker_latch;
+	if (latch != NULL)
+		SetLatch(latch);
+}

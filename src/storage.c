@@ -1,0 +1,311 @@
+/*-------------------------------------------------------------------------
+ *
+ * storage.c
+ *	  Direct reads and writes of the outbox tables.
+ *
+ * Messages are written at PRE_COMMIT straight through the table AM
+ * (table_multi_insert plus index insertion, as COPY does), never through
+ * SPI: no user code may run at that point, and trigger events queued there
+ * would be dropped silently.  Rows are written in batches from a short-lived
+ * memory context, so storing a million messages uses a bounded amount of
+ * memory.
+ *
+ * This file also reads what the commit sequence is initialised from after
+ * a start: the highest id present in outbox.messages (any row version, dead
+ * or alive) and the high-water mark in outbox.state that the delete and
+ * truncate triggers maintain.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
+#include "executor/executor.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+#include "outbox.h"
+
+/* Rows handed to table_multi_insert at once. */
+#define OUTBOX_INSERT_BATCH		1000
+
+struct OutboxWriter
+{
+	Relation	rel;			/* outbox.messages */
+	EState	   *estate;			/* for index insertion */
+	ResultRelInfo *rri;			/* rel and its open indexes */
+	TupleTableSlot **slots;		/* OUTBOX_INSERT_BATCH slots */
+	int			nslots_made;	/* slots created so far */
+	MemoryContext batch_cxt;	/* datums of the current batch */
+};
+
+/*
+ * Open outbox.messages with the given lock, with a clear error when the
+ * extension is not installed in this database.
+ */
+Relation
+outbox_open_messages(LOCKMODE lockmode)
+{
+	Oid			nspid;
+	Oid			relid = InvalidOid;
+	Relation	rel;
+
+	nspid = get_namespace_oid(OUTBOX_SCHEMA, true);
+	if (OidIsValid(nspid))
+		relid = get_relname_relid(OUTBOX_MESSAGES_TABLE, nspid);
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension \"outbox\" is not installed in database \"%s\"",
+						get_database_name(MyDatabaseId)),
+				 errhint("Run CREATE EXTENSION outbox in this database.")));
+
+	rel = table_open(relid, lockmode);
+	if (RelationGetDescr(rel)->natts != Natts_outbox_messages ||
+		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_id - 1)->atttypid != INT8OID ||
+		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_msg_id - 1)->atttypid != UUIDOID ||
+		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_payload - 1)->atttypid != JSONBOID ||
+		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_emitted_at - 1)->atttypid != TIMESTAMPTZOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table outbox.messages does not have the layout this library expects"),
+				 errhint("Run ALTER EXTENSION outbox UPDATE, or install the library version that matches the extension.")));
+	return rel;
+}
+
+/* The highest id of any row version in outbox.messages, or 0. */
+static int64
+outbox_highest_message_id(Relation messages)
+{
+	Oid			pkoid = RelationGetPrimaryKeyIndex(messages);
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	int64		highest = 0;
+
+	if (!OidIsValid(pkoid))
+		elog(ERROR, "outbox: outbox.messages has no primary key");
+
+	index = index_open(pkoid, AccessShareLock);
+	slot = table_slot_create(messages, NULL);
+	scan = outbox_index_beginscan(messages, index, SnapshotAny);
+	index_rescan(scan, NULL, 0, NULL, 0);
+	if (index_getnext_slot(scan, BackwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		d = slot_getattr(slot, Anum_outbox_messages_id, &isnull);
+
+		if (!isnull)
+			highest = DatumGetInt64(d);
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+
+	return highest;
+}
+
+/* The durable high-water mark from outbox.state (any row version), or 0. */
+static int64
+outbox_high_water_mark(void)
+{
+	Oid			nspid = get_namespace_oid(OUTBOX_SCHEMA, false);
+	Oid			relid = get_relname_relid(OUTBOX_STATE_TABLE, nspid);
+	Relation	rel;
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+	int64		highest = 0;
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "outbox: table outbox.state is missing");
+
+	rel = table_open(relid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	scan = table_beginscan(rel, SnapshotAny, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		d = slot_getattr(slot, 1, &isnull);
+
+		if (!isnull && DatumGetInt64(d) > highest)
+			highest = DatumGetInt64(d);
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	table_close(rel, AccessShareLock);
+
+	return highest;
+}
+
+/*
+ * Make sure the commit sequence is initialised since the last start.
+ * Caller holds a lock on outbox.messages.
+ */
+void
+outbox_ensure_counter(Relation messages)
+{
+	int64		highest;
+
+	if (outbox_counter_valid())
+		return;
+
+	highest = Max(outbox_highest_message_id(messages), outbox_high_water_mark());
+	outbox_counter_initialize(highest);
+}
+
+/*
+ * Prepare to store messages: open outbox.messages and its indexes and make
+ * sure the commit sequence is initialised.  Everything that could wait for a
+ * lock happens here, before the caller reserves ids.
+ */
+OutboxWriter *
+outbox_writer_begin(void)
+{
+	OutboxWriter *writer = palloc0(sizeof(OutboxWriter));
+
+	writer->rel = outbox_open_messages(RowExclusiveLock);
+	outbox_ensure_counter(writer->rel);
+
+	writer->estate = CreateExecutorState();
+	writer->estate->es_output_cid = GetCurrentCommandId(true);
+	writer->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(writer->rri, writer->rel, 1, NULL, 0);
+	ExecOpenIndices(writer->rri, false);
+
+	writer->slots = palloc0(sizeof(TupleTableSlot *) * OUTBOX_INSERT_BATCH);
+	writer->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
+											  "outbox insert batch",
+											  ALLOCSET_DEFAULT_SIZES);
+	return writer;
+}
+
+/* Insert slots[0..n) and their index entries, then forget the batch. */
+static void
+outbox_writer_flush(OutboxWriter *writer, int n)
+{
+	int			i;
+
+	if (n == 0)
+		return;
+
+	table_multi_insert(writer->rel, writer->slots, n,
+					   writer->estate->es_output_cid, 0, NULL);
+
+	for (i = 0; i < n; i++)
+	{
+		List	   *recheck;
+
+		if (writer->rri->ri_NumIndices > 0)
+		{
+			recheck = outbox_insert_index_tuples(writer->rri,
+												 writer->slots[i],
+												 writer->estate);
+			list_free(recheck);
+		}
+		ExecClearTuple(writer->slots[i]);
+	}
+	ResetPerTupleExprContext(writer->estate);
+	MemoryContextReset(writer->batch_cxt);
+}
+
+/*
+ * Store count messages produced by next(), giving them ids first_id,
+ * first_id + 1, ... in the order next() returns them.
+ */
+void
+outbox_writer_store(OutboxWriter *writer, int64 first_id, int64 count,
+					OutboxNextMessage next, void *next_state)
+{
+	OutboxMessage msg;
+	int64		id = first_id;
+	int			n = 0;
+
+	while (next(next_state, &msg))
+	{
+		TupleTableSlot *slot;
+		MemoryContext oldcxt;
+		pg_uuid_t  *uuid;
+
+		if (id - first_id >= count)
+			elog(ERROR, "outbox: more buffered messages than ids reserved");
+
+		if (n == writer->nslots_made)
+			writer->slots[writer->nslots_made++] =
+				table_slot_create(writer->rel, NULL);
+		slot = writer->slots[n];
+		ExecClearTuple(slot);
+
+		oldcxt = MemoryContextSwitchTo(writer->batch_cxt);
+		uuid = palloc(sizeof(pg_uuid_t));
+		*uuid = msg.msg_id;
+
+		memset(slot->tts_isnull, 0, sizeof(bool) * Natts_outbox_messages);
+		slot->tts_values[Anum_outbox_messages_id - 1] = Int64GetDatum(id);
+		slot->tts_values[Anum_outbox_messages_msg_id - 1] = UUIDPGetDatum(uuid);
+		slot->tts_values[Anum_outbox_messages_topic - 1] =
+			PointerGetDatum(cstring_to_text_with_len(msg.topic, msg.topic_len));
+		if (msg.key)
+			slot->tts_values[Anum_outbox_messages_key - 1] =
+				PointerGetDatum(cstring_to_text_with_len(msg.key, msg.key_len));
+		else
+			slot->tts_isnull[Anum_outbox_messages_key - 1] = true;
+		/* The payload stays in the buffer; the insert copies it. */
+		slot->tts_values[Anum_outbox_messages_payload - 1] =
+			PointerGetDatum(msg.payload);
+		if (msg.headers)
+			slot->tts_values[Anum_outbox_messages_headers - 1] =
+				PointerGetDatum(msg.headers);
+		else
+			slot->tts_isnull[Anum_outbox_messages_headers - 1] = true;
+		slot->tts_values[Anum_outbox_messages_emitted_at - 1] =
+			TimestampTzGetDatum(msg.emitted_at);
+		ExecStoreVirtualTuple(slot);
+
+		/*
+		 * A message read from the spill file lives in a buffer the next read
+		 * overwrites, so materialise it into the slot now.
+		 */
+		ExecMaterializeSlot(slot);
+		MemoryContextSwitchTo(oldcxt);
+
+		id++;
+		if (++n == OUTBOX_INSERT_BATCH)
+		{
+			outbox_writer_flush(writer, n);
+			n = 0;
+		}
+	}
+	outbox_writer_flush(writer, n);
+
+	if (id - first_id != count)
+		elog(ERROR, "outbox: stored " INT64_FORMAT " messages, reserved " INT64_FORMAT " ids",
+			 id - first_id, count);
+}
+
+/* Close what outbox_writer_begin opened; locks are kept until commit. */
+void
+outbox_writer_end(OutboxWriter *writer)
+{
+	int			i;
+
+	for (i = 0; i < writer->nslots_made; i++)
+		ExecDropSingleTupleTableSlot(writer->slots[i]);
+	ExecCloseIndices(writer->rri);
+	FreeExecutorState(writer->estate);
+	MemoryContextDelete(writer->batch_cxt);
+	table_close(writer->rel, NoLock);
+	pfree(writer->slots);
+	pfree(writer);
+}
