@@ -48,7 +48,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	RAISE EXCEPTION 'cannot % outbox.messages directly', lower(TG_OP)
+	RAISE EXCEPTION 'cannot % outbox.messages directly',
+		CASE TG_OP WHEN 'INSERT' THEN 'insert into' ELSE lower(TG_OP) END
 		USING ERRCODE = 'insufficient_privilege',
 			  DETAIL = 'Messages are written by outbox_emit() when the emitting transaction commits.',
 			  HINT = 'Call outbox_emit(topic, payload, key, headers) instead.';
