@@ -43,9 +43,16 @@ include $(PGXS)
 
 $(OBJS): src/outbox.h src/compat.h
 
-.PHONY: test demo
+.PHONY: test demo lint
 test: all
 	test/run-tests.sh
+
+# Static analysis of our own code (warnings in PostgreSQL's headers are not ours).
+lint:
+	cppcheck -q --error-exitcode=1 --enable=warning,performance,portability \
+		--inline-suppr --suppress=missingIncludeSystem --suppress=toomanyconfigs \
+		--suppress='*:$(includedir_server)/*' --max-configs=1 \
+		-I$(srcdir)/src -I$(includedir_server) $(srcdir)/src/*.c
 
 demo:
 	test/demo.sh
