@@ -38,14 +38,23 @@ SHLIB_LINK = $(shell $(CURL_CONFIG) --libs)
 EXTRA_CLEAN = tmp_check_regress test-output
 
 PG_CONFIG ?= pg_config
-PGXS := $(shell $(PG_CONFIG) --pgxs)
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+
+# The two commands work on a fresh machine: the scripts install the Debian
+# packages they need (pg_config among them) before building.
+.PHONY: all test demo lint
+all:
+
+test:
+	test/run-tests.sh
+
+demo:
+	test/demo.sh
+
+ifneq ($(PGXS),)
 include $(PGXS)
 
 $(OBJS): src/outbox.h src/compat.h
-
-.PHONY: test demo lint
-test: all
-	test/run-tests.sh
 
 # Static analysis of our own code (warnings in PostgreSQL's headers are not ours).
 lint:
@@ -53,6 +62,4 @@ lint:
 		--inline-suppr --suppress=missingIncludeSystem --suppress=toomanyconfigs \
 		--suppress='*:$(includedir_server)/*' --max-configs=1 \
 		-I$(srcdir)/src -I$(includedir_server) $(srcdir)/src/*.c
-
-demo:
-	test/demo.sh
+endif

@@ -11,22 +11,15 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
+"$here/test/install-deps.sh"
 PG_CONFIG=${PG_CONFIG:-pg_config}
 make -s PG_CONFIG="$PG_CONFIG"
-
-run_suite() {
-	# $1: directory to run in
-	local rc=0
-	make -C "$1" -s PG_CONFIG="$PG_CONFIG" installcheck || rc=$?
-	return $rc
-}
 
 if [ "$(id -u)" -ne 0 ]; then
 	# An unprivileged user: the extension must be installed already (or the
 	# PostgreSQL installation writable by this user).
 	make -s PG_CONFIG="$PG_CONFIG" install
-	run_suite "$here"
-	exit $?
+	exec make -s PG_CONFIG="$PG_CONFIG" installcheck
 fi
 
 user=${OUTBOX_TEST_USER:-postgres}

@@ -87,30 +87,52 @@ my $bench = IPC::Run::start(
 	'>', \$bench_out, '2>', \$bench_err);
 
 # The reader: one session, one statement for the frontier and a later one
-# (a new snapshot, READ COMMITTED) for the messages up to it.
-my $reader = $node->background_psql('postgres');
+# (a new snapshot, READ COMMITTED) for the messages up to it.  Errors do not
+# end the session: they are counted, and the round does not advance.
+my $reader = $node->background_psql('postgres', on_error_stop => 0);
 my $last = 0;
 my $rounds = 0;
 my $backwards = 0;
+my @errors;
 
+# One round trip per round: the frontier is computed by one statement and
+# kept in a psql variable; the INSERT that reads up to it is the next
+# statement, so its snapshot is taken after the frontier was computed.
 sub read_round
 {
-	my $f = $reader->query_safe('SELECT outbox.frontier()');
-	die "unexpected frontier '$f'" unless $f =~ /^-?\d+$/;
-	$backwards++ if $f < $last;
-	if ($f > $last)
+	my ($f, $failed) = $reader->query(
+		"\\unset f\n"
+		  . "SELECT outbox.frontier() AS f \\gset\n"
+		  . "INSERT INTO seen SELECT id, $rounds FROM outbox.messages WHERE id > $last AND id <= :f;\n"
+		  . "SELECT :f");
+	$rounds++;
+	if ($failed)
 	{
-		$reader->query_safe(
-			"INSERT INTO seen SELECT id, $rounds FROM outbox.messages WHERE id > $last AND id <= $f"
-		);
+		# BackgroundPsql keeps stderr across queries; take it and clear it.
+		push @errors, $reader->{stderr};
+		$reader->{stderr} = '';
+		return;
+	}
+	die "unexpected frontier '$f'" unless $f =~ /^-?\d+$/;
+	if ($f < $last)
+	{
+		$backwards++;
+	}
+	else
+	{
 		$last = $f;
 	}
-	$rounds++;
 	return $f;
 }
 
-my $deadline = time() + $duration;
-read_round() while time() < $deadline;
+# BackgroundPsql notes every query and its result; thousands of rounds
+# would flood the test log.
+{
+	no warnings 'redefine';
+	local *PostgreSQL::Test::BackgroundPsql::note = sub { };
+	my $deadline = time() + $duration;
+	read_round() while time() < $deadline;
+}
 my $rounds_during = $rounds;
 my $last_during = $last;
 
@@ -134,6 +156,8 @@ note "reader: $rounds_during rounds while writing, cursor $last_during; "
 cmp_ok($rounds_during, '>=', 200, 'the reader made many rounds while writers ran');
 cmp_ok($last_during, '>=', 2000, 'the reader advanced while writers ran');
 is($backwards, 0, 'the frontier never moved backwards');
+is(scalar(@errors), 0, 'no reader round failed')
+  or diag("first of " . scalar(@errors) . " errors: $errors[0]");
 
 # The invariant: every message at or below the cursor was read, when the
 # cursor passed it.  (The reader stopped while writers ran, so $last_during
@@ -161,6 +185,51 @@ is($node->safe_psql('postgres',
 cmp_ok($last, '>=', $max_id,
 	'with writers stopped the frontier reaches the highest id');
 is($nseen, $nmsg, 'the reader read every message');
+
+# outbox.frontier() flushes WAL up to the current insert position (I7).
+# When that position is exactly at the start of a WAL page, the insert
+# pointer reported by PostgreSQL lies past the page header, beyond
+# anything generated yet; a flush request for it must not fail.  Land the
+# insert position on a page boundary with a WAL message of the right size,
+# then ask for the frontier in the same transaction (nothing else is
+# written in between).
+$node->safe_psql(
+	'postgres', q{
+CREATE FUNCTION frontier_at_page_boundary(OUT landed bool, OUT frontier bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	pos bigint;
+	len int;
+BEGIN
+	landed := false;
+	FOR attempt IN 1 .. 100 LOOP
+		pos := pg_current_wal_insert_lsn() - '0/0'::pg_lsn;
+		-- A non-transactional WAL message with a 1-byte prefix and len bytes
+		-- is a 24-byte record header, a 2-byte data header, the 24-byte
+		-- message header, 'x' and its NUL, then the bytes: 52 + len.
+		len := 8192 - (pos % 8192)::int - 52;
+		IF len BETWEEN 0 AND 200 THEN
+			PERFORM pg_logical_emit_message(false, 'x', repeat('y', len));
+			pos := pg_current_wal_insert_lsn() - '0/0'::pg_lsn;
+			-- just past the header of a fresh page?
+			IF pos % 8192 IN (24, 40) THEN
+				landed := true;
+				frontier := outbox.frontier();
+				RETURN;
+			END IF;
+		ELSE
+			PERFORM pg_logical_emit_message(false, 'x', repeat('y', 1000));
+		END IF;
+	END LOOP;
+END $$;
+});
+my ($rc, $out, $err) = $node->psql('postgres',
+	'SELECT landed, frontier IS NOT NULL FROM frontier_at_page_boundary()');
+is($rc, 0,
+	'outbox.frontier() works when the WAL insert position is on a page boundary'
+) or diag($err);
+is($out, 't|t', 'the WAL insert position was placed on a page boundary')
+  if $rc == 0;
 
 $node->stop;
 done_testing();
