@@ -10,15 +10,18 @@ MODULE_big = outbox
 OBJS = \
 	src/api.o \
 	src/emit.o \
+	src/http.o \
+	src/notify.o \
 	src/outbox.o \
 	src/shmem.o \
-	src/storage.o
+	src/storage.o \
+	src/worker.o
 
 EXTENSION = outbox
 DATA = outbox--0.1.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors
+REGRESS = emit savepoints triggers frontier errors targets
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 
@@ -54,7 +57,7 @@ demo:
 ifneq ($(PGXS),)
 include $(PGXS)
 
-$(OBJS): src/outbox.h src/compat.h
+$(OBJS): src/outbox.h src/compat.h src/relay.h
 
 # Static analysis of our own code (warnings in PostgreSQL's headers are not ours).
 lint:

@@ -73,10 +73,18 @@ SELECT payload FROM outbox.messages WHERE topic = 'proc' ORDER BY id;
 SELECT outbox_emit('large', jsonb_build_object('blob', repeat('x', 500000))) IS NOT NULL AS emitted;
 SELECT length(payload->>'blob') AS blob_length FROM outbox.messages WHERE topic = 'large';
 
--- The table is written only by outbox_emit().
-INSERT INTO outbox.messages VALUES (1000000, gen_random_uuid(), 't', NULL, '{}', NULL, now());
+-- Stored messages are immutable.
 UPDATE outbox.messages SET topic = 'changed';
 SELECT count(*) AS changed FROM outbox.messages WHERE topic = 'changed';
+
+-- Rows inserted directly (as a restore does; only the owner may) push the
+-- sequence above them.
+INSERT INTO outbox.messages
+	SELECT max(id) + 1000, gen_random_uuid(), 'restored', NULL, '{}', NULL, now()
+	  FROM outbox.messages;
+SELECT outbox_emit('after.restore', '{}') IS NOT NULL AS emitted;
+SELECT (SELECT id FROM outbox.messages WHERE topic = 'after.restore') >
+	   (SELECT id FROM outbox.messages WHERE topic = 'restored') AS above_restored;
 
 -- An application role needs EXECUTE on outbox_emit(), and nothing more.
 CREATE ROLE outbox_app;

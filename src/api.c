@@ -29,6 +29,8 @@
 
 PG_FUNCTION_INFO_V1(outbox_emit);
 PG_FUNCTION_INFO_V1(outbox_frontier);
+PG_FUNCTION_INFO_V1(outbox_config_changed);
+PG_FUNCTION_INFO_V1(outbox_advance_sequence);
 
 /* Whether this backend's database is outbox.database: 0 unknown, 1 yes, -1 no. */
 static int	database_matches = 0;
@@ -413,12 +415,36 @@ outbox_frontier(PG_FUNCTION_ARGS)
 
 	frontier = outbox_compute_frontier();
 
-	/*
-	 * Every commit at or below the frontier wrote its commit record before
-	 * it cleared its slot, so flushing to the current insert position makes
-	 * them all durable.  Cheap when synchronous_commit is on: already done.
-	 */
-	XLogFlush(GetXLogInsertRecPtr());
+	/* Make every commit at or below the frontier durable (I7). */
+	outbox_flush_commits();
 
 	PG_RETURN_INT64(frontier);
+}
+
+/*
+ * outbox.config_changed() -> void
+ *
+ * Called by the target and subscription functions: wake the relay worker to
+ * reload its configuration when the current transaction commits.
+ */
+Datum
+outbox_config_changed(PG_FUNCTION_ARGS)
+{
+	outbox_check_preloaded("outbox.config_changed()");
+	outbox_note_config_change();
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox.advance_sequence(highest bigint) -> void
+ *
+ * Called by the trigger that fires when rows are inserted into
+ * outbox.messages directly (pg_restore, COPY): new ids continue above them.
+ */
+Datum
+outbox_advance_sequence(PG_FUNCTION_ARGS)
+{
+	outbox_check_preloaded("outbox.advance_sequence()");
+	outbox_counter_advance(PG_GETARG_INT64(0));
+	PG_RETURN_VOID();
 }

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "storage/buffile.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
@@ -85,6 +86,9 @@ typedef struct OutboxXactBuffer
 /* The current transaction's buffer; NULL until it emits. */
 static OutboxXactBuffer *xbuf = NULL;
 
+/* The current transaction changed targets or subscriptions. */
+static bool config_changed = false;
+
 /* Read position while storing the buffer at PRE_COMMIT. */
 typedef struct OutboxBufferReader
 {
@@ -94,6 +98,7 @@ typedef struct OutboxBufferReader
 	size_t		record_cap;		/* bytes allocated for record */
 } OutboxBufferReader;
 
+static void outbox_buffer_close_spill(void);
 static void outbox_xact_callback(XactEvent event, void *arg);
 static void outbox_subxact_callback(SubXactEvent event,
 									SubTransactionId mySubid,
@@ -398,13 +403,22 @@ outbox_store_buffer(void)
 	outbox_writer_store(writer, first_id, xbuf->count,
 						outbox_buffer_next, &reader);
 	outbox_writer_end(writer);
+	xbuf->stored = true;
+}
 
-	if (xbuf->spill)
+/*
+ * Close the spill file before the transaction ends: a temporary file still
+ * open at commit draws a leak warning.  Savepoints may have emptied the
+ * buffer, so this runs whether or not anything was stored.
+ */
+static void
+outbox_buffer_close_spill(void)
+{
+	if (xbuf != NULL && xbuf->spill != NULL)
 	{
 		BufFileClose(xbuf->spill);
 		xbuf->spill = NULL;
 	}
-	xbuf->stored = true;
 }
 
 static void
@@ -415,6 +429,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PRE_COMMIT:
 			if (xbuf != NULL && xbuf->count > 0 && !xbuf->stored)
 				outbox_store_buffer();
+			outbox_buffer_close_spill();
 			break;
 
 		case XACT_EVENT_PRE_PREPARE:
@@ -425,6 +440,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 						 errdetail("The transaction emitted " INT64_FORMAT " message(s); COMMIT PREPARED could not order or deliver them.",
 								   xbuf->count),
 						 errhint("Emit outbox messages from transactions that commit directly, or commit the prepared work first and emit afterwards.")));
+			outbox_buffer_close_spill();
 			break;
 
 		case XACT_EVENT_COMMIT:
@@ -433,9 +449,14 @@ outbox_xact_callback(XactEvent event, void *arg)
 
 				/* The memory went away with TopTransactionContext. */
 				xbuf = NULL;
-				outbox_release_slot();
+				outbox_release_slot(XactLastCommitEnd);
 				if (emitted)
 					outbox_wake_worker();
+				if (config_changed)
+				{
+					config_changed = false;
+					outbox_bump_config_generation();
+				}
 			}
 			break;
 
@@ -443,7 +464,8 @@ outbox_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* The resource owner closes the spill file, if any. */
 			xbuf = NULL;
-			outbox_release_slot();
+			config_changed = false;
+			outbox_release_slot(InvalidXLogRecPtr);
 			break;
 
 		case XACT_EVENT_PARALLEL_COMMIT:
@@ -491,4 +513,14 @@ outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		case SUBXACT_EVENT_PRE_COMMIT_SUB:
 			break;
 	}
+}
+
+/*
+ * Remember that this transaction changed the target configuration, so the
+ * relay worker reloads it once the transaction has committed.
+ */
+void
+outbox_note_config_change(void)
+{
+	config_changed = true;
 }

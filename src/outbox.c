@@ -25,6 +25,10 @@ PG_MODULE_MAGIC;
 /*---- GUC variables ----*/
 char	   *outbox_database = NULL;
 int			outbox_max_payload_size = 1024 * 1024;
+bool		outbox_enabled = true;
+int			outbox_poll_interval = 1000;
+int			outbox_retry_base_delay = 500;
+int			outbox_retry_max_delay = 300000;
 
 /* Whether _PG_init ran from shared_preload_libraries. */
 bool		outbox_preloaded = false;
@@ -46,6 +50,48 @@ _PG_init(void)
 							GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
+	DefineCustomBoolVariable("outbox.enabled",
+							 "Whether the relay delivers messages.",
+							 "Off pauses all delivery; messages keep accumulating.",
+							 &outbox_enabled,
+							 true,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.poll_interval",
+							"Longest the relay sleeps without being woken.",
+							"Commits wake the relay at once; this is a safety net.",
+							&outbox_poll_interval,
+							1000,
+							10,
+							3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retry_base_delay",
+							"Delay before the first retry of a failed delivery.",
+							"Each further retry doubles it, with jitter, up to outbox.retry_max_delay.",
+							&outbox_retry_base_delay,
+							500,
+							1,
+							3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retry_max_delay",
+							"Longest delay between retries of a failed delivery.",
+							NULL,
+							&outbox_retry_max_delay,
+							300000,
+							1,
+							24 * 3600 * 1000,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
 	if (!process_shared_preload_libraries_in_progress)
 	{
 		MarkGUCPrefixReserved("outbox");
@@ -65,5 +111,6 @@ _PG_init(void)
 
 	outbox_shmem_init_hooks();
 	outbox_emit_init();
+	outbox_register_worker();
 	outbox_preloaded = true;
 }

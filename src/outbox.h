@@ -17,6 +17,7 @@
 
 #include "postgres.h"
 
+#include "access/xlogdefs.h"
 #include "datatype/timestamp.h"
 #include "storage/lockdefs.h"
 #include "utils/relcache.h"
@@ -67,21 +68,35 @@ typedef bool (*OutboxNextMessage) (void *state, OutboxMessage *msg);
 /*---- outbox.c ----*/
 extern char *outbox_database;
 extern int	outbox_max_payload_size;
+extern bool outbox_enabled;
+extern int	outbox_poll_interval;
+extern int	outbox_retry_base_delay;
+extern int	outbox_retry_max_delay;
 extern bool outbox_preloaded;
 
+/*---- worker.c ----*/
+extern void outbox_register_worker(void);
+
 /*---- shmem.c ----*/
+struct Latch;
 extern void outbox_shmem_init_hooks(void);
 extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);
 extern void outbox_counter_initialize(int64 highest_used);
 extern int64 outbox_reserve_ids(int64 count);
-extern void outbox_release_slot(void);
+extern void outbox_release_slot(XLogRecPtr commit_end);
+extern void outbox_flush_commits(void);
+extern void outbox_counter_advance(int64 highest_used);
 extern int64 outbox_compute_frontier(void);
 extern void outbox_wake_worker(void);
+extern void outbox_set_worker_latch(struct Latch *latch);
+extern uint64 outbox_config_generation(void);
+extern void outbox_bump_config_generation(void);
 
 /*---- emit.c ----*/
 extern void outbox_emit_init(void);
 extern void outbox_buffer_append(const OutboxMessage *msg);
+extern void outbox_note_config_change(void);
 
 /*---- storage.c ----*/
 typedef struct OutboxWriter OutboxWriter;

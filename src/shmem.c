@@ -40,6 +40,7 @@
 #include "storage/proc.h"
 #include "storage/shmem.h"
 #include "access/twophase.h"
+#include "access/xlog.h"
 
 #include "outbox.h"
 
@@ -49,6 +50,9 @@ typedef struct OutboxSharedState
 	bool		counter_valid;	/* next_id initialised since the last start */
 	int64		next_id;		/* next id to hand out */
 	Latch	   *worker_latch;	/* the relay worker's latch, or NULL */
+	pg_atomic_uint64 config_generation; /* bumped when targets change */
+	pg_atomic_uint64 max_commit_end;	/* end LSN of the latest commit that
+										 * stored messages */
 	int			nslots;			/* entries in inflight[] */
 	pg_atomic_uint64 inflight[FLEXIBLE_ARRAY_MEMBER];	/* first reserved id of
 														 * each backend, by
@@ -119,6 +123,8 @@ outbox_shmem_startup(void)
 		OutboxShared->counter_valid = false;
 		OutboxShared->next_id = 1;
 		OutboxShared->worker_latch = NULL;
+		pg_atomic_init_u64(&OutboxShared->config_generation, 0);
+		pg_atomic_init_u64(&OutboxShared->max_commit_end, 0);
 		OutboxShared->nslots = outbox_slot_count();
 		for (i = 0; i < OutboxShared->nslots; i++)
 			pg_atomic_init_u64(&OutboxShared->inflight[i], 0);
@@ -133,7 +139,7 @@ outbox_shmem_startup(void)
 static void
 outbox_shmem_exit(int code, Datum arg)
 {
-	outbox_release_slot();
+	outbox_release_slot(InvalidXLogRecPtr);
 }
 
 /*
@@ -225,13 +231,26 @@ outbox_reserve_ids(int64 count)
 
 /*
  * Clear our slot.  Called at COMMIT (after the transaction became visible),
- * at ABORT, and at backend exit.
+ * at ABORT, and at backend exit.  commit_end is the end of our commit record
+ * (InvalidXLogRecPtr when the transaction did not commit): it is published
+ * before the slot is cleared, so whoever computes a frontier that covers
+ * this transaction and then reads outbox_commit_lsn() can flush WAL far
+ * enough to make it durable.
  */
 void
-outbox_release_slot(void)
+outbox_release_slot(XLogRecPtr commit_end)
 {
 	if (!slot_published || OutboxShared == NULL)
 		return;
+	if (commit_end != InvalidXLogRecPtr)
+	{
+		uint64		cur = pg_atomic_read_u64(&OutboxShared->max_commit_end);
+
+		while (cur < commit_end &&
+			   !pg_atomic_compare_exchange_u64(&OutboxShared->max_commit_end,
+											   &cur, commit_end))
+			;
+	}
 	pg_memory_barrier();
 	pg_atomic_write_u64(&OutboxShared->inflight[OUTBOX_MY_PROC_INDEX()], 0);
 	slot_published = false;
@@ -275,4 +294,58 @@ outbox_wake_worker(void)
 	latch = OutboxShared->worker_latch;
 	if (latch != NULL)
 		SetLatch(latch);
+}
+
+/* Publish (or, with NULL, withdraw) the relay worker's latch. */
+void
+outbox_set_worker_latch(Latch *latch)
+{
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	OutboxShared->worker_latch = latch;
+	LWLockRelease(OutboxShared->lock);
+}
+
+/* Generation of the target configuration; changes when it was edited. */
+uint64
+outbox_config_generation(void)
+{
+	return pg_atomic_read_u64(&OutboxShared->config_generation);
+}
+
+/* Called after a transaction that changed targets committed. */
+void
+outbox_bump_config_generation(void)
+{
+	if (OutboxShared == NULL)
+		return;
+	pg_atomic_fetch_add_u64(&OutboxShared->config_generation, 1);
+	outbox_wake_worker();
+}
+
+/*
+ * Flush WAL far enough that every commit covered by a frontier computed
+ * before this call is durable (invariant I7).  Cheap when nothing is left
+ * to flush, as with synchronous_commit = on.
+ */
+void
+outbox_flush_commits(void)
+{
+	XLogRecPtr	upto = pg_atomic_read_u64(&OutboxShared->max_commit_end);
+
+	if (upto != InvalidXLogRecPtr && !RecoveryInProgress())
+		XLogFlush(upto);
+}
+
+/*
+ * Rows were inserted into outbox.messages directly (a restore): make sure
+ * the sequence continues above them.  When the counter is not initialised
+ * yet, its initialisation will find them.
+ */
+void
+outbox_counter_advance(int64 highest_used)
+{
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	if (OutboxShared->counter_valid && OutboxShared->next_id <= highest_used)
+		OutboxShared->next_id = highest_used + 1;
+	LWLockRelease(OutboxShared->lock);
 }

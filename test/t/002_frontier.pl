@@ -137,7 +137,9 @@ my $rounds_during = $rounds;
 my $last_during = $last;
 
 $bench->finish;
-note "pgbench exit status $?:\n$bench_out$bench_err";
+my $bench_status = $?;
+note "pgbench:\n$bench_out$bench_err";
+is($bench_status, 0, 'pgbench writers ran to the end');
 like($bench_out, qr/processed: [1-9]/, 'writers committed transactions');
 
 # Writers are gone: a few more rounds reach everything.
@@ -159,9 +161,9 @@ is($backwards, 0, 'the frontier never moved backwards');
 is(scalar(@errors), 0, 'no reader round failed')
   or diag("first of " . scalar(@errors) . " errors: $errors[0]");
 
-# The invariant: every message at or below the cursor was read, when the
-# cursor passed it.  (The reader stopped while writers ran, so $last_during
-# is the real test; the final cursor covers the catch-up rounds.)
+# The invariant: every message at or below the cursor was read by the
+# round that moved the cursor past it.  The cursor reached while writers
+# ran is the real test; the final cursor adds the catch-up rounds.
 is( $node->safe_psql(
 		'postgres', qq{
 	SELECT count(*) FROM outbox.messages m
@@ -198,6 +200,7 @@ $node->safe_psql(
 CREATE FUNCTION frontier_at_page_boundary(OUT landed bool, OUT frontier bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
+	page int := current_setting('wal_block_size')::int;
 	pos bigint;
 	len int;
 BEGIN
@@ -207,12 +210,12 @@ BEGIN
 		-- A non-transactional WAL message with a 1-byte prefix and len bytes
 		-- is a 24-byte record header, a 2-byte data header, the 24-byte
 		-- message header, 'x' and its NUL, then the bytes: 52 + len.
-		len := 8192 - (pos % 8192)::int - 52;
+		len := page - (pos % page)::int - 52;
 		IF len BETWEEN 0 AND 200 THEN
 			PERFORM pg_logical_emit_message(false, 'x', repeat('y', len));
 			pos := pg_current_wal_insert_lsn() - '0/0'::pg_lsn;
 			-- just past the header of a fresh page?
-			IF pos % 8192 IN (24, 40) THEN
+			IF pos % page IN (24, 40) THEN
 				landed := true;
 				frontier := outbox.frontier();
 				RETURN;

@@ -1,0 +1,106 @@
+-- Targets and subscriptions: the relay's configuration.  (Delivery itself
+-- is covered by the TAP tests; outbox.enabled is off here.)
+SELECT outbox.create_http_target('billing', 'http://127.0.0.1:9/hooks/billing');
+SELECT outbox.create_http_target('audit', 'https://audit.example.com/outbox',
+	headers => '{"authorization": "Bearer abc"}',
+	secret => 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw',
+	batch_size => 50, lanes => 4, max_attempts => 0, timeout_ms => 2000);
+SELECT outbox.create_http_target('ledger', 'http://127.0.0.1:9/ledger', lanes => 16, ordering => 'strict');
+SELECT outbox.create_notify_target('listeners', 'outbox_events');
+SELECT name, kind, url, channel, headers, secret IS NOT NULL AS signed, batch_size, lanes, ordering,
+	   max_attempts, timeout_ms
+  FROM outbox.targets ORDER BY id;
+-- One progress row per lane, starting at the frontier.
+SELECT t.name, count(*) AS lanes, bool_and(p.done_id = outbox.frontier()) AS at_frontier
+  FROM outbox.targets t JOIN outbox.progress p ON p.target_id = t.id
+ GROUP BY t.name ORDER BY t.name;
+
+-- Subscriptions: exact topics, prefix patterns, everything.
+SELECT outbox.subscribe('billing', 'orders.created');
+SELECT outbox.subscribe('billing', 'invoices.*');
+SELECT outbox.subscribe('audit', '*');
+SELECT outbox.subscribe('listeners', 'orders.*');
+SELECT outbox.subscribe('billing', 'orders.created');	-- already: a notice
+SELECT t.name, s.pattern, s.start_id = outbox.frontier() AS starts_at_frontier
+  FROM outbox.subscriptions s JOIN outbox.targets t ON t.id = s.target_id
+ ORDER BY t.name, s.pattern;
+SELECT outbox.unsubscribe('billing', 'invoices.*');
+SELECT outbox.unsubscribe('billing', 'invoices.*');	-- not subscribed: a notice
+SELECT count(*) AS billing_subscriptions
+  FROM outbox.subscriptions WHERE target_id = outbox.target_id('billing');
+
+-- Pattern matching.
+SELECT p, t, outbox.topic_matches(p, t)
+  FROM (VALUES ('*', 'anything'), ('orders.*', 'orders.created'), ('orders.*', 'orders'),
+			   ('orders.*', 'ordersX'), ('orders.created', 'orders.created'),
+			   ('orders.created', 'orders.created.v2'), ('orders*', 'ordersX')) v(p, t);
+
+-- The lag view: nothing emitted yet for anyone.
+SELECT target, kind, pending, pending_is_estimate, dead_letters, last_error FROM outbox.lag ORDER BY target;
+SELECT outbox_emit('orders.created', '{"order": 1}', 'c1') IS NOT NULL AS emitted;
+SELECT outbox_emit('orders.cancelled', '{"order": 1}', 'c1') IS NOT NULL AS emitted;
+SELECT outbox_emit('invoices.paid', '{"invoice": 7}') IS NOT NULL AS emitted;
+SELECT target, pending, pending_is_estimate, oldest_pending IS NOT NULL AS has_oldest
+  FROM outbox.lag ORDER BY target;
+
+-- Bad input.
+\set SHOW_CONTEXT never
+SELECT outbox.create_http_target('billing', 'http://127.0.0.1:9/other');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('bad name', 'http://127.0.0.1:9/');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'ftp://example.com/file');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://exa mple.com/');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', headers => '["a"]');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', headers => '{"x-a": 1}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', headers => '{"x-a": "a\r\nb: c"}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', headers => '{"webhook-id": "forged"}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', secret => 'secret');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', secret => 'whsec_c2hvcnQ=');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', batch_size => 0);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', lanes => 1000);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', ordering => 'random');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', max_attempts => -1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_http_target('t1', 'http://x/', timeout_ms => 0);
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.create_notify_target('t1', '');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.subscribe('nobody', 'orders.*');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.subscribe('billing', 'or*ders');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.subscribe('billing', '');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox.drop_target('nobody');
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS targets_after_errors FROM outbox.targets;
+
+-- Only the owner manages targets.
+CREATE ROLE outbox_intruder;
+GRANT USAGE ON SCHEMA outbox TO outbox_intruder;
+SET ROLE outbox_intruder;
+SELECT outbox.create_http_target('evil', 'http://127.0.0.1:9/');
+SELECT count(*) FROM outbox.targets;
+SELECT * FROM outbox.lag;
+RESET ROLE;
+REVOKE USAGE ON SCHEMA outbox FROM outbox_intruder;
+
+-- Dropping a target removes its subscriptions and progress.
+SELECT outbox.drop_target('billing');
+SELECT count(*) AS leftover FROM outbox.subscriptions s
+ WHERE NOT EXISTS (SELECT 1 FROM outbox.targets t WHERE t.id = s.target_id);
+SELECT name FROM outbox.targets ORDER BY id;

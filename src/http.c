@@ -1,0 +1,524 @@
+/*-------------------------------------------------------------------------
+ *
+ * http.c
+ *	  HTTP delivery with libcurl's multi interface.  All libcurl use is here.
+ *
+ * Each HTTP lane owns one easy handle, reused for every request, so
+ * connections are kept alive and reused through the multi handle's pool.
+ * libcurl tells us which sockets to watch through its socket callback; we
+ * keep them in a private epoll set whose own descriptor is one event of the
+ * worker's WaitEventSet, next to the latch and postmaster death.  So the
+ * worker sleeps in one place, stays responsive to signals, and never blocks
+ * on the network.  libcurl's timer callback gives the longest it may sleep.
+ *
+ * Rules kept here: curl_global_init in the worker only; CURLOPT_NOSIGNAL;
+ * no redirects; http and https only; every timeout set; sockets counted
+ * with AcquireExternalFD; no ereport(ERROR) inside libcurl callbacks.
+ *
+ * Requests follow the Standard Webhooks spec: webhook-id (the message's
+ * stable id, or for a batch an id derived from its first and last
+ * sequence numbers), webhook-timestamp and, when the target has a secret,
+ * webhook-signature = "v1," base64(HMAC-SHA256(key, id "." timestamp "."
+ * body)).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include "common/base64.h"
+#include "common/cryptohash.h"
+#include "common/hmac.h"
+#include "common/sha2.h"
+#include "storage/fd.h"
+#include "utils/resowner.h"
+#include "utils/timestamp.h"
+
+#include "relay.h"
+
+/* libcurl state of one HTTP lane. */
+typedef struct RelayHttpLane
+{
+	CURL	   *easy;			/* reused for every request of the lane */
+	struct curl_slist *headers; /* headers of the request in flight */
+	StringInfoData body;		/* body of the request in flight */
+	char		errbuf[CURL_ERROR_SIZE];	/* libcurl's error text */
+	char		response[256];	/* start of the response body */
+	int			response_len;	/* bytes in response */
+} RelayHttpLane;
+
+static CURLM *multi = NULL;
+static int	epoll_fd = -1;
+static TimestampTz timer_deadline = 0;	/* libcurl wants a call by then */
+static bool timer_set = false;	/* timer_deadline is meaningful */
+static int	requests_in_flight = 0;
+
+/*
+ * PostgreSQL's HMAC tracks its OpenSSL context in the current resource
+ * owner, and the worker has none between transactions.
+ */
+static ResourceOwner hmac_owner = NULL;
+
+/* libcurl's socket callback: mirror the sockets it watches in epoll_fd. */
+static int
+relay_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp,
+				void *socketp)
+{
+	struct epoll_event ev;
+
+	if (what == CURL_POLL_REMOVE)
+	{
+		/* The socket may already be closed, which removed it. */
+		(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s, NULL);
+		return 0;
+	}
+
+	memset(&ev, 0, sizeof(ev));
+	ev.data.fd = s;
+	if (what & CURL_POLL_IN)
+		ev.events |= EPOLLIN;
+	if (what & CURL_POLL_OUT)
+		ev.events |= EPOLLOUT;
+	if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
+		(void) epoll_ctl(epoll_fd, EPOLL_CTL_ADD, s, &ev);
+	return 0;
+}
+
+/* libcurl's timer callback: when it next wants to be called. */
+static int
+relay_timer_cb(CURLM *m, long timeout_ms, void *userp)
+{
+	if (timeout_ms < 0)
+		timer_set = false;
+	else
+	{
+		timer_deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													 timeout_ms);
+		timer_set = true;
+	}
+	return 0;
+}
+
+/* Count libcurl's sockets against the server's file descriptor budget. */
+static curl_socket_t
+relay_open_socket_cb(void *clientp, curlsocktype purpose,
+					 struct curl_sockaddr *address)
+{
+	curl_socket_t s;
+
+	if (!AcquireExternalFD())
+		return CURL_SOCKET_BAD;
+	s = socket(address->family, address->socktype, address->protocol);
+	if (s == CURL_SOCKET_BAD)
+		ReleaseExternalFD();
+	return s;
+}
+
+static int
+relay_close_socket_cb(void *clientp, curl_socket_t s)
+{
+	close(s);
+	ReleaseExternalFD();
+	return 0;
+}
+
+/* Keep the start of the response body for error messages; drop the rest. */
+static size_t
+relay_write_cb(char *data, size_t size, size_t nmemb, void *userdata)
+{
+	RelayHttpLane *h = (RelayHttpLane *) userdata;
+	size_t		len = size * nmemb;
+	size_t		room = sizeof(h->response) - 1 - h->response_len;
+
+	if (room > 0)
+	{
+		size_t		n = Min(room, len);
+
+		memcpy(h->response + h->response_len, data, n);
+		h->response_len += n;
+		h->response[h->response_len] = '\0';
+	}
+	return len;
+}
+
+/*
+ * Set up libcurl and the epoll set.  Returns the epoll descriptor, which the
+ * caller adds to its WaitEventSet as readable.
+ */
+int
+relay_http_init(void)
+{
+	CURLcode	rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+
+	if (rc != CURLE_OK)
+		elog(ERROR, "outbox: could not initialise libcurl: %s",
+			 curl_easy_strerror(rc));
+
+	ReserveExternalFD();
+	epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+	if (epoll_fd < 0)
+		elog(ERROR, "outbox: epoll_create1 failed: %m");
+
+	multi = curl_multi_init();
+	if (multi == NULL)
+		elog(ERROR, "outbox: could not create a libcurl multi handle");
+	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, relay_socket_cb);
+	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, relay_timer_cb);
+	curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 1024L);
+	return epoll_fd;
+}
+
+void
+relay_http_shutdown(void)
+{
+	if (multi != NULL)
+	{
+		curl_multi_cleanup(multi);
+		multi = NULL;
+	}
+	if (epoll_fd >= 0)
+	{
+		close(epoll_fd);
+		epoll_fd = -1;
+	}
+	curl_global_cleanup();
+}
+
+/* Create the easy handle of an HTTP lane. */
+void
+relay_http_lane_init(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayHttpLane *h = MemoryContextAllocZero(t->cxt, sizeof(RelayHttpLane));
+	CURL	   *easy = curl_easy_init();
+
+	if (easy == NULL)
+		elog(ERROR, "outbox: could not create a libcurl handle");
+
+	initStringInfo(&h->body);
+	h->easy = easy;
+	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
+	curl_easy_setopt(easy, CURLOPT_URL, t->url);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+	curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long) (CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+	curl_easy_setopt(easy, CURLOPT_POST, 1L);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
+	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 10000));
+	curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
+	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox/0.1");
+	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, h->errbuf);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, relay_write_cb);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, h);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, relay_open_socket_cb);
+	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, relay_close_socket_cb);
+	lane->http = h;
+}
+
+/* Abandon the lane's request, if any, and free its handle. */
+void
+relay_http_lane_release(RelayLane *lane)
+{
+	RelayHttpLane *h = lane->http;
+
+	if (h == NULL)
+		return;
+	if (lane->in_flight)
+	{
+		curl_multi_remove_handle(multi, h->easy);
+		requests_in_flight--;
+		lane->in_flight = false;
+	}
+	curl_easy_cleanup(h->easy);
+	if (h->headers)
+		curl_slist_free_all(h->headers);
+	lane->http = NULL;
+}
+
+static struct curl_slist *
+relay_add_header(struct curl_slist *list, const char *line)
+{
+	struct curl_slist *l = curl_slist_append(list, line);
+
+	if (l == NULL)
+	{
+		if (list)
+			curl_slist_free_all(list);
+		elog(ERROR, "outbox: out of memory building request headers");
+	}
+	return l;
+}
+
+/* "v1," base64(HMAC-SHA256(secret, id "." timestamp "." body)) */
+static void
+relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
+		   const StringInfo body, char *out, int outlen)
+{
+	ResourceOwner saved_owner = CurrentResourceOwner;
+	pg_hmac_ctx *ctx;
+	uint8		mac[PG_SHA256_DIGEST_LENGTH];
+	int			n;
+
+	if (hmac_owner == NULL)
+		hmac_owner = ResourceOwnerCreate(NULL, "outbox webhook signatures");
+	CurrentResourceOwner = hmac_owner;
+	ctx = pg_hmac_create(PG_SHA256);
+	if (ctx == NULL ||
+		pg_hmac_init(ctx, t->secret, t->secret_len) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) webhook_id, strlen(webhook_id)) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) ".", 1) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) timestamp, strlen(timestamp)) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) ".", 1) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) body->data, body->len) < 0 ||
+		pg_hmac_final(ctx, mac, sizeof(mac)) < 0)
+		elog(ERROR, "outbox: could not compute webhook signature: %s",
+			 ctx ? pg_hmac_error(ctx) : "out of memory");
+	pg_hmac_free(ctx);
+	CurrentResourceOwner = saved_owner;
+
+	memcpy(out, "v1,", 3);
+	n = pg_b64_encode((const char *) mac, sizeof(mac), out + 3, outlen - 4);
+	if (n < 0)
+		elog(ERROR, "outbox: could not encode webhook signature");
+	out[3 + n] = '\0';
+}
+
+/*
+ * Send the lane's next batch: up to batch_size messages from the head of
+ * its queue.  With batch_size 1 the body is the payload itself; otherwise
+ * a JSON array of envelopes.
+ */
+void
+relay_http_send(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayHttpLane *h = lane->http;
+	RelayMessage *first = lane->head;
+	RelayMessage *last = first;
+	RelayMessage *m;
+	struct curl_slist *hl = NULL;
+	char		webhook_id[64];
+	char		timestamp[32];
+	char		line[512];
+	int			n;
+	int			i;
+	CURLMcode	mrc;
+
+	Assert(!lane->in_flight && lane->nqueued > 0);
+
+	n = Min(t->batch_size, lane->nqueued);
+	resetStringInfo(&h->body);
+	if (t->batch_size == 1)
+		appendBinaryStringInfo(&h->body, first->payload, first->payload_len);
+	else
+	{
+		appendStringInfoChar(&h->body, '[');
+		for (m = first, i = 0; i < n; m = m->next, i++)
+		{
+			if (i > 0)
+				appendStringInfoChar(&h->body, ',');
+			relay_envelope(m, true, &h->body);
+			last = m;
+		}
+		appendStringInfoChar(&h->body, ']');
+	}
+	lane->nbatch = n;
+
+	if (n == 1)
+		strlcpy(webhook_id, first->msg_id, sizeof(webhook_id));
+	else
+		snprintf(webhook_id, sizeof(webhook_id), "batch_" INT64_FORMAT "_" INT64_FORMAT,
+				 first->id, last->id);
+	snprintf(timestamp, sizeof(timestamp), "%ld", (long) time(NULL));
+
+	hl = relay_add_header(hl, "Content-Type: application/json");
+	hl = relay_add_header(hl, "Expect:");
+	snprintf(line, sizeof(line), "webhook-id: %s", webhook_id);
+	hl = relay_add_header(hl, line);
+	snprintf(line, sizeof(line), "webhook-timestamp: %s", timestamp);
+	hl = relay_add_header(hl, line);
+	if (t->secret != NULL)
+	{
+		char		sig[128];
+
+		relay_sign(t, webhook_id, timestamp, &h->body, sig, sizeof(sig));
+		snprintf(line, sizeof(line), "webhook-signature: %s", sig);
+		hl = relay_add_header(hl, line);
+	}
+	snprintf(line, sizeof(line), "outbox-seq: " INT64_FORMAT, first->id);
+	hl = relay_add_header(hl, line);
+	if (n == 1)
+	{
+		StringInfoData hdr;
+
+		initStringInfo(&hdr);
+		appendStringInfo(&hdr, "outbox-topic: %s", first->topic);
+		hl = relay_add_header(hl, hdr.data);
+		if (first->key)
+		{
+			resetStringInfo(&hdr);
+			appendStringInfo(&hdr, "outbox-key: %s", first->key);
+			hl = relay_add_header(hl, hdr.data);
+		}
+		if (first->header_lines)
+		{
+			char	   *p = first->header_lines;
+
+			/* NUL-separated "Name: value" lines, ended by an empty one. */
+			while (*p)
+			{
+				hl = relay_add_header(hl, p);
+				p += strlen(p) + 1;
+			}
+		}
+		pfree(hdr.data);
+	}
+	else
+	{
+		snprintf(line, sizeof(line), "outbox-count: %d", n);
+		hl = relay_add_header(hl, line);
+	}
+	for (i = 0; i < t->nheader_lines; i++)
+		hl = relay_add_header(hl, t->header_lines[i]);
+
+	if (h->headers)
+		curl_slist_free_all(h->headers);
+	h->headers = hl;
+	h->response_len = 0;
+	h->response[0] = '\0';
+	h->errbuf[0] = '\0';
+
+	curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, h->headers);
+	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDS, h->body.data);
+	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) h->body.len);
+
+	mrc = curl_multi_add_handle(multi, h->easy);
+	if (mrc != CURLM_OK)
+		elog(ERROR, "outbox: could not start HTTP request: %s",
+			 curl_multi_strerror(mrc));
+	lane->in_flight = true;
+	requests_in_flight++;
+}
+
+/* A request finished: classify the outcome and tell the lane. */
+static void
+relay_http_finish(CURL *easy, CURLcode result)
+{
+	RelayLane  *lane = NULL;
+	RelayHttpLane *h;
+	long		status = 0;
+	curl_off_t	retry_after = 0;
+
+	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **) &lane);
+	h = lane->http;
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+#if LIBCURL_VERSION_NUM >= 0x074200
+	curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after);
+#endif
+	curl_multi_remove_handle(multi, easy);
+	requests_in_flight--;
+	lane->in_flight = false;
+
+	if (result != CURLE_OK)
+	{
+		char		msg[CURL_ERROR_SIZE + 64];
+
+		snprintf(msg, sizeof(msg), "%s",
+				 h->errbuf[0] ? h->errbuf : curl_easy_strerror(result));
+		relay_lane_failed(lane, true, 0, msg, 0);
+	}
+	else if (status >= 200 && status < 300)
+		relay_lane_succeeded(lane);
+	else
+	{
+		char		msg[400];
+		bool		retryable = (status == 408 || status == 429 || status >= 500);
+
+		snprintf(msg, sizeof(msg), "HTTP %ld%s%s", status,
+				 h->response_len > 0 ? ": " : "", h->response);
+		relay_lane_failed(lane, retryable, (int) status, msg,
+						  (int) Min(retry_after, (curl_off_t) 86400));
+	}
+}
+
+/*
+ * Let libcurl make progress: serve the sockets epoll reports ready and an
+ * expired timer, then collect finished requests.
+ */
+void
+relay_http_drive(bool socket_ready)
+{
+	struct epoll_event events[64];
+	int			running;
+	int			n;
+	CURLMsg    *msg;
+	int			left;
+
+	if (multi == NULL)
+		return;
+
+	if (socket_ready)
+	{
+		do
+		{
+			int			i;
+
+			n = epoll_wait(epoll_fd, events, lengthof(events), 0);
+			for (i = 0; i < n; i++)
+			{
+				int			flags = 0;
+
+				if (events[i].events & (EPOLLIN | EPOLLHUP))
+					flags |= CURL_CSELECT_IN;
+				if (events[i].events & EPOLLOUT)
+					flags |= CURL_CSELECT_OUT;
+				if (events[i].events & EPOLLERR)
+					flags |= CURL_CSELECT_ERR;
+				curl_multi_socket_action(multi, events[i].data.fd, flags,
+										 &running);
+			}
+		} while (n == lengthof(events));
+	}
+
+	if (timer_set && GetCurrentTimestamp() >= timer_deadline)
+	{
+		timer_set = false;
+		curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+	}
+
+	while ((msg = curl_multi_info_read(multi, &left)) != NULL)
+	{
+		if (msg->msg == CURLMSG_DONE)
+			relay_http_finish(msg->easy_handle, msg->data.result);
+	}
+}
+
+/* Milliseconds until libcurl needs a call, or -1 for no limit. */
+long
+relay_http_timeout(void)
+{
+	long		secs;
+	int			usecs;
+
+	if (!timer_set)
+		return -1;
+	TimestampDifference(GetCurrentTimestamp(), timer_deadline, &secs, &usecs);
+	return secs * 1000 + (usecs + 999) / 1000;
+}
+
+int
+relay_http_in_flight(void)
+{
+	return requests_in_flight;
+}

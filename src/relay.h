@@ -1,0 +1,139 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay.h
+ *	  In-memory state of the relay worker, shared by worker.c (the loop,
+ *	  targets, lanes, progress), http.c (libcurl) and notify.c (NOTIFY).
+ *
+ * All of it lives in the worker's process memory; nothing here is in shared
+ * memory.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_RELAY_H
+#define OUTBOX_RELAY_H
+
+#include "lib/stringinfo.h"
+#include "storage/latch.h"
+
+#include "outbox.h"
+
+#define RELAY_UUID_LEN		36
+#define RELAY_TIMESTAMP_LEN	64
+
+/* One message read from outbox.messages, queued in a lane. */
+typedef struct RelayMessage
+{
+	struct RelayMessage *next;	/* next message of the lane */
+	int64		id;				/* commit-ordered id */
+	char		msg_id[RELAY_UUID_LEN + 1]; /* stable id, text form */
+	char		emitted_at[RELAY_TIMESTAMP_LEN];	/* ISO 8601, JSON form */
+	char	   *topic;			/* NUL-terminated */
+	char	   *key;			/* NULL when the message has no key */
+	char	   *payload;		/* JSON text */
+	int			payload_len;	/* bytes of payload */
+	char	   *headers;		/* JSON object text, or NULL */
+	char	   *header_lines;	/* the same as NUL-separated "Name: value"
+								 * strings ended by an empty one, or NULL */
+} RelayMessage;
+
+typedef struct RelaySubscription
+{
+	char	   *pattern;		/* topic, prefix* or * */
+	int			prefix_len;		/* bytes before '*', -1 for an exact topic */
+	int64		start_id;		/* deliver only ids above this */
+} RelaySubscription;
+
+struct RelayTarget;
+struct RelayHttpLane;
+
+/* A FIFO of one target: at most one request in flight. */
+typedef struct RelayLane
+{
+	struct RelayTarget *target; /* owner */
+	int			index;			/* lane number */
+	RelayMessage *head;			/* oldest undelivered message */
+	RelayMessage *tail;			/* newest queued message */
+	int			nqueued;		/* messages in the queue */
+	int			nbatch;			/* messages at the head being sent */
+	bool		in_flight;		/* a request is on the wire */
+	int			attempts;		/* failed attempts of the head batch */
+	TimestampTz next_attempt;	/* not before; 0 for now */
+	int64		done_id;		/* durable: all of the lane <= done_id done */
+	int64		last_delivered_id;	/* highest id acknowledged */
+	int64		delivered_delta;	/* acknowledged since the last write */
+	int64		dead_delta;		/* dead-lettered since the last write */
+	int			last_status;	/* last HTTP status, 0 for none */
+	char	   *last_error;		/* last failure, or NULL */
+	TimestampTz last_error_at;	/* when it happened */
+	bool		error_dirty;	/* last_error not yet written */
+	struct RelayHttpLane *http; /* libcurl state of an HTTP lane */
+} RelayLane;
+
+typedef enum RelayTargetKind
+{
+	RELAY_HTTP,
+	RELAY_NOTIFY
+} RelayTargetKind;
+
+typedef struct RelayTarget
+{
+	int			id;				/* outbox.targets.id */
+	char	   *name;			/* outbox.targets.name */
+	RelayTargetKind kind;		/* http or notify */
+	char	   *url;			/* HTTP */
+	char	   *channel;		/* NOTIFY */
+	char	  **header_lines;	/* "Name: value" of the target's headers */
+	int			nheader_lines;	/* entries in header_lines */
+	uint8	   *secret;			/* decoded signing key, or NULL */
+	int			secret_len;		/* bytes of secret */
+	int			batch_size;		/* messages per request */
+	int			nlanes;			/* lanes */
+	int			max_attempts;	/* 0 = retry forever */
+	int			timeout_ms;		/* per request */
+	RelaySubscription *subs;	/* subscriptions */
+	int			nsubs;			/* entries in subs */
+	RelayLane  *lanes;			/* nlanes lanes */
+	int64		read_id;		/* every id <= read_id was read or skipped */
+	int			nqueued;		/* messages queued over all lanes */
+	TimestampTz notify_retry_at;	/* NOTIFY: not before, after a failure */
+	int			notify_attempts;	/* NOTIFY: failures in a row */
+	MemoryContext cxt;			/* holds the target and its messages */
+	bool		seen;			/* found in the last configuration load */
+} RelayTarget;
+
+/* A dead letter waiting to be written with the next progress update. */
+typedef struct RelayDeadLetter
+{
+	struct RelayDeadLetter *next;
+	char	   *target;
+	int64		id;
+	char		msg_id[RELAY_UUID_LEN + 1];
+	char	   *topic;
+	char	   *key;
+	int			attempts;
+	int			last_status;
+	char	   *last_error;
+} RelayDeadLetter;
+
+/*---- worker.c: services for http.c and notify.c ----*/
+extern RelayMessage *relay_lane_pop(RelayLane *lane);
+extern void relay_lane_succeeded(RelayLane *lane);
+extern void relay_lane_failed(RelayLane *lane, bool retryable, int status,
+							  const char *error, int retry_after_s);
+extern char *relay_envelope(RelayMessage *msg, bool with_payload,
+							StringInfo buf);
+
+/*---- http.c ----*/
+extern int	relay_http_init(void);
+extern void relay_http_shutdown(void);
+extern void relay_http_lane_init(RelayLane *lane);
+extern void relay_http_lane_release(RelayLane *lane);
+extern void relay_http_send(RelayLane *lane);
+extern void relay_http_drive(bool socket_ready);
+extern long relay_http_timeout(void);
+extern int	relay_http_in_flight(void);
+
+/*---- notify.c ----*/
+extern int	relay_notify_deliver(RelayTarget *target);
+
+#endif							/* OUTBOX_RELAY_H */

@@ -1,0 +1,1196 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *	  The relay: a background worker that delivers committed messages to
+ *	  their targets in commit order.
+ *
+ * One worker serves outbox.database.  Committing transactions that emitted
+ * set its latch; outbox.poll_interval is only a safety net.  Each turn of
+ * the loop:
+ *
+ *	1. computes the frontier F (shmem.c) and flushes WAL up to the current
+ *	   insert position, so no message is delivered before its commit is
+ *	   durable (I7);
+ *	2. reads, in a short transaction whose snapshot is taken after F was
+ *	   computed, the messages above each target's read position and at or
+ *	   below F (I3), and queues those the target subscribes to in the lane
+ *	   of their key (hash of the key modulo the lanes; keyless messages by
+ *	   id), skipping those a lane already finished before a restart;
+ *	3. delivers: NOTIFY targets in one transaction that also records their
+ *	   progress (notify.c); HTTP lanes that are idle send their next batch
+ *	   (http.c), one request in flight per lane, so each key is strict FIFO
+ *	   (I4) while lanes and targets run concurrently;
+ *	4. lets libcurl progress and handles finished requests: success pops
+ *	   the batch; a retryable failure schedules a retry with exponential
+ *	   backoff and jitter; a permanent failure or the last attempt turns the
+ *	   batch into dead letters and the lane moves on;
+ *	5. records progress: per lane, the id up to which everything of the lane
+ *	   is finished, plus new dead letters, in one short transaction, at most
+ *	   every RELAY_PROGRESS_INTERVAL_MS while requests are in flight.
+ *
+ * No transaction or snapshot is held across network I/O.  A message is sent
+ * again after a crash only if its lane's progress was not yet recorded, that
+ * is, if it may not have been acknowledged; it then carries the same
+ * webhook-id (I5).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/table.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "common/base64.h"
+#include "common/hashfn.h"
+#include "common/pg_prng.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "relay.h"
+
+/* Most messages read in one query for one target. */
+#define RELAY_READ_CHUNK			5000
+/* Least number of messages a target may have queued before reading stops. */
+#define RELAY_MIN_QUEUE				10000
+/* Record progress at least this often while requests are in flight. */
+#define RELAY_PROGRESS_INTERVAL_MS	20
+
+PGDLLEXPORT void outbox_worker_main(Datum main_arg);
+
+static MemoryContext relay_cxt = NULL;	/* targets and dead letters */
+static List *targets = NIL;			/* RelayTarget *, by id */
+static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
+static TimestampTz last_progress_write = 0;
+static SPIPlanPtr read_plan = NULL;
+static SPIPlanPtr progress_plan = NULL;
+static SPIPlanPtr dead_letter_plan = NULL;
+
+/*
+ * Register the worker.  Called from _PG_init while shared_preload_libraries
+ * is processed.
+ */
+void
+outbox_register_worker(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 2;
+	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "outbox_worker_main", BGW_MAXLEN);
+	strlcpy(worker.bgw_name, "outbox relay", BGW_MAXLEN);
+	strlcpy(worker.bgw_type, "outbox relay", BGW_MAXLEN);
+	RegisterBackgroundWorker(&worker);
+}
+
+/*---- queues ----*/
+
+static int
+relay_queue_cap(RelayTarget *t)
+{
+	return Max(RELAY_MIN_QUEUE, 4 * t->nlanes * t->batch_size);
+}
+
+static void
+relay_lane_push(RelayLane *lane, RelayMessage *m)
+{
+	m->next = NULL;
+	if (lane->tail)
+		lane->tail->next = m;
+	else
+		lane->head = m;
+	lane->tail = m;
+	lane->nqueued++;
+	lane->target->nqueued++;
+}
+
+RelayMessage *
+relay_lane_pop(RelayLane *lane)
+{
+	RelayMessage *m = lane->head;
+
+	Assert(m != NULL);
+	lane->head = m->next;
+	if (lane->head == NULL)
+		lane->tail = NULL;
+	lane->nqueued--;
+	lane->target->nqueued--;
+	return m;
+}
+
+/* The id up to which everything of the lane is finished. */
+static int64
+relay_lane_done_position(RelayLane *lane)
+{
+	if (lane->head != NULL)
+		return Max(lane->done_id, lane->head->id - 1);
+	return Max(lane->done_id, lane->target->read_id);
+}
+
+static void
+relay_lane_set_error(RelayLane *lane, int status, const char *error)
+{
+	RelayTarget *t = lane->target;
+
+	if (lane->last_error)
+		pfree(lane->last_error);
+	lane->last_error = MemoryContextStrdup(t->cxt, error);
+	lane->last_status = status;
+	lane->last_error_at = GetCurrentTimestamp();
+	lane->error_dirty = true;
+}
+
+/* The head batch was acknowledged. */
+void
+relay_lane_succeeded(RelayLane *lane)
+{
+	int			i;
+
+	for (i = 0; i < lane->nbatch; i++)
+	{
+		RelayMessage *m = relay_lane_pop(lane);
+
+		lane->last_delivered_id = m->id;
+		pfree(m);
+	}
+	lane->delivered_delta += lane->nbatch;
+	lane->nbatch = 0;
+	lane->attempts = 0;
+	lane->next_attempt = 0;
+}
+
+/* Exponential backoff with jitter, at least Retry-After. */
+static int64
+relay_backoff_ms(int attempts, int retry_after_s)
+{
+	double		delay = outbox_retry_base_delay;
+	int			i;
+
+	for (i = 1; i < attempts && delay < outbox_retry_max_delay; i++)
+		delay *= 2;
+	delay = Min(delay, (double) outbox_retry_max_delay);
+	delay *= 0.5 + 0.5 * pg_prng_double(&pg_global_prng_state);
+	if (retry_after_s > 0)
+		delay = Max(delay, retry_after_s * 1000.0);
+	return (int64) delay;
+}
+
+/* The head batch failed: retry it later, or dead-letter it. */
+void
+relay_lane_failed(RelayLane *lane, bool retryable, int status,
+				  const char *error, int retry_after_s)
+{
+	RelayTarget *t = lane->target;
+	int			i;
+
+	lane->attempts++;
+	relay_lane_set_error(lane, status, error);
+
+	if (retryable && (t->max_attempts == 0 || lane->attempts < t->max_attempts))
+	{
+		lane->next_attempt =
+			TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+										relay_backoff_ms(lane->attempts, retry_after_s));
+		lane->nbatch = 0;
+		return;
+	}
+
+	for (i = 0; i < lane->nbatch; i++)
+	{
+		RelayMessage *m = relay_lane_pop(lane);
+		RelayDeadLetter *d = MemoryContextAllocZero(relay_cxt, sizeof(RelayDeadLetter));
+
+		d->target = MemoryContextStrdup(relay_cxt, t->name);
+		d->id = m->id;
+		memcpy(d->msg_id, m->msg_id, sizeof(d->msg_id));
+		d->topic = MemoryContextStrdup(relay_cxt, m->topic);
+		d->key = m->key ? MemoryContextStrdup(relay_cxt, m->key) : NULL;
+		d->attempts = lane->attempts;
+		d->last_status = status;
+		d->last_error = MemoryContextStrdup(relay_cxt, error);
+		d->next = dead_letters;
+		dead_letters = d;
+		pfree(m);
+	}
+	lane->dead_delta += lane->nbatch;
+	lane->nbatch = 0;
+	lane->attempts = 0;
+	lane->next_attempt = 0;
+}
+
+/*
+ * Append the JSON envelope of a message to buf: id, seq, topic, key,
+ * headers, payload (or payload_omitted) and emitted_at.
+ */
+char *
+relay_envelope(RelayMessage *m, bool with_payload, StringInfo buf)
+{
+	appendStringInfo(buf, "{\"id\":\"%s\",\"seq\":" INT64_FORMAT ",\"topic\":",
+					 m->msg_id, m->id);
+	escape_json(buf, m->topic);
+	appendStringInfoString(buf, ",\"key\":");
+	if (m->key)
+		escape_json(buf, m->key);
+	else
+		appendStringInfoString(buf, "null");
+	appendStringInfoString(buf, ",\"headers\":");
+	appendStringInfoString(buf, m->headers ? m->headers : "null");
+	if (with_payload)
+	{
+		appendStringInfoString(buf, ",\"payload\":");
+		appendBinaryStringInfo(buf, m->payload, m->payload_len);
+	}
+	else
+		appendStringInfoString(buf, ",\"payload_omitted\":true");
+	appendStringInfo(buf, ",\"emitted_at\":\"%s\"}", m->emitted_at);
+	return buf->data;
+}
+
+/*---- configuration ----*/
+
+static RelayTarget *
+relay_find_target(int id)
+{
+	ListCell   *lc;
+
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->id == id)
+			return t;
+	}
+	return NULL;
+}
+
+static void
+relay_free_target(RelayTarget *t)
+{
+	int			i;
+
+	for (i = 0; i < t->nlanes; i++)
+		relay_http_lane_release(&t->lanes[i]);
+	MemoryContextDelete(t->cxt);
+}
+
+static char *
+relay_spi_text(HeapTuple tup, TupleDesc desc, int col)
+{
+	return SPI_getvalue(tup, desc, col);
+}
+
+static int64
+relay_spi_int(HeapTuple tup, TupleDesc desc, int col, bool *isnull)
+{
+	Datum		d = SPI_getbinval(tup, desc, col, isnull);
+
+	if (*isnull)
+		return 0;
+	switch (TupleDescAttr(desc, col - 1)->atttypid)
+	{
+		case INT2OID:
+			return DatumGetInt16(d);
+		case INT4OID:
+			return DatumGetInt32(d);
+		default:
+			return DatumGetInt64(d);
+	}
+}
+
+/* Build a target from a row of the configuration query. */
+static RelayTarget *
+relay_make_target(HeapTuple tup, TupleDesc desc)
+{
+	MemoryContext cxt;
+	MemoryContext oldcxt;
+	RelayTarget *t;
+	bool		isnull;
+	char	   *s;
+	int			i;
+
+	cxt = AllocSetContextCreate(relay_cxt, "outbox target", ALLOCSET_DEFAULT_SIZES);
+	oldcxt = MemoryContextSwitchTo(cxt);
+	t = palloc0(sizeof(RelayTarget));
+	t->cxt = cxt;
+	t->id = (int) relay_spi_int(tup, desc, 1, &isnull);
+	t->name = relay_spi_text(tup, desc, 2);
+	s = relay_spi_text(tup, desc, 3);
+	t->kind = strcmp(s, "notify") == 0 ? RELAY_NOTIFY : RELAY_HTTP;
+	t->url = relay_spi_text(tup, desc, 4);
+	t->channel = relay_spi_text(tup, desc, 5);
+	t->batch_size = (int) relay_spi_int(tup, desc, 6, &isnull);
+	t->nlanes = (int) relay_spi_int(tup, desc, 7, &isnull);
+	t->max_attempts = (int) relay_spi_int(tup, desc, 8, &isnull);
+	t->timeout_ms = (int) relay_spi_int(tup, desc, 9, &isnull);
+
+	s = relay_spi_text(tup, desc, 10);
+	if (s != NULL && strncmp(s, "whsec_", 6) == 0)
+	{
+		int			len = strlen(s + 6);
+
+		t->secret = palloc(pg_b64_dec_len(len) + 1);
+		t->secret_len = pg_b64_decode(s + 6, len, (char *) t->secret,
+									  pg_b64_dec_len(len));
+		if (t->secret_len <= 0)
+		{
+			ereport(LOG,
+					(errmsg("outbox target \"%s\" has an invalid secret; sending unsigned requests",
+							t->name)));
+			t->secret = NULL;
+		}
+	}
+
+	s = relay_spi_text(tup, desc, 11);
+	if (s != NULL && *s)
+	{
+		char	   *line;
+		char	   *save = NULL;
+
+		t->header_lines = palloc(sizeof(char *) * (strlen(s) + 1));
+		for (line = strtok_r(s, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+			t->header_lines[t->nheader_lines++] = line;
+	}
+
+	t->lanes = palloc0(sizeof(RelayLane) * t->nlanes);
+	for (i = 0; i < t->nlanes; i++)
+	{
+		t->lanes[i].target = t;
+		t->lanes[i].index = i;
+		t->lanes[i].done_id = -1;
+		if (t->kind == RELAY_HTTP)
+			relay_http_lane_init(&t->lanes[i]);
+	}
+	t->read_id = -1;
+	MemoryContextSwitchTo(oldcxt);
+	return t;
+}
+
+/*
+ * Load targets, subscriptions and progress.  Targets that still exist keep
+ * their queues and requests in flight; new ones start from their recorded
+ * progress; dropped ones are forgotten.  Runs in its own transaction.
+ */
+static void
+relay_load_config(void)
+{
+	ListCell   *lc;
+	List	   *kept = NIL;
+	uint64		i;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "loading outbox targets");
+
+	foreach(lc, targets)
+		((RelayTarget *) lfirst(lc))->seen = false;
+
+	if (SPI_execute("SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
+					"       t.max_attempts, t.timeout_ms, t.secret,"
+					"       (SELECT string_agg(k || ': ' || v, E'\\n')"
+					"          FROM jsonb_each_text(t.headers) AS h(k, v))"
+					"  FROM outbox.targets t ORDER BY t.id", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.targets");
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		bool		isnull;
+		int			id = (int) relay_spi_int(tup, SPI_tuptable->tupdesc, 1, &isnull);
+		RelayTarget *t = relay_find_target(id);
+
+		if (t == NULL)
+		{
+			t = relay_make_target(tup, SPI_tuptable->tupdesc);
+			ereport(LOG,
+					(errmsg("outbox relay: delivering to target \"%s\"", t->name)));
+		}
+		t->seen = true;
+		kept = lappend(kept, t);
+	}
+
+	/* Forget dropped targets. */
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (!t->seen)
+		{
+			ereport(LOG,
+					(errmsg("outbox relay: target \"%s\" was dropped", t->name)));
+			relay_free_target(t);
+		}
+	}
+	list_free(targets);
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
+
+		targets = list_copy(kept);
+		MemoryContextSwitchTo(oldcxt);
+	}
+
+	/* Subscriptions replace the old ones. */
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->subs)
+		{
+			int			j;
+
+			for (j = 0; j < t->nsubs; j++)
+				pfree(t->subs[j].pattern);
+			pfree(t->subs);
+		}
+		t->subs = NULL;
+		t->nsubs = 0;
+	}
+	if (SPI_execute("SELECT target_id, pattern, start_id FROM outbox.subscriptions"
+					" ORDER BY target_id, pattern", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.subscriptions");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		RelayTarget *t = relay_find_target((int) relay_spi_int(tup, desc, 1, &isnull));
+		RelaySubscription *sub;
+		char	   *pattern;
+		int			len;
+
+		if (t == NULL)
+			continue;
+		if (t->subs == NULL)
+			t->subs = MemoryContextAlloc(t->cxt, sizeof(RelaySubscription) * (SPI_processed + 1));
+		sub = &t->subs[t->nsubs++];
+		pattern = relay_spi_text(tup, desc, 2);
+		sub->pattern = MemoryContextStrdup(t->cxt, pattern);
+		len = strlen(pattern);
+		sub->prefix_len = (len > 0 && pattern[len - 1] == '*') ? len - 1 : -1;
+		sub->start_id = relay_spi_int(tup, desc, 3, &isnull);
+	}
+
+	/* Progress, for targets that have not read anything yet. */
+	if (SPI_execute("SELECT target_id, lane, done_id, last_delivered_id FROM outbox.progress",
+					true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.progress");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		RelayTarget *t = relay_find_target((int) relay_spi_int(tup, desc, 1, &isnull));
+		int			lane = (int) relay_spi_int(tup, desc, 2, &isnull);
+
+		if (t == NULL || lane < 0 || lane >= t->nlanes || t->lanes[lane].done_id >= 0)
+			continue;
+		t->lanes[lane].done_id = relay_spi_int(tup, desc, 3, &isnull);
+		t->lanes[lane].last_delivered_id = relay_spi_int(tup, desc, 4, &isnull);
+	}
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			j;
+
+		if (t->read_id >= 0)
+			continue;
+		for (j = 0; j < t->nlanes; j++)
+		{
+			if (t->lanes[j].done_id < 0)
+				t->lanes[j].done_id = 0;
+			if (t->read_id < 0 || t->lanes[j].done_id < t->read_id)
+				t->read_id = t->lanes[j].done_id;
+		}
+		if (t->read_id < 0)
+			t->read_id = 0;
+	}
+
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	list_free(kept);
+}
+
+/*---- reading ----*/
+
+static bool
+relay_subscribed(RelayTarget *t, const char *topic, int64 id)
+{
+	int			i;
+
+	for (i = 0; i < t->nsubs; i++)
+	{
+		RelaySubscription *s = &t->subs[i];
+
+		if (id <= s->start_id)
+			continue;
+		if (s->prefix_len < 0)
+		{
+			if (strcmp(topic, s->pattern) == 0)
+				return true;
+		}
+		else if (strncmp(topic, s->pattern, s->prefix_len) == 0)
+			return true;
+	}
+	return false;
+}
+
+static int
+relay_lane_of(RelayTarget *t, const char *key, int64 id)
+{
+	if (t->nlanes == 1)
+		return 0;
+	if (key == NULL)
+		return (int) (id % t->nlanes);
+	return (int) (hash_bytes((const unsigned char *) key, strlen(key)) % (uint32) t->nlanes);
+}
+
+/*
+ * "Name: value" lines of a headers object, NUL-separated and ended by an
+ * empty string, for HTTP requests.
+ */
+static char *
+relay_header_lines(Jsonb *jb, int *len)
+{
+	StringInfoData buf;
+	JsonbIterator *it = JsonbIteratorInit(&jb->root);
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	initStringInfo(&buf);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
+			appendStringInfoString(&buf, ": ");
+		}
+		else if (tok == WJB_VALUE && v.type == jbvString)
+		{
+			appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
+			appendStringInfoChar(&buf, '\0');
+		}
+	}
+	appendStringInfoChar(&buf, '\0');
+	*len = buf.len;
+	return buf.data;
+}
+
+/* Copy one row of the read query into a message of target t. */
+static RelayMessage *
+relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
+				   const char *topic, const char *key)
+{
+	bool		isnull;
+	Datum		d;
+	char	   *payload;
+	int			payload_len;
+	char	   *headers = NULL;
+	int			headers_len = 0;
+	char	   *lines = NULL;
+	int			lines_len = 0;
+	Jsonb	   *jb;
+	Size		size;
+	RelayMessage *m;
+	char	   *p;
+	pg_uuid_t  *uuid;
+	static const char hex[] = "0123456789abcdef";
+	int			i;
+	int			j;
+
+	d = SPI_getbinval(tup, desc, 5, &isnull);
+	jb = DatumGetJsonbP(d);
+	payload = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+	payload_len = strlen(payload);
+
+	d = SPI_getbinval(tup, desc, 6, &isnull);
+	if (!isnull)
+	{
+		jb = DatumGetJsonbP(d);
+		headers = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+		headers_len = strlen(headers);
+		if (JsonContainerSize(&jb->root) > 0)
+			lines = relay_header_lines(jb, &lines_len);
+	}
+
+	size = MAXALIGN(sizeof(RelayMessage)) + strlen(topic) + 1 +
+		(key ? strlen(key) + 1 : 0) + payload_len + 1 +
+		(headers ? headers_len + 1 : 0) + lines_len;
+	m = MemoryContextAlloc(t->cxt, size);
+	p = (char *) m + MAXALIGN(sizeof(RelayMessage));
+	m->next = NULL;
+	m->id = id;
+
+	uuid = DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull));
+	for (i = 0, j = 0; i < UUID_LEN; i++)
+	{
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			m->msg_id[j++] = '-';
+		m->msg_id[j++] = hex[uuid->data[i] >> 4];
+		m->msg_id[j++] = hex[uuid->data[i] & 0x0f];
+	}
+	m->msg_id[j] = '\0';
+
+	d = SPI_getbinval(tup, desc, 7, &isnull);
+	JsonEncodeDateTime(m->emitted_at, d, TIMESTAMPTZOID, NULL);
+
+	m->topic = p;
+	strcpy(p, topic);
+	p += strlen(topic) + 1;
+	if (key)
+	{
+		m->key = p;
+		strcpy(p, key);
+		p += strlen(key) + 1;
+	}
+	else
+		m->key = NULL;
+	m->payload = p;
+	memcpy(p, payload, payload_len + 1);
+	m->payload_len = payload_len;
+	p += payload_len + 1;
+	if (headers)
+	{
+		m->headers = p;
+		memcpy(p, headers, headers_len + 1);
+		p += headers_len + 1;
+	}
+	else
+		m->headers = NULL;
+	if (lines)
+	{
+		m->header_lines = p;
+		memcpy(p, lines, lines_len);
+	}
+	else
+		m->header_lines = NULL;
+	return m;
+}
+
+/*
+ * Read the messages above each target's read position and at or below the
+ * frontier, and queue those it subscribes to.  The snapshot is taken here,
+ * after the frontier was computed.
+ */
+static void
+relay_read_messages(int64 frontier)
+{
+	ListCell   *lc;
+	bool		any = false;
+	MemoryContext rowcxt;
+
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->read_id < frontier && t->nqueued < relay_queue_cap(t))
+			any = true;
+	}
+	if (!any)
+		return;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "reading outbox messages");
+
+	if (read_plan == NULL)
+	{
+		Oid			argtypes[3] = {INT8OID, INT8OID, INT4OID};
+
+		read_plan = SPI_prepare("SELECT id, msg_id, topic, key, payload, headers, emitted_at"
+								"  FROM outbox.messages"
+								" WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
+								3, argtypes);
+		if (read_plan == NULL)
+			elog(ERROR, "outbox: could not prepare the read query: %s",
+				 SPI_result_code_string(SPI_result));
+		SPI_keepplan(read_plan);
+	}
+
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox read row",
+								   ALLOCSET_DEFAULT_SIZES);
+
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
+		Datum		args[3];
+		uint64		i;
+		int64		last = t->read_id;
+
+		if (t->read_id >= frontier || limit <= 0)
+			continue;
+
+		args[0] = Int64GetDatum(t->read_id);
+		args[1] = Int64GetDatum(frontier);
+		args[2] = Int32GetDatum(limit);
+		if (SPI_execute_plan(read_plan, args, NULL, true, limit) != SPI_OK_SELECT)
+			elog(ERROR, "outbox: could not read outbox.messages");
+
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+			MemoryContext oldcxt;
+			char	   *topic;
+			char	   *key;
+			RelayLane  *lane;
+
+			last = id;
+			oldcxt = MemoryContextSwitchTo(rowcxt);
+			topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
+			if (relay_subscribed(t, topic, id))
+			{
+				Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
+
+				key = isnull ? NULL : TextDatumGetCString(kd);
+				lane = &t->lanes[relay_lane_of(t, key, id)];
+				if (id > lane->done_id)
+					relay_lane_push(lane, relay_make_message(t, tup, desc, id, topic, key));
+			}
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(rowcxt);
+		}
+		t->read_id = (SPI_processed < (uint64) limit) ? frontier : last;
+		SPI_freetuptable(SPI_tuptable);
+	}
+
+	MemoryContextDelete(rowcxt);
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+}
+
+/*---- progress ----*/
+
+static bool
+relay_progress_pending(void)
+{
+	ListCell   *lc;
+
+	if (dead_letters != NULL)
+		return true;
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_HTTP)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (lane->delivered_delta || lane->dead_delta || lane->error_dirty ||
+				relay_lane_done_position(lane) != lane->done_id)
+				return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Record, in one transaction, the progress of every HTTP lane that moved
+ * and the dead letters found since the last call.
+ */
+static void
+relay_write_progress(void)
+{
+	ListCell   *lc;
+	RelayDeadLetter *d;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "recording outbox progress");
+
+	if (progress_plan == NULL)
+	{
+		Oid			argtypes[10] = {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID,
+		INT8OID, INT4OID, INT4OID, TEXTOID, TIMESTAMPTZOID};
+
+		progress_plan = SPI_prepare("UPDATE outbox.progress"
+									"   SET done_id = greatest(done_id, $3),"
+									"       last_delivered_id = coalesce($4, last_delivered_id),"
+									"       delivered = delivered + $5, dead = dead + $6,"
+									"       attempts = $7,"
+									"       last_status = coalesce($8, last_status),"
+									"       last_error = coalesce($9, last_error),"
+									"       last_error_at = coalesce($10, last_error_at)"
+									" WHERE target_id = $1 AND lane = $2",
+									10, argtypes);
+		if (progress_plan == NULL)
+			elog(ERROR, "outbox: could not prepare the progress query");
+		SPI_keepplan(progress_plan);
+	}
+	if (dead_letter_plan == NULL)
+	{
+		Oid			argtypes[8] = {TEXTOID, INT8OID, UUIDOID, TEXTOID, TEXTOID,
+		INT4OID, INT4OID, TEXTOID};
+
+		dead_letter_plan = SPI_prepare("INSERT INTO outbox.dead_letters"
+									   " (target, id, msg_id, topic, key, attempts, last_status, last_error)"
+									   " VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0), $8)"
+									   " ON CONFLICT (target, id) DO UPDATE"
+									   "   SET attempts = excluded.attempts, last_status = excluded.last_status,"
+									   "       last_error = excluded.last_error, failed_at = excluded.failed_at",
+									   8, argtypes);
+		if (dead_letter_plan == NULL)
+			elog(ERROR, "outbox: could not prepare the dead letter query");
+		SPI_keepplan(dead_letter_plan);
+	}
+
+	for (d = dead_letters; d != NULL; d = d->next)
+	{
+		Datum		args[8];
+		char		nulls[8] = "        ";
+
+		args[0] = CStringGetTextDatum(d->target);
+		args[1] = Int64GetDatum(d->id);
+		args[2] = DirectFunctionCall1(uuid_in, CStringGetDatum(d->msg_id));
+		args[3] = CStringGetTextDatum(d->topic);
+		if (d->key)
+			args[4] = CStringGetTextDatum(d->key);
+		else
+			nulls[4] = 'n';
+		args[5] = Int32GetDatum(d->attempts);
+		args[6] = Int32GetDatum(d->last_status);
+		args[7] = CStringGetTextDatum(d->last_error);
+		if (SPI_execute_plan(dead_letter_plan, args, nulls, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "outbox: could not record a dead letter");
+	}
+
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_HTTP)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+			int64		done = relay_lane_done_position(lane);
+			Datum		args[10];
+			char		nulls[10] = "          ";
+
+			if (!(lane->delivered_delta || lane->dead_delta || lane->error_dirty ||
+				  done != lane->done_id))
+				continue;
+			args[0] = Int32GetDatum(t->id);
+			args[1] = Int32GetDatum(i);
+			args[2] = Int64GetDatum(done);
+			args[3] = Int64GetDatum(lane->last_delivered_id);
+			if (lane->last_delivered_id <= 0)
+				nulls[3] = 'n';
+			args[4] = Int64GetDatum(lane->delivered_delta);
+			args[5] = Int64GetDatum(lane->dead_delta);
+			args[6] = Int32GetDatum(lane->attempts);
+			args[7] = Int32GetDatum(lane->last_status);
+			args[8] = (Datum) 0;
+			args[9] = (Datum) 0;
+			if (lane->error_dirty && lane->last_error)
+			{
+				if (lane->last_status == 0)
+					nulls[7] = 'n';
+				args[8] = CStringGetTextDatum(lane->last_error);
+				args[9] = TimestampTzGetDatum(lane->last_error_at);
+			}
+			else
+			{
+				nulls[7] = 'n';
+				nulls[8] = 'n';
+				nulls[9] = 'n';
+			}
+			if (SPI_execute_plan(progress_plan, args, nulls, false, 0) != SPI_OK_UPDATE)
+				elog(ERROR, "outbox: could not record progress");
+		}
+	}
+
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+
+	/* Durable now: forget what was written. */
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_HTTP)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			lane->done_id = relay_lane_done_position(lane);
+			lane->delivered_delta = 0;
+			lane->dead_delta = 0;
+			lane->error_dirty = false;
+		}
+	}
+	while (dead_letters != NULL)
+	{
+		d = dead_letters;
+		dead_letters = d->next;
+		pfree(d->target);
+		pfree(d->topic);
+		if (d->key)
+			pfree(d->key);
+		pfree(d->last_error);
+		pfree(d);
+	}
+	last_progress_write = GetCurrentTimestamp();
+}
+
+/*---- the loop ----*/
+
+/* Start a request on every idle HTTP lane whose next batch is due. */
+static void
+relay_dispatch(TimestampTz now)
+{
+	ListCell   *lc;
+
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind == RELAY_NOTIFY)
+		{
+			if (t->nqueued > 0 && now >= t->notify_retry_at)
+				relay_notify_deliver(t);
+			continue;
+		}
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (!lane->in_flight && lane->nqueued > 0 && now >= lane->next_attempt)
+				relay_http_send(lane);
+		}
+	}
+}
+
+/* Milliseconds the loop may sleep. */
+static long
+relay_sleep_ms(int64 frontier, TimestampTz now)
+{
+	long		timeout = outbox_poll_interval;
+	long		curl_ms = relay_http_timeout();
+	ListCell   *lc;
+
+	if (curl_ms >= 0 && curl_ms < timeout)
+		timeout = curl_ms;
+
+	if (!outbox_enabled)
+		return timeout;
+
+	foreach(lc, targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->read_id < frontier && t->nqueued < relay_queue_cap(t))
+			return 0;
+		if (t->kind == RELAY_NOTIFY)
+		{
+			if (t->nqueued > 0)
+			{
+				long		ms = (long) ((t->notify_retry_at - now) / 1000);
+
+				timeout = Min(timeout, Max(ms, 0));
+			}
+			continue;
+		}
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (!lane->in_flight && lane->nqueued > 0)
+			{
+				long		ms = (long) ((lane->next_attempt - now + 999) / 1000);
+
+				timeout = Min(timeout, Max(ms, 0));
+			}
+		}
+	}
+	return timeout;
+}
+
+/* Whether the extension is installed in this database. */
+static bool
+relay_extension_ready(void)
+{
+	bool		ready;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	ready = OidIsValid(get_extension_oid("outbox", true));
+	CommitTransactionCommand();
+	return ready;
+}
+
+static void
+relay_worker_exit(int code, Datum arg)
+{
+	outbox_set_worker_latch(NULL);
+}
+
+void
+outbox_worker_main(Datum main_arg)
+{
+	WaitEventSet *wait_set;
+	int			epoll_pos;
+	bool		socket_ready = false;
+	bool		ready = false;
+	bool		waiting_logged = false;
+	uint64		loaded_generation = 0;
+	bool		force_reload = true;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	ereport(LOG,
+			(errmsg("outbox relay started for database \"%s\"", outbox_database)));
+
+	relay_cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
+									  ALLOCSET_DEFAULT_SIZES);
+
+	before_shmem_exit(relay_worker_exit, (Datum) 0);
+	outbox_set_worker_latch(MyLatch);
+
+	{
+		int			epfd = relay_http_init();
+
+		wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+		AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		epoll_pos = AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+	}
+
+	for (;;)
+	{
+		WaitEvent	event;
+		int64		frontier = 0;
+		TimestampTz now;
+		long		timeout;
+
+		CHECK_FOR_INTERRUPTS();
+
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+			force_reload = true;
+		}
+
+		if (!ready)
+		{
+			ready = relay_extension_ready();
+			if (!ready)
+			{
+				if (!waiting_logged)
+					ereport(LOG,
+							(errmsg("outbox relay is waiting for the extension to be created in database \"%s\"",
+									outbox_database),
+							 errhint("Run CREATE EXTENSION outbox in database \"%s\".",
+									  outbox_database)));
+				waiting_logged = true;
+				(void) WaitEventSetWait(wait_set, outbox_poll_interval, &event, 1,
+										PG_WAIT_EXTENSION);
+				ResetLatch(MyLatch);
+				continue;
+			}
+			force_reload = true;
+		}
+
+		if (force_reload || outbox_config_generation() != loaded_generation)
+		{
+			loaded_generation = outbox_config_generation();
+			force_reload = false;
+			if (!relay_extension_ready())
+			{
+				ready = false;
+				waiting_logged = false;
+				continue;
+			}
+			relay_load_config();
+		}
+
+		if (outbox_enabled && targets != NIL)
+		{
+			if (!outbox_counter_valid())
+			{
+				Relation	rel;
+
+				StartTransactionCommand();
+				rel = outbox_open_messages(AccessShareLock);
+				outbox_ensure_counter(rel);
+				table_close(rel, AccessShareLock);
+				CommitTransactionCommand();
+			}
+			frontier = outbox_compute_frontier();
+			/* Deliver nothing whose commit is not durable (I7). */
+			outbox_flush_commits();
+			relay_read_messages(frontier);
+			relay_dispatch(GetCurrentTimestamp());
+		}
+
+		relay_http_drive(socket_ready);
+		if (outbox_enabled)
+			relay_dispatch(GetCurrentTimestamp());
+		relay_http_drive(false);
+
+		now = GetCurrentTimestamp();
+		if (relay_progress_pending() &&
+			(relay_http_in_flight() == 0 ||
+			 TimestampDifferenceExceeds(last_progress_write, now,
+										RELAY_PROGRESS_INTERVAL_MS)))
+			relay_write_progress();
+
+		timeout = relay_sleep_ms(frontier, now);
+		if (relay_progress_pending())
+			timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
+
+		socket_ready = false;
+		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0)
+		{
+			if (event.events & WL_LATCH_SET)
+				ResetLatch(MyLatch);
+			if (event.pos == epoll_pos)
+				socket_ready = true;
+		}
+	}
+}
