@@ -427,7 +427,12 @@ relay_load_config(void)
 					(errmsg("outbox relay: delivering to target \"%s\"", t->name)));
 		}
 		t->seen = true;
-		kept = lappend(kept, t);
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
+
+			kept = lappend(kept, t);
+			MemoryContextSwitchTo(oldcxt);
+		}
 	}
 
 	/* Forget dropped targets. */
@@ -443,12 +448,7 @@ relay_load_config(void)
 		}
 	}
 	list_free(targets);
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
-
-		targets = list_copy(kept);
-		MemoryContextSwitchTo(oldcxt);
-	}
+	targets = kept;
 
 	/* Subscriptions replace the old ones. */
 	foreach(lc, targets)
@@ -530,7 +530,6 @@ relay_load_config(void)
 	SPI_finish();
 	CommitTransactionCommand();
 	pgstat_report_activity(STATE_IDLE, NULL);
-	list_free(kept);
 }
 
 /*---- reading ----*/

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The main job on an embedded default: install what is needed, build and
 # install the extension, start a throwaway PostgreSQL server (unprivileged
-# user, Unix socket and loopback only) with the library preloaded, emit
-# messages from a trigger and from plain SQL, and show them in commit order.
-# Everything is removed on exit.
+# user, Unix socket and loopback only) with the library preloaded and a
+# local HTTP receiver, emit messages from a trigger and from plain SQL, and
+# watch the relay deliver them: signed webhooks to the receiver, NOTIFY to
+# a listener, then the outbox.lag view.  Everything is removed on exit.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +23,9 @@ as_user() {
 }
 [ "$(id -u)" -eq 0 ] && chown "$user" "$work"
 
+sink_pid=
 cleanup() {
+	[ -n "$sink_pid" ] && kill "$sink_pid" 2>/dev/null || true
 	as_user "$bindir/pg_ctl" -D "$work/data" -m immediate stop >/dev/null 2>&1 || true
 	rm -rf "$work"
 }
@@ -43,9 +46,29 @@ psql_demo() {
 	as_user "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h "$work" -p "$port" -U postgres -d postgres "$@"
 }
 
+secret="whsec_$(head -c 32 /dev/urandom | base64)"
+echo "== starting the HTTP receiver (test/sink/outbox_sink.py) on 127.0.0.1"
+python3 "$here/test/sink/outbox_sink.py" --port 0 --port-file "$work/sink.port" \
+	--record "$work/sink.jsonl" --secret "$secret" >"$work/sink.log" 2>&1 &
+sink_pid=$!
+for _ in $(seq 50); do [ -s "$work/sink.port" ] && break; sleep 0.1; done
+sink_port=$(cat "$work/sink.port")
+
+echo "== creating the extension and the targets"
+psql_demo <<SQL
+CREATE EXTENSION outbox;
+SELECT outbox.create_http_target('orders-webhook', 'http://127.0.0.1:$sink_port/hooks/orders',
+								 secret => '$secret', lanes => 4);
+SELECT outbox.subscribe('orders-webhook', 'orders.*');
+SELECT outbox.create_http_target('audit-log', 'http://127.0.0.1:$sink_port/hooks/audit',
+								 batch_size => 100);
+SELECT outbox.subscribe('audit-log', '*');
+SELECT outbox.create_notify_target('listeners', 'outbox_events');
+SELECT outbox.subscribe('listeners', 'audit.*');
+SQL
+
 echo "== emitting messages"
 psql_demo <<'SQL'
-CREATE EXTENSION outbox;
 
 CREATE TABLE orders (
 	id		 serial PRIMARY KEY,
@@ -88,6 +111,29 @@ SELECT id, topic, key, payload, headers
   FROM outbox.messages WHERE topic <> 'load.tick' ORDER BY id;
 SELECT topic, count(*), min(id), max(id), max(id) - min(id) + 1 AS span
   FROM outbox.messages GROUP BY topic ORDER BY min(id);
-SELECT outbox.frontier() AS frontier;
 SQL
+
+echo "== waiting for the relay to deliver everything"
+for _ in $(seq 100); do
+	left=$(psql_demo -At -c "SELECT coalesce(sum(pending), 0) FROM outbox.lag")
+	[ "$left" = "0" ] && break
+	sleep 0.1
+done
+
+echo "== what the receiver got (signatures checked with the Standard Webhooks algorithm)"
+python3 - "$work/sink.jsonl" <<'PY'
+import json, sys
+reqs = [json.loads(l) for l in open(sys.argv[1])]
+for r in reqs:
+	if r["path"] == "/hooks/orders":
+		h = r["headers"]
+		print(f'  POST {r["path"]}  seq={h.get("outbox-seq")} key={h.get("outbox-key")} '
+			  f'id={h["webhook-id"]} signature_ok={r["sig_ok"]}  body={r["body"]}')
+audit = [r for r in reqs if r["path"] == "/hooks/audit"]
+n = sum(len(json.loads(r["body"])) for r in audit)
+print(f'  POST /hooks/audit: {len(audit)} batched requests carrying {n} messages')
+PY
+
+echo "== outbox.lag"
+psql_demo -c "SELECT target, kind, pending, last_delivered_id, delivered, dead_letters, last_error FROM outbox.lag ORDER BY target"
 echo "== done"
