@@ -801,8 +801,6 @@ relay_progress_pending(void)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
-		if (t->kind != RELAY_HTTP)
-			continue;
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
@@ -816,8 +814,10 @@ relay_progress_pending(void)
 }
 
 /*
- * Record, in one transaction, the progress of every HTTP lane that moved
- * and the dead letters found since the last call.
+ * Record, in one transaction, the progress of every lane that moved and
+ * the dead letters found since the last call.  (NOTIFY targets record
+ * their deliveries themselves; here they only advance past messages they
+ * do not subscribe to.)
  */
 static void
 relay_write_progress(void)
@@ -892,8 +892,6 @@ relay_write_progress(void)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
-		if (t->kind != RELAY_HTTP)
-			continue;
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
@@ -945,8 +943,6 @@ relay_write_progress(void)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
-		if (t->kind != RELAY_HTTP)
-			continue;
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
