@@ -304,15 +304,32 @@ BEGIN
 END
 $$;
 
--- Create progress rows for a new target, starting at the frontier.
-CREATE FUNCTION outbox.start_progress(target_id int, lanes int)
+-- Store a validated target and its progress rows, which start at the
+-- frontier; wake the relay at commit.
+CREATE FUNCTION outbox.add_target(target outbox.targets)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	new_id int;
+BEGIN
+	BEGIN
+		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
+									ordering, max_attempts, timeout_ms)
+		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
+				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
+				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000))
+		RETURNING id INTO new_id;
+	EXCEPTION WHEN unique_violation THEN
+		RAISE EXCEPTION 'outbox target "%" already exists', target.name
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
+	END;
 	INSERT INTO outbox.progress (target_id, lane, done_id)
-	SELECT target_id, g, outbox.frontier() FROM generate_series(0, lanes - 1) g;
-	SELECT outbox.config_changed();
+	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
+	PERFORM outbox.config_changed();
+END
 $$;
 
 CREATE FUNCTION outbox.create_http_target(
@@ -330,7 +347,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	new_id int;
+	t outbox.targets;
 	key_bytes bytea;
 BEGIN
 	PERFORM outbox.check_target_name(name);
@@ -342,18 +359,15 @@ BEGIN
 	END IF;
 	PERFORM outbox.check_headers(headers);
 	IF secret IS NOT NULL THEN
-		IF secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
-			RAISE EXCEPTION 'invalid webhook secret'
-				USING ERRCODE = 'invalid_parameter_value',
-					  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64.',
-					  HINT = 'Generate one with: SELECT ''whsec_'' || encode(gen_random_bytes(32), ''base64'').';
-		END IF;
 		BEGIN
+			IF secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+				RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+			END IF;
 			key_bytes := decode(substr(secret, 7), 'base64');
 		EXCEPTION WHEN others THEN
 			RAISE EXCEPTION 'invalid webhook secret'
 				USING ERRCODE = 'invalid_parameter_value',
-					  DETAIL = 'The part after "whsec_" is not valid base64.',
+					  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64.',
 					  HINT = 'Generate one with: SELECT ''whsec_'' || encode(gen_random_bytes(32), ''base64'').';
 		END;
 		IF length(key_bytes) < 16 OR length(key_bytes) > 64 THEN
@@ -387,17 +401,17 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 
-	BEGIN
-		INSERT INTO outbox.targets (name, kind, url, headers, secret, batch_size, lanes, ordering,
-									max_attempts, timeout_ms)
-		VALUES (name, 'http', url, headers, secret, batch_size, lanes, ordering, max_attempts, timeout_ms)
-		RETURNING id INTO new_id;
-	EXCEPTION WHEN unique_violation THEN
-		RAISE EXCEPTION 'outbox target "%" already exists', name
-			USING ERRCODE = 'duplicate_object',
-				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
-	END;
-	PERFORM outbox.start_progress(new_id, lanes);
+	t.name := name;
+	t.kind := 'http';
+	t.url := url;
+	t.headers := headers;
+	t.secret := secret;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	PERFORM outbox.add_target(t);
 END
 $$;
 
@@ -407,7 +421,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	new_id int;
+	t outbox.targets;
 BEGIN
 	PERFORM outbox.check_target_name(name);
 	IF channel IS NULL OR channel = '' OR octet_length(channel) > 63 THEN
@@ -416,16 +430,12 @@ BEGIN
 				  DETAIL = 'Channel names have 1 to 63 bytes.',
 				  HINT = 'Use the name your listeners pass to LISTEN.';
 	END IF;
-	BEGIN
-		INSERT INTO outbox.targets (name, kind, channel, lanes, ordering)
-		VALUES (name, 'notify', channel, 1, 'strict')
-		RETURNING id INTO new_id;
-	EXCEPTION WHEN unique_violation THEN
-		RAISE EXCEPTION 'outbox target "%" already exists', name
-			USING ERRCODE = 'duplicate_object',
-				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
-	END;
-	PERFORM outbox.start_progress(new_id, 1);
+	t.name := name;
+	t.kind := 'notify';
+	t.channel := channel;
+	t.lanes := 1;
+	t.ordering := 'strict';
+	PERFORM outbox.add_target(t);
 END
 $$;
 
@@ -501,7 +511,7 @@ $$;
 
 REVOKE ALL ON FUNCTION outbox.check_target_name(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.check_headers(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.start_progress(int, int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.add_target(outbox.targets) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.create_notify_target(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.target_id(text) FROM PUBLIC;

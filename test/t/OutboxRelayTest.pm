@@ -1,0 +1,282 @@
+# Helpers shared by the relay TAP tests (test/t/010_* and up): a server
+# configured for fast relay tests, the test HTTP sink (test/sink/
+# outbox_sink.py) started and stopped from Perl, its record file read back,
+# and polling.
+package OutboxRelayTest;
+
+use strict;
+use warnings;
+
+use Cwd qw(abs_path);
+use Exporter 'import';
+use File::Basename qw(dirname);
+use HTTP::Tiny;
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+our @EXPORT = qw(
+  relay_node start_sink sink_control sink_stats stop_sink
+  sink_records sink_attempts wait_until
+  webhook_signature by_key check_key_fifo);
+
+my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
+my $json = JSON::PP->new->utf8->canonical;
+
+# A started node with the library preloaded and fast relay settings;
+# %opts: create_extension (default 1), conf (extra postgresql.conf text).
+sub relay_node
+{
+	my ($name, %opts) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	$node->append_conf(
+		'postgresql.conf', qq{
+shared_preload_libraries = 'outbox'
+outbox.database = 'postgres'
+outbox.retry_base_delay = 20
+outbox.retry_max_delay = 500
+outbox.poll_interval = 1000
+log_min_messages = info
+} . ($opts{conf} // ''));
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION outbox')
+	  if $opts{create_extension} // 1;
+	return $node;
+}
+
+# Start the sink; @args are extra command line arguments.  Returns a hash:
+# name, port, url (http://127.0.0.1:port), record (file), harness.
+sub start_sink
+{
+	my ($name, @args) = @_;
+	my $dir = $PostgreSQL::Test::Utils::log_path;
+	my $record = "$dir/sink_$name.jsonl";
+	my $port_file = "$dir/sink_$name.port";
+	unlink $record, $port_file;
+	my $h = IPC::Run::start(
+		[
+			'python3', $sink_script, '--port-file', $port_file,
+			'--record', $record, @args
+		],
+		'<', \undef, '>>', "$dir/sink_$name.log", '2>>', "$dir/sink_$name.log");
+	# --port given means a fixed port (the caller passed it)
+	my $deadline = time + 20;
+	until (-s $port_file)
+	{
+		die "sink $name did not start" if time > $deadline || !$h->pumpable;
+		usleep(20_000);
+	}
+	my $port = slurp_file($port_file);
+	chomp $port;
+	return {
+		name => $name,
+		port => $port,
+		url => "http://127.0.0.1:$port",
+		record => $record,
+		harness => $h,
+		http => HTTP::Tiny->new(timeout => 10),
+	};
+}
+
+# POST /_control with the given fields; returns the decoded answer.
+sub sink_control
+{
+	my ($sink, $req) = @_;
+	my $res = $sink->{http}->post("$sink->{url}/_control",
+		{ content => $json->encode($req), headers => { 'content-type' => 'application/json' } });
+	die "sink control failed: $res->{status} $res->{content}" unless $res->{success};
+	return $json->decode($res->{content});
+}
+
+sub sink_stats
+{
+	my ($sink) = @_;
+	my $res = $sink->{http}->get("$sink->{url}/_stats");
+	die "sink stats failed: $res->{status}" unless $res->{success};
+	return $json->decode($res->{content});
+}
+
+sub stop_sink
+{
+	my ($sink) = @_;
+	my $h = $sink->{harness};
+	return unless $h;
+	$h->signal('TERM');
+	my $deadline = time + 10;
+	while ($h->pumpable && time < $deadline)
+	{
+		usleep(50_000);
+		eval { $h->pump_nb };
+	}
+	$h->kill_kill if $h->pumpable;
+	eval { $h->finish };
+	delete $sink->{harness};
+}
+
+# Every record of the sink, decoded (JSON::PP: fine for a few hundred).
+# Read incrementally: records already read are kept.
+sub sink_records
+{
+	my ($sink) = @_;
+	$sink->{records} //= [];
+	$sink->{offset} //= 0;
+	open(my $fh, '<:raw', $sink->{record}) or return $sink->{records};
+	seek($fh, $sink->{offset}, 0);
+	while (my $line = <$fh>)
+	{
+		last unless $line =~ /\n\z/;    # torn last line: read it next time
+		$sink->{offset} += length($line);
+		push @{ $sink->{records} }, $json->decode($line);
+	}
+	close $fh;
+	return $sink->{records};
+}
+
+# One entry per message carried by a request, in arrival order: rseq (the
+# record's seq), status (-1 when the connection was dropped), path, wid
+# (webhook-id), seq (outbox seq), key ('-' for none), msg_id, t, n (the
+# messages of the request).  A batch (body an array) gives one entry per
+# envelope.  Python decodes the file (fast), Perl only splits lines.
+my $extract = <<'EOPY';
+import json, sys
+out = sys.stdout
+for line in open(sys.argv[1], encoding='utf-8'):
+    if not line.endswith('\n'):
+        break
+    r = json.loads(line)
+    h = r.get('headers') or {}
+    st = -1 if r['status'] is None else r['status']
+    wid = h.get('webhook-id', '-')
+    body = r.get('body') or ''
+    if body[:1] == '[':
+        items = json.loads(body)
+        for e in items:
+            key = '-' if e.get('key') is None else e['key']
+            out.write('\t'.join(map(str, (r['seq'], st, r['path'], wid, e['seq'], key,
+                                         e['id'], r['t'], len(items)))) + '\n')
+    else:
+        out.write('\t'.join(map(str, (r['seq'], st, r['path'], wid, h.get('outbox-seq', '-'),
+                                     h.get('outbox-key', '-'), wid, r['t'], 1))) + '\n')
+EOPY
+
+sub sink_attempts
+{
+	my ($sink, $path) = @_;
+	return [] unless -e $sink->{record};
+	open(my $fh, '-|', 'python3', '-c', $extract, $sink->{record})
+	  or die "python3: $!";
+	my @a;
+	while (my $line = <$fh>)
+	{
+		chomp $line;
+		my %e;
+		@e{qw(rseq status path wid seq key msg_id t n)} = split /\t/, $line;
+		next if defined $path && $e{path} ne $path;
+		push @a, \%e;
+	}
+	close $fh or die "record extraction failed";
+	return \@a;
+}
+
+# Poll $cond every $interval seconds until it returns true or $timeout
+# seconds passed; returns whether it became true.
+sub wait_until
+{
+	my ($cond, $timeout, $interval) = @_;
+	$timeout //= $PostgreSQL::Test::Utils::timeout_default;
+	$interval //= 0.1;
+	my $deadline = time + $timeout;
+	while (1)
+	{
+		return 1 if $cond->();
+		return 0 if time > $deadline;
+		usleep($interval * 1e6);
+	}
+}
+
+# Standard Webhooks: "v1," . base64(HMAC-SHA256(key, id.timestamp.body))
+# with the key the base64 after "whsec_"; computed independently of the
+# sink's Python and of the extension's C.
+sub webhook_signature
+{
+	my ($secret, $id, $ts, $body_bytes) = @_;
+	require Digest::SHA;
+	require MIME::Base64;
+	(my $b64 = $secret) =~ s/^whsec_//;
+	my $key = MIME::Base64::decode_base64($b64);
+	return 'v1,'
+	  . MIME::Base64::encode_base64(
+		Digest::SHA::hmac_sha256("$id.$ts.$body_bytes", $key), '');
+}
+
+# Group attempt entries by key: { key => [entries in arrival order] }.
+sub by_key
+{
+	my ($attempts) = @_;
+	my %k;
+	push @{ $k{ $_->{key} } }, $_ for @$attempts;
+	return \%k;
+}
+
+# I4 on a record without crashes: for each key, the attempts in arrival
+# order never start a message before every lower seq of the key got a 2xx,
+# every expected seq got exactly one 2xx, and nothing is attempted after
+# its own 2xx.  $expected: { key => [seqs ascending] }.  Returns a list of
+# problems (empty when fine), at most $max of them.
+sub check_key_fifo
+{
+	my ($attempts, $expected, $max) = @_;
+	$max //= 10;
+	my @problems;
+	my $per_key = by_key($attempts);
+	for my $key (sort keys %$expected)
+	{
+		my @want = @{ $expected->{$key} };
+		my %pos;
+		@pos{@want} = (0 .. $#want);
+		my $next = 0;    # index into @want of the next message to finish
+		my @list = @{ $per_key->{$key} // [] };
+		# Entries of one request (a batch) are handled together: they
+		# must be the next messages of the key, consecutively.
+		my $i = 0;
+		while ($i < @list)
+		{
+			my $j = $i;
+			$j++ while $j + 1 < @list && $list[ $j + 1 ]{rseq} == $list[$i]{rseq};
+			my $status = $list[$i]{status};
+			for my $k ($i .. $j)
+			{
+				my $a = $list[$k];
+				my $p = $pos{ $a->{seq} };
+				my $at = $next + ($k - $i);
+				if (!defined $p)
+				{
+					push @problems, "key $key: unexpected seq $a->{seq} (record $a->{rseq})";
+				}
+				elsif ($p < $at)
+				{
+					push @problems,
+					  "key $key: seq $a->{seq} attempted again after its 2xx (record $a->{rseq})";
+				}
+				elsif ($p > $at)
+				{
+					push @problems,
+					  "key $key: seq $a->{seq} attempted (record $a->{rseq}) before seq $want[$at] got a 2xx";
+				}
+			}
+			$next += $j - $i + 1 if $status >= 200 && $status < 300;
+			$i = $j + 1;
+			last if @problems >= $max;
+		}
+		push @problems, "key $key: only $next of " . scalar(@want) . " delivered"
+		  if $next < @want;
+		last if @problems >= $max;
+	}
+	return @problems;
+}
+
+1;
