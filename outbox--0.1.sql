@@ -535,9 +535,9 @@ AS $$
 $$;
 
 -- Messages of a target committed but not yet delivered or dead-lettered,
--- and the emit time of the oldest.  Exact when at most 50000 ids separate
+-- and the emit time of the oldest.  Exact when at most 10000 ids separate
 -- the target's slowest lane from the frontier; beyond that, estimated from
--- the first 20000 ids (is_estimate), so the view stays cheap with millions
+-- the first 5000 ids (is_estimate), so the view stays cheap with millions
 -- of messages pending.
 CREATE FUNCTION outbox.target_pending(target_id int,
 									  OUT pending bigint, OUT oldest_pending timestamptz,
@@ -562,7 +562,7 @@ BEGIN
 		RETURN;
 	END IF;
 	span := f - low;
-	sample := CASE WHEN span <= 50000 THEN span ELSE 20000 END;
+	sample := CASE WHEN span <= 10000 THEN span ELSE 5000 END;
 
 	SELECT count(*), min(m.emitted_at) INTO pending, oldest_pending
 	  FROM outbox.messages m

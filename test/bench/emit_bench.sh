@@ -430,6 +430,30 @@ if [ "$PERF" = 1 ]; then
 		unshare -m sh -c 'mount --bind "$1" "$2" && shift 2 && exec perf report "$@"' \
 			sh "$libview" "$pkglibdir" --no-inline "$@" 2>/dev/null
 	}
+	# perf report --sort dso,sym lines -> "children self dso function", one
+	# line per function.  outbox.so addresses that perf left unresolved are
+	# mapped with nm on the copy of the library the server loaded.
+	nm -n --defined-only "$work/outbox.so" 2>/dev/null | awk 'tolower($2) == "t"' >"$work/outbox.syms"
+	resolve_outbox() {
+		awk -v syms="$work/outbox.syms" '
+			function hex(h,   i, v) {
+				sub(/^0x/, "", h); h = tolower(h); v = 0
+				for (i = 1; i <= length(h); i++) v = v * 16 + index("0123456789abcdef", substr(h, i, 1)) - 1
+				return v }
+			BEGIN { n = 0; while ((getline l < syms) > 0) { split(l, f, " "); addr[n] = hex(f[1]); name[n++] = f[3] } }
+			function lookup(a,   lo, hi, mid) {
+				lo = 0; hi = n - 1; if (n == 0 || a < addr[0]) return sprintf("0x%x", a)
+				while (lo < hi) { mid = int((lo + hi + 1) / 2); if (addr[mid] <= a) lo = mid; else hi = mid - 1 }
+				return name[lo] }
+			/^ +[0-9.]+%/ {
+				m = 0; for (i = 3; i <= NF; i++) if ($i == "[.]" || $i == "[k]") { m = i; break }
+				if (!m) next
+				dso = $3; for (i = 4; i < m; i++) dso = dso "_" $i
+				sym = $(m + 1)
+				if (dso ~ /^outbox\.so/ && sym ~ /^0x/) sym = lookup(hex(sym))
+				k = dso " " sym; c[k] += $1; s[k] += $2 }
+			END { for (k in c) printf "%6.2f%% %6.2f%%  %s\n", c[k], s[k], k }' | sort -rn
+	}
 	for v in $PERF_VARIANTS; do
 		secs=$((DURATION > 8 ? DURATION - 4 : 4))
 		echo
@@ -456,14 +480,13 @@ if [ "$PERF" = 1 ]; then
 		preport -i "$work/perf-$v.data" --no-children --sort dso --stdio -g none \
 			| grep -E '^ +[0-9]' | head -6 | sed 's/^/    /'
 		echo "  selected functions: inclusive (with callees) and self time:"
-		preport -i "$work/perf-$v.data" --children --sort sym --stdio -g none \
-			>"$work/perf-$v.children"
-		# one line per function (--no-inline), so no double counting
-		grep -E '\] (PostgresMain|secure_read|secure_write|PortalRun|PortalStart|standard_ExecutorStart|standard_ExecutorRun|standard_ExecutorEnd|CommitTransactionCommand|heap_insert|heap_multi_insert|RelationGetBufferForTuple|ExecInsertIndexTuples|btinsert|nextval_internal|XLogInsert|jsonb_build_object|hash_search_with_hash_value|LWLockAcquire|__GI___kill|table_open|ExecOpenIndices|GetCurrentTimestamp|outbox_[a-z_.0-9]+)$' \
-			"$work/perf-$v.children" | awk '{printf "    %7s %7s  %s\n", $1, $2, $NF}' | head -40
+		preport -i "$work/perf-$v.data" --children --sort dso,sym --stdio -g none \
+			| resolve_outbox >"$work/perf-$v.children"
+		grep -E ' (PostgresMain|secure_read|secure_write|PortalRun|PortalStart|standard_ExecutorStart|standard_ExecutorRun|standard_ExecutorEnd|CommitTransactionCommand|heap_insert|heap_multi_insert|RelationGetBufferForTuple|ExecInsertIndexTuples|btinsert|nextval_internal|XLogInsert|jsonb_build_object|hash_search_with_hash_value|LWLockAcquire|__GI___kill|table_open|ExecOpenIndices|GetCurrentTimestamp|outbox_[a-z_.0-9]+)$' \
+			"$work/perf-$v.children" | head -40 | sed 's/^/    /'
 		echo "  outbox.so, self time by function:"
-		preport -i "$work/perf-$v.data" --no-children --dsos outbox.so,"outbox.so (deleted)" --sort sym --stdio -g none \
-			| grep -E '^ +[0-9]' | head -12 | sed 's/^/    /'
+		awk '$3 ~ /^outbox\.so/ && $2 + 0 > 0 {printf "%7s  %s\n", $2, $4}' "$work/perf-$v.children" \
+			| sort -rn | head -12 | sed 's/^/    /'
 		echo "  top self-time symbols:"
 		preport -i "$work/perf-$v.data" --no-children --sort dso,sym --stdio -g none \
 			| grep -E '^ +[0-9]' | head -20 | sed 's/^/    /'
