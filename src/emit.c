@@ -451,7 +451,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 				xbuf = NULL;
 				outbox_release_slot(XactLastCommitEnd);
 				if (emitted)
-					outbox_wake_worker();
+					outbox_wake_worker(true);
 				if (config_changed)
 				{
 					config_changed = false;

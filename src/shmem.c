@@ -50,6 +50,7 @@ typedef struct OutboxSharedState
 	bool		counter_valid;	/* next_id initialised since the last start */
 	int64		next_id;		/* next id to hand out */
 	Latch	   *worker_latch;	/* the relay worker's latch, or NULL */
+	bool		worker_wants_commits;	/* the worker has targets to feed */
 	pg_atomic_uint64 config_generation; /* bumped when targets change */
 	pg_atomic_uint64 max_commit_end;	/* end LSN of the latest commit that
 										 * stored messages */
@@ -123,6 +124,7 @@ outbox_shmem_startup(void)
 		OutboxShared->counter_valid = false;
 		OutboxShared->next_id = 1;
 		OutboxShared->worker_latch = NULL;
+		OutboxShared->worker_wants_commits = false;
 		pg_atomic_init_u64(&OutboxShared->config_generation, 0);
 		pg_atomic_init_u64(&OutboxShared->max_commit_end, 0);
 		OutboxShared->nslots = outbox_slot_count();
@@ -166,15 +168,23 @@ outbox_shmem_ready(void)
 	return OutboxShared != NULL;
 }
 
+/*
+ * Whether the counter was initialised since the last start.  Once true it
+ * stays true until shared memory is reinitialised, which ends every backend,
+ * so a backend that saw it true need not take the lock again.
+ */
 bool
 outbox_counter_valid(void)
 {
-	bool		valid;
+	static bool seen_valid = false;
 
-	LWLockAcquire(OutboxShared->lock, LW_SHARED);
-	valid = OutboxShared->counter_valid;
-	LWLockRelease(OutboxShared->lock);
-	return valid;
+	if (!seen_valid)
+	{
+		LWLockAcquire(OutboxShared->lock, LW_SHARED);
+		seen_valid = OutboxShared->counter_valid;
+		LWLockRelease(OutboxShared->lock);
+	}
+	return seen_valid;
 }
 
 /*
@@ -283,17 +293,30 @@ outbox_compute_frontier(void)
 	return lowest - 1;
 }
 
-/* Wake the relay worker, if one is running. */
+/*
+ * Wake the relay worker, if one is running.  For a commit, only when it has
+ * targets: a worker with nothing to deliver need not be woken.
+ */
 void
-outbox_wake_worker(void)
+outbox_wake_worker(bool for_commit)
 {
 	Latch	   *latch;
 
 	if (OutboxShared == NULL)
 		return;
+	if (for_commit && !OutboxShared->worker_wants_commits)
+		return;
 	latch = OutboxShared->worker_latch;
 	if (latch != NULL)
 		SetLatch(latch);
+}
+
+/* The relay worker says whether commits should wake it. */
+void
+outbox_set_worker_wants_commits(bool wants)
+{
+	OutboxShared->worker_wants_commits = wants;
+	pg_memory_barrier();
 }
 
 /* Publish (or, with NULL, withdraw) the relay worker's latch. */
@@ -319,7 +342,7 @@ outbox_bump_config_generation(void)
 	if (OutboxShared == NULL)
 		return;
 	pg_atomic_fetch_add_u64(&OutboxShared->config_generation, 1);
-	outbox_wake_worker();
+	outbox_wake_worker(false);
 }
 
 /*

@@ -51,9 +51,15 @@ struct OutboxWriter
 	MemoryContext batch_cxt;	/* datums of the current batch */
 };
 
+/* OID of outbox.messages found by the last lookup, or InvalidOid. */
+static Oid	cached_messages_relid = InvalidOid;
+
 /*
  * Open outbox.messages with the given lock, with a clear error when the
- * extension is not installed in this database.
+ * extension is not installed in this database.  Committing transactions
+ * call this, so the OID is remembered; a relation with that OID that is no
+ * longer outbox.messages (dropped and recreated) sends us back to the
+ * by-name lookup.
  */
 Relation
 outbox_open_messages(LOCKMODE lockmode)
@@ -61,6 +67,19 @@ outbox_open_messages(LOCKMODE lockmode)
 	Oid			nspid;
 	Oid			relid = InvalidOid;
 	Relation	rel;
+
+	if (OidIsValid(cached_messages_relid))
+	{
+		rel = try_table_open(cached_messages_relid, lockmode);
+		if (rel != NULL)
+		{
+			if (strcmp(RelationGetRelationName(rel), OUTBOX_MESSAGES_TABLE) == 0 &&
+				RelationGetNamespace(rel) == get_namespace_oid(OUTBOX_SCHEMA, true))
+				return rel;
+			table_close(rel, lockmode);
+		}
+		cached_messages_relid = InvalidOid;
+	}
 
 	nspid = get_namespace_oid(OUTBOX_SCHEMA, true);
 	if (OidIsValid(nspid))
@@ -82,6 +101,7 @@ outbox_open_messages(LOCKMODE lockmode)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("table outbox.messages does not have the layout this library expects"),
 				 errhint("Run ALTER EXTENSION outbox UPDATE, or install the library version that matches the extension.")));
+	cached_messages_relid = relid;
 	return rel;
 }
 

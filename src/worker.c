@@ -72,6 +72,13 @@
 #define RELAY_MIN_QUEUE				10000
 /* Record progress at least this often while requests are in flight. */
 #define RELAY_PROGRESS_INTERVAL_MS	20
+/*
+ * After reading, let commits accumulate this long before the next read: the
+ * worker does not wait on its latch meanwhile, so committers need not wake
+ * it, and one read picks up many commits.  Bounds the cost of the relay at
+ * high commit rates; adds at most this much latency.
+ */
+#define RELAY_READ_PAUSE_MS			1
 
 PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
@@ -693,7 +700,7 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
  * frontier, and queue those it subscribes to.  The snapshot is taken here,
  * after the frontier was computed.
  */
-static void
+static bool
 relay_read_messages(int64 frontier)
 {
 	ListCell   *lc;
@@ -708,7 +715,7 @@ relay_read_messages(int64 frontier)
 			any = true;
 	}
 	if (!any)
-		return;
+		return false;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -785,6 +792,7 @@ relay_read_messages(int64 frontier)
 	SPI_finish();
 	CommitTransactionCommand();
 	pgstat_report_activity(STATE_IDLE, NULL);
+	return true;
 }
 
 /*---- progress ----*/
@@ -1058,6 +1066,7 @@ relay_extension_ready(void)
 static void
 relay_worker_exit(int code, Datum arg)
 {
+	outbox_set_worker_wants_commits(false);
 	outbox_set_worker_latch(NULL);
 }
 
@@ -1065,7 +1074,9 @@ void
 outbox_worker_main(Datum main_arg)
 {
 	WaitEventSet *wait_set;
+	WaitEventSet *quiet_set;
 	int			epoll_pos;
+	int			quiet_epoll_pos;
 	bool		socket_ready = false;
 	bool		ready = false;
 	bool		waiting_logged = false;
@@ -1093,6 +1104,11 @@ outbox_worker_main(Datum main_arg)
 		AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 		epoll_pos = AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+
+		/* The same without the latch, for the pause after a read. */
+		quiet_set = CreateWaitEventSet(TopMemoryContext, 2);
+		AddWaitEventToSet(quiet_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		quiet_epoll_pos = AddWaitEventToSet(quiet_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
 	}
 
 	for (;;)
@@ -1101,6 +1117,7 @@ outbox_worker_main(Datum main_arg)
 		int64		frontier = 0;
 		TimestampTz now;
 		long		timeout;
+		bool		did_read = false;
 
 		CHECK_FOR_INTERRUPTS();
 
@@ -1142,6 +1159,7 @@ outbox_worker_main(Datum main_arg)
 				continue;
 			}
 			relay_load_config();
+			outbox_set_worker_wants_commits(targets != NIL && outbox_enabled);
 		}
 
 		if (outbox_enabled && targets != NIL)
@@ -1159,7 +1177,7 @@ outbox_worker_main(Datum main_arg)
 			frontier = outbox_compute_frontier();
 			/* Deliver nothing whose commit is not durable (I7). */
 			outbox_flush_commits();
-			relay_read_messages(frontier);
+			did_read = relay_read_messages(frontier);
 			relay_dispatch(GetCurrentTimestamp());
 		}
 
@@ -1180,6 +1198,18 @@ outbox_worker_main(Datum main_arg)
 			timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
 
 		socket_ready = false;
+		if (did_read && timeout > 0)
+		{
+			long		pause = Min(timeout, RELAY_READ_PAUSE_MS);
+
+			if (WaitEventSetWait(quiet_set, pause, &event, 1, PG_WAIT_EXTENSION) > 0 &&
+				event.pos == quiet_epoll_pos)
+			{
+				socket_ready = true;
+				continue;
+			}
+			timeout -= pause;
+		}
 		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0)
 		{
 			if (event.events & WL_LATCH_SET)
