@@ -27,7 +27,6 @@ REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
-PROVE_FLAGS = -I $(srcdir)/test/t
 
 CURL_CONFIG ?= curl-config
 PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags)
@@ -58,6 +57,9 @@ ifneq ($(PGXS),)
 include $(PGXS)
 
 $(OBJS): src/outbox.h src/compat.h src/relay.h
+
+# Set after PGXS, whose Makefile.global empties it.
+PROVE_FLAGS = -I $(srcdir)/test/t
 
 # Static analysis of our own code (warnings in PostgreSQL's headers are not ours).
 lint:

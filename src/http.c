@@ -317,7 +317,8 @@ relay_http_send(RelayLane *lane)
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
 
-	n = Min(t->batch_size, lane->nqueued);
+	n = Min(lane->attempts > 0 && lane->retry_nbatch > 0 ? lane->retry_nbatch : t->batch_size,
+			lane->nqueued);
 	resetStringInfo(&h->body);
 	if (t->batch_size == 1)
 		appendBinaryStringInfo(&h->body, first->payload, first->payload_len);
@@ -368,7 +369,10 @@ relay_http_send(RelayLane *lane)
 		if (first->key)
 		{
 			resetStringInfo(&hdr);
-			appendStringInfo(&hdr, "outbox-key: %s", first->key);
+			if (*first->key)
+				appendStringInfo(&hdr, "outbox-key: %s", first->key);
+			else
+				appendStringInfoString(&hdr, "outbox-key;");
 			hl = relay_add_header(hl, hdr.data);
 		}
 		if (first->header_lines)

@@ -11,8 +11,10 @@
  * is sent without the payload and with "payload_omitted": true, and the
  * listener reads the message from outbox.messages by its seq.
  *
- * A failure (the notification queue is full, for example) rolls the
- * transaction back; the messages stay queued and are retried with backoff.
+ * An envelope whose headers alone are too large drops them as well
+ * ("headers_omitted": true).  A failure (the notification queue is full,
+ * for example) rolls the transaction back; the messages stay queued and are
+ * retried with backoff, and the error shows in outbox.lag.
  *
  *-------------------------------------------------------------------------
  */
@@ -23,6 +25,7 @@
 #include "commands/async.h"
 #include "executor/spi.h"
 #include "pgstat.h"
+#include "utils/json.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -71,6 +74,21 @@ relay_notify_deliver(RelayTarget *t)
 			{
 				resetStringInfo(&buf);
 				relay_envelope(m, false, &buf);
+			}
+			if (buf.len > RELAY_NOTIFY_MAX_PAYLOAD)
+			{
+				/* Headers too large as well: name the message only. */
+				resetStringInfo(&buf);
+				appendStringInfo(&buf, "{\"id\":\"%s\",\"seq\":" INT64_FORMAT ",\"topic\":",
+								 m->msg_id, m->id);
+				escape_json(&buf, m->topic);
+				appendStringInfoString(&buf, ",\"key\":");
+				if (m->key)
+					escape_json(&buf, m->key);
+				else
+					appendStringInfoString(&buf, "null");
+				appendStringInfo(&buf, ",\"headers_omitted\":true,\"payload_omitted\":true,\"emitted_at\":\"%s\"}",
+								 m->emitted_at);
 			}
 			Async_Notify(t->channel, buf.data);
 			last_id = m->id;
@@ -124,6 +142,9 @@ relay_notify_deliver(RelayTarget *t)
 			pfree(lane->last_error);
 		lane->last_error = MemoryContextStrdup(t->cxt, edata->message);
 		lane->last_error_at = GetCurrentTimestamp();
+		lane->last_status = 0;
+		lane->attempts = t->notify_attempts;
+		lane->error_dirty = true;	/* shown in outbox.lag */
 		ereport(LOG,
 				(errmsg("outbox relay could not notify channel \"%s\" of target \"%s\": %s",
 						t->channel, t->name, edata->message),
@@ -135,7 +156,6 @@ relay_notify_deliver(RelayTarget *t)
 	PG_END_TRY();
 
 	pgstat_report_activity(STATE_IDLE, NULL);
-	pfree(buf.data);
 
 	/* Committed: the messages are delivered. */
 	lane->delivered_delta = 0;

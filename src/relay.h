@@ -57,6 +57,11 @@ typedef struct RelayLane
 	int			nbatch;			/* messages at the head being sent */
 	bool		in_flight;		/* a request is on the wire */
 	int			attempts;		/* failed attempts of the head batch */
+	int			retry_nbatch;	/* size of the failed batch, to resend as is */
+	int64		overflow_id;	/* 0, or the lowest id of the lane not queued
+								 * because the lane was full: messages of the
+								 * lane from there to the target's read_id
+								 * are read again when it drains */
 	TimestampTz next_attempt;	/* not before; 0 for now */
 	int64		done_id;		/* durable: all of the lane <= done_id done */
 	int64		last_delivered_id;	/* highest id acknowledged */

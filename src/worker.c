@@ -83,6 +83,7 @@
 PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
 static MemoryContext relay_cxt = NULL;	/* targets and dead letters */
+static Oid	loaded_extension = InvalidOid;
 static List *targets = NIL;			/* RelayTarget *, by id */
 static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
 static TimestampTz last_progress_write = 0;
@@ -118,6 +119,24 @@ relay_queue_cap(RelayTarget *t)
 	return Max(RELAY_MIN_QUEUE, 4 * t->nlanes * t->batch_size);
 }
 
+/*
+ * Messages one lane may hold.  A lane that retries for a long time fills up
+ * and stops taking messages (remembering where, in overflow_id) while the
+ * other lanes keep going; it reads its own messages again once it drains.
+ */
+static int
+relay_lane_cap(RelayTarget *t)
+{
+	return Max(4 * t->batch_size, (relay_queue_cap(t) + t->nlanes - 1) / t->nlanes);
+}
+
+static bool
+relay_lane_needs_refill(RelayLane *lane)
+{
+	return lane->overflow_id != 0 &&
+		lane->nqueued <= relay_lane_cap(lane->target) / 2;
+}
+
 static void
 relay_lane_push(RelayLane *lane, RelayMessage *m)
 {
@@ -151,6 +170,8 @@ relay_lane_done_position(RelayLane *lane)
 {
 	if (lane->head != NULL)
 		return Max(lane->done_id, lane->head->id - 1);
+	if (lane->overflow_id != 0)
+		return Max(lane->done_id, lane->overflow_id - 1);
 	return Max(lane->done_id, lane->target->read_id);
 }
 
@@ -218,6 +239,7 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 		lane->next_attempt =
 			TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 										relay_backoff_ms(lane->attempts, retry_after_s));
+		lane->retry_nbatch = lane->nbatch;
 		lane->nbatch = 0;
 		return;
 	}
@@ -410,6 +432,19 @@ relay_load_config(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "loading outbox targets");
 
+	{
+		Oid			ext = get_extension_oid("outbox", true);
+
+		if (ext != loaded_extension)
+		{
+			/* A new extension: its target ids mean other targets. */
+			foreach(lc, targets)
+				relay_free_target((RelayTarget *) lfirst(lc));
+			list_free(targets);
+			targets = NIL;
+			loaded_extension = ext;
+		}
+	}
 	foreach(lc, targets)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
@@ -696,9 +731,90 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 }
 
 /*
+ * Read messages of target t with ids in (after, upto], at most limit rows,
+ * and queue those it subscribes to.  With only_lane >= 0, queue only that
+ * lane's messages (a refill after an overflow) and stop when it is full.
+ * Returns the rows read; *last is set to the last id examined.
+ */
+static uint64
+relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
+				 int only_lane, MemoryContext rowcxt, int64 *last)
+{
+	Datum		args[3];
+	uint64		i;
+	uint64		n;
+	int			lane_cap = relay_lane_cap(t);
+
+	args[0] = Int64GetDatum(after);
+	args[1] = Int64GetDatum(upto);
+	args[2] = Int32GetDatum(limit);
+	if (SPI_execute_plan(read_plan, args, NULL, true, limit) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.messages");
+	n = SPI_processed;
+	*last = after;
+
+	for (i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		MemoryContext oldcxt;
+		char	   *topic;
+		bool		stop = false;
+
+		oldcxt = MemoryContextSwitchTo(rowcxt);
+		topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
+		if (relay_subscribed(t, topic, id))
+		{
+			Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
+			char	   *key = isnull ? NULL : TextDatumGetCString(kd);
+			int			l = relay_lane_of(t, key, id);
+			RelayLane  *lane = &t->lanes[l];
+
+			if (only_lane >= 0 && l != only_lane)
+				 /* another lane's message */ ;
+			else if (id <= lane->done_id)
+				 /* finished before a restart */ ;
+			else if (only_lane < 0 && lane->overflow_id != 0)
+				 /* the lane is behind; its refill will read this */ ;
+			else if (lane->nqueued >= lane_cap)
+			{
+				lane->overflow_id = id;
+				stop = (only_lane >= 0);
+			}
+			else
+				relay_lane_push(lane, relay_make_message(t, tup, desc, id, topic, key));
+		}
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextReset(rowcxt);
+		if (stop)
+			break;
+		*last = id;
+	}
+	SPI_freetuptable(SPI_tuptable);
+	return n;
+}
+
+/* Whether target t has messages to read. */
+static bool
+relay_target_wants_read(RelayTarget *t, int64 frontier)
+{
+	int			i;
+
+	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t))
+		return true;
+	for (i = 0; i < t->nlanes; i++)
+		if (relay_lane_needs_refill(&t->lanes[i]))
+			return true;
+	return false;
+}
+
+/*
  * Read the messages above each target's read position and at or below the
- * frontier, and queue those it subscribes to.  The snapshot is taken here,
- * after the frontier was computed.
+ * frontier, and queue those it subscribes to; refill lanes that overflowed
+ * and have drained.  The snapshot is taken here, after the frontier was
+ * computed.  Returns whether anything was read.
  */
 static bool
 relay_read_messages(int64 frontier)
@@ -709,9 +825,7 @@ relay_read_messages(int64 frontier)
 
 	foreach(lc, targets)
 	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->read_id < frontier && t->nqueued < relay_queue_cap(t))
+		if (relay_target_wants_read((RelayTarget *) lfirst(lc), frontier))
 			any = true;
 	}
 	if (!any)
@@ -744,47 +858,32 @@ relay_read_messages(int64 frontier)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
-		Datum		args[3];
-		uint64		i;
-		int64		last = t->read_id;
+		int			i;
+		int64		last;
+
+		/* Lanes that overflowed and drained read their own messages again. */
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+			int64		from;
+			uint64		n;
+
+			if (!relay_lane_needs_refill(lane))
+				continue;
+			from = lane->overflow_id;
+			lane->overflow_id = 0;
+			n = relay_read_range(t, from - 1, t->read_id, RELAY_READ_CHUNK, i,
+								 rowcxt, &last);
+			if (lane->overflow_id == 0 && n == RELAY_READ_CHUNK && last < t->read_id)
+				lane->overflow_id = last + 1;	/* more to read next time */
+		}
 
 		if (t->read_id >= frontier || limit <= 0)
 			continue;
-
-		args[0] = Int64GetDatum(t->read_id);
-		args[1] = Int64GetDatum(frontier);
-		args[2] = Int32GetDatum(limit);
-		if (SPI_execute_plan(read_plan, args, NULL, true, limit) != SPI_OK_SELECT)
-			elog(ERROR, "outbox: could not read outbox.messages");
-
-		for (i = 0; i < SPI_processed; i++)
-		{
-			HeapTuple	tup = SPI_tuptable->vals[i];
-			TupleDesc	desc = SPI_tuptable->tupdesc;
-			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-			MemoryContext oldcxt;
-			char	   *topic;
-			char	   *key;
-			RelayLane  *lane;
-
-			last = id;
-			oldcxt = MemoryContextSwitchTo(rowcxt);
-			topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
-			if (relay_subscribed(t, topic, id))
-			{
-				Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
-
-				key = isnull ? NULL : TextDatumGetCString(kd);
-				lane = &t->lanes[relay_lane_of(t, key, id)];
-				if (id > lane->done_id)
-					relay_lane_push(lane, relay_make_message(t, tup, desc, id, topic, key));
-			}
-			MemoryContextSwitchTo(oldcxt);
-			MemoryContextReset(rowcxt);
-		}
-		t->read_id = (SPI_processed < (uint64) limit) ? frontier : last;
-		SPI_freetuptable(SPI_tuptable);
+		if (relay_read_range(t, t->read_id, frontier, limit, -1, rowcxt, &last) < (uint64) limit)
+			t->read_id = frontier;
+		else
+			t->read_id = last;
 	}
 
 	MemoryContextDelete(rowcxt);
@@ -1023,7 +1122,7 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
-		if (t->read_id < frontier && t->nqueued < relay_queue_cap(t))
+		if (relay_target_wants_read(t, frontier))
 			return 0;
 		if (t->kind == RELAY_NOTIFY)
 		{
@@ -1175,6 +1274,11 @@ outbox_worker_main(Datum main_arg)
 				CommitTransactionCommand();
 			}
 			frontier = outbox_compute_frontier();
+			if (outbox_config_generation() != loaded_generation)
+			{
+				loaded_generation = outbox_config_generation();
+				relay_load_config();
+			}
 			/* Deliver nothing whose commit is not durable (I7). */
 			outbox_flush_commits();
 			did_read = relay_read_messages(frontier);

@@ -19,7 +19,7 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(
-  relay_node start_sink sink_control sink_stats stop_sink
+  relay_node relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
   webhook_signature by_key check_key_fifo);
 
@@ -40,12 +40,30 @@ outbox.database = 'postgres'
 outbox.retry_base_delay = 20
 outbox.retry_max_delay = 500
 outbox.poll_interval = 1000
-log_min_messages = info
+# A crash of the worker restarts the server rather than stopping it, so
+# the test goes on and fails on what it checks (and relay_no_crash()
+# reports the crash) instead of aborting the whole suite at shutdown.
+restart_after_crash = on
 } . ($opts{conf} // ''));
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION outbox')
 	  if $opts{create_extension} // 1;
 	return $node;
+}
+
+# Check that no server process died of a signal or an assertion, other
+# than the processes in @killed (pids killed on purpose).
+sub relay_no_crash
+{
+	my ($node, @killed) = @_;
+	my %ok = map { $_ => 1 } @killed;
+	my @crashes =
+	  grep {
+		!(/\(PID (\d+)\) was terminated by signal/ && $ok{$1})
+	  }
+	  grep { /was terminated by signal|TRAP:|\*\*\* .* \*\*\*: terminated|PANIC:/ }
+	  split /\n/, slurp_file($node->logfile);
+	is_deeply(\@crashes, [], 'no server process crashed');
 }
 
 # Start the sink; @args are extra command line arguments.  Returns a hash:

@@ -1,0 +1,494 @@
+# The relay worker, basics:
+#  - it runs as a background worker ('outbox relay' in pg_stat_activity),
+#    and before CREATE EXTENSION it waits, saying so once in the log;
+#  - HTTP delivery with batch_size 1: body = payload, the documented
+#    headers, and Standard Webhooks signatures checked by the sink and
+#    recomputed here with Digest::SHA; a wrong secret fails the check;
+#  - batch_size 100: a JSON array of envelopes, batch headers, signature;
+#  - subscription patterns (exact, prefix.*, *), nothing from before the
+#    subscription; unsubscribe and drop_target take effect at once;
+#  - outbox.enabled = off pauses delivery (reload), on resumes it; the
+#    outbox.lag view shows the backlog, dead letters and the last error;
+#  - a message emitted after subscribe() committed is delivered even when
+#    the worker read it with a configuration loaded just before;
+#  - an empty key is sent as an empty outbox-key header;
+#  - after DROP EXTENSION and CREATE EXTENSION, a new target that got the
+#    id of a dropped one receives its messages (not the old URL).
+use strict;
+use warnings;
+use Encode qw(encode_utf8);
+use JSON::PP;
+use MIME::Base64 qw(encode_base64);
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+use OutboxRelayTest;
+
+my $secret = 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw';
+my $other_secret = 'whsec_' . encode_base64('another key of 24 bytes!', '');
+my $json = JSON::PP->new->utf8->canonical;
+
+my $sink = start_sink('basic', '--secret', $secret);
+my $url = $sink->{url};
+
+# --- the worker, before and after CREATE EXTENSION ---
+my $node = relay_node('relay_basic', create_extension => 0);
+my $waiting = qr/outbox relay is waiting for the extension to be created in database "postgres"/;
+my $t0 = time;
+ok( $node->poll_query_until(
+		'postgres',
+		q{SELECT count(*) FROM pg_stat_activity
+		   WHERE backend_type = 'outbox relay' AND datname = 'postgres'}, '1'),
+	'the relay worker runs, connected to outbox.database');
+ok(wait_until(sub { slurp_file($node->logfile) =~ $waiting }, 30),
+	'before CREATE EXTENSION the worker says it is waiting');
+# Let it poll (outbox.poll_interval = 1 s) a few more times.
+usleep(1e6 * (3 - (time - $t0))) if time - $t0 < 3;
+my @said = slurp_file($node->logfile) =~ /$waiting/g;
+is(scalar @said, 1, '... once, not at every poll');
+my $worker_pid = $node->safe_psql('postgres',
+	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
+
+$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+
+# Records of one path, waiting until there are at least $n.
+sub records_of
+{
+	my ($path, $n, $timeout) = @_;
+	my @r;
+	wait_until(
+		sub {
+			@r = grep { $_->{path} eq $path } @{ sink_records($sink) };
+			return @r >= $n;
+		},
+		$timeout);
+	return @r;
+}
+
+# Lag view columns of a target, as a hash.
+sub lag_of
+{
+	my ($target) = @_;
+	my $row = $node->safe_psql('postgres',
+		qq{SELECT json_build_object('pending', pending, 'is_estimate', pending_is_estimate,
+			'delivered', delivered, 'dead_letters', dead_letters, 'last_status', last_status,
+			'last_error', last_error, 'last_error_at', last_error_at,
+			'last_delivered_id', last_delivered_id, 'done_up_to_id', done_up_to_id,
+			'oldest_pending', oldest_pending)
+		   FROM outbox.lag WHERE target = '$target'});
+	return $row eq '' ? undef : $json->decode($row);
+}
+
+sub wait_lag
+{
+	my ($target, $field, $value, $timeout) = @_;
+	my $lag;
+	my $ok = wait_until(sub {
+		$lag = lag_of($target);
+		return defined $lag && defined $lag->{$field} && $lag->{$field} eq $value;
+	}, $timeout);
+	diag("lag of $target: " . $json->encode($lag)) unless $ok;
+	return $ok;
+}
+
+# Whether two decoded JSON values are equal (canonical encoding).
+sub eq_deeply_json
+{
+	my ($x, $y) = @_;
+	return defined $y && $json->encode($x) eq $json->encode($y);
+}
+
+# Check the Standard Webhooks headers of a record: sink verdict, and an
+# independent recomputation.
+sub check_signature
+{
+	my ($r, $what) = @_;
+	my $h = $r->{headers};
+	is($r->{sig_ok}, JSON::PP::true, "$what: the sink verifies the signature");
+	like($h->{'webhook-timestamp'}, qr/^\d+$/, "$what: webhook-timestamp is in seconds");
+	cmp_ok(abs($h->{'webhook-timestamp'} - time), '<', 120,
+		"$what: webhook-timestamp is now");
+	is( $h->{'webhook-signature'},
+		webhook_signature(
+			$secret, $h->{'webhook-id'}, $h->{'webhook-timestamp'},
+			encode_utf8($r->{body})),
+		"$what: the signature recomputed in Perl matches");
+}
+
+# --- batch_size 1: body, headers, signature ---
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('single', '$url/single',
+	headers => '{"authorization": "Bearer t0ken", "x-target": "single"}',
+	secret => '$secret');
+SELECT outbox.subscribe('single', 'orders.created');
+COMMIT;
+});
+my $pid_now = $node->safe_psql('postgres',
+	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
+is($pid_now, $worker_pid, 'CREATE EXTENSION and the first target need no restart');
+
+my ($m1, $m2) = split /\n/, $node->safe_psql(
+	'postgres', q{
+BEGIN;
+SELECT outbox_emit('orders.created', '{"order": 1, "name": "Zoë – €5", "items": [1, 2], "nested": {"b": null}}',
+	'customer-1', '{"x-tenant": "acme", "x-trace": "abc 123"}');
+SELECT outbox_emit('orders.created', '{"order": 2}');
+SELECT outbox_emit('orders.shipped', '{"order": 1}', 'customer-1');
+COMMIT;
+});
+my @rows = map { [ split /\|/ ] } split /\n/, $node->safe_psql(
+	'postgres', q{
+SELECT id, msg_id, payload::text, coalesce(key, ''), topic FROM outbox.messages
+ WHERE topic LIKE 'orders.%' ORDER BY id});
+is(scalar @rows, 3, 'three messages stored');
+is($rows[0][1], $m1, 'outbox_emit returned the msg_id');
+
+my @single = records_of('/single', 2);
+is(scalar @single, 2, 'the two subscribed messages arrived');
+@single = sort { $a->{headers}{'outbox-seq'} <=> $b->{headers}{'outbox-seq'} } @single;
+my ($r1, $r2) = @single;
+is($r1->{method}, 'POST', 'delivered with POST');
+is(encode_utf8($r1->{body}), $rows[0][2], 'the body is the payload, as jsonb prints it');
+is_deeply($json->decode(encode_utf8($r1->{body})),
+	{ order => 1, name => "Zo\x{eb} \x{2013} \x{20ac}5", items => [ 1, 2 ], nested => { b => undef } },
+	'... and decodes to the emitted JSON (UTF-8 intact)');
+my $h = $r1->{headers};
+is($h->{'webhook-id'}, $m1, 'webhook-id is the message id');
+is($h->{'outbox-seq'}, $rows[0][0], 'outbox-seq is the commit-ordered id');
+is($h->{'outbox-topic'}, 'orders.created', 'outbox-topic');
+is($h->{'outbox-key'}, 'customer-1', 'outbox-key');
+is($h->{'x-tenant'}, 'acme', 'message headers are sent');
+is($h->{'x-trace'}, 'abc 123', '... with their values intact');
+is($h->{authorization}, 'Bearer t0ken', 'target headers are sent');
+is($h->{'x-target'}, 'single', '... all of them');
+like($h->{'content-type'}, qr{^application/json}, 'content-type is application/json');
+ok(!exists $h->{'outbox-count'}, 'no outbox-count for a single message');
+check_signature($r1, 'single message');
+
+is($r2->{body}, $rows[1][2], 'second message: body');
+is($r2->{headers}{'webhook-id'}, $m2, 'second message: webhook-id');
+ok(!exists $r2->{headers}{'outbox-key'}, 'no outbox-key header without a key');
+ok(!exists $r2->{headers}{'x-tenant'}, 'message headers are per message');
+check_signature($r2, 'message without a key');
+ok(!(grep { $_->{headers}{'outbox-topic'} eq 'orders.shipped' } @{ sink_records($sink) }),
+	'a topic the target does not subscribe to is not delivered');
+
+# --- a wrong secret, and no secret ---
+sink_control($sink, { path => '/wrong', secret => $other_secret });
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('wrong', '$url/wrong', secret => '$secret');
+SELECT outbox.subscribe('wrong', 'sig.check');
+SELECT outbox.create_http_target('unsigned', '$url/unsigned');
+SELECT outbox.subscribe('unsigned', 'sig.check');
+COMMIT;
+SELECT outbox_emit('sig.check', '{"s": 1}');
+});
+my ($wrong) = records_of('/wrong', 1);
+my ($unsigned) = records_of('/unsigned', 1);
+is($wrong->{sig_ok}, JSON::PP::false,
+	'a receiver with another secret rejects the signature');
+is( $wrong->{headers}{'webhook-signature'},
+	webhook_signature(
+		$secret, $wrong->{headers}{'webhook-id'},
+		$wrong->{headers}{'webhook-timestamp'}, encode_utf8($wrong->{body})),
+	'... which is the one of the target\'s own secret');
+ok(!exists $unsigned->{headers}{'webhook-signature'},
+	'a target without a secret sends no webhook-signature');
+ok(defined $unsigned->{headers}{'webhook-id'} && defined $unsigned->{headers}{'webhook-timestamp'},
+	'... but webhook-id and webhook-timestamp');
+
+# --- batch_size 100 ---
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('batch', '$url/batch', secret => '$secret',
+	batch_size => 100, lanes => 1);
+SELECT outbox.subscribe('batch', 'batch.*');
+COMMIT;
+});
+$node->safe_psql(
+	'postgres', q{
+SELECT count(outbox_emit('batch.item', jsonb_build_object('i', g, 't', 'ü'),
+	CASE WHEN g % 4 = 0 THEN NULL ELSE 'k' || g % 3 END,
+	CASE WHEN g % 5 = 0 THEN jsonb_build_object('x-i', g::text) END))
+  FROM generate_series(1, 150) g;
+});
+my %want = map {
+	my ($id, $mid, $topic, $key, $headers, $payload, $at) = split /\t/;
+	(
+		$id => {
+			id => $mid,
+			seq => $id + 0,
+			topic => $topic,
+			key => $key eq '' ? undef : $key,
+			headers => $headers eq '' ? undef : $json->decode($headers),
+			payload => $json->decode($payload),
+			emitted_at => $at
+		})
+} split /\n/, $node->safe_psql(
+	'postgres', q{
+COPY (SELECT id, msg_id, topic, coalesce(key, ''), coalesce(headers::text, ''), payload::text,
+             to_json(emitted_at) #>> '{}'
+        FROM outbox.messages WHERE topic = 'batch.item' ORDER BY id) TO STDOUT
+		WITH (FORMAT text, DELIMITER E'\t')});
+is(scalar keys %want, 150, '150 batch messages stored');
+my @batch_reqs;
+wait_until(
+	sub {
+		@batch_reqs = grep { $_->{path} eq '/batch' } @{ sink_records($sink) };
+		my $n = 0;
+		$n += $_->{headers}{'outbox-count'} // 1 for @batch_reqs;
+		return $n >= 150;
+	});
+is(scalar @batch_reqs, 2, 'one transaction of 150 messages goes in two requests');
+my @envelopes;
+my $batch_ok = 1;
+for my $r (@batch_reqs)
+{
+	my $items = $json->decode(encode_utf8($r->{body}));
+	my $h = $r->{headers};
+	$batch_ok &&= is(ref $items, 'ARRAY', "batch request $r->{seq}: the body is a JSON array");
+	$batch_ok &&= cmp_ok(scalar @$items, '<=', 100, '... of at most batch_size envelopes');
+	$batch_ok &&= is($h->{'outbox-count'}, scalar @$items, '... outbox-count counts them');
+	$batch_ok &&= is($h->{'outbox-seq'}, $items->[0]{seq}, '... outbox-seq is the first seq');
+	$batch_ok &&= is($h->{'webhook-id'}, "batch_$items->[0]{seq}_$items->[-1]{seq}",
+		'... webhook-id is batch_<first>_<last>');
+	check_signature($r, "batch request $r->{seq}");
+	push @envelopes, @$items;
+}
+is(scalar @batch_reqs ? scalar @{ $json->decode(encode_utf8($batch_reqs[0]{body})) } : 0,
+	100, 'the first batch is full');
+is_deeply([ map { $_->{seq} } @envelopes ], [ sort { $a <=> $b } keys %want ],
+	'every message once, in commit order, across the batches');
+my @bad_env = grep { !eq_deeply_json($_, $want{ $_->{seq} }) } @envelopes;
+is(scalar @bad_env, 0,
+	'every envelope has the stored id, seq, topic, key, headers, payload and emitted_at');
+is_deeply($bad_env[0], $want{ $bad_env[0]{seq} }, 'first mismatching envelope') if @bad_env;
+
+# A batch target with a single message pending.
+my $lone = $node->safe_psql('postgres',
+	q{SELECT outbox_emit('batch.lone', '{"lone": true}', 'kl')});
+my ($lone_req) = grep { $_->{body} =~ /"lone"/ } records_of('/batch', 3);
+ok($lone_req, 'a lone message to a batch target arrives');
+if ($lone_req)
+{
+	my $items = $json->decode(encode_utf8($lone_req->{body}));
+	is(ref $items eq 'ARRAY' && scalar @$items, 1,
+		'... as an array of one envelope');
+	is($items->[0]{id}, $lone, '... carrying the message id');
+	note "lone message in a batch target: webhook-id $lone_req->{headers}{'webhook-id'}, outbox-count "
+	  . ($lone_req->{headers}{'outbox-count'} // 'absent');
+	check_signature($lone_req, 'lone batch message');
+}
+
+# --- subscription patterns ---
+$node->safe_psql(
+	'postgres', qq{
+SELECT outbox.create_http_target('p_exact', '$url/p_exact', lanes => 1);
+SELECT outbox.create_http_target('p_prefix', '$url/p_prefix', lanes => 1);
+SELECT outbox.create_http_target('p_all', '$url/p_all', lanes => 1);
+SELECT outbox_emit('inv.created', '{"before": "subscribe"}');
+});
+$node->safe_psql(
+	'postgres', q{
+BEGIN;
+SELECT outbox.subscribe('p_exact', 'inv.created');
+SELECT outbox.subscribe('p_prefix', 'inv.*');
+SELECT outbox.subscribe('p_all', '*');
+COMMIT;
+});
+my @topics = qw(inv.created inv.updated inv.created.eu inv invoice.created other);
+for my $i (0 .. $#topics)
+{
+	$node->safe_psql('postgres', "SELECT outbox_emit('$topics[$i]', '{\"n\": $i}')");
+}
+my %expect = (
+	p_exact => [qw(inv.created)],
+	p_prefix => [qw(inv.created inv.updated inv.created.eu)],
+	p_all => [@topics]);
+for my $t (sort keys %expect)
+{
+	my @got = map { $_->{headers}{'outbox-topic'} }
+	  records_of("/$t", scalar @{ $expect{$t} });
+	is_deeply(\@got, $expect{$t}, "pattern of $t: the matching topics, in order");
+}
+ok(!(grep { $_->{body} =~ /before/ } @{ sink_records($sink) }),
+	'a message committed before the subscription is not delivered');
+
+# --- unsubscribe and drop_target without a restart ---
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('u', '$url/u', lanes => 1);
+SELECT outbox.subscribe('u', 'u.a');
+SELECT outbox.subscribe('u', 'u.b');
+COMMIT;
+SELECT outbox_emit('u.a', '{"n": 1}');
+SELECT outbox_emit('u.b', '{"n": 2}');
+});
+is(scalar(records_of('/u', 2)), 2, 'target u gets both topics');
+$node->safe_psql('postgres', q{SELECT outbox.unsubscribe('u', 'u.b')});
+$node->safe_psql('postgres', q{SELECT outbox_emit('u.b', '{"n": 3}')});
+$node->safe_psql('postgres', q{SELECT outbox_emit('u.a', '{"n": 4}')});
+my @u = records_of('/u', 3);
+is_deeply([ map { $_->{body} } @u ], [ '{"n": 1}', '{"n": 2}', '{"n": 4}' ],
+	'after unsubscribe the topic is no longer delivered, the others are');
+
+my $log_offset = -s $node->logfile;
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('u')});
+ok( $node->wait_for_log(qr/outbox relay: target "u" was dropped/, $log_offset),
+	'the worker forgets a dropped target');
+$node->safe_psql('postgres', q{SELECT outbox_emit('u.a', '{"n": 5}')});
+ok(wait_until(sub { grep { $_->{body} eq '{"n": 5}' } records_of('/p_all', 1) }),
+	'a later message reaches the other targets');
+usleep(300_000);
+is(scalar(grep { $_->{path} eq '/u' } @{ sink_records($sink) }), 3,
+	'... but not the dropped one');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.progress p
+	WHERE NOT EXISTS (SELECT FROM outbox.targets t WHERE t.id = p.target_id)}),
+	'0', 'its progress rows are gone');
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('p_all')});
+
+# --- outbox.enabled = off pauses; on resumes; the lag view ---
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('pause', '$url/pause', lanes => 4);
+SELECT outbox.subscribe('pause', 'pause');
+COMMIT;
+});
+$node->append_conf('postgresql.conf', "outbox.enabled = off\n");
+$node->reload;
+usleep(500_000);    # the worker takes the reload in its loop
+$node->safe_psql('postgres',
+	q{SELECT count(outbox_emit('pause', jsonb_build_object('i', g), 'k' || g % 7)) FROM generate_series(1, 20) g});
+usleep(1_500_000);    # longer than outbox.poll_interval
+is(scalar(grep { $_->{path} eq '/pause' } @{ sink_records($sink) }), 0,
+	'outbox.enabled = off: nothing is delivered');
+my $lag = lag_of('pause');
+is($lag->{pending}, 20, 'the lag view counts 20 pending messages while paused');
+is($lag->{is_estimate}, JSON::PP::false, '... exactly');
+ok(defined $lag->{oldest_pending}, '... and shows the oldest pending emit time');
+is($lag->{delivered}, 0, '... none delivered');
+
+$node->append_conf('postgresql.conf', "outbox.enabled = on\n");
+$node->reload;
+is(scalar(records_of('/pause', 20)), 20,
+	'outbox.enabled = on (reload): the backlog is delivered');
+ok(wait_lag('pause', 'pending', 0), 'the lag view shows nothing pending afterwards');
+$lag = lag_of('pause');
+is($lag->{delivered}, 20, '... and 20 delivered');
+is($lag->{dead_letters}, 0, '... no dead letters');
+ok(!defined $lag->{last_error}, '... and no error');
+is($node->safe_psql('postgres',
+		q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'}),
+	$worker_pid, 'the worker was never restarted');
+
+# --- dead letters and the last error in the lag view ---
+sink_control($sink, { path => '/reject', status => 400 });
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('reject', '$url/reject', lanes => 2);
+SELECT outbox.subscribe('reject', 'rej');
+COMMIT;
+SELECT outbox_emit('rej', '{"r": 1}', 'a');
+SELECT outbox_emit('rej', '{"r": 2}', 'b');
+});
+ok(wait_lag('reject', 'dead_letters', 2), 'two rejected messages become dead letters');
+ok(wait_lag('reject', 'pending', 0), '... and are no longer pending');
+$lag = lag_of('reject');
+is($lag->{last_status}, 400, 'the lag view shows the last status');
+like($lag->{last_error}, qr/400/, '... and the last error');
+ok(defined $lag->{last_error_at}, '... and when it happened');
+is($lag->{delivered}, 0, '... nothing delivered');
+is( $node->safe_psql('postgres',
+		q{SELECT string_agg(format('%s %s %s %s', topic, key, attempts, last_status), ',' ORDER BY id)
+		    FROM outbox.dead_letters WHERE target = 'reject'}),
+	'rej a 1 400,rej b 1 400',
+	'outbox.dead_letters: topic, key, one attempt, status 400');
+
+# --- a message emitted after subscribe() committed is delivered ---
+# The worker loads the configuration in one transaction and reads messages
+# in a later one.  Make the window between them wide and deterministic: a
+# configuration reload is held up by a lock on outbox.progress (the last
+# table it reads, after targets and subscriptions, in the same snapshot);
+# meanwhile a subscription commits and then a matching message.  The
+# message was emitted after subscribe() returned, with an id above the
+# subscription's start_id: it must be delivered.
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('late', '$url/late', lanes => 1);
+SELECT outbox.subscribe('late', 'late.a');
+COMMIT;
+});
+$node->safe_psql('postgres', q{SELECT outbox_emit('late.a', '{"n": 0}')});
+records_of('/late', 1);
+my $locker = $node->background_psql('postgres');
+$locker->query_safe('BEGIN; LOCK TABLE outbox.progress IN ACCESS EXCLUSIVE MODE');
+$node->safe_psql('postgres', 'SELECT outbox.config_changed()');
+ok( $node->poll_query_until(
+		'postgres', q{SELECT wait_event_type FROM pg_stat_activity
+		               WHERE backend_type = 'outbox relay'}, 'Lock'),
+	'the worker\'s configuration reload waits for the lock');
+$node->safe_psql('postgres', q{SELECT outbox.subscribe('late', 'late.b')});
+$node->safe_psql('postgres', q{SELECT outbox_emit('late.b', '{"n": 1}')});
+my $late_id = $node->safe_psql('postgres',
+	q{SELECT id FROM outbox.messages WHERE topic = 'late.b' ORDER BY id DESC LIMIT 1});
+cmp_ok(
+	$late_id, '>',
+	$node->safe_psql('postgres',
+		q{SELECT start_id FROM outbox.subscriptions WHERE pattern = 'late.b'}),
+	'the message has an id above the subscription\'s start_id');
+$locker->query_safe('COMMIT');
+$locker->quit;
+$node->safe_psql('postgres', q{SELECT outbox_emit('late.b', '{"n": 2}')});
+my @late = records_of('/late', 3, 10);
+is_deeply([ map { $_->{body} } @late ], [ '{"n": 0}', '{"n": 1}', '{"n": 2}' ],
+	'a message emitted after subscribe() committed is delivered (not skipped)');
+
+# --- an empty key is a key ---
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('keys', '$url/keys', lanes => 1);
+SELECT outbox.subscribe('keys', 'keys');
+COMMIT;
+});
+$node->safe_psql('postgres', q{SELECT outbox_emit('keys', '{"k": "empty"}', '')});
+$node->safe_psql('postgres', q{SELECT outbox_emit('keys', '{"k": "null"}')});
+my @keys = records_of('/keys', 2);
+is_deeply([ map { $_->{headers}{'outbox-key'} } @keys ], [ '', undef ],
+	'an empty key arrives as an empty outbox-key header, distinct from no key');
+
+# --- DROP EXTENSION and CREATE EXTENSION while the worker runs ---
+# Target ids start over in the new extension; the worker must not confuse
+# a new target with a dropped one that had the same id.
+my $old_id = $node->safe_psql('postgres', q{SELECT id FROM outbox.targets WHERE name = 'single'});
+$node->safe_psql('postgres', 'DROP EXTENSION outbox');
+$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('reborn', '$url/reborn');
+SELECT outbox.subscribe('reborn', 'orders.created');
+COMMIT;
+});
+is($node->safe_psql('postgres', q{SELECT id FROM outbox.targets WHERE name = 'reborn'}),
+	$old_id, 'the new target has the id the dropped target "single" had');
+my $n_single = grep { $_->{path} eq '/single' } @{ sink_records($sink) };
+$node->safe_psql('postgres', q{SELECT outbox_emit('orders.created', '{"order": "reborn"}')});
+ok(scalar(records_of('/reborn', 1, 10)), 'after re-creating the extension, the new target gets its message');
+is(scalar(grep { $_->{path} eq '/single' } @{ sink_records($sink) }), $n_single,
+	'... and nothing goes to the URL of the dropped target');
+
+stop_sink($sink);
+relay_no_crash($node);
+$node->stop;
+done_testing();
