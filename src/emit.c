@@ -124,10 +124,10 @@ outbox_buffer_create(void)
 
 	cxt = AllocSetContextCreate(TopTransactionContext,
 								"outbox emit buffer",
-								ALLOCSET_DEFAULT_SIZES);
+								ALLOCSET_SMALL_SIZES);
 	buf = MemoryContextAllocZero(cxt, sizeof(OutboxXactBuffer));
 	buf->cxt = cxt;
-	buf->mem_cap = 8192;
+	buf->mem_cap = 1024;
 	buf->mem = MemoryContextAlloc(cxt, buf->mem_cap);
 	return buf;
 }

@@ -207,7 +207,7 @@ outbox_writer_begin(void)
 	writer->slots = palloc0(sizeof(TupleTableSlot *) * OUTBOX_INSERT_BATCH);
 	writer->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
 											  "outbox insert batch",
-											  ALLOCSET_DEFAULT_SIZES);
+											  ALLOCSET_SMALL_SIZES);
 	return writer;
 }
 
@@ -220,8 +220,13 @@ outbox_writer_flush(OutboxWriter *writer, int n)
 	if (n == 0)
 		return;
 
-	table_multi_insert(writer->rel, writer->slots, n,
-					   writer->estate->es_output_cid, 0, NULL);
+	/* Most transactions emit one message: the plain insert is cheaper. */
+	if (n == 1)
+		table_tuple_insert(writer->rel, writer->slots[0],
+						   writer->estate->es_output_cid, 0, NULL);
+	else
+		table_multi_insert(writer->rel, writer->slots, n,
+						   writer->estate->es_output_cid, 0, NULL);
 
 	for (i = 0; i < n; i++)
 	{
