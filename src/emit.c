@@ -465,7 +465,13 @@ outbox_xact_callback(XactEvent event, void *arg)
 			/* The resource owner closes the spill file, if any. */
 			xbuf = NULL;
 			config_changed = false;
-			outbox_release_slot(InvalidXLogRecPtr);
+
+			/*
+			 * Ids reserved by a transaction that failed while committing
+			 * become a gap; the frontier may now move past it.
+			 */
+			if (outbox_release_slot(InvalidXLogRecPtr))
+				outbox_wake_worker(true);
 			break;
 
 		case XACT_EVENT_PARALLEL_COMMIT:

@@ -458,10 +458,12 @@ relay_http_finish(CURL *easy, CURLcode result)
 
 /*
  * Let libcurl make progress: serve the sockets epoll reports ready and an
- * expired timer, then collect finished requests.
+ * expired timer, then collect finished requests.  The sockets are polled
+ * every time, without waiting: the worker's wait returns only the latch
+ * when it is set, even if sockets are ready too.
  */
 void
-relay_http_drive(bool socket_ready)
+relay_http_drive(void)
 {
 	struct epoll_event events[64];
 	int			running;
@@ -472,28 +474,25 @@ relay_http_drive(bool socket_ready)
 	if (multi == NULL)
 		return;
 
-	if (socket_ready)
+	do
 	{
-		do
+		int			i;
+
+		n = epoll_wait(epoll_fd, events, lengthof(events), 0);
+		for (i = 0; i < n; i++)
 		{
-			int			i;
+			int			flags = 0;
 
-			n = epoll_wait(epoll_fd, events, lengthof(events), 0);
-			for (i = 0; i < n; i++)
-			{
-				int			flags = 0;
-
-				if (events[i].events & (EPOLLIN | EPOLLHUP))
-					flags |= CURL_CSELECT_IN;
-				if (events[i].events & EPOLLOUT)
-					flags |= CURL_CSELECT_OUT;
-				if (events[i].events & EPOLLERR)
-					flags |= CURL_CSELECT_ERR;
-				curl_multi_socket_action(multi, events[i].data.fd, flags,
-										 &running);
-			}
-		} while (n == lengthof(events));
-	}
+			if (events[i].events & (EPOLLIN | EPOLLHUP))
+				flags |= CURL_CSELECT_IN;
+			if (events[i].events & EPOLLOUT)
+				flags |= CURL_CSELECT_OUT;
+			if (events[i].events & EPOLLERR)
+				flags |= CURL_CSELECT_ERR;
+			curl_multi_socket_action(multi, events[i].data.fd, flags,
+									 &running);
+		}
+	} while (n == lengthof(events));
 
 	if (timer_set && GetCurrentTimestamp() >= timer_deadline)
 	{

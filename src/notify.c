@@ -162,6 +162,7 @@ relay_notify_deliver(RelayTarget *t)
 	lane->last_delivered_id = last_id;
 	t->notify_attempts = 0;
 	t->notify_retry_at = 0;
+	lane->attempts = 0;
 	lane->done_id = (n == lane->nqueued) ? Max(last_id, t->read_id) : last_id;
 	while (n-- > 0)
 		pfree(relay_lane_pop(lane));

@@ -84,7 +84,7 @@ extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);
 extern void outbox_counter_initialize(int64 highest_used);
 extern int64 outbox_reserve_ids(int64 count);
-extern void outbox_release_slot(XLogRecPtr commit_end);
+extern bool outbox_release_slot(XLogRecPtr commit_end);
 extern void outbox_flush_commits(void);
 extern void outbox_counter_advance(int64 highest_used);
 extern int64 outbox_compute_frontier(void);

@@ -134,7 +134,7 @@ extern void relay_http_shutdown(void);
 extern void relay_http_lane_init(RelayLane *lane);
 extern void relay_http_lane_release(RelayLane *lane);
 extern void relay_http_send(RelayLane *lane);
-extern void relay_http_drive(bool socket_ready);
+extern void relay_http_drive(void);
 extern long relay_http_timeout(void);
 extern int	relay_http_in_flight(void);
 

@@ -141,7 +141,8 @@ outbox_shmem_startup(void)
 static void
 outbox_shmem_exit(int code, Datum arg)
 {
-	outbox_release_slot(InvalidXLogRecPtr);
+	if (outbox_release_slot(InvalidXLogRecPtr))
+		outbox_wake_worker(true);
 }
 
 /*
@@ -245,13 +246,13 @@ outbox_reserve_ids(int64 count)
  * (InvalidXLogRecPtr when the transaction did not commit): it is published
  * before the slot is cleared, so whoever computes a frontier that covers
  * this transaction and then reads outbox_commit_lsn() can flush WAL far
- * enough to make it durable.
+ * enough to make it durable.  Returns whether a slot was cleared.
  */
-void
+bool
 outbox_release_slot(XLogRecPtr commit_end)
 {
 	if (!slot_published || OutboxShared == NULL)
-		return;
+		return false;
 	if (commit_end != InvalidXLogRecPtr)
 	{
 		uint64		cur = pg_atomic_read_u64(&OutboxShared->max_commit_end);
@@ -264,6 +265,7 @@ outbox_release_slot(XLogRecPtr commit_end)
 	pg_memory_barrier();
 	pg_atomic_write_u64(&OutboxShared->inflight[OUTBOX_MY_PROC_INDEX()], 0);
 	slot_published = false;
+	return true;
 }
 
 /*

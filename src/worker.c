@@ -492,45 +492,63 @@ relay_load_config(void)
 	list_free(targets);
 	targets = kept;
 
-	/* Subscriptions replace the old ones. */
-	foreach(lc, targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->subs)
-		{
-			int			j;
-
-			for (j = 0; j < t->nsubs; j++)
-				pfree(t->subs[j].pattern);
-			pfree(t->subs);
-		}
-		t->subs = NULL;
-		t->nsubs = 0;
-	}
+	/*
+	 * Subscriptions replace the old ones.  A subscription new to a target
+	 * that has already read past its start_id starts at the target's read
+	 * position instead: the relay may have passed messages committed while
+	 * subscribe() was still open without queueing them.  Everything
+	 * committed after the subscription is delivered either way.
+	 */
 	if (SPI_execute("SELECT target_id, pattern, start_id FROM outbox.subscriptions"
 					" ORDER BY target_id, pattern", true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.subscriptions");
-	for (i = 0; i < SPI_processed; i++)
+	foreach(lc, targets)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		RelayTarget *t = relay_find_target((int) relay_spi_int(tup, desc, 1, &isnull));
-		RelaySubscription *sub;
-		char	   *pattern;
-		int			len;
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		RelaySubscription *old = t->subs;
+		int			nold = t->nsubs;
+		int			j;
 
-		if (t == NULL)
-			continue;
-		if (t->subs == NULL)
-			t->subs = MemoryContextAlloc(t->cxt, sizeof(RelaySubscription) * (SPI_processed + 1));
-		sub = &t->subs[t->nsubs++];
-		pattern = relay_spi_text(tup, desc, 2);
-		sub->pattern = MemoryContextStrdup(t->cxt, pattern);
-		len = strlen(pattern);
-		sub->prefix_len = (len > 0 && pattern[len - 1] == '*') ? len - 1 : -1;
-		sub->start_id = relay_spi_int(tup, desc, 3, &isnull);
+		t->subs = MemoryContextAlloc(t->cxt, sizeof(RelaySubscription) * (SPI_processed + 1));
+		t->nsubs = 0;
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		isnull;
+			RelaySubscription *sub;
+			char	   *pattern;
+			int			len;
+
+			if ((int) relay_spi_int(tup, desc, 1, &isnull) != t->id)
+				continue;
+			sub = &t->subs[t->nsubs++];
+			pattern = relay_spi_text(tup, desc, 2);
+			sub->pattern = MemoryContextStrdup(t->cxt, pattern);
+			len = strlen(pattern);
+			sub->prefix_len = (len > 0 && pattern[len - 1] == '*') ? len - 1 : -1;
+			sub->start_id = relay_spi_int(tup, desc, 3, &isnull);
+			if (t->read_id >= 0)
+			{
+				bool		known = false;
+
+				for (j = 0; j < nold; j++)
+				{
+					if (strcmp(old[j].pattern, sub->pattern) == 0)
+					{
+						sub->start_id = old[j].start_id;
+						known = true;
+						break;
+					}
+				}
+				if (!known)
+					sub->start_id = Max(sub->start_id, t->read_id);
+			}
+		}
+		for (j = 0; j < nold; j++)
+			pfree(old[j].pattern);
+		if (old)
+			pfree(old);
 	}
 
 	/* Progress, for targets that have not read anything yet. */
@@ -857,7 +875,7 @@ relay_read_messages(int64 frontier)
 	foreach(lc, targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		int			limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
+		int			limit;
 		int			i;
 		int64		last;
 
@@ -878,6 +896,7 @@ relay_read_messages(int64 frontier)
 				lane->overflow_id = last + 1;	/* more to read next time */
 		}
 
+		limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
 		if (t->read_id >= frontier || limit <= 0)
 			continue;
 		if (relay_read_range(t, t->read_id, frontier, limit, -1, rowcxt, &last) < (uint64) limit)
@@ -1174,9 +1193,7 @@ outbox_worker_main(Datum main_arg)
 {
 	WaitEventSet *wait_set;
 	WaitEventSet *quiet_set;
-	int			epoll_pos;
 	int			quiet_epoll_pos;
-	bool		socket_ready = false;
 	bool		ready = false;
 	bool		waiting_logged = false;
 	uint64		loaded_generation = 0;
@@ -1202,7 +1219,7 @@ outbox_worker_main(Datum main_arg)
 		wait_set = CreateWaitEventSet(TopMemoryContext, 3);
 		AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-		epoll_pos = AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+		AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
 
 		/* The same without the latch, for the pause after a read. */
 		quiet_set = CreateWaitEventSet(TopMemoryContext, 2);
@@ -1285,10 +1302,10 @@ outbox_worker_main(Datum main_arg)
 			relay_dispatch(GetCurrentTimestamp());
 		}
 
-		relay_http_drive(socket_ready);
+		relay_http_drive();
 		if (outbox_enabled)
 			relay_dispatch(GetCurrentTimestamp());
-		relay_http_drive(false);
+		relay_http_drive();
 
 		now = GetCurrentTimestamp();
 		if (relay_progress_pending() &&
@@ -1301,25 +1318,17 @@ outbox_worker_main(Datum main_arg)
 		if (relay_progress_pending())
 			timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
 
-		socket_ready = false;
 		if (did_read && timeout > 0)
 		{
 			long		pause = Min(timeout, RELAY_READ_PAUSE_MS);
 
 			if (WaitEventSetWait(quiet_set, pause, &event, 1, PG_WAIT_EXTENSION) > 0 &&
 				event.pos == quiet_epoll_pos)
-			{
-				socket_ready = true;
 				continue;
-			}
 			timeout -= pause;
 		}
-		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0)
-		{
-			if (event.events & WL_LATCH_SET)
-				ResetLatch(MyLatch);
-			if (event.pos == epoll_pos)
-				socket_ready = true;
-		}
+		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0 &&
+			(event.events & WL_LATCH_SET))
+			ResetLatch(MyLatch);
 	}
 }
