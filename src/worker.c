@@ -120,9 +120,10 @@ relay_queue_cap(RelayTarget *t)
 }
 
 /*
- * Messages one lane may hold.  A lane that retries for a long time fills up
- * and stops taking messages (remembering where, in overflow_id) while the
- * other lanes keep going; it reads its own messages again once it drains.
+ * Messages a failing lane may hold.  A lane that retries for a long time
+ * fills up and stops taking messages (remembering where, in overflow_id)
+ * while the other lanes keep going; it reads its own messages again once it
+ * drains.  Healthy lanes share the target's whole read-ahead.
  */
 static int
 relay_lane_cap(RelayTarget *t)
@@ -796,8 +797,10 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 				 /* finished before a restart */ ;
 			else if (only_lane < 0 && lane->overflow_id != 0)
 				 /* the lane is behind; its refill will read this */ ;
-			else if (lane->nqueued >= lane_cap)
+			else if (lane->nqueued >= lane_cap &&
+					 (only_lane >= 0 || lane->attempts > 0))
 			{
+				/* A failing lane is full: leave the rest for its refill. */
 				lane->overflow_id = id;
 				stop = (only_lane >= 0);
 			}
@@ -1306,6 +1309,9 @@ outbox_worker_main(Datum main_arg)
 		if (outbox_enabled)
 			relay_dispatch(GetCurrentTimestamp());
 		relay_http_drive();
+
+		/* Let autovacuum and the statistics views see our work. */
+		pgstat_report_stat(false);
 
 		now = GetCurrentTimestamp();
 		if (relay_progress_pending() &&
