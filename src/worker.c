@@ -120,15 +120,19 @@ relay_queue_cap(RelayTarget *t)
 }
 
 /*
- * Messages a failing lane may hold.  A lane that retries for a long time
- * fills up and stops taking messages (remembering where, in overflow_id)
- * while the other lanes keep going; it reads its own messages again once it
- * drains.  Healthy lanes share the target's whole read-ahead.
+ * Messages one lane may hold: half the target's read-ahead (all of it with
+ * one lane).  A lane that retries for a long time fills up and stops taking
+ * messages (remembering where, in overflow_id) while the other lanes keep
+ * going with the other half; it reads its own messages again once it
+ * drains.  Half, not an even share, so that lanes do not overflow, and
+ * re-read, in an ordinary backlog of uneven keys.
  */
 static int
 relay_lane_cap(RelayTarget *t)
 {
-	return Max(4 * t->batch_size, (relay_queue_cap(t) + t->nlanes - 1) / t->nlanes);
+	if (t->nlanes == 1)
+		return relay_queue_cap(t);
+	return Max(4 * t->batch_size, relay_queue_cap(t) / 2);
 }
 
 static bool
@@ -797,10 +801,9 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 				 /* finished before a restart */ ;
 			else if (only_lane < 0 && lane->overflow_id != 0)
 				 /* the lane is behind; its refill will read this */ ;
-			else if (lane->nqueued >= lane_cap &&
-					 (only_lane >= 0 || lane->attempts > 0))
+			else if (lane->nqueued >= lane_cap)
 			{
-				/* A failing lane is full: leave the rest for its refill. */
+				/* The lane is full: leave the rest for its refill. */
 				lane->overflow_id = id;
 				stop = (only_lane >= 0);
 			}
