@@ -40,6 +40,9 @@
 #                           PERF_VARIANTS="a b c b10 c10" runs with
 #                           synchronous_commit=off; print backend CPU per
 #                           transaction, where it goes, and outbox.so's share
+#   RELAY=running           stopped: SIGSTOP the outbox relay worker for the
+#                           measurements, to separate the emit/commit path
+#                           from the cost of waking the relay at each commit
 #   KEEP=0                  1: keep the cluster directory (for debugging)
 set -euo pipefail
 
@@ -56,6 +59,7 @@ VARIANTS=${VARIANTS:-"a b c b10 c10"}
 PORT=${PORT:-54329}
 PERF=${PERF:-0}
 KEEP=${KEEP:-0}
+RELAY=${RELAY:-running}
 PGUSER_OS=${OUTBOX_BENCH_USER:-postgres}
 DB=bench
 
@@ -102,13 +106,13 @@ chmod 700 "$work"
 PGDATA=$work/data
 SOCK=$work
 SERVERLOG=$work/server.log
-perf_pid=
+relay_pid=
 
 as_pg() { runuser -u "$PGUSER_OS" -- "$@"; }
 
 cleanup() {
 	local rc=$?
-	[ -n "$perf_pid" ] && kill "$perf_pid" 2>/dev/null || true
+	[ -n "$relay_pid" ] && kill -CONT "$relay_pid" 2>/dev/null || true
 	if [ -f "$PGDATA/postmaster.pid" ]; then
 		as_pg "$BIN/pg_ctl" -D "$PGDATA" -m immediate -w stop >/dev/null 2>&1 || true
 	fi
@@ -189,6 +193,22 @@ CREATE TABLE hand_outbox (
 -- the "pending index" a relay polls
 CREATE INDEX hand_outbox_pending ON hand_outbox (id) WHERE processed_at IS NULL;
 SQL
+
+case $RELAY in
+running) ;;
+stopped)
+	for _ in $(seq 50); do
+		# only while it sleeps in its wait, so it holds no lock
+		relay_pid=$(psqlq -d "$DB" -At -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND wait_event_type = 'Extension'")
+		[ -n "$relay_pid" ] && break
+		sleep 0.2
+	done
+	[ -n "$relay_pid" ] || { echo "no outbox relay process found" >&2; exit 1; }
+	kill -STOP "$relay_pid"
+	log "relay worker (pid $relay_pid) stopped with SIGSTOP for the measurements"
+	;;
+*) echo "RELAY must be running or stopped" >&2; exit 2 ;;
+esac
 
 # ---- pgbench scripts --------------------------------------------------------
 # The order row is ~200 bytes; every message payload is the same ~200-byte
@@ -352,7 +372,7 @@ tps_of() { awk -v m="$1" -v v="$2" -v r="${3:-}" '$1==m && $2==v && (r=="" || $3
 echo
 echo "outbox emit benchmark  $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "  built from $build_rev; loaded outbox.so md5 $(md5sum <"$work/outbox.so" | cut -c1-12)"
-echo "  PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $(nproc) cores; STYLE=$STYLE; pgbench -n -c $CLIENTS -j $THREADS -T $DURATION -M $PROTOCOL; $ROUNDS rounds, variants alternating"
+echo "  PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $(nproc) cores; STYLE=$STYLE; relay worker $RELAY; pgbench -n -c $CLIENTS -j $THREADS -T $DURATION -M $PROTOCOL; $ROUNDS rounds, variants alternating"
 echo "  $(tr '\n' ' ' <"$work/sizes" | sed 's/ \([a-z]\)/, \1/g')"
 for mode in "${mlist[@]}"; do
 	declare -A med=()
@@ -492,4 +512,9 @@ if [ "$PERF" = 1 ]; then
 			| grep -E '^ +[0-9]' | head -20 | sed 's/^/    /'
 	done
 	set -o pipefail
+fi
+
+# A run that misbehaved fails, whatever the figures.
+if [ -s "$work/anomalies" ] || grep -Eq 'PANIC|TRAP|terminated by signal|was terminated' "$SERVERLOG"; then
+	exit 1
 fi
