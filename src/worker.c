@@ -1317,15 +1317,17 @@ outbox_worker_main(Datum main_arg)
 		pgstat_report_stat(false);
 
 		now = GetCurrentTimestamp();
-		if (relay_progress_pending() &&
-			(relay_http_in_flight() == 0 ||
-			 TimestampDifferenceExceeds(last_progress_write, now,
-										RELAY_PROGRESS_INTERVAL_MS)))
-			relay_write_progress();
-
 		timeout = relay_sleep_ms(frontier, now);
 		if (relay_progress_pending())
-			timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
+		{
+			/* Write now when idle or due, else wake up when it is due. */
+			if (relay_http_in_flight() == 0 ||
+				TimestampDifferenceExceeds(last_progress_write, now,
+										   RELAY_PROGRESS_INTERVAL_MS))
+				relay_write_progress();
+			else
+				timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
+		}
 
 		if (did_read && timeout > 0)
 		{

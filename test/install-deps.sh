@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install, with apt-get, every Debian package the build, the tests and the
-# demo use.  Safe to run again; does nothing when all are present.
+# demo use, plus any package named as an argument (the benchmarks add
+# theirs).  Safe to run again; does nothing when all are present.
 set -euo pipefail
 
 packages=(
@@ -12,6 +13,7 @@ packages=(
 	libipc-run-perl
 	cppcheck
 	python3
+	"$@"
 )
 
 missing=()

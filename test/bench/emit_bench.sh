@@ -73,19 +73,9 @@ fi
 log() { printf '%s  %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # ---- packages ---------------------------------------------------------------
-need=()
-[ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
-[ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql-contrib)
-[ -e /usr/lib/postgresql/15/lib/pgxs/src/makefiles/pgxs.mk ] || need+=(postgresql-server-dev-15)
-command -v make >/dev/null || need+=(make)
-command -v gcc >/dev/null || need+=(gcc)
-command -v curl-config >/dev/null || need+=(libcurl4-openssl-dev)
-if [ "$PERF" = 1 ] && ! command -v perf >/dev/null; then need+=(linux-perf); fi
-if [ ${#need[@]} -gt 0 ]; then
-	log "installing ${need[*]}"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+extra=()
+if [ "$PERF" = 1 ]; then extra+=(linux-perf); fi
+"$repo/test/install-deps.sh" "${extra[@]}"
 # The Debian package starts its own cluster on 5432; we do not use it.
 
 BIN=/usr/lib/postgresql/15/bin

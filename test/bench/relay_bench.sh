@@ -100,25 +100,9 @@ log() { printf '%s  %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # ---- packages ---------------------------------------------------------------
 PY=/usr/bin/python3		# Debian's, where python3-psycopg2 installs
-need=()
-[ -x /usr/lib/postgresql/15/bin/postgres ] || need+=(postgresql-15)
-[ -x /usr/lib/postgresql/15/bin/pgbench ] || need+=(postgresql-contrib)
-[ -e /usr/lib/postgresql/15/lib/pgxs/src/makefiles/pgxs.mk ] || need+=(postgresql-server-dev-15)
-command -v make >/dev/null || need+=(make)
-command -v gcc >/dev/null || need+=(gcc)
-command -v curl-config >/dev/null || need+=(libcurl4-openssl-dev)
-command -v curl >/dev/null || need+=(curl)
-[ -x /usr/sbin/nginx ] || need+=(nginx)
-command -v wrk >/dev/null || need+=(wrk)
-[ -x "$PY" ] || need+=(python3)
-{ [ -x "$PY" ] && "$PY" -c 'import psycopg2' 2>/dev/null; } || need+=(python3-psycopg2)
-if [ "$PERF" = 1 ] && ! command -v perf >/dev/null; then need+=(linux-perf); fi
-if [ ${#need[@]} -gt 0 ]; then
-	log "installing ${need[*]}"
-	apt-get update -qq
-	# Debian's postinst scripts would start their own nginx/PostgreSQL; we use neither.
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+extra=(curl nginx wrk python3-psycopg2)
+if [ "$PERF" = 1 ]; then extra+=(linux-perf); fi
+"$repo/test/install-deps.sh" "${extra[@]}"
 
 BIN=/usr/lib/postgresql/15/bin
 PG_CONFIG=$BIN/pg_config
