@@ -58,6 +58,7 @@ static int	epoll_fd = -1;
 static TimestampTz timer_deadline = 0;	/* libcurl wants a call by then */
 static bool timer_set = false;	/* timer_deadline is meaningful */
 static int	requests_in_flight = 0;
+static bool proxy_from_env = false; /* a proxy variable is set */
 
 /*
  * PostgreSQL's HMAC tracks its OpenSSL context in the current resource
@@ -65,28 +66,97 @@ static int	requests_in_flight = 0;
  */
 static ResourceOwner hmac_owner = NULL;
 
-/* libcurl's socket callback: mirror the sockets it watches in epoll_fd. */
+/*
+ * What epoll_fd watches for each socket libcurl gave us, indexed by
+ * descriptor: the registered events (0: not registered) and whether libcurl
+ * still wants the socket watched.  A socket that libcurl stops watching
+ * (its request finished and the connection went back to the pool) stays
+ * registered, so that the next request on the kept-alive connection costs
+ * no epoll_ctl calls; if it reports an event while libcurl does not want
+ * it, it is removed then.  Closing the socket removes it from epoll_fd.
+ */
+typedef struct RelaySocketState
+{
+	uint32		registered;		/* EPOLLIN/EPOLLOUT registered, or 0 */
+	bool		wanted;			/* libcurl watches it */
+} RelaySocketState;
+
+static RelaySocketState *sockets = NULL;
+static int	nsockets = 0;		/* entries allocated in sockets */
+
+static RelaySocketState *
+relay_socket_state(curl_socket_t s)
+{
+	if (s < 0)
+		return NULL;
+	if (s >= nsockets)
+	{
+		int			n = Max(64, nsockets);
+		RelaySocketState *grown;
+
+		while (n <= s)
+			n *= 2;
+		/* Plain realloc: this may run inside a libcurl callback. */
+		grown = realloc(sockets, n * sizeof(RelaySocketState));
+		if (grown == NULL)
+			return NULL;
+		memset(grown + nsockets, 0, (n - nsockets) * sizeof(RelaySocketState));
+		sockets = grown;
+		nsockets = n;
+	}
+	return &sockets[s];
+}
+
+/* Register s in epoll_fd for events (0: remove it). */
+static void
+relay_socket_watch(curl_socket_t s, RelaySocketState *st, uint32 events)
+{
+	struct epoll_event ev;
+	int			op;
+
+	if (st->registered == events)
+		return;
+	memset(&ev, 0, sizeof(ev));
+	ev.data.fd = s;
+	ev.events = events;
+	if (events == 0)
+		op = EPOLL_CTL_DEL;
+	else if (st->registered == 0)
+		op = EPOLL_CTL_ADD;
+	else
+		op = EPOLL_CTL_MOD;
+	if (epoll_ctl(epoll_fd, op, s, &ev) != 0)
+	{
+		/* Out of step with the kernel: start over with this socket. */
+		(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s, NULL);
+		if (events != 0 && epoll_ctl(epoll_fd, EPOLL_CTL_ADD, s, &ev) != 0)
+			events = 0;
+	}
+	st->registered = events;
+}
+
+/* libcurl's socket callback: what to watch on socket s. */
 static int
 relay_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp,
 				void *socketp)
 {
-	struct epoll_event ev;
+	RelaySocketState *st = relay_socket_state(s);
+	uint32		events = 0;
 
+	if (st == NULL)
+		return -1;
 	if (what == CURL_POLL_REMOVE)
 	{
-		/* The socket may already be closed, which removed it. */
-		(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, s, NULL);
+		/* Keep the registration for the connection's next request. */
+		st->wanted = false;
 		return 0;
 	}
-
-	memset(&ev, 0, sizeof(ev));
-	ev.data.fd = s;
 	if (what & CURL_POLL_IN)
-		ev.events |= EPOLLIN;
+		events |= EPOLLIN;
 	if (what & CURL_POLL_OUT)
-		ev.events |= EPOLLOUT;
-	if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, s, &ev) != 0 && errno == ENOENT)
-		(void) epoll_ctl(epoll_fd, EPOLL_CTL_ADD, s, &ev);
+		events |= EPOLLOUT;
+	st->wanted = true;
+	relay_socket_watch(s, st, events);
 	return 0;
 }
 
@@ -123,6 +193,14 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 static int
 relay_close_socket_cb(void *clientp, curl_socket_t s)
 {
+	RelaySocketState *st = relay_socket_state(s);
+
+	/* Closing removes it from epoll_fd. */
+	if (st != NULL)
+	{
+		st->registered = 0;
+		st->wanted = false;
+	}
 	close(s);
 	ReleaseExternalFD();
 	return 0;
@@ -160,6 +238,13 @@ relay_http_init(void)
 		elog(ERROR, "outbox: could not initialise libcurl: %s",
 			 curl_easy_strerror(rc));
 
+	/*
+	 * libcurl looks for proxy variables in the environment on every
+	 * request.  When the server was started without any, say so once.
+	 */
+	proxy_from_env = getenv("http_proxy") || getenv("https_proxy") ||
+		getenv("HTTPS_PROXY") || getenv("all_proxy") || getenv("ALL_PROXY");
+
 	ReserveExternalFD();
 	epoll_fd = epoll_create1(EPOLL_CLOEXEC);
 	if (epoll_fd < 0)
@@ -187,6 +272,9 @@ relay_http_shutdown(void)
 		close(epoll_fd);
 		epoll_fd = -1;
 	}
+	free(sockets);
+	sockets = NULL;
+	nsockets = 0;
 	curl_global_cleanup();
 }
 
@@ -205,6 +293,8 @@ relay_http_lane_init(RelayLane *lane)
 	h->easy = easy;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
 	curl_easy_setopt(easy, CURLOPT_URL, t->url);
+	if (!proxy_from_env)
+		curl_easy_setopt(easy, CURLOPT_PROXY, "");
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
 #if LIBCURL_VERSION_NUM >= 0x075500
@@ -482,6 +572,18 @@ relay_http_drive(void)
 		for (i = 0; i < n; i++)
 		{
 			int			flags = 0;
+			RelaySocketState *st = relay_socket_state(events[i].data.fd);
+
+			if (st != NULL && !st->wanted)
+			{
+				/*
+				 * An idle pooled connection: the peer closed it or sent
+				 * something unasked.  Stop watching it; libcurl checks a
+				 * connection before it reuses one.
+				 */
+				relay_socket_watch(events[i].data.fd, st, 0);
+				continue;
+			}
 
 			if (events[i].events & (EPOLLIN | EPOLLHUP))
 				flags |= CURL_CSELECT_IN;

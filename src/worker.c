@@ -865,10 +865,14 @@ relay_read_messages(int64 frontier)
 	{
 		Oid			argtypes[3] = {INT8OID, INT8OID, INT4OID};
 
-		read_plan = SPI_prepare("SELECT id, msg_id, topic, key, payload, headers, emitted_at"
-								"  FROM outbox.messages"
-								" WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
-								3, argtypes);
+		/*
+		 * A generic plan: the bounds always select a range of the primary
+		 * key, and planning each read would cost more than the read.
+		 */
+		read_plan = SPI_prepare_cursor("SELECT id, msg_id, topic, key, payload, headers, emitted_at"
+									   "  FROM outbox.messages"
+									   " WHERE id > $1 AND id <= $2 ORDER BY id LIMIT $3",
+									   3, argtypes, CURSOR_OPT_GENERIC_PLAN);
 		if (read_plan == NULL)
 			elog(ERROR, "outbox: could not prepare the read query: %s",
 				 SPI_result_code_string(SPI_result));

@@ -14,7 +14,9 @@ record file as one JSON line, in arrival order:
     {"seq": n, "t": time.time(), "mono": time.monotonic(), "method": ...,
      "path": ..., "headers": {lower-cased name: value}, "body": "...",
      "status": <status answered, null when the connection was dropped>,
-     "sig_ok": true|false|null, "delay_ms": n}
+     "sig_ok": true|false|null, "delay_ms": n, "conn": n}
+
+("conn" numbers the TCP connections the sink accepted, from 1.)
 
 ("body_b64" is added when the body is not valid UTF-8; "body" then holds it
 decoded with replacement characters.)  The line is written, and t and mono
@@ -41,7 +43,9 @@ Runtime control:
     GET /_control   {"default": {...}, "paths": {path: {overrides}},
                      "port": n, "listening": bool}
     GET /_stats     {"requests": n, "by_status": {"204": n, ...},
-                     "by_path": {...}, "sig_fail": n}
+                     "by_path": {...}, "sig_fail": n, "connections": n}
+        ("connections": TCP connections accepted since the start or the
+        last reset_stats)
 
 The signature check follows Standard Webhooks; verify() and sign() can be
 imported by other scripts (sys.path.insert(0, "test/sink")).
@@ -232,6 +236,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.file = open(path, "a", encoding="utf-8") if path else None
         self.seq = 0
+        self.conn_seq = 0
         self.reset_stats()
 
     def reset_stats(self):
@@ -239,6 +244,14 @@ class Recorder:
         self.by_status = {}
         self.by_path = {}
         self.sig_fail = 0
+        self.connections = 0
+
+    def next_connection(self):
+        """Count an accepted connection; return its number (from 1)."""
+        with self.lock:
+            self.connections += 1
+            self.conn_seq += 1
+            return self.conn_seq
 
     def record(self, entry):
         """Give entry the next seq, append it to the record file; return seq."""
@@ -265,6 +278,7 @@ class Recorder:
                     "by_status": dict(self.by_status),
                     "by_path": dict(self.by_path),
                     "sig_fail": self.sig_fail,
+                    "connections": self.connections,
                     "last_seq": self.seq}
 
     def close(self):
@@ -402,6 +416,7 @@ def make_handler(sink):
                 pass
             with sink.conns_lock:
                 sink.conns.add(self.connection)
+            self.conn_number = sink.recorder.next_connection()
 
         def finish(self):
             with sink.conns_lock:
@@ -539,7 +554,8 @@ def make_handler(sink):
                 b64 = base64.b64encode(body).decode("ascii")
             entry = {"method": self.command, "path": path,
                      "headers": headers, "body": text, "status": status,
-                     "sig_ok": sig_ok, "delay_ms": mode["delay_ms"]}
+                     "sig_ok": sig_ok, "delay_ms": mode["delay_ms"],
+                     "conn": self.conn_number}
             if b64 is not None:
                 entry["body_b64"] = b64
             seq = sink.recorder.record(entry)
