@@ -46,8 +46,19 @@
 typedef struct RelayHttpLane
 {
 	CURL	   *easy;			/* reused for every request of the lane */
-	struct curl_slist *headers; /* headers of the request in flight */
 	StringInfoData body;		/* body of the request in flight */
+
+	/*
+	 * Headers of the request in flight: the lines, NUL-separated, in hdr;
+	 * their offsets in hoff; and a curl_slist linking them, in nodes.  All
+	 * are reused from request to request, so that building the headers
+	 * allocates nothing once they have grown to size.
+	 */
+	StringInfoData hdr;
+	int		   *hoff;
+	struct curl_slist *nodes;
+	int			nlines;			/* lines in hdr */
+	int			maxlines;		/* entries allocated in hoff and nodes */
 	char		errbuf[CURL_ERROR_SIZE];	/* libcurl's error text */
 	char		response[256];	/* start of the response body */
 	int			response_len;	/* bytes in response */
@@ -290,6 +301,10 @@ relay_http_lane_init(RelayLane *lane)
 		elog(ERROR, "outbox: could not create a libcurl handle");
 
 	initStringInfo(&h->body);
+	initStringInfo(&h->hdr);
+	h->maxlines = 16;
+	h->hoff = palloc(sizeof(int) * h->maxlines);
+	h->nodes = palloc(sizeof(struct curl_slist) * h->maxlines);
 	h->easy = easy;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
 	curl_easy_setopt(easy, CURLOPT_URL, t->url);
@@ -331,23 +346,54 @@ relay_http_lane_release(RelayLane *lane)
 		lane->in_flight = false;
 	}
 	curl_easy_cleanup(h->easy);
-	if (h->headers)
-		curl_slist_free_all(h->headers);
 	lane->http = NULL;
 }
 
-static struct curl_slist *
-relay_add_header(struct curl_slist *list, const char *line)
+/* Start a header line: note where it begins. */
+static void
+relay_header_start(RelayHttpLane *h)
 {
-	struct curl_slist *l = curl_slist_append(list, line);
-
-	if (l == NULL)
+	if (h->nlines == h->maxlines)
 	{
-		if (list)
-			curl_slist_free_all(list);
-		elog(ERROR, "outbox: out of memory building request headers");
+		h->maxlines *= 2;
+		h->hoff = repalloc(h->hoff, sizeof(int) * h->maxlines);
+		h->nodes = repalloc(h->nodes, sizeof(struct curl_slist) * h->maxlines);
 	}
-	return l;
+	h->hoff[h->nlines++] = h->hdr.len;
+}
+
+/* Add the header line "line". */
+static void
+relay_header(RelayHttpLane *h, const char *line)
+{
+	relay_header_start(h);
+	appendStringInfoString(&h->hdr, line);
+	appendStringInfoChar(&h->hdr, '\0');
+}
+
+/* Add the header line "name: value". */
+static void
+relay_header_value(RelayHttpLane *h, const char *name, const char *value)
+{
+	relay_header_start(h);
+	appendStringInfoString(&h->hdr, name);
+	appendStringInfoString(&h->hdr, ": ");
+	appendStringInfoString(&h->hdr, value);
+	appendStringInfoChar(&h->hdr, '\0');
+}
+
+/* Link the lines into the list libcurl reads (it never frees it). */
+static struct curl_slist *
+relay_header_list(RelayHttpLane *h)
+{
+	int			i;
+
+	for (i = 0; i < h->nlines; i++)
+	{
+		h->nodes[i].data = h->hdr.data + h->hoff[i];
+		h->nodes[i].next = (i + 1 < h->nlines) ? &h->nodes[i + 1] : NULL;
+	}
+	return h->nlines > 0 ? h->nodes : NULL;
 }
 
 /* "v1," base64(HMAC-SHA256(secret, id "." timestamp "." body)) */
@@ -397,10 +443,9 @@ relay_http_send(RelayLane *lane)
 	RelayMessage *first = lane->head;
 	RelayMessage *last = first;
 	RelayMessage *m;
-	struct curl_slist *hl = NULL;
 	char		webhook_id[64];
 	char		timestamp[32];
-	char		line[512];
+	char		number[32];
 	int			n;
 	int			i;
 	CURLMcode	mrc;
@@ -433,38 +478,28 @@ relay_http_send(RelayLane *lane)
 				 first->id, last->id);
 	snprintf(timestamp, sizeof(timestamp), "%ld", (long) time(NULL));
 
-	hl = relay_add_header(hl, "Content-Type: application/json");
-	hl = relay_add_header(hl, "Expect:");
-	snprintf(line, sizeof(line), "webhook-id: %s", webhook_id);
-	hl = relay_add_header(hl, line);
-	snprintf(line, sizeof(line), "webhook-timestamp: %s", timestamp);
-	hl = relay_add_header(hl, line);
+	h->nlines = 0;
+	resetStringInfo(&h->hdr);
+	relay_header(h, "Content-Type: application/json");
+	relay_header(h, "Expect:");
+	relay_header_value(h, "webhook-id", webhook_id);
+	relay_header_value(h, "webhook-timestamp", timestamp);
 	if (t->secret != NULL)
 	{
 		char		sig[128];
 
 		relay_sign(t, webhook_id, timestamp, &h->body, sig, sizeof(sig));
-		snprintf(line, sizeof(line), "webhook-signature: %s", sig);
-		hl = relay_add_header(hl, line);
+		relay_header_value(h, "webhook-signature", sig);
 	}
-	snprintf(line, sizeof(line), "outbox-seq: " INT64_FORMAT, first->id);
-	hl = relay_add_header(hl, line);
+	snprintf(number, sizeof(number), INT64_FORMAT, first->id);
+	relay_header_value(h, "outbox-seq", number);
 	if (n == 1)
 	{
-		StringInfoData hdr;
-
-		initStringInfo(&hdr);
-		appendStringInfo(&hdr, "outbox-topic: %s", first->topic);
-		hl = relay_add_header(hl, hdr.data);
-		if (first->key)
-		{
-			resetStringInfo(&hdr);
-			if (*first->key)
-				appendStringInfo(&hdr, "outbox-key: %s", first->key);
-			else
-				appendStringInfoString(&hdr, "outbox-key;");
-			hl = relay_add_header(hl, hdr.data);
-		}
+		relay_header_value(h, "outbox-topic", first->topic);
+		if (first->key && *first->key)
+			relay_header_value(h, "outbox-key", first->key);
+		else if (first->key)
+			relay_header(h, "outbox-key;");
 		if (first->header_lines)
 		{
 			char	   *p = first->header_lines;
@@ -472,28 +507,24 @@ relay_http_send(RelayLane *lane)
 			/* NUL-separated "Name: value" lines, ended by an empty one. */
 			while (*p)
 			{
-				hl = relay_add_header(hl, p);
+				relay_header(h, p);
 				p += strlen(p) + 1;
 			}
 		}
-		pfree(hdr.data);
 	}
 	else
 	{
-		snprintf(line, sizeof(line), "outbox-count: %d", n);
-		hl = relay_add_header(hl, line);
+		snprintf(number, sizeof(number), "%d", n);
+		relay_header_value(h, "outbox-count", number);
 	}
 	for (i = 0; i < t->nheader_lines; i++)
-		hl = relay_add_header(hl, t->header_lines[i]);
+		relay_header(h, t->header_lines[i]);
 
-	if (h->headers)
-		curl_slist_free_all(h->headers);
-	h->headers = hl;
 	h->response_len = 0;
 	h->response[0] = '\0';
 	h->errbuf[0] = '\0';
 
-	curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, h->headers);
+	curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, relay_header_list(h));
 	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDS, h->body.data);
 	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) h->body.len);
 

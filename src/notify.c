@@ -87,8 +87,9 @@ relay_notify_deliver(RelayTarget *t)
 					escape_json(&buf, m->key);
 				else
 					appendStringInfoString(&buf, "null");
-				appendStringInfo(&buf, ",\"headers_omitted\":true,\"payload_omitted\":true,\"emitted_at\":\"%s\"}",
-								 m->emitted_at);
+				appendStringInfoString(&buf, ",\"headers_omitted\":true,\"payload_omitted\":true,\"emitted_at\":");
+				relay_append_time(&buf, m->emitted_at);
+				appendStringInfoChar(&buf, '}');
 			}
 			Async_Notify(t->channel, buf.data);
 			last_id = m->id;

@@ -13,6 +13,7 @@
 #define OUTBOX_RELAY_H
 
 #include "lib/stringinfo.h"
+#include "datatype/timestamp.h"
 #include "storage/latch.h"
 
 #include "outbox.h"
@@ -26,7 +27,7 @@ typedef struct RelayMessage
 	struct RelayMessage *next;	/* next message of the lane */
 	int64		id;				/* commit-ordered id */
 	char		msg_id[RELAY_UUID_LEN + 1]; /* stable id, text form */
-	char		emitted_at[RELAY_TIMESTAMP_LEN];	/* ISO 8601, JSON form */
+	TimestampTz emitted_at;		/* when it was emitted */
 	char	   *topic;			/* NUL-terminated */
 	char	   *key;			/* NULL when the message has no key */
 	char	   *payload;		/* JSON text */
@@ -127,6 +128,7 @@ extern void relay_lane_failed(RelayLane *lane, bool retryable, int status,
 							  const char *error, int retry_after_s);
 extern char *relay_envelope(RelayMessage *msg, bool with_payload,
 							StringInfo buf);
+extern void relay_append_time(StringInfo buf, TimestampTz t);
 
 /*---- http.c ----*/
 extern int	relay_http_init(void);

@@ -296,8 +296,22 @@ relay_envelope(RelayMessage *m, bool with_payload, StringInfo buf)
 	}
 	else
 		appendStringInfoString(buf, ",\"payload_omitted\":true");
-	appendStringInfo(buf, ",\"emitted_at\":\"%s\"}", m->emitted_at);
+	appendStringInfoString(buf, ",\"emitted_at\":");
+	relay_append_time(buf, m->emitted_at);
+	appendStringInfoChar(buf, '}');
 	return buf->data;
+}
+
+/* Append t as a JSON string, the way to_json() writes a timestamptz. */
+void
+relay_append_time(StringInfo buf, TimestampTz t)
+{
+	char		text[RELAY_TIMESTAMP_LEN];
+
+	JsonEncodeDateTime(text, TimestampTzGetDatum(t), TIMESTAMPTZOID, NULL);
+	appendStringInfoChar(buf, '"');
+	appendStringInfoString(buf, text);
+	appendStringInfoChar(buf, '"');
 }
 
 /*---- configuration ----*/
@@ -717,8 +731,8 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	}
 	m->msg_id[j] = '\0';
 
-	d = SPI_getbinval(tup, desc, 7, &isnull);
-	JsonEncodeDateTime(m->emitted_at, d, TIMESTAMPTZOID, NULL);
+	/* Formatted only when an envelope needs it. */
+	m->emitted_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 7, &isnull));
 
 	m->topic = p;
 	strcpy(p, topic);
