@@ -12,6 +12,10 @@
 # What it measures (everything on 127.0.0.1, one machine):
 #   ceiling   wrk -t1 -c32 -d10s POSTing a ~220-byte JSON body to nginx
 #             (worker_processes 1, access_log off, location / { return 204; })
+#   libcurl   test/bench/curl_client.c: the same POSTs from 32 reused libcurl
+#             easy handles on one multi handle (keep-alive, curl_multi_poll),
+#             no database: the most one-message-per-request delivery through
+#             libcurl reaches here, for comparison with batch_size 1
 #   drain     a backlog of N=100000 committed messages (1000 keys, ~220-byte
 #             payload) emitted while outbox.enabled = off into a fresh target,
 #             then released at once (outbox.enabled = on); time from the
@@ -35,8 +39,8 @@
 #             100:8 backlog drain (not timed: perf slows the worker)
 #
 # The runs of the different drain configurations alternate over RUNS rounds
-# (the order rotates), with a wrk run of the ceiling at the start of every
-# round; medians are reported.  Before each run the outbox table is emptied
+# (the order rotates), with a wrk run of the ceiling and a libcurl client run
+# at the start of every round; medians are reported.  Before each run the outbox table is emptied
 # (targets dropped, TRUNCATE), the backlog emitted, VACUUM ANALYZE and a
 # CHECKPOINT taken.
 #
@@ -100,7 +104,7 @@ log() { printf '%s  %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 # ---- packages ---------------------------------------------------------------
 PY=/usr/bin/python3		# Debian's, where python3-psycopg2 installs
-extra=(curl nginx wrk python3-psycopg2)
+extra=(curl nginx wrk python3-psycopg2 gcc libcurl4-openssl-dev)
 if [ "$PERF" = 1 ]; then extra+=(linux-perf); fi
 "$repo/test/install-deps.sh" "${extra[@]}"
 
@@ -183,6 +187,7 @@ if [ "$INSTALL" = 1 ]; then
 	make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" install >/dev/null
 fi
 build_md5=$(md5sum <"$work/src/outbox.so" | cut -c1-12)
+cc -O2 -Wall -o "$work/curl_client" "$here/curl_client.c" -lcurl
 
 log "initdb in $PGDATA"
 mkdir -p "$PGDATA"
@@ -299,6 +304,7 @@ nginx_worker=$(pgrep -P "$nginx_pid" | head -1)
 NGINX_URL="http://127.0.0.1:$NGINX_PORT/hook"
 nginx_requests() { curl -sf "http://127.0.0.1:$NGINX_PORT/nginx_status" | awk 'NR == 3 {print $3}'; }
 
+printf '%s' "$payload" >"$work/body.json"
 cat >"$work/post.lua" <<EOF
 wrk.method = "POST"
 wrk.body = [[$payload]]
@@ -430,6 +436,14 @@ run_wrk() {	# round
 	log "  wrk -t1 -c$WRK_CONNS -d${WRK_SECS}s: $rps req/s"
 }
 
+run_curl_client() {	# round
+	local out
+	wait_quiet "libcurl client round $1"
+	out=$("$work/curl_client" "$NGINX_URL" "$WRK_CONNS" "$WRK_SECS" "$work/body.json")
+	record "{\"kind\": \"libcurl\", \"round\": $1, \"busy_before\": $BUSY}" "$out"
+	log "  libcurl client, $WRK_CONNS handles, ${WRK_SECS}s: $out"
+}
+
 load_hand() {
 	sql -c "TRUNCATE hand_outbox RESTART IDENTITY" \
 		-c "INSERT INTO hand_outbox (key, payload) SELECT 'key-' || (g % $KEYS), bench_payload(g) FROM generate_series(1, $N) g" \
@@ -473,10 +487,11 @@ record "{\"kind\": \"start\", \"worker_pid\": $worker0}" "{\"rss\": $(rss_of "$w
 # ---- the timed rounds ------------------------------------------------------------
 read -r -a clist <<<"$CONFIGS"
 nc=${#clist[@]}
-log "plan: $RUNS rounds of: wrk ${WRK_SECS}s; drains of $N messages for batch_size:lanes = ${CONFIGS}; hand-rolled relay (1 process)"
+log "plan: $RUNS rounds of: wrk ${WRK_SECS}s; libcurl client ${WRK_SECS}s; drains of $N messages for batch_size:lanes = ${CONFIGS}; hand-rolled relay (1 process)"
 for ((r = 1; r <= RUNS; r++)); do
 	log "round $r"
 	run_wrk "$r"
+	run_curl_client "$r"
 	for ((i = 0; i < nc; i++)); do
 		c=${clist[$(((i + r - 1) % nc))]}
 		bs=${c%%:*} lanes=${c##*:}
@@ -631,6 +646,9 @@ print()
 ceil_runs = [r["rps"] for r in of("wrk")]
 ceil = med(ceil_runs)
 print(f"sink ceiling (wrk -t1 -c$WRK_CONNS -d${WRK_SECS}s, nginx return 204): median {ceil:.0f} req/s   runs: " + " ".join(f"{x:.0f}" for x in ceil_runs))
+curl_runs = [r["rps"] for r in of("libcurl")]
+lcurl = med(curl_runs)
+print(f"libcurl client ($WRK_CONNS handles, no database, test/bench/curl_client.c): median {lcurl:.0f} req/s = {lcurl / ceil:.2f} x ceiling   runs: " + " ".join(f"{x:.0f}" for x in curl_runs))
 print()
 print("drain of a released backlog (messages/s; from the reload to the last recorded delivery)")
 print(f"  {'batch:lanes':12} {'median':>8} {'x ceiling':>9}  {'runs':34} {'10-90% rate':>11} {'requests':>9} {'worker CPU':>10} {'us/msg':>6} {'nginx CPU':>9} {'machine':>7}")
@@ -675,6 +693,7 @@ print(f"{'sink ceiling req/s':44} {ceil:12.0f}")
 if b1:
     print(f"{'batch_size 1, 32 lanes msg/s':44} {b1:12.0f}")
     print(f"{'  / ceiling':44} {b1 / ceil:12.2f}   >= 0.40  {goal(b1 / ceil >= 0.4)}")
+    print(f"{'  / libcurl client (same run)':44} {b1 / lcurl:12.2f}   (libcurl client / ceiling: {lcurl / ceil:.2f})")
 if b100:
     print(f"{'batch_size 100, ' + b100[1].split(':')[1] + ' lanes msg/s':44} {b100[0]:12.0f}")
     print(f"{'  / ceiling':44} {b100[0] / ceil:12.2f}   >= 1.50  {goal(b100[0] / ceil >= 1.5)}")
