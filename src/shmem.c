@@ -51,6 +51,8 @@ typedef struct OutboxSharedState
 	int64		next_id;		/* next id to hand out */
 	Latch	   *worker_latch;	/* the relay worker's latch, or NULL */
 	bool		worker_wants_commits;	/* the worker has targets to feed */
+	OutboxConnectState worker_connect;	/* how the worker's last attempt to
+										 * connect to outbox.database went */
 	pg_atomic_uint64 config_generation; /* bumped when targets change */
 	pg_atomic_uint64 max_commit_end;	/* end LSN of the latest commit that
 										 * stored messages */
@@ -125,6 +127,7 @@ outbox_shmem_startup(void)
 		OutboxShared->next_id = 1;
 		OutboxShared->worker_latch = NULL;
 		OutboxShared->worker_wants_commits = false;
+		OutboxShared->worker_connect = OUTBOX_CONNECT_UNKNOWN;
 		pg_atomic_init_u64(&OutboxShared->config_generation, 0);
 		pg_atomic_init_u64(&OutboxShared->max_commit_end, 0);
 		OutboxShared->nslots = outbox_slot_count();
@@ -319,6 +322,22 @@ outbox_set_worker_wants_commits(bool wants)
 {
 	OutboxShared->worker_wants_commits = wants;
 	pg_memory_barrier();
+}
+
+/*
+ * How the relay worker's last attempt to connect to outbox.database went.
+ * Only the worker reads and writes it (one at a time), across its restarts.
+ */
+OutboxConnectState
+outbox_worker_connect_state(void)
+{
+	return OutboxShared->worker_connect;
+}
+
+void
+outbox_set_worker_connect_state(OutboxConnectState state)
+{
+	OutboxShared->worker_connect = state;
 }
 
 /* Publish (or, with NULL, withdraw) the relay worker's latch. */

@@ -37,10 +37,14 @@
  */
 #include "postgres.h"
 
+#include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_database.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "common/base64.h"
@@ -1205,6 +1209,83 @@ relay_extension_ready(void)
 	return ready;
 }
 
+/*
+ * Whether outbox.database exists and takes connections.  The caller is
+ * connected to no database: pg_database is a shared catalog.
+ */
+static bool
+relay_database_usable(void)
+{
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	bool		usable = false;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+
+		if (strcmp(NameStr(db->datname), outbox_database) == 0)
+		{
+			usable = db->datallowconn;
+			break;
+		}
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+	return usable;
+}
+
+/*
+ * The last start of the worker died connecting to outbox.database: most
+ * likely it does not exist (yet).  Rather than fail again every few
+ * seconds, connect to no database, say once what is missing, and look for
+ * it every outbox.poll_interval.  Once it is there, exit to be restarted
+ * (after bgw_restart_time), and connect to it then.  Never returns.
+ */
+static void
+relay_wait_for_database(void)
+{
+	bool		logged = false;
+
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_activity(STATE_IDLE, NULL);
+
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		if (relay_database_usable())
+		{
+			outbox_set_worker_connect_state(OUTBOX_CONNECT_UNKNOWN);
+			ereport(LOG,
+					(errmsg("outbox relay found database \"%s\" and restarts to connect to it",
+							outbox_database)));
+			proc_exit(1);
+		}
+		if (!logged)
+			ereport(LOG,
+					(errmsg("outbox relay is waiting for database \"%s\"",
+							outbox_database),
+					 errdetail("The database does not exist or does not allow connections."),
+					 errhint("Create the database, or set outbox.database to the database that has the extension and restart the server.")));
+		logged = true;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 outbox_poll_interval, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}
+
 static void
 relay_worker_exit(int code, Datum arg)
 {
@@ -1227,7 +1308,15 @@ outbox_worker_main(Datum main_arg)
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
 
+	/*
+	 * A missing database makes the connection attempt FATAL.  Note the
+	 * attempt, so that the next start knows how the last one ended.
+	 */
+	if (outbox_worker_connect_state() == OUTBOX_CONNECT_TRYING)
+		relay_wait_for_database();
+	outbox_set_worker_connect_state(OUTBOX_CONNECT_TRYING);
 	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	outbox_set_worker_connect_state(OUTBOX_CONNECT_OK);
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"", outbox_database)));
 

@@ -189,7 +189,7 @@ running) ;;
 stopped)
 	for _ in $(seq 50); do
 		# only while it sleeps in its wait, so it holds no lock
-		relay_pid=$(psqlq -d "$DB" -At -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND wait_event_type = 'Extension'")
+		relay_pid=$(psqlq -d "$DB" -At -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = current_database() AND wait_event_type = 'Extension'")
 		[ -n "$relay_pid" ] && break
 		sleep 0.2
 	done
