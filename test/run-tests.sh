@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the whole test suite: pg_regress (sql/, expected/) and the TAP tests
-# (test/t/), each against throwaway servers of its own.
+# Run the whole test suite: the test HTTP receiver's self-test
+# (test/sink/selftest.sh), then pg_regress (sql/, expected/) and the TAP
+# tests (test/t/), each against throwaway servers of its own.
 #
 # PostgreSQL refuses to run as root, so when run as root this script
 # installs the extension, copies the tree to a scratch directory owned by an
@@ -11,9 +12,17 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-"$here/test/install-deps.sh"
+"$here/test/install-deps.sh" curl	# curl: the sink's self-test
 PG_CONFIG=${PG_CONFIG:-pg_config}
 make -s PG_CONFIG="$PG_CONFIG"
+
+# The receiver the relay tests rely on must itself work.
+if ! selftest_out=$(bash "$here/test/sink/selftest.sh" 2>&1); then
+	echo "$selftest_out" >&2
+	echo "test/sink/selftest.sh failed" >&2
+	exit 1
+fi
+echo "test/sink/selftest.sh: $(echo "$selftest_out" | grep -c '^ok') checks passed"
 
 if [ "$(id -u)" -ne 0 ]; then
 	# An unprivileged user: the extension must be installed already (or the

@@ -26,11 +26,13 @@ before any --delay-ms sleep; so seq, t and mono all follow file order.
 Runtime control:
     POST /_control  {"path": "/slow", "status": 200, "fail_rate": 0.0,
                      "delay_ms": 2000, "retry_after": null, "secret": null,
-                     "drop": false}
+                     "drop": false, "close": false}
         Fields given override the mode for requests whose path equals "path"
         (the path without its query string also matches); fields not given
         are inherited from the global default.  Without "path" the global
-        default is changed.  Extra commands (may be combined):
+        default is changed.  "drop": true closes the connection without an
+        answer; "close": true answers, with "Connection: close", and then
+        closes it.  Extra commands (may be combined):
             {"path": "/x", "reset": true}  forget the overrides of /x
             {"reset": true}                forget all per-path overrides
             {"reset_stats": true}          zero /_stats (not seq)
@@ -137,7 +139,7 @@ def verify(secret, headers, body, now=None, tolerance=SIG_TOLERANCE):
 # Configuration
 
 
-MODE_KEYS = ("status", "fail_rate", "delay_ms", "retry_after", "secret", "drop")
+MODE_KEYS = ("status", "fail_rate", "delay_ms", "retry_after", "secret", "drop", "close")
 
 
 def _check_mode_value(key, value):
@@ -170,9 +172,9 @@ def _check_mode_value(key, value):
         except (binascii.Error, ValueError, UnicodeError):
             raise ValueError("secret must be whsec_<base64>")
         return value
-    if key == "drop":
+    if key in ("drop", "close"):
         if not isinstance(value, bool):
-            raise ValueError("drop must be true or false")
+            raise ValueError(f"{key} must be true or false")
         return value
     raise ValueError(f"unknown field {key!r}")
 
@@ -319,6 +321,7 @@ class Sink:
             "retry_after": None if args.retry_after is None else str(args.retry_after),
             "secret": args.secret,
             "drop": False,
+            "close": False,
         })
         self.recorder = Recorder(args.record)
         self.rng = random.Random(args.seed)
@@ -573,6 +576,10 @@ def make_handler(sink):
                     pass
                 return
             extra = []
+            if mode["close"]:
+                # answer "Connection: close" and close, as some servers do
+                extra.append(("Connection", "close"))
+                self.close_connection = True
             if status in (429, 503) and mode["retry_after"] is not None:
                 extra.append(("Retry-After", mode["retry_after"]))
             if status == 204:

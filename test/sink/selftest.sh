@@ -148,6 +148,12 @@ control '{"path": "/drop", "drop": true}' >/dev/null
 curl -s -o /dev/null --data-binary x "$base/drop"
 check "drop closes without an answer" "$?" "52"
 
+# close: answered with "Connection: close", then closed; two requests on one
+# curl command line (which would reuse the connection) take two connections
+control '{"path": "/close", "close": true}' >/dev/null
+check "close answers Connection: close" \
+	"$(curl -s -o /dev/null -D - --data-binary x "$base/close" "$base/close" | grep -ci '^connection: close')" "2"
+
 # concurrency: 400 requests over 32 parallel connections
 seq 400 | xargs -P 32 -I{} curl -s -o /dev/null --data-binary '{"n":{}}' "$base/par/{}"
 nthreads_busy=$(ls /proc/$apid/task | wc -l)
@@ -227,6 +233,10 @@ check("400 parallel requests recorded once each",
 check("parallel bodies match paths",
       all(json.loads(r["body"])["n"] == int(r["path"][5:]) for r in par), True)
 check("refused request not recorded", by("/refused"), [])
+closed = by("/close")
+check("close: each request on a connection of its own",
+      len(closed) == 2 and closed[0]["conn"] != closed[1]["conn"], True)
+check("conn numbers the connections from 1", min(r["conn"] for r in recs), 1)
 check("request after refuse_for recorded", len(by("/after_refuse")) >= 1, True)
 before = [r for r in recs if r["path"] not in ("/after_refuse",)]
 check("/_stats requests count", stats["requests"], len(before))
