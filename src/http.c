@@ -79,17 +79,22 @@ static ResourceOwner hmac_owner = NULL;
 
 /*
  * What epoll_fd watches for each socket libcurl gave us, indexed by
- * descriptor: the registered events (0: not registered) and whether libcurl
- * still wants the socket watched.  A socket that libcurl stops watching
- * (its request finished and the connection went back to the pool) stays
- * registered, so that the next request on the kept-alive connection costs
- * no epoll_ctl calls; if it reports an event while libcurl does not want
- * it, it is removed then.  Closing the socket removes it from epoll_fd.
+ * descriptor: the registered events (0: not registered), whether libcurl
+ * still wants the socket watched, and whether we opened it (the HTTP
+ * connections; libcurl also hands us sockets of its own, such as its
+ * resolver's).  A connection that libcurl stops watching (its request
+ * finished and it went back to the pool) stays registered, so that the next
+ * request on it costs no epoll_ctl calls; if it reports an event while
+ * libcurl does not want it, it is removed then.  Our close callback forgets
+ * a connection; closing it removed it from epoll_fd.  libcurl's own sockets
+ * are closed without that callback, so they are removed from epoll_fd as
+ * soon as libcurl stops watching them.
  */
 typedef struct RelaySocketState
 {
 	uint32		registered;		/* EPOLLIN/EPOLLOUT registered, or 0 */
 	bool		wanted;			/* libcurl watches it */
+	bool		ours;			/* opened by relay_open_socket_cb */
 } RelaySocketState;
 
 static RelaySocketState *sockets = NULL;
@@ -158,8 +163,10 @@ relay_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp,
 		return -1;
 	if (what == CURL_POLL_REMOVE)
 	{
-		/* Keep the registration for the connection's next request. */
 		st->wanted = false;
+		/* Keep a connection registered for its next request. */
+		if (!st->ours)
+			relay_socket_watch(s, st, 0);
 		return 0;
 	}
 	if (what & CURL_POLL_IN)
@@ -198,6 +205,18 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 	s = socket(address->family, address->socktype, address->protocol);
 	if (s == CURL_SOCKET_BAD)
 		ReleaseExternalFD();
+	else
+	{
+		RelaySocketState *st = relay_socket_state(s);
+
+		/* A new descriptor is in no epoll set. */
+		if (st != NULL)
+		{
+			st->registered = 0;
+			st->wanted = false;
+			st->ours = true;
+		}
+	}
 	return s;
 }
 
@@ -211,6 +230,7 @@ relay_close_socket_cb(void *clientp, curl_socket_t s)
 	{
 		st->registered = 0;
 		st->wanted = false;
+		st->ours = false;
 	}
 	close(s);
 	ReleaseExternalFD();
@@ -277,6 +297,7 @@ relay_http_shutdown(void)
 	{
 		curl_multi_cleanup(multi);
 		multi = NULL;
+		curl_global_cleanup();
 	}
 	if (epoll_fd >= 0)
 	{
@@ -286,7 +307,6 @@ relay_http_shutdown(void)
 	free(sockets);
 	sockets = NULL;
 	nsockets = 0;
-	curl_global_cleanup();
 }
 
 /* Create the easy handle of an HTTP lane. */
@@ -309,7 +329,10 @@ relay_http_lane_init(RelayLane *lane)
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
 	curl_easy_setopt(easy, CURLOPT_URL, t->url);
 	if (!proxy_from_env)
+	{
 		curl_easy_setopt(easy, CURLOPT_PROXY, "");
+		curl_easy_setopt(easy, CURLOPT_NOPROXY, "");
+	}
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
 #if LIBCURL_VERSION_NUM >= 0x075500

@@ -19,7 +19,6 @@
 #include "outbox.h"
 
 #define RELAY_UUID_LEN		36
-#define RELAY_TIMESTAMP_LEN	64
 
 /* One message read from outbox.messages, queued in a lane. */
 typedef struct RelayMessage

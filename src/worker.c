@@ -60,6 +60,7 @@
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
+#include "utils/datetime.h"
 #include "utils/guc.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
@@ -310,7 +311,7 @@ relay_envelope(RelayMessage *m, bool with_payload, StringInfo buf)
 void
 relay_append_time(StringInfo buf, TimestampTz t)
 {
-	char		text[RELAY_TIMESTAMP_LEN];
+	char		text[MAXDATELEN + 1];
 
 	JsonEncodeDateTime(text, TimestampTzGetDatum(t), TIMESTAMPTZOID, NULL);
 	appendStringInfoChar(buf, '"');
@@ -1209,17 +1210,23 @@ relay_extension_ready(void)
 	return ready;
 }
 
-/*
- * Whether outbox.database exists and takes connections.  The caller is
- * connected to no database: pg_database is a shared catalog.
- */
-static bool
-relay_database_usable(void)
+/* Whether outbox.database can be connected to, and if not why. */
+typedef enum RelayDatabaseState
+{
+	RELAY_DB_USABLE,
+	RELAY_DB_MISSING,
+	RELAY_DB_NO_CONNECTIONS,
+	RELAY_DB_INVALID
+} RelayDatabaseState;
+
+/* The caller is connected to no database: pg_database is a shared catalog. */
+static RelayDatabaseState
+relay_database_state(void)
 {
 	Relation	rel;
 	TableScanDesc scan;
 	HeapTuple	tup;
-	bool		usable = false;
+	RelayDatabaseState state = RELAY_DB_MISSING;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -1230,56 +1237,71 @@ relay_database_usable(void)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
-		if (strcmp(NameStr(db->datname), outbox_database) == 0)
-		{
-			usable = db->datallowconn;
-			break;
-		}
+		if (strcmp(NameStr(db->datname), outbox_database) != 0)
+			continue;
+		if (!db->datallowconn)
+			state = RELAY_DB_NO_CONNECTIONS;
+#ifdef DATCONNLIMIT_INVALID_DB
+		else if (db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			state = RELAY_DB_INVALID;	/* left by an interrupted DROP */
+#endif
+		else
+			state = RELAY_DB_USABLE;
+		break;
 	}
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
 	CommitTransactionCommand();
-	return usable;
+	return state;
 }
 
 /*
  * The last start of the worker died connecting to outbox.database: most
  * likely it does not exist (yet).  Rather than fail again every few
  * seconds, connect to no database, say once what is missing, and look for
- * it every outbox.poll_interval.  Once it is there, exit to be restarted
- * (after bgw_restart_time), and connect to it then.  Never returns.
+ * it every outbox.poll_interval.  Once it can be connected to, exit to be
+ * restarted (after bgw_restart_time), and connect to it then.  Never
+ * returns.
  */
 static void
 relay_wait_for_database(void)
 {
-	bool		logged = false;
+	RelayDatabaseState logged = RELAY_DB_USABLE;
 
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 	pgstat_report_activity(STATE_IDLE, NULL);
 
 	for (;;)
 	{
+		RelayDatabaseState state;
+
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 		}
-		if (relay_database_usable())
+		state = relay_database_state();
+		if (state == RELAY_DB_USABLE)
 		{
 			outbox_set_worker_connect_state(OUTBOX_CONNECT_UNKNOWN);
 			ereport(LOG,
-					(errmsg("outbox relay found database \"%s\" and restarts to connect to it",
-							outbox_database)));
+					(errmsg("outbox relay found database \"%s\"", outbox_database),
+					 errdetail("The relay exits and is restarted to connect to it.")));
 			proc_exit(1);
 		}
-		if (!logged)
+		/* Say it once, and again if the reason changes. */
+		if (state != logged)
 			ereport(LOG,
 					(errmsg("outbox relay is waiting for database \"%s\"",
 							outbox_database),
-					 errdetail("The database does not exist or does not allow connections."),
+					 state == RELAY_DB_MISSING ?
+					 errdetail("The database does not exist.") :
+					 state == RELAY_DB_NO_CONNECTIONS ?
+					 errdetail("The database does not allow connections.") :
+					 errdetail("The database is invalid: a DROP DATABASE of it was interrupted."),
 					 errhint("Create the database, or set outbox.database to the database that has the extension and restart the server.")));
-		logged = true;
+		logged = state;
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 outbox_poll_interval, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
@@ -1291,6 +1313,8 @@ relay_worker_exit(int code, Datum arg)
 {
 	outbox_set_worker_wants_commits(false);
 	outbox_set_worker_latch(NULL);
+	/* Close the connections (never called from inside libcurl). */
+	relay_http_shutdown();
 }
 
 void
