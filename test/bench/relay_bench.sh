@@ -95,154 +95,19 @@ DB=bench
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-if [ "$(id -u)" -ne 0 ]; then
-	echo "run as root (the cluster itself runs as '$PGUSER_OS')" >&2
-	exit 1
-fi
-
-log() { printf '%s  %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-# ---- packages ---------------------------------------------------------------
-PY=/usr/bin/python3		# Debian's, where python3-psycopg2 installs
-extra=(curl nginx wrk python3-psycopg2 gcc libcurl4-openssl-dev)
-if [ "$PERF" = 1 ]; then extra+=(linux-perf); fi
-"$repo/test/install-deps.sh" "${extra[@]}"
-
-BIN=/usr/lib/postgresql/15/bin
-PG_CONFIG=$BIN/pg_config
-[ -x "$PG_CONFIG" ] || PG_CONFIG=$(command -v pg_config)
-id "$PGUSER_OS" >/dev/null 2>&1 || useradd --system --create-home --shell /bin/bash "$PGUSER_OS"
-
-# ---- wait for another benchmark -------------------------------------------------
-if [ -n "$WAIT_FOR" ]; then
-	while pgrep -f "$WAIT_FOR" >/dev/null; do
-		log "waiting: '$WAIT_FOR' is running (pid $(pgrep -f "$WAIT_FOR" | paste -sd, -)); checking again in 30 s"
-		sleep 30
-	done
-fi
-
-# ---- throwaway directory, cluster, nginx ------------------------------------
-work=$(mktemp -d /var/tmp/outbox-relay-bench.XXXXXX)
-chmod 755 "$work"
-PGDATA=$work/data
-SOCK=$work/sock
-SERVERLOG=$work/log/server.log
-mkdir -p "$SOCK" "$work/log" "$work/nginx/tmp" "$work/out"
-chown "$PGUSER_OS" "$SOCK" "$work/log"
-RESULTS=$work/out/results.jsonl
-: >"$RESULTS"
-nginx_pid=
+BENCH_NAME=relay-bench
+BENCH_PACKAGES=(wrk gcc libcurl4-openssl-dev)
+if [ "$PERF" = 1 ]; then BENCH_PACKAGES+=(linux-perf); fi
 sink_pid=
 perf_pid=
-
-as_pg() { runuser -u "$PGUSER_OS" -- "$@"; }
-
-cleanup() {
-	local rc=$?
-	set +e
+bench_on_exit() {
 	[ -n "$perf_pid" ] && kill "$perf_pid" 2>/dev/null
 	[ -n "$sink_pid" ] && kill "$sink_pid" 2>/dev/null
-	if [ -n "$nginx_pid" ]; then
-		kill -QUIT "$nginx_pid" 2>/dev/null
-		for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$nginx_pid" 2>/dev/null || break; sleep 0.2; done
-		kill -KILL "$nginx_pid" 2>/dev/null
-	fi
-	if [ -f "$PGDATA/postmaster.pid" ]; then
-		as_pg "$BIN/pg_ctl" -D "$PGDATA" -m fast -w -t 30 stop >/dev/null 2>&1 ||
-			as_pg "$BIN/pg_ctl" -D "$PGDATA" -m immediate -w stop >/dev/null 2>&1
-	fi
-	if [ -n "$OUT" ] && [ -d "$work/out" ]; then
-		mkdir -p "$OUT" && cp -a "$work/out/." "$OUT/" && cp "$SERVERLOG" "$OUT/" 2>/dev/null
-		[ -s "$work/anomalies" ] && cp "$work/anomalies" "$OUT/"
-	fi
-	if [ "$KEEP" = 1 ]; then
-		echo "kept: $work" >&2
-	else
-		rm -rf "$work"
-	fi
-	exit $rc
+	return 0
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+. "$here/common.sh"
+bench_setup
 
-# ---- build and install the extension ---------------------------------------
-# Built in a copy (the working tree as it is, or REV), so that neither a
-# concurrent edit nor a concurrent build in the repository mixes into it;
-# installed into $work/inst and from there into the server's private library
-# and extension directories (below), plus the system ones with INSTALL=1.
-mkdir -p "$work/src"
-if [ -n "$REV" ]; then
-	build_rev=$(git -C "$repo" rev-parse --short "$REV")
-	git -C "$repo" archive "$REV" | tar -x -C "$work/src"
-else
-	build_rev=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')
-	git -C "$repo" diff --quiet HEAD -- src outbox--0.1.sql Makefile 2>/dev/null || build_rev+=" + uncommitted changes"
-	tar -C "$repo" --exclude=.git --exclude='*.o' --exclude='*.so' --exclude='*.bc' \
-		--exclude=tmp_check --exclude=tmp_check_regress -cf - . | tar -C "$work/src" -xf -
-fi
-log "building outbox ($build_rev)"
-make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" >/dev/null
-make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" DESTDIR="$work/inst" install >/dev/null
-if [ "$INSTALL" = 1 ]; then
-	make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" install >/dev/null
-fi
-build_md5=$(md5sum <"$work/src/outbox.so" | cut -c1-12)
-cc -O2 -Wall -o "$work/curl_client" "$here/curl_client.c" -lcurl
-
-log "initdb in $PGDATA"
-mkdir -p "$PGDATA"
-chown "$PGUSER_OS" "$PGDATA"
-as_pg "$BIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null ||
-	as_pg "$BIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-locale >/dev/null
-
-cat >>"$PGDATA/postgresql.conf" <<EOF
-
-# ---- relay_bench.sh ----
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '$SOCK'
-port = $PORT
-max_connections = 40
-shared_preload_libraries = 'outbox'
-outbox.database = '$DB'
-
-# sized for a 2-core, 24 GB machine
-shared_buffers = 256MB
-wal_buffers = 16MB
-max_wal_size = 4GB
-min_wal_size = 1GB
-checkpoint_timeout = 30min
-checkpoint_completion_target = 0.9
-synchronous_commit = on
-fsync = on
-jit = off
-
-logging_collector = off
-log_line_prefix = '%m [%p] %b '
-log_min_messages = warning
-EOF
-
-log "starting PostgreSQL on 127.0.0.1:$PORT"
-# The server runs in a private mount namespace whose library and extension
-# directories are copies of the system ones with our build installed over
-# them, so that a "make install" elsewhere during the run (new backends
-# would load the new outbox.so next to the preloaded one) cannot touch it.
-pkglibdir=$("$PG_CONFIG" --pkglibdir)
-extdir=$("$PG_CONFIG" --sharedir)/extension
-mkdir -p "$work/pkglib" "$work/extension"
-cp -a "$pkglibdir/." "$work/pkglib/"
-cp -a "$extdir/." "$work/extension/"
-cp -a "$work/inst$pkglibdir/." "$work/pkglib/"
-cp -a "$work/inst$extdir/." "$work/extension/"
-cp "$work/pkglib/outbox.so" "$work/outbox.so"
-unshare -m --propagation private sh -c 'mount --bind "$1" "$2" && mount --bind "$3" "$4" && shift 4 && exec "$@"' sh \
-	"$work/pkglib" "$pkglibdir" "$work/extension" "$extdir" \
-	runuser -u "$PGUSER_OS" -- "$BIN/pg_ctl" -D "$PGDATA" -l "$SERVERLOG" -w -t 60 start >/dev/null
-
-export PGHOST=$SOCK PGPORT=$PORT PGUSER=postgres
-psqlq() { "$BIN/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
-sql() { psqlq -d "$DB" -At "$@"; }
-PGARGS=(--pghost "$SOCK" --pgport "$PORT" --pguser postgres --dbname "$DB")
-tool() { "$PY" "$here/relay_bench_tool.py" "${PGARGS[@]}" "$@"; }
 
 psqlq -d postgres -c "CREATE DATABASE $DB"
 sql >/dev/null <<'SQL'
@@ -273,36 +138,6 @@ SQL
 payload=$(sql -c "SELECT bench_payload(1)::text")
 payload_bytes=${#payload}
 
-cat >"$work/nginx/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/error.log warn;
-events { worker_connections 4096; }
-http {
-	access_log off;
-	client_body_temp_path $work/nginx/tmp/body;
-	proxy_temp_path $work/nginx/tmp/proxy;
-	fastcgi_temp_path $work/nginx/tmp/fastcgi;
-	uwsgi_temp_path $work/nginx/tmp/uwsgi;
-	scgi_temp_path $work/nginx/tmp/scgi;
-	keepalive_requests 1000000;
-	keepalive_timeout 300s;
-	server {
-		listen 127.0.0.1:$NGINX_PORT;
-		location / { return 204; }
-		location = /nginx_status { stub_status; }
-	}
-}
-EOF
-log "starting nginx on 127.0.0.1:$NGINX_PORT"
-/usr/sbin/nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" -e "$work/nginx/error.log" &
-nginx_pid=$!
-for _ in $(seq 50); do curl -sf "http://127.0.0.1:$NGINX_PORT/nginx_status" >/dev/null && break; sleep 0.1; done
-nginx_worker=$(pgrep -P "$nginx_pid" | head -1)
-[ -n "$nginx_worker" ] || { echo "nginx did not start:" >&2; cat "$work/nginx/error.log" >&2; exit 1; }
-NGINX_URL="http://127.0.0.1:$NGINX_PORT/hook"
-nginx_requests() { curl -sf "http://127.0.0.1:$NGINX_PORT/nginx_status" | awk 'NR == 3 {print $3}'; }
 
 printf '%s' "$payload" >"$work/body.json"
 cat >"$work/post.lua" <<EOF
@@ -317,15 +152,6 @@ wrk.headers["outbox-key"] = "key-123"
 EOF
 
 # ---- helpers ------------------------------------------------------------------
-worker_pid() { sql -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = current_database()"; }
-# VmRSS RssAnon RssShmem VmHWM, in kB
-rss_of() { awk '/^(VmRSS|RssAnon|RssShmem|VmHWM):/ {v[$1]=$2} END {printf "{\"rss_kb\": %d, \"anon_kb\": %d, \"shmem_kb\": %d, \"hwm_kb\": %d}\n", v["VmRSS:"], v["RssAnon:"], v["RssShmem:"], v["VmHWM:"]}' "/proc/$1/status"; }
-jmerge() { "$PY" -c 'import json, sys
-d = {}
-for a in sys.argv[1:]:
-    d.update(json.loads(a))
-print(json.dumps(d))' "$@"; }
-record() { jmerge "$@" >>"$RESULTS"; }
 
 # CPUs busy (all processes) over $1 seconds, from /proc/stat
 machine_busy() {
