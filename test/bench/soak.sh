@@ -26,7 +26,9 @@
 #             with, and dead letters older than a minute
 #   samples   every SAMPLE_SECS: the relay worker's RssAnon and VmRSS, the
 #             messages done (delivered + dead-lettered, all targets), the
-#             sizes of outbox.messages, outbox.progress, outbox.dead_letters
+#             sizes of outbox.messages, outbox.progress, outbox.dead_letters;
+#             and the worker's memory contexts (their grand total, from
+#             pg_log_backend_memory_contexts) after the warm-up and at the end
 # Afterwards the emitters stop and the backlog drains; the report gives the
 # growth of RssAnon per million messages done after the warm-up (a least
 # squares fit over the samples after WARMUP_SECS), and the table sizes.
@@ -117,6 +119,17 @@ sample() {	# phase
 			'messages_rows', (SELECT count(*) FROM outbox.messages), 'pending', (SELECT sum(pending) FROM outbox.lag))")
 	record "{\"kind\": \"sample\", \"phase\": \"$1\", \"t\": $(date +%s.%N)}" "$rss" "$sizes"
 }
+# The worker's memory contexts, logged by the server: keep the grand total.
+contexts() {	# label
+	local n
+	n=$(grep -c 'Grand total' "$SERVERLOG" || true)
+	sql -c "SELECT pg_log_backend_memory_contexts($wpid)" >/dev/null
+	for _ in $(seq 50); do
+		[ "$(grep -c 'Grand total' "$SERVERLOG" || true)" -gt "$n" ] && break
+		sleep 0.1
+	done
+	echo "$1: $(grep "\[$wpid\].*Grand total" "$SERVERLOG" | tail -1 | sed 's/^.*Grand total: //')" >>"$work/out/contexts.txt"
+}
 purge() {
 	sql -c "DELETE FROM outbox.messages WHERE id <= (SELECT min(done_up_to_id) FROM outbox.lag)" \
 		-c "DELETE FROM outbox.dead_letters WHERE failed_at < now() - interval '60 seconds'" >/dev/null
@@ -129,9 +142,14 @@ as_pg "$BIN/pgbench" -h "$SOCK" -p "$PORT" -U postgres -n -c 4 -j 2 -R "$RATE" -
 pgbench_pid=$!
 t0=$(date +%s)
 last_purge=$t0
+warm=0
 while kill -0 "$pgbench_pid" 2>/dev/null; do
 	sleep "$SAMPLE_SECS"
 	now=$(date +%s)
+	if [ "$warm" = 0 ] && [ $((now - t0)) -ge "$WARMUP_SECS" ]; then
+		contexts "after the warm-up"
+		warm=1
+	fi
 	if [ $((now - last_purge)) -ge "$PURGE_SECS" ]; then
 		purge
 		last_purge=$now
@@ -150,10 +168,11 @@ done
 purge
 sql -c "VACUUM outbox.messages" -c "VACUUM outbox.progress" >/dev/null
 sample end
+contexts "at the end"
 [ "$(worker_pid)" = "$wpid" ] || echo "the relay worker changed pid: $wpid -> $(worker_pid)" >>"$work/anomalies"
 grep -Eq 'PANIC|TRAP|terminated by signal' "$SERVERLOG" && echo "the server log shows a crash" >>"$work/anomalies"
 
-"$PY" - "$RESULTS" "$WARMUP_SECS" "$work/out/pgbench.log" "$work/anomalies" <<'PYEOF'
+"$PY" - "$RESULTS" "$WARMUP_SECS" "$work/out/pgbench.log" "$work/anomalies" "$work/out/contexts.txt" <<'PYEOF'
 import json, os, sys
 res = [json.loads(l) for l in open(sys.argv[1])]
 warmup = float(sys.argv[2])
@@ -184,6 +203,10 @@ else:
 mx_rows = max(r["messages_rows"] for r in s)
 print(f"  outbox.messages: at most {mx_rows} rows between purges; "
       f"progress {max(r['progress_bytes'] for r in s) / 1e3:.0f} kB at most")
+if os.path.exists(sys.argv[5]):
+    print("  the worker's memory contexts (pg_log_backend_memory_contexts, grand total):")
+    for line in open(sys.argv[5]):
+        print("    " + line.strip())
 anom = open(sys.argv[4]).read().strip() if os.path.exists(sys.argv[4]) else ""
 print("ANOMALIES: " + anom if anom else "sanity: the relay worker kept its pid; no crash in the server log")
 PYEOF
