@@ -123,21 +123,25 @@ relay_socket_state(curl_socket_t s)
 	return &sockets[s];
 }
 
-/* Register s in epoll_fd for events (0: remove it). */
+/*
+ * Register s in epoll_fd for events (0: remove it).  Unless forced, nothing
+ * is done when st says it is registered so already.
+ */
 static void
-relay_socket_watch(curl_socket_t s, RelaySocketState *st, uint32 events)
+relay_socket_watch(curl_socket_t s, RelaySocketState *st, uint32 events,
+				   bool force)
 {
 	struct epoll_event ev;
 	int			op;
 
-	if (st->registered == events)
+	if (st->registered == events && !force)
 		return;
 	memset(&ev, 0, sizeof(ev));
 	ev.data.fd = s;
 	ev.events = events;
 	if (events == 0)
 		op = EPOLL_CTL_DEL;
-	else if (st->registered == 0)
+	else if (st->registered == 0 && !force)
 		op = EPOLL_CTL_ADD;
 	else
 		op = EPOLL_CTL_MOD;
@@ -166,7 +170,7 @@ relay_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp,
 		st->wanted = false;
 		/* Keep a connection registered for its next request. */
 		if (!st->ours)
-			relay_socket_watch(s, st, 0);
+			relay_socket_watch(s, st, 0, false);
 		return 0;
 	}
 	if (what & CURL_POLL_IN)
@@ -174,7 +178,12 @@ relay_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp,
 	if (what & CURL_POLL_OUT)
 		events |= EPOLLOUT;
 	st->wanted = true;
-	relay_socket_watch(s, st, events);
+
+	/*
+	 * Our state of a socket libcurl opened itself may be stale: it may have
+	 * closed an earlier socket of the same number without telling us.
+	 */
+	relay_socket_watch(s, st, events, !st->ours);
 	return 0;
 }
 
@@ -635,7 +644,7 @@ relay_http_drive(void)
 				 * something unasked.  Stop watching it; libcurl checks a
 				 * connection before it reuses one.
 				 */
-				relay_socket_watch(events[i].data.fd, st, 0);
+				relay_socket_watch(events[i].data.fd, st, 0, false);
 				continue;
 			}
 
