@@ -35,10 +35,6 @@ PG_FUNCTION_INFO_V1(outbox_advance_sequence);
 /* Whether this backend's database is outbox.database: 0 unknown, 1 yes, -1 no. */
 static int	database_matches = 0;
 
-/* Generator for the random bits of message ids, seeded once per backend. */
-static pg_prng_state uuid_prng;
-static bool uuid_prng_seeded = false;
-
 /* Refuse to run unless the library was loaded by shared_preload_libraries. */
 static void
 outbox_check_preloaded(const char *what)
@@ -153,6 +149,7 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 {
 	int			len = VARSIZE_ANY_EXHDR(key_t);
 	const char *s = VARDATA_ANY(key_t);
+	int			bad;
 
 	if (len > OUTBOX_MAX_KEY_LEN)
 		ereport(ERROR,
@@ -161,13 +158,13 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 				 errdetail("The key has %d bytes; the limit is %d.",
 						   len, OUTBOX_MAX_KEY_LEN),
 				 errhint("Use a shorter key, such as the aggregate's id.")));
-	if (outbox_find_control_char(s, len) >= 0)
+	bad = outbox_find_control_char(s, len);
+	if (bad >= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("outbox key contains a control character"),
 				 errdetail("Byte %d of the key is 0x%02x.",
-						   outbox_find_control_char(s, len) + 1,
-						   (unsigned char) s[outbox_find_control_char(s, len)]),
+						   bad + 1, (unsigned char) s[bad]),
 				 errhint("Keys travel as HTTP header values; remove carriage returns, line feeds and other control characters.")));
 	*key = s;
 	*key_len = len;
@@ -293,18 +290,11 @@ outbox_make_uuid(pg_uuid_t *uuid, TimestampTz now)
 	uint64		r2;
 	int			i;
 
-	if (!uuid_prng_seeded)
-	{
-		if (!pg_prng_strong_seed(&uuid_prng))
-			pg_prng_seed(&uuid_prng,
-						 (uint64) MyProcPid ^ (uint64) GetCurrentTimestamp());
-		uuid_prng_seeded = true;
-	}
-
 	unix_ms = (uint64) (now / 1000) +
 		(uint64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * 1000;
-	r1 = pg_prng_uint64(&uuid_prng);
-	r2 = pg_prng_uint64(&uuid_prng);
+	/* Seeded by PostgreSQL in every process. */
+	r1 = pg_prng_uint64(&pg_global_prng_state);
+	r2 = pg_prng_uint64(&pg_global_prng_state);
 
 	for (i = 0; i < 6; i++)
 		uuid->data[i] = (unsigned char) (unix_ms >> (40 - 8 * i));

@@ -86,6 +86,12 @@ typedef struct OutboxXactBuffer
 /* The current transaction's buffer; NULL until it emits. */
 static OutboxXactBuffer *xbuf = NULL;
 
+/*
+ * The transaction has passed PRE_COMMIT: its messages, if any, are stored,
+ * and a message emitted now (by a later PRE_COMMIT callback) would be lost.
+ */
+static bool xact_precommitted = false;
+
 /* The current transaction changed targets or subscriptions. */
 static bool config_changed = false;
 
@@ -201,6 +207,14 @@ outbox_buffer_push_mark(void)
 	mark->count = xbuf->count;
 }
 
+/* Copy len bytes to dst and zero dst up to MAXALIGN(len). */
+static inline void
+outbox_copy_padded(char *dst, const void *src, size_t len)
+{
+	memcpy(dst, src, len);
+	memset(dst + len, 0, MAXALIGN(len) - len);
+}
+
 /*
  * Append one message to the current transaction's buffer.  The caller has
  * validated it.
@@ -216,16 +230,17 @@ outbox_buffer_append(const OutboxMessage *msg)
 	size_t		total;
 	char	   *rec;
 
-	if (xbuf == NULL)
-		xbuf = outbox_buffer_create();
-	else if (xbuf->stored)
+	if (xact_precommitted)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
 				 errmsg("cannot call outbox_emit() while the transaction is committing"),
 				 errdetail("The transaction's messages have already been stored.")));
+	if (xbuf == NULL)
+		xbuf = outbox_buffer_create();
 
 	outbox_buffer_push_mark();
 
+	memset(&hdr, 0, sizeof(hdr));	/* no stale padding bytes */
 	hdr.topic_len = msg->topic_len;
 	hdr.key_len = msg->key ? msg->key_len : -1;
 	hdr.payload_len = VARSIZE(msg->payload);
@@ -252,15 +267,19 @@ outbox_buffer_append(const OutboxMessage *msg)
 		xbuf->mem_cap = newcap;
 	}
 
+	/*
+	 * Copy each part; zero only the padding, so that a spilled record holds
+	 * no stale bytes.
+	 */
 	rec = xbuf->mem + xbuf->mem_len;
-	memset(rec, 0, total);
 	memcpy(rec, &hdr, sizeof(hdr));
-	memcpy(rec + payload_off, msg->payload, hdr.payload_len);
+	memset(rec + sizeof(hdr), 0, RECORD_HEADER_SIZE - sizeof(hdr));
+	outbox_copy_padded(rec + payload_off, msg->payload, hdr.payload_len);
 	if (msg->headers)
-		memcpy(rec + headers_off, msg->headers, hdr.headers_len);
-	memcpy(rec + topic_off, msg->topic, hdr.topic_len);
+		outbox_copy_padded(rec + headers_off, msg->headers, hdr.headers_len);
+	outbox_copy_padded(rec + topic_off, msg->topic, hdr.topic_len);
 	if (msg->key)
-		memcpy(rec + key_off, msg->key, hdr.key_len);
+		outbox_copy_padded(rec + key_off, msg->key, hdr.key_len);
 	xbuf->mem_len += total;
 	xbuf->count++;
 
@@ -430,6 +449,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 			if (xbuf != NULL && xbuf->count > 0 && !xbuf->stored)
 				outbox_store_buffer();
 			outbox_buffer_close_spill();
+			xact_precommitted = true;
 			break;
 
 		case XACT_EVENT_PRE_PREPARE:
@@ -449,6 +469,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 
 				/* The memory went away with TopTransactionContext. */
 				xbuf = NULL;
+				xact_precommitted = false;
 				outbox_release_slot(XactLastCommitEnd);
 				if (emitted)
 					outbox_wake_worker(true);
@@ -464,6 +485,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* The resource owner closes the spill file, if any. */
 			xbuf = NULL;
+			xact_precommitted = false;
 			config_changed = false;
 
 			/*
