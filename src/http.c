@@ -46,7 +46,7 @@
 typedef struct RelayHttpLane
 {
 	CURL	   *easy;			/* reused for every request of the lane */
-	StringInfoData body;		/* body of the request in flight */
+	StringInfoData body;		/* body of a batch request in flight */
 
 	/*
 	 * Headers of the request in flight: the lines, NUL-separated, in hdr;
@@ -431,7 +431,7 @@ relay_header_list(RelayHttpLane *h)
 /* "v1," base64(HMAC-SHA256(secret, id "." timestamp "." body)) */
 static void
 relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
-		   const StringInfo body, char *out, int outlen)
+		   const char *body, int body_len, char *out, int outlen)
 {
 	ResourceOwner saved_owner = CurrentResourceOwner;
 	pg_hmac_ctx *ctx;
@@ -448,7 +448,7 @@ relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
 		pg_hmac_update(ctx, (const uint8 *) ".", 1) < 0 ||
 		pg_hmac_update(ctx, (const uint8 *) timestamp, strlen(timestamp)) < 0 ||
 		pg_hmac_update(ctx, (const uint8 *) ".", 1) < 0 ||
-		pg_hmac_update(ctx, (const uint8 *) body->data, body->len) < 0 ||
+		pg_hmac_update(ctx, (const uint8 *) body, body_len) < 0 ||
 		pg_hmac_final(ctx, mac, sizeof(mac)) < 0)
 		elog(ERROR, "outbox: could not compute webhook signature: %s",
 			 ctx ? pg_hmac_error(ctx) : "out of memory");
@@ -478,6 +478,8 @@ relay_http_send(RelayLane *lane)
 	char		webhook_id[64];
 	char		timestamp[32];
 	char		number[32];
+	const char *body;
+	int			body_len;
 	int			n;
 	int			i;
 	CURLMcode	mrc;
@@ -486,20 +488,26 @@ relay_http_send(RelayLane *lane)
 
 	n = Min(lane->attempts > 0 && lane->retry_nbatch > 0 ? lane->retry_nbatch : t->batch_size,
 			lane->nqueued);
-	resetStringInfo(&h->body);
 	if (t->batch_size == 1)
-		appendBinaryStringInfo(&h->body, first->payload, first->payload_len);
+	{
+		/* The payload itself; it stays queued until the request ends. */
+		body = first->payload;
+		body_len = first->payload_len;
+	}
 	else
 	{
+		resetStringInfo(&h->body);
 		appendStringInfoChar(&h->body, '[');
 		for (m = first, i = 0; i < n; m = m->next, i++)
 		{
 			if (i > 0)
 				appendStringInfoChar(&h->body, ',');
-			relay_envelope(m, true, &h->body);
+			relay_envelope(m, RELAY_ENVELOPE_ALL, &h->body);
 			last = m;
 		}
 		appendStringInfoChar(&h->body, ']');
+		body = h->body.data;
+		body_len = h->body.len;
 	}
 	lane->nbatch = n;
 
@@ -520,7 +528,7 @@ relay_http_send(RelayLane *lane)
 	{
 		char		sig[128];
 
-		relay_sign(t, webhook_id, timestamp, &h->body, sig, sizeof(sig));
+		relay_sign(t, webhook_id, timestamp, body, body_len, sig, sizeof(sig));
 		relay_header_value(h, "webhook-signature", sig);
 	}
 	snprintf(number, sizeof(number), INT64_FORMAT, first->id);
@@ -557,8 +565,8 @@ relay_http_send(RelayLane *lane)
 	h->errbuf[0] = '\0';
 
 	curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, relay_header_list(h));
-	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDS, h->body.data);
-	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) h->body.len);
+	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDS, body);
+	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) body_len);
 
 	mrc = curl_multi_add_handle(multi, h->easy);
 	if (mrc != CURLM_OK)

@@ -69,27 +69,17 @@ relay_notify_deliver(RelayTarget *t)
 		for (m = lane->head; m != NULL && n < RELAY_NOTIFY_BATCH; m = m->next)
 		{
 			resetStringInfo(&buf);
-			relay_envelope(m, true, &buf);
+			relay_envelope(m, RELAY_ENVELOPE_ALL, &buf);
 			if (buf.len > RELAY_NOTIFY_MAX_PAYLOAD)
 			{
 				resetStringInfo(&buf);
-				relay_envelope(m, false, &buf);
+				relay_envelope(m, RELAY_ENVELOPE_HEADERS, &buf);
 			}
 			if (buf.len > RELAY_NOTIFY_MAX_PAYLOAD)
 			{
 				/* Headers too large as well: name the message only. */
 				resetStringInfo(&buf);
-				appendStringInfo(&buf, "{\"id\":\"%s\",\"seq\":" INT64_FORMAT ",\"topic\":",
-								 m->msg_id, m->id);
-				escape_json(&buf, m->topic);
-				appendStringInfoString(&buf, ",\"key\":");
-				if (m->key)
-					escape_json(&buf, m->key);
-				else
-					appendStringInfoString(&buf, "null");
-				appendStringInfoString(&buf, ",\"headers_omitted\":true,\"payload_omitted\":true,\"emitted_at\":");
-				relay_append_time(&buf, m->emitted_at);
-				appendStringInfoChar(&buf, '}');
+				relay_envelope(m, 0, &buf);
 			}
 			Async_Notify(t->channel, buf.data);
 			last_id = m->id;
@@ -132,20 +122,10 @@ relay_notify_deliver(RelayTarget *t)
 		FlushErrorState();
 		AbortCurrentTransaction();
 
-		t->notify_attempts++;
-		delay = outbox_retry_base_delay;
-		for (int i = 1; i < t->notify_attempts && delay < outbox_retry_max_delay; i++)
-			delay *= 2;
-		delay = Min(delay, outbox_retry_max_delay);
-		t->notify_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
-
-		if (lane->last_error)
-			pfree(lane->last_error);
-		lane->last_error = MemoryContextStrdup(t->cxt, edata->message);
-		lane->last_error_at = GetCurrentTimestamp();
-		lane->last_status = 0;
-		lane->attempts = t->notify_attempts;
-		lane->error_dirty = true;	/* shown in outbox.lag */
+		lane->attempts++;
+		delay = relay_backoff_ms(lane->attempts, 0);
+		lane->next_attempt = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
+		relay_lane_set_error(lane, 0, edata->message);	/* shown in outbox.lag */
 		ereport(LOG,
 				(errmsg("outbox relay could not notify channel \"%s\" of target \"%s\": %s",
 						t->channel, t->name, edata->message),
@@ -161,9 +141,8 @@ relay_notify_deliver(RelayTarget *t)
 	/* Committed: the messages are delivered. */
 	lane->delivered_delta = 0;
 	lane->last_delivered_id = last_id;
-	t->notify_attempts = 0;
-	t->notify_retry_at = 0;
 	lane->attempts = 0;
+	lane->next_attempt = 0;
 	lane->done_id = (n == lane->nqueued) ? Max(last_id, t->read_id) : last_id;
 	while (n-- > 0)
 		pfree(relay_lane_pop(lane));

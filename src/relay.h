@@ -31,7 +31,8 @@ typedef struct RelayMessage
 	char	   *key;			/* NULL when the message has no key */
 	char	   *payload;		/* JSON text */
 	int			payload_len;	/* bytes of payload */
-	char	   *headers;		/* JSON object text, or NULL */
+	char	   *headers;		/* JSON object text for envelopes, or NULL
+								 * (none, or a target that sends no envelopes) */
 	char	   *header_lines;	/* the same as NUL-separated "Name: value"
 								 * strings ended by an empty one, or NULL */
 } RelayMessage;
@@ -100,8 +101,6 @@ typedef struct RelayTarget
 	RelayLane  *lanes;			/* nlanes lanes */
 	int64		read_id;		/* every id <= read_id was read or skipped */
 	int			nqueued;		/* messages queued over all lanes */
-	TimestampTz notify_retry_at;	/* NOTIFY: not before, after a failure */
-	int			notify_attempts;	/* NOTIFY: failures in a row */
 	MemoryContext cxt;			/* holds the target and its messages */
 	bool		seen;			/* found in the last configuration load */
 } RelayTarget;
@@ -125,8 +124,15 @@ extern RelayMessage *relay_lane_pop(RelayLane *lane);
 extern void relay_lane_succeeded(RelayLane *lane);
 extern void relay_lane_failed(RelayLane *lane, bool retryable, int status,
 							  const char *error, int retry_after_s);
-extern char *relay_envelope(RelayMessage *msg, bool with_payload,
-							StringInfo buf);
+extern void relay_lane_set_error(RelayLane *lane, int status,
+								 const char *error);
+extern int64 relay_backoff_ms(int attempts, int retry_after_s);
+
+/* Parts of relay_envelope(); without one, it says "..._omitted". */
+#define RELAY_ENVELOPE_HEADERS	0x01
+#define RELAY_ENVELOPE_PAYLOAD	0x02
+#define RELAY_ENVELOPE_ALL		(RELAY_ENVELOPE_HEADERS | RELAY_ENVELOPE_PAYLOAD)
+extern void relay_envelope(RelayMessage *msg, int parts, StringInfo buf);
 extern void relay_append_time(StringInfo buf, TimestampTz t);
 
 /*---- http.c ----*/

@@ -91,6 +91,7 @@ static MemoryContext relay_cxt = NULL;	/* targets and dead letters */
 static Oid	loaded_extension = InvalidOid;
 static List *targets = NIL;			/* RelayTarget *, by id */
 static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
+static StringInfoData text_buf;	/* a payload's text, while a row is read */
 static TimestampTz last_progress_write = 0;
 static SPIPlanPtr read_plan = NULL;
 static SPIPlanPtr progress_plan = NULL;
@@ -185,7 +186,7 @@ relay_lane_done_position(RelayLane *lane)
 	return Max(lane->done_id, lane->target->read_id);
 }
 
-static void
+void
 relay_lane_set_error(RelayLane *lane, int status, const char *error)
 {
 	RelayTarget *t = lane->target;
@@ -218,7 +219,7 @@ relay_lane_succeeded(RelayLane *lane)
 }
 
 /* Exponential backoff with jitter, at least Retry-After. */
-static int64
+int64
 relay_backoff_ms(int attempts, int retry_after_s)
 {
 	double		delay = outbox_retry_base_delay;
@@ -279,10 +280,11 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 
 /*
  * Append the JSON envelope of a message to buf: id, seq, topic, key,
- * headers, payload (or payload_omitted) and emitted_at.
+ * headers (or headers_omitted), payload (or payload_omitted) and
+ * emitted_at.  parts says which of headers and payload to include.
  */
-char *
-relay_envelope(RelayMessage *m, bool with_payload, StringInfo buf)
+void
+relay_envelope(RelayMessage *m, int parts, StringInfo buf)
 {
 	appendStringInfo(buf, "{\"id\":\"%s\",\"seq\":" INT64_FORMAT ",\"topic\":",
 					 m->msg_id, m->id);
@@ -292,9 +294,14 @@ relay_envelope(RelayMessage *m, bool with_payload, StringInfo buf)
 		escape_json(buf, m->key);
 	else
 		appendStringInfoString(buf, "null");
-	appendStringInfoString(buf, ",\"headers\":");
-	appendStringInfoString(buf, m->headers ? m->headers : "null");
-	if (with_payload)
+	if (parts & RELAY_ENVELOPE_HEADERS)
+	{
+		appendStringInfoString(buf, ",\"headers\":");
+		appendStringInfoString(buf, m->headers ? m->headers : "null");
+	}
+	else
+		appendStringInfoString(buf, ",\"headers_omitted\":true");
+	if (parts & RELAY_ENVELOPE_PAYLOAD)
 	{
 		appendStringInfoString(buf, ",\"payload\":");
 		appendBinaryStringInfo(buf, m->payload, m->payload_len);
@@ -304,7 +311,6 @@ relay_envelope(RelayMessage *m, bool with_payload, StringInfo buf)
 	appendStringInfoString(buf, ",\"emitted_at\":");
 	relay_append_time(buf, m->emitted_at);
 	appendStringInfoChar(buf, '}');
-	return buf->data;
 }
 
 /* Append t as a JSON string, the way to_json() writes a timestamptz. */
@@ -703,18 +709,34 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	int			i;
 	int			j;
 
+	/* The payload's text, in a buffer reused from row to row. */
+	if (text_buf.data == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
+
+		initStringInfo(&text_buf);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	resetStringInfo(&text_buf);
 	d = SPI_getbinval(tup, desc, 5, &isnull);
 	jb = DatumGetJsonbP(d);
-	payload = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
-	payload_len = strlen(payload);
+	payload = JsonbToCString(&text_buf, &jb->root, VARSIZE(jb));
+	payload_len = text_buf.len;
 
+	/*
+	 * Headers: as "Name: value" lines for a single-message HTTP request, as
+	 * JSON text for envelopes (batches and NOTIFY).
+	 */
 	d = SPI_getbinval(tup, desc, 6, &isnull);
 	if (!isnull)
 	{
 		jb = DatumGetJsonbP(d);
-		headers = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
-		headers_len = strlen(headers);
-		if (JsonContainerSize(&jb->root) > 0)
+		if (t->kind == RELAY_NOTIFY || t->batch_size > 1)
+		{
+			headers = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+			headers_len = strlen(headers);
+		}
+		if (t->kind == RELAY_HTTP && JsonContainerSize(&jb->root) > 0)
 			lines = relay_header_lines(jb, &lines_len);
 	}
 
@@ -1137,7 +1159,8 @@ relay_dispatch(TimestampTz now)
 
 		if (t->kind == RELAY_NOTIFY)
 		{
-			if (t->nqueued > 0 && now >= t->notify_retry_at)
+			/* One lane, delivered in the worker's own transactions. */
+			if (t->nqueued > 0 && now >= t->lanes[0].next_attempt)
 				relay_notify_deliver(t);
 			continue;
 		}
@@ -1172,16 +1195,6 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 
 		if (relay_target_wants_read(t, frontier))
 			return 0;
-		if (t->kind == RELAY_NOTIFY)
-		{
-			if (t->nqueued > 0)
-			{
-				long		ms = (long) ((t->notify_retry_at - now) / 1000);
-
-				timeout = Min(timeout, Max(ms, 0));
-			}
-			continue;
-		}
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
@@ -1195,6 +1208,20 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 		}
 	}
 	return timeout;
+}
+
+/*
+ * Load the configuration, and say whether commits should wake the worker.
+ * Returns the configuration generation loaded.
+ */
+static uint64
+relay_reload_config(void)
+{
+	uint64		generation = outbox_config_generation();
+
+	relay_load_config();
+	outbox_set_worker_wants_commits(targets != NIL && outbox_enabled);
+	return generation;
 }
 
 /* Whether the extension is installed in this database. */
@@ -1403,16 +1430,15 @@ outbox_worker_main(Datum main_arg)
 
 		if (force_reload || outbox_config_generation() != loaded_generation)
 		{
-			loaded_generation = outbox_config_generation();
 			force_reload = false;
 			if (!relay_extension_ready())
 			{
+				loaded_generation = outbox_config_generation();
 				ready = false;
 				waiting_logged = false;
 				continue;
 			}
-			relay_load_config();
-			outbox_set_worker_wants_commits(targets != NIL && outbox_enabled);
+			loaded_generation = relay_reload_config();
 		}
 
 		if (outbox_enabled && targets != NIL)
@@ -1428,17 +1454,15 @@ outbox_worker_main(Datum main_arg)
 				CommitTransactionCommand();
 			}
 			frontier = outbox_compute_frontier();
+			/* Subscriptions committed before the frontier must be known. */
 			if (outbox_config_generation() != loaded_generation)
-			{
-				loaded_generation = outbox_config_generation();
-				relay_load_config();
-			}
+				loaded_generation = relay_reload_config();
 			/* Deliver nothing whose commit is not durable (I7). */
 			outbox_flush_commits();
 			did_read = relay_read_messages(frontier);
-			relay_dispatch(GetCurrentTimestamp());
 		}
 
+		/* Collect answers, then start what is due on the free lanes. */
 		relay_http_drive();
 		if (outbox_enabled)
 			relay_dispatch(GetCurrentTimestamp());
