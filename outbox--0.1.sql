@@ -503,8 +503,10 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	tid int := outbox.target_id(drop_target.name);	-- raises if unknown
 BEGIN
-	DELETE FROM outbox.targets t WHERE t.id = outbox.target_id(drop_target.name);
+	DELETE FROM outbox.targets t WHERE t.id = tid;
 	PERFORM outbox.config_changed();
 END
 $$;

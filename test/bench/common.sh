@@ -107,7 +107,6 @@ bench_setup() {
 		make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" install >/dev/null
 	fi
 	build_md5=$(md5sum <"$work/src/outbox.so" | cut -c1-12)
-	cc -O2 -Wall -o "$work/curl_client" "$here/curl_client.c" -lcurl
 
 	log "initdb in $PGDATA"
 	mkdir -p "$PGDATA"

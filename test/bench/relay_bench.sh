@@ -107,6 +107,7 @@ bench_on_exit() {
 }
 . "$here/common.sh"
 bench_setup
+cc -O2 -Wall -o "$work/curl_client" "$here/curl_client.c" -lcurl
 
 
 psqlq -d postgres -c "CREATE DATABASE $DB"
@@ -304,8 +305,7 @@ stop_sink() {
 }
 
 # ---- is the machine quiet? -------------------------------------------------------
-idle=$(awk '{b = $2 + $3 + $4 + $7 + $8 + $9; t = b + $5 + $6; print b, t}' <(head -1 /proc/stat); sleep 2; awk '{b = $2 + $3 + $4 + $7 + $8 + $9; t = b + $5 + $6; print b, t}' <(head -1 /proc/stat))
-busy_before=$(echo $idle | awk '{printf "%.2f", ($3 - $1) / ($4 - $2) * '"$(nproc)"'}')
+busy_before=$(machine_busy 2)
 log "machine busy before the runs: $busy_before of $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
 # The worker started before CREATE DATABASE $DB: it waits for the database,
 # then restarts to connect to it.

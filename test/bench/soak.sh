@@ -131,7 +131,7 @@ contexts() {	# label
 	echo "$1: $(grep "\[$wpid\].*Grand total" "$SERVERLOG" | tail -1 | sed 's/^.*Grand total: //')" >>"$work/out/contexts.txt"
 }
 purge() {
-	sql -c "DELETE FROM outbox.messages WHERE id <= (SELECT min(done_up_to_id) FROM outbox.lag)" \
+	sql -c "DELETE FROM outbox.messages WHERE id <= (SELECT min(done_id) FROM outbox.progress)" \
 		-c "DELETE FROM outbox.dead_letters WHERE failed_at < now() - interval '60 seconds'" >/dev/null
 }
 
