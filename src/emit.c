@@ -415,7 +415,7 @@ outbox_store_buffer(void)
 	OutboxBufferReader reader;
 	int64		first_id;
 
-	writer = outbox_writer_begin();
+	writer = outbox_writer_begin(xbuf->count);
 	first_id = outbox_reserve_ids(xbuf->count);
 
 	memset(&reader, 0, sizeof(reader));

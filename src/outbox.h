@@ -115,7 +115,7 @@ extern void outbox_note_config_change(void);
 typedef struct OutboxWriter OutboxWriter;
 extern Relation outbox_open_messages(LOCKMODE lockmode);
 extern void outbox_ensure_counter(Relation messages);
-extern OutboxWriter *outbox_writer_begin(void);
+extern OutboxWriter *outbox_writer_begin(int64 count);
 extern void outbox_writer_store(OutboxWriter *writer, int64 first_id,
 								int64 count, OutboxNextMessage next,
 								void *next_state);

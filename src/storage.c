@@ -46,9 +46,9 @@ struct OutboxWriter
 	Relation	rel;			/* outbox.messages */
 	EState	   *estate;			/* for index insertion */
 	ResultRelInfo *rri;			/* rel and its open indexes */
-	TupleTableSlot **slots;		/* OUTBOX_INSERT_BATCH slots */
+	TupleTableSlot **slots;		/* up to OUTBOX_INSERT_BATCH slots */
+	int			maxslots;		/* entries allocated in slots */
 	int			nslots_made;	/* slots created so far */
-	MemoryContext batch_cxt;	/* datums of the current batch */
 };
 
 /* OID of outbox.messages found by the last lookup, or InvalidOid. */
@@ -191,7 +191,7 @@ outbox_ensure_counter(Relation messages)
  * lock happens here, before the caller reserves ids.
  */
 OutboxWriter *
-outbox_writer_begin(void)
+outbox_writer_begin(int64 count)
 {
 	OutboxWriter *writer = palloc0(sizeof(OutboxWriter));
 
@@ -204,10 +204,8 @@ outbox_writer_begin(void)
 	InitResultRelInfo(writer->rri, writer->rel, 1, NULL, 0);
 	ExecOpenIndices(writer->rri, false);
 
-	writer->slots = palloc0(sizeof(TupleTableSlot *) * OUTBOX_INSERT_BATCH);
-	writer->batch_cxt = AllocSetContextCreate(CurrentMemoryContext,
-											  "outbox insert batch",
-											  ALLOCSET_SMALL_SIZES);
+	writer->maxslots = (int) Min(Max(count, 1), OUTBOX_INSERT_BATCH);
+	writer->slots = palloc0(sizeof(TupleTableSlot *) * writer->maxslots);
 	return writer;
 }
 
@@ -241,8 +239,8 @@ outbox_writer_flush(OutboxWriter *writer, int n)
 		}
 		ExecClearTuple(writer->slots[i]);
 	}
+	/* The batch's text datums, and what index insertion used. */
 	ResetPerTupleExprContext(writer->estate);
-	MemoryContextReset(writer->batch_cxt);
 }
 
 /*
@@ -261,24 +259,31 @@ outbox_writer_store(OutboxWriter *writer, int64 first_id, int64 count,
 	{
 		TupleTableSlot *slot;
 		MemoryContext oldcxt;
-		pg_uuid_t  *uuid;
 
 		if (id - first_id >= count)
 			elog(ERROR, "outbox: more buffered messages than ids reserved");
 
 		if (n == writer->nslots_made)
+		{
+			if (n == writer->maxslots)
+			{
+				writer->maxslots = OUTBOX_INSERT_BATCH;
+				writer->slots = repalloc(writer->slots,
+										 sizeof(TupleTableSlot *) * writer->maxslots);
+			}
 			writer->slots[writer->nslots_made++] =
 				table_slot_create(writer->rel, NULL);
-		slot = writer->slots[n];
-		ExecClearTuple(slot);
+		}
+		slot = writer->slots[n];	/* empty: flushed slots are cleared */
 
-		oldcxt = MemoryContextSwitchTo(writer->batch_cxt);
-		uuid = palloc(sizeof(pg_uuid_t));
-		*uuid = msg.msg_id;
-
+		/*
+		 * Datums made here live until the batch is flushed; the slot is
+		 * materialised below, so msg may change after that.
+		 */
+		oldcxt = MemoryContextSwitchTo(GetPerTupleMemoryContext(writer->estate));
 		memset(slot->tts_isnull, 0, sizeof(bool) * Natts_outbox_messages);
 		slot->tts_values[Anum_outbox_messages_id - 1] = Int64GetDatum(id);
-		slot->tts_values[Anum_outbox_messages_msg_id - 1] = UUIDPGetDatum(uuid);
+		slot->tts_values[Anum_outbox_messages_msg_id - 1] = UUIDPGetDatum(&msg.msg_id);
 		slot->tts_values[Anum_outbox_messages_topic - 1] =
 			PointerGetDatum(cstring_to_text_with_len(msg.topic, msg.topic_len));
 		if (msg.key)
@@ -329,7 +334,6 @@ outbox_writer_end(OutboxWriter *writer)
 		ExecDropSingleTupleTableSlot(writer->slots[i]);
 	ExecCloseIndices(writer->rri);
 	FreeExecutorState(writer->estate);
-	MemoryContextDelete(writer->batch_cxt);
 	table_close(writer->rel, NoLock);
 	pfree(writer->slots);
 	pfree(writer);
