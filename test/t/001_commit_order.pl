@@ -18,24 +18,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use OutboxRelayTest;
 
 my $clients = 8;
 my $duration = 10;	# seconds, outbox workload
 my $naive_duration = 5;	# seconds, hand-rolled baseline (inversions are plentiful)
 
-my $node = PostgreSQL::Test::Cluster->new('commit_order');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
-max_connections = 40
-});
-$node->start;
+my $node = outbox_node('commit_order', conf => "max_connections = 40\n");
 
 $node->safe_psql(
 	'postgres', q{
-CREATE EXTENSION outbox;
 CREATE TABLE counters (k int PRIMARY KEY, v bigint NOT NULL);
 INSERT INTO counters SELECT k, 0 FROM generate_series(1, 4) k;
 CREATE TABLE side (marker bigint PRIMARY KEY, k int NOT NULL, v bigint NOT NULL,

@@ -16,24 +16,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use OutboxRelayTest;
 use IPC::Run;
 use Time::HiRes qw(time);
 
 my $duration = 10;	# seconds of concurrent writing and reading
 
-my $node = PostgreSQL::Test::Cluster->new('frontier');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
-max_connections = 30
-});
-$node->start;
+my $node = outbox_node('frontier', conf => "max_connections = 30\n");
 
 $node->safe_psql(
 	'postgres', q{
-CREATE EXTENSION outbox;
 CREATE TABLE seen (id bigint NOT NULL, round int NOT NULL);
 CREATE TABLE skew (k int PRIMARY KEY, v bigint NOT NULL);
 INSERT INTO skew VALUES (1, 0), (2, 0);

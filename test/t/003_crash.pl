@@ -10,19 +10,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use OutboxRelayTest;
 
-my $node = PostgreSQL::Test::Cluster->new('crash');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
 # Leave asynchronous commits in WAL buffers as long as possible, so only an
 # explicit flush can make them survive an immediate shutdown.
-wal_writer_delay = 10000ms
-});
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+my $node = outbox_node('crash', conf => "wal_writer_delay = 10000ms\n");
 
 # Highest id handed out so far, over the whole test.
 my $highest = 0;

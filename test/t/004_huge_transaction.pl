@@ -9,19 +9,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use OutboxRelayTest;
 
 my $n = 1_000_000;
 
-my $node = PostgreSQL::Test::Cluster->new('huge');
-$node->init;
-$node->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
-log_temp_files = 0
-});
-$node->start;
-$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+my $node = outbox_node('huge', conf => "log_temp_files = 0\n");
 
 # Some messages before, so ids do not simply start at 1.
 $node->safe_psql('postgres',

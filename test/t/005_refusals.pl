@@ -9,6 +9,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use OutboxRelayTest;
 
 # Run $sql with verbose errors; return (exit code, stdout, stderr).
 sub psql_verbose
@@ -48,17 +49,11 @@ is($plain->safe_psql('postgres', 'SELECT count(*) FROM outbox.messages'),
 $plain->stop;
 
 # --- the primary, preloaded ---
-my $primary = PostgreSQL::Test::Cluster->new('primary');
-$primary->init(allows_streaming => 1);
-$primary->append_conf(
-	'postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
-max_prepared_transactions = 5
-});
-$primary->start;
-$primary->safe_psql('postgres',
-	'CREATE EXTENSION outbox; CREATE TABLE t (a int)');
+my $primary = outbox_node(
+	'primary',
+	init => { allows_streaming => 1 },
+	conf => "max_prepared_transactions = 5\n");
+$primary->safe_psql('postgres', 'CREATE TABLE t (a int)');
 my $first_uuid =
   $primary->safe_psql('postgres', q{SELECT outbox_emit('primary', '{"n": 1}')});
 like($first_uuid, qr/^[0-9a-f-]{36}$/, 'outbox_emit works on the primary');

@@ -19,24 +19,39 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(
-  relay_node relay_no_crash start_sink sink_control sink_stats stop_sink
+  outbox_node relay_node relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
   webhook_signature by_key check_key_fifo);
 
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
 my $json = JSON::PP->new->utf8->canonical;
 
-# A started node with the library preloaded and fast relay settings;
-# %opts: create_extension (default 1), conf (extra postgresql.conf text).
-sub relay_node
+# A started node with the library preloaded and outbox.database = postgres;
+# %opts: conf (extra postgresql.conf text), init (a hash ref of arguments
+# for init), create_extension (default 1).
+sub outbox_node
 {
 	my ($name, %opts) = @_;
 	my $node = PostgreSQL::Test::Cluster->new($name);
-	$node->init;
+	$node->init(%{ $opts{init} // {} });
 	$node->append_conf(
 		'postgresql.conf', qq{
 shared_preload_libraries = 'outbox'
 outbox.database = 'postgres'
+} . ($opts{conf} // ''));
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION outbox')
+	  if $opts{create_extension} // 1;
+	return $node;
+}
+
+# outbox_node() with fast relay settings; %opts as for outbox_node().
+sub relay_node
+{
+	my ($name, %opts) = @_;
+	return outbox_node(
+		$name, %opts,
+		conf => q{
 outbox.retry_base_delay = 20
 outbox.retry_max_delay = 500
 outbox.poll_interval = 1000
@@ -45,10 +60,6 @@ outbox.poll_interval = 1000
 # reports the crash) instead of aborting the whole suite at shutdown.
 restart_after_crash = on
 } . ($opts{conf} // ''));
-	$node->start;
-	$node->safe_psql('postgres', 'CREATE EXTENSION outbox')
-	  if $opts{create_extension} // 1;
-	return $node;
 }
 
 # Check that no server process died of a signal or an assertion, other
