@@ -47,24 +47,10 @@ ok(wait_until(sub { slurp_file($node->logfile) =~ $waiting }, 30),
 usleep(1e6 * (3 - (time - $t0))) if time - $t0 < 3;
 my @said = slurp_file($node->logfile) =~ /$waiting/g;
 is(scalar @said, 1, '... once, not at every poll');
-my $worker_pid = $node->safe_psql('postgres',
-	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
+my $worker_pid = relay_worker_pid($node);
 
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 
-# Records of one path, waiting until there are at least $n.
-sub records_of
-{
-	my ($path, $n, $timeout) = @_;
-	my @r;
-	wait_until(
-		sub {
-			@r = grep { $_->{path} eq $path } @{ sink_records($sink) };
-			return @r >= $n;
-		},
-		$timeout);
-	return @r;
-}
 
 # Lag view columns of a target, as a hash.
 sub lag_of
@@ -126,8 +112,7 @@ SELECT outbox.create_http_target('single', '$url/single',
 SELECT outbox.subscribe('single', 'orders.created');
 COMMIT;
 });
-my $pid_now = $node->safe_psql('postgres',
-	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
+my $pid_now = relay_worker_pid($node);
 is($pid_now, $worker_pid, 'CREATE EXTENSION and the first target need no restart');
 
 my ($m1, $m2) = split /\n/, $node->safe_psql(
@@ -146,7 +131,7 @@ SELECT id, msg_id, payload::text, coalesce(key, ''), topic FROM outbox.messages
 is(scalar @rows, 3, 'three messages stored');
 is($rows[0][1], $m1, 'outbox_emit returned the msg_id');
 
-my @single = records_of('/single', 2);
+my @single = sink_path_records($sink, '/single', 2);
 is(scalar @single, 2, 'the two subscribed messages arrived');
 @single = sort { $a->{headers}{'outbox-seq'} <=> $b->{headers}{'outbox-seq'} } @single;
 my ($r1, $r2) = @single;
@@ -188,8 +173,8 @@ SELECT outbox.subscribe('unsigned', 'sig.check');
 COMMIT;
 SELECT outbox_emit('sig.check', '{"s": 1}');
 });
-my ($wrong) = records_of('/wrong', 1);
-my ($unsigned) = records_of('/unsigned', 1);
+my ($wrong) = sink_path_records($sink, '/wrong', 1);
+my ($unsigned) = sink_path_records($sink, '/unsigned', 1);
 is($wrong->{sig_ok}, JSON::PP::false,
 	'a receiver with another secret rejects the signature');
 is( $wrong->{headers}{'webhook-signature'},
@@ -240,7 +225,7 @@ is(scalar keys %want, 150, '150 batch messages stored');
 my @batch_reqs;
 wait_until(
 	sub {
-		@batch_reqs = grep { $_->{path} eq '/batch' } @{ sink_records($sink) };
+		@batch_reqs = sink_path_records($sink, '/batch');
 		my $n = 0;
 		$n += $_->{headers}{'outbox-count'} // 1 for @batch_reqs;
 		return $n >= 150;
@@ -273,7 +258,7 @@ is_deeply($bad_env[0], $want{ $bad_env[0]{seq} }, 'first mismatching envelope') 
 # A batch target with a single message pending.
 my $lone = $node->safe_psql('postgres',
 	q{SELECT outbox_emit('batch.lone', '{"lone": true}', 'kl')});
-my ($lone_req) = grep { $_->{body} =~ /"lone"/ } records_of('/batch', 3);
+my ($lone_req) = grep { $_->{body} =~ /"lone"/ } sink_path_records($sink, '/batch', 3);
 ok($lone_req, 'a lone message to a batch target arrives');
 if ($lone_req)
 {
@@ -314,7 +299,7 @@ my %expect = (
 for my $t (sort keys %expect)
 {
 	my @got = map { $_->{headers}{'outbox-topic'} }
-	  records_of("/$t", scalar @{ $expect{$t} });
+	  sink_path_records($sink, "/$t", scalar @{ $expect{$t} });
 	is_deeply(\@got, $expect{$t}, "pattern of $t: the matching topics, in order");
 }
 ok(!(grep { $_->{body} =~ /before/ } @{ sink_records($sink) }),
@@ -331,11 +316,11 @@ COMMIT;
 SELECT outbox_emit('u.a', '{"n": 1}');
 SELECT outbox_emit('u.b', '{"n": 2}');
 });
-is(scalar(records_of('/u', 2)), 2, 'target u gets both topics');
+is(scalar(sink_path_records($sink, '/u', 2)), 2, 'target u gets both topics');
 $node->safe_psql('postgres', q{SELECT outbox.unsubscribe('u', 'u.b')});
 $node->safe_psql('postgres', q{SELECT outbox_emit('u.b', '{"n": 3}')});
 $node->safe_psql('postgres', q{SELECT outbox_emit('u.a', '{"n": 4}')});
-my @u = records_of('/u', 3);
+my @u = sink_path_records($sink, '/u', 3);
 is_deeply([ map { $_->{body} } @u ], [ '{"n": 1}', '{"n": 2}', '{"n": 4}' ],
 	'after unsubscribe the topic is no longer delivered, the others are');
 
@@ -344,10 +329,10 @@ $node->safe_psql('postgres', q{SELECT outbox.drop_target('u')});
 ok( $node->wait_for_log(qr/outbox relay: target "u" was dropped/, $log_offset),
 	'the worker forgets a dropped target');
 $node->safe_psql('postgres', q{SELECT outbox_emit('u.a', '{"n": 5}')});
-ok(wait_until(sub { grep { $_->{body} eq '{"n": 5}' } records_of('/p_all', 1) }),
+ok(wait_until(sub { grep { $_->{body} eq '{"n": 5}' } sink_path_records($sink, '/p_all', 1) }),
 	'a later message reaches the other targets');
 usleep(300_000);
-is(scalar(grep { $_->{path} eq '/u' } @{ sink_records($sink) }), 3,
+is(scalar(sink_path_records($sink, '/u')), 3,
 	'... but not the dropped one');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.progress p
 	WHERE NOT EXISTS (SELECT FROM outbox.targets t WHERE t.id = p.target_id)}),
@@ -368,7 +353,7 @@ usleep(500_000);    # the worker takes the reload in its loop
 $node->safe_psql('postgres',
 	q{SELECT count(outbox_emit('pause', jsonb_build_object('i', g), 'k' || g % 7)) FROM generate_series(1, 20) g});
 usleep(1_500_000);    # longer than outbox.poll_interval
-is(scalar(grep { $_->{path} eq '/pause' } @{ sink_records($sink) }), 0,
+is(scalar(sink_path_records($sink, '/pause')), 0,
 	'outbox.enabled = off: nothing is delivered');
 my $lag = lag_of('pause');
 is($lag->{pending}, 20, 'the lag view counts 20 pending messages while paused');
@@ -378,15 +363,14 @@ is($lag->{delivered}, 0, '... none delivered');
 
 $node->append_conf('postgresql.conf', "outbox.enabled = on\n");
 $node->reload;
-is(scalar(records_of('/pause', 20)), 20,
+is(scalar(sink_path_records($sink, '/pause', 20)), 20,
 	'outbox.enabled = on (reload): the backlog is delivered');
 ok(wait_lag('pause', 'pending', 0), 'the lag view shows nothing pending afterwards');
 $lag = lag_of('pause');
 is($lag->{delivered}, 20, '... and 20 delivered');
 is($lag->{dead_letters}, 0, '... no dead letters');
 ok(!defined $lag->{last_error}, '... and no error');
-is($node->safe_psql('postgres',
-		q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'}),
+is(relay_worker_pid($node),
 	$worker_pid, 'the worker was never restarted');
 
 # --- dead letters and the last error in the lag view ---
@@ -429,7 +413,7 @@ SELECT outbox.subscribe('late', 'late.a');
 COMMIT;
 });
 $node->safe_psql('postgres', q{SELECT outbox_emit('late.a', '{"n": 0}')});
-records_of('/late', 1);
+sink_path_records($sink, '/late', 1);
 my $locker = $node->background_psql('postgres');
 $locker->query_safe('BEGIN; LOCK TABLE outbox.progress IN ACCESS EXCLUSIVE MODE');
 $node->safe_psql('postgres', 'SELECT outbox.config_changed()');
@@ -449,7 +433,7 @@ cmp_ok(
 $locker->query_safe('COMMIT');
 $locker->quit;
 $node->safe_psql('postgres', q{SELECT outbox_emit('late.b', '{"n": 2}')});
-my @late = records_of('/late', 3, 10);
+my @late = sink_path_records($sink, '/late', 3, 10);
 is_deeply([ map { $_->{body} } @late ], [ '{"n": 0}', '{"n": 1}', '{"n": 2}' ],
 	'a message emitted after subscribe() committed is delivered (not skipped)');
 
@@ -463,7 +447,7 @@ COMMIT;
 });
 $node->safe_psql('postgres', q{SELECT outbox_emit('keys', '{"k": "empty"}', '')});
 $node->safe_psql('postgres', q{SELECT outbox_emit('keys', '{"k": "null"}')});
-my @keys = records_of('/keys', 2);
+my @keys = sink_path_records($sink, '/keys', 2);
 is_deeply([ map { $_->{headers}{'outbox-key'} } @keys ], [ '', undef ],
 	'an empty key arrives as an empty outbox-key header, distinct from no key');
 
@@ -482,10 +466,10 @@ COMMIT;
 });
 is($node->safe_psql('postgres', q{SELECT id FROM outbox.targets WHERE name = 'reborn'}),
 	$old_id, 'the new target has the id the dropped target "single" had');
-my $n_single = grep { $_->{path} eq '/single' } @{ sink_records($sink) };
+my $n_single = sink_path_records($sink, '/single');
 $node->safe_psql('postgres', q{SELECT outbox_emit('orders.created', '{"order": "reborn"}')});
-ok(scalar(records_of('/reborn', 1, 10)), 'after re-creating the extension, the new target gets its message');
-is(scalar(grep { $_->{path} eq '/single' } @{ sink_records($sink) }), $n_single,
+ok(scalar(sink_path_records($sink, '/reborn', 1, 10)), 'after re-creating the extension, the new target gets its message');
+is(scalar(sink_path_records($sink, '/single')), $n_single,
 	'... and nothing goes to the URL of the dropped target');
 
 stop_sink($sink);

@@ -125,7 +125,7 @@ like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters W
 sink_control($sink, { path => '/bad', status => 204 });
 $node->safe_psql('postgres', q{SELECT outbox_emit('bad', '{"b": 4}', 'kb')});
 my @bad;
-wait_until(sub { @bad = grep { $_->{path} eq '/bad' } @{ sink_records($sink) }; @bad >= 4 });
+wait_until(sub { @bad = sink_path_records($sink, '/bad'); @bad >= 4 });
 is_deeply([ map { "$_->{body} $_->{status}" } @bad ],
 	[ '{"b": 1} 400', '{"b": 2} 400', '{"b": 3} 400', '{"b": 4} 204' ],
 	'the lane went on after each dead letter: each message tried once, in order');
@@ -140,7 +140,7 @@ ok( $node->poll_query_until(
 		'postgres', q{SELECT format('%s/%s', attempts, last_status) FROM outbox.dead_letters WHERE target = 'busy'},
 		'4/503'),
 	'503: dead letter after max_attempts (4) attempts, with last_status 503');
-my @busy = grep { $_->{path} eq '/busy' } @{ sink_records($sink) };
+my @busy = sink_path_records($sink, '/busy');
 is(scalar @busy, 4, '... the receiver saw exactly 4 attempts');
 my @gaps = map { $busy[$_]{mono} - $busy[ $_ - 1 ]{mono} } 1 .. $#busy;
 ok(!(grep { $_ > 1.5 } @gaps), '... retried within the backoff cap (gaps: ' . join(' ', map { sprintf '%.3f', $_ } @gaps) . ')');
@@ -155,7 +155,7 @@ ok( $node->poll_query_until(
 		'postgres', q{SELECT format('%s/%s', attempts, last_status) FROM outbox.dead_letters WHERE target = 'ra'},
 		'3/503'),
 	'Retry-After: dead letter after 3 attempts');
-my @ra = grep { $_->{path} eq '/ra' } @{ sink_records($sink) };
+my @ra = sink_path_records($sink, '/ra');
 is(scalar @ra, 3, '... the receiver saw 3 attempts');
 @gaps = map { $ra[$_]{mono} - $ra[ $_ - 1 ]{mono} } 1 .. $#ra;
 my $gap_text = join ' ', map { sprintf '%.3f', $_ } @gaps;
@@ -170,7 +170,7 @@ ok(!(grep { $_ > 3 } @gaps), "... and not much later ($gap_text)");
 sink_control($sink, { path => '/bretry', status => 503, retry_after => 1 });
 $node->safe_psql('postgres', q{SELECT outbox_emit('bretry', '{"br": 1}', 'kb')});
 my @br;
-wait_until(sub { @br = grep { $_->{path} eq '/bretry' } @{ sink_records($sink) }; @br >= 1 }, 10, 0.02);
+wait_until(sub { @br = sink_path_records($sink, '/bretry'); @br >= 1 }, 10, 0.02);
 $node->safe_psql('postgres',
 	q{SELECT count(outbox_emit('bretry', jsonb_build_object('br', g), 'kb')) FROM generate_series(2, 5) g});
 sink_control($sink, { path => '/bretry', status => 204 });
@@ -182,7 +182,7 @@ wait_until(
 	},
 	10);
 is(scalar @br_att, 5, 'batch retry: all five messages delivered once');
-@br = grep { $_->{path} eq '/bretry' } @{ sink_records($sink) };
+@br = sink_path_records($sink, '/bretry');
 is($br[0]{status}, 503, 'the first batch request was answered 503');
 is($br[1]{headers}{'webhook-id'}, $br[0]{headers}{'webhook-id'},
 	'the retry of a batch has the same webhook-id');

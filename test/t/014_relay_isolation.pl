@@ -51,7 +51,7 @@ $node->safe_psql('postgres',
 
 my @slow;
 ok( wait_until(
-		sub { @slow = grep { $_->{path} eq '/slow' } @{ sink_records($sink) }; @slow >= 4 }, 10, 0.02),
+		sub { @slow = sink_path_records($sink, '/slow'); @slow >= 4 }, 10, 0.02),
 	'the slow receiver got the first request of each lane');
 my $spread = $slow[3]{t} - $slow[0]{t};
 cmp_ok($spread, '<', 0.5,
@@ -66,11 +66,11 @@ $node->safe_psql('postgres',
 my $commit_done = time;
 my @fast;
 ok( wait_until(
-		sub { @fast = grep { $_->{path} eq '/fast' } @{ sink_records($sink) }; @fast >= $nfast },
+		sub { @fast = sink_path_records($sink, '/fast'); @fast >= $nfast },
 		30, 0.02),
 	"the fast receiver got all $nfast messages");
 my $fast_took = $fast[-1]{t} - $commit_done;
-my $slow_now = grep { $_->{path} eq '/slow' } @{ sink_records($sink) };
+my $slow_now = sink_path_records($sink, '/slow');
 note sprintf('fast target: %d messages in %.3f s after the commit; slow target: %d requests so far',
 	$nfast, $fast_took, $slow_now);
 cmp_ok($fast_took, '<', 1.5,
@@ -85,7 +85,7 @@ cmp_ok($notify_took, '<', 1.5, sprintf('... within %.3f s', $notify_took));
 
 # The slow target finishes, in per-key order.
 ok( wait_until(
-		sub { @slow = grep { $_->{path} eq '/slow' } @{ sink_records($sink) }; @slow >= 8 }, 20),
+		sub { @slow = sink_path_records($sink, '/slow'); @slow >= 8 }, 20),
 	'the slow target delivers all 8 messages');
 my %order;
 push @{ $order{ $_->{headers}{'outbox-key'} } }, $_->{body} for @slow;
@@ -106,32 +106,30 @@ ok( $node->poll_query_until(
 	'a request over timeout_ms is retried, then dead-lettered after max_attempts (2)');
 like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'timeout'}),
 	qr/time/i, '... with the timeout as the error');
-my @to = grep { $_->{path} eq '/timeout' } @{ sink_records($sink) };
+my @to = sink_path_records($sink, '/timeout');
 is(scalar @to, 2, '... the receiver saw both attempts');
 
 # --- dropping a target while its requests are in flight ---
-my $pid = $node->safe_psql('postgres',
-	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
-my $nslow = grep { $_->{path} eq '/slow' } @{ sink_records($sink) };
+my $pid = relay_worker_pid($node);
+my $nslow = sink_path_records($sink, '/slow');
 $node->safe_psql('postgres',
 	join "\n",
 	map { "SELECT outbox_emit('iso.slow', '{\"m\": $_}', '$slow_keys[$_ % 4]');" } 0 .. 7);
 ok( wait_until(
-		sub { (grep { $_->{path} eq '/slow' } @{ sink_records($sink) }) >= $nslow + 4 }, 10, 0.02),
+		sub { (sink_path_records($sink, '/slow')) >= $nslow + 4 }, 10, 0.02),
 	'the slow target has requests in flight');
 my $log_offset = -s $node->logfile;
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('slow')});
 ok($node->wait_for_log(qr/target "slow" was dropped/, $log_offset),
 	'the target is dropped with its requests in flight');
-my $nfast_before = grep { $_->{path} eq '/fast' } @{ sink_records($sink) };
+my $nfast_before = sink_path_records($sink, '/fast');
 $node->safe_psql('postgres', q{SELECT outbox_emit('iso.fast', '{"after": "drop"}', 'x')});
-ok(wait_until(sub { (grep { $_->{path} eq '/fast' } @{ sink_records($sink) }) > $nfast_before }, 10),
+ok(wait_until(sub { (sink_path_records($sink, '/fast')) > $nfast_before }, 10),
 	'the other targets go on');
 usleep($delay_ms * 1000 + 500_000);    # the abandoned requests would have been answered
-is($node->safe_psql('postgres',
-		q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'}),
+is(relay_worker_pid($node),
 	$pid, 'the worker did not crash');
-is(scalar(grep { $_->{path} eq '/slow' } @{ sink_records($sink) }), $nslow + 4,
+is(scalar(sink_path_records($sink, '/slow')), $nslow + 4,
 	'nothing more was sent to the dropped target');
 
 stop_sink($sink);

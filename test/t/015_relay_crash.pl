@@ -59,18 +59,12 @@ sub delivered
 	return sink_stats($sink)->{by_path}{$path} // 0;
 }
 
-sub worker_pid
-{
-	return $node->safe_psql('postgres',
-		q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
-}
-
 emit(3000);
 my @crashes;    # times
 
 # --- SIGKILL of the worker ---
 ok(wait_until(sub { delivered('/single') >= 500 }, 60, 0.05), 'delivery is under way');
-my $pid = worker_pid();
+my $pid = relay_worker_pid($node);
 note 'killing the relay worker, pid ' . $pid . ', after ' . delivered('/single') . ' single deliveries';
 push @crashes, time;
 kill 'KILL', $pid;
@@ -188,7 +182,7 @@ for my $t (qw(single batch))
 }
 
 # --- the worker terminated (not crashed): restarted after 2 s ---
-my $old = worker_pid();
+my $old = relay_worker_pid($node);
 my $t_term = time;
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($old)");
 ok( $node->poll_query_until(

@@ -24,8 +24,7 @@ ok( $node->poll_query_until(
 		q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = 'postgres'},
 		'1'),
 	'the relay worker runs');
-my $worker_pid = $node->safe_psql('postgres',
-	q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
+my $worker_pid = relay_worker_pid($node);
 
 $node->safe_psql(
 	'postgres', qq{

@@ -19,7 +19,7 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(
-  outbox_node relay_node relay_no_crash start_sink sink_control sink_stats stop_sink
+  outbox_node relay_node relay_worker_pid sink_path_records relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
   webhook_signature by_key check_key_fifo);
 
@@ -60,6 +60,14 @@ outbox.poll_interval = 1000
 # reports the crash) instead of aborting the whole suite at shutdown.
 restart_after_crash = on
 } . ($opts{conf} // ''));
+}
+
+# The pid of the relay worker ('' when there is none).
+sub relay_worker_pid
+{
+	my ($node) = @_;
+	return $node->safe_psql('postgres',
+		q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
 }
 
 # Check that no server process died of a signal or an assertion, other
@@ -163,6 +171,21 @@ sub sink_records
 	}
 	close $fh;
 	return $sink->{records};
+}
+
+# The sink's records of one path; with $n, first wait (wait_until, with
+# $timeout and $interval) until there are at least $n.
+sub sink_path_records
+{
+	my ($sink, $path, $n, $timeout, $interval) = @_;
+	my @r;
+	my $read = sub {
+		@r = grep { $_->{path} eq $path } @{ sink_records($sink) };
+		return @r >= ($n // 0);
+	};
+	if (defined $n) { wait_until($read, $timeout, $interval) }
+	else { $read->() }
+	return @r;
 }
 
 # One entry per message carried by a request, in arrival order: rseq (the
