@@ -29,12 +29,16 @@ Runtime control:
                      "drop": false, "close": false}
         Fields given override the mode for requests whose path equals "path"
         (the path without its query string also matches); fields not given
-        are inherited from the global default.  Without "path" the global
+        are inherited from the global default.  With "key" instead of
+        "path", they apply to requests whose outbox-key header equals it
+        (on any path, over the path's mode).  With neither, the global
         default is changed.  "drop": true closes the connection without an
         answer; "close": true answers, with "Connection: close", and then
         closes it.  Extra commands (may be combined):
             {"path": "/x", "reset": true}  forget the overrides of /x
-            {"reset": true}                forget all per-path overrides
+            {"key": "k", "reset": true}    forget the overrides of key k
+            {"reset": true}                forget all per-path and per-key
+                                           overrides
             {"reset_stats": true}          zero /_stats (not seq)
             {"refuse_for": S}              after answering, close the
                                            listening socket and all open
@@ -43,6 +47,7 @@ Runtime control:
                                            on the same port
         Answers the resulting configuration (as GET /_control).
     GET /_control   {"default": {...}, "paths": {path: {overrides}},
+                     "keys": {key: {overrides}},
                      "port": n, "listening": bool}
     GET /_stats     {"requests": n, "by_status": {"204": n, ...},
                      "by_path": {...}, "sig_fail": n, "connections": n}
@@ -180,14 +185,15 @@ def _check_mode_value(key, value):
 
 
 class Config:
-    """Global mode plus per-path overrides; one short lock."""
+    """Global mode plus per-path and per-key overrides; one short lock."""
 
     def __init__(self, default):
         self.lock = threading.Lock()
         self.default = dict(default)
         self.paths = {}
+        self.keys = {}
 
-    def effective(self, path):
+    def effective(self, path, key=None):
         with self.lock:
             mode = dict(self.default)
             over = self.paths.get(path)
@@ -195,36 +201,49 @@ class Config:
                 over = self.paths.get(path.split("?", 1)[0])
             if over:
                 mode.update(over)
+            if key is not None and key in self.keys:
+                mode.update(self.keys[key])
         return mode
 
     def snapshot(self):
         with self.lock:
             return {"default": dict(self.default),
-                    "paths": {p: dict(o) for p, o in self.paths.items()}}
+                    "paths": {p: dict(o) for p, o in self.paths.items()},
+                    "keys": {k: dict(o) for k, o in self.keys.items()}}
 
     def apply(self, req):
         """Apply a /_control body; raise ValueError on a bad one."""
         if not isinstance(req, dict):
             raise ValueError("control body must be a JSON object")
-        commands = {"path", "reset", "reset_stats", "refuse_for"}
+        commands = {"path", "key", "reset", "reset_stats", "refuse_for"}
         unknown = set(req) - set(MODE_KEYS) - commands
         if unknown:
             raise ValueError(f"unknown fields: {sorted(unknown)}")
         path = req.get("path")
         if path is not None and (not isinstance(path, str) or not path.startswith("/")):
             raise ValueError("path must be a string starting with /")
+        key = req.get("key")
+        if key is not None and not isinstance(key, str):
+            raise ValueError("key must be a string")
+        if path is not None and key is not None:
+            raise ValueError("give path or key, not both")
         changes = {k: _check_mode_value(k, req[k]) for k in MODE_KEYS if k in req}
         with self.lock:
             if req.get("reset"):
-                if path is None:
-                    self.paths.clear()
-                else:
+                if path is not None:
                     self.paths.pop(path, None)
-            if changes:
-                if path is None:
-                    self.default.update(changes)
+                elif key is not None:
+                    self.keys.pop(key, None)
                 else:
+                    self.paths.clear()
+                    self.keys.clear()
+            if changes:
+                if path is not None:
                     self.paths.setdefault(path, {}).update(changes)
+                elif key is not None:
+                    self.keys.setdefault(key, {}).update(changes)
+                else:
+                    self.default.update(changes)
 
 
 # --------------------------------------------------------------------------
@@ -533,11 +552,11 @@ def make_handler(sink):
             if bare in CONTROL_PATHS:
                 return self.handle_control(bare, body)
 
-            mode = sink.config.effective(path)
             headers = {}
             for name, value in self.headers.items():
                 k = name.lower()
                 headers[k] = value if k not in headers else headers[k] + ", " + value
+            mode = sink.config.effective(path, headers.get("outbox-key"))
 
             if mode["drop"]:
                 status = None

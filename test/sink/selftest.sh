@@ -154,6 +154,17 @@ control '{"path": "/close", "close": true}' >/dev/null
 check "close answers Connection: close" \
 	"$(curl -s -o /dev/null -D - --data-binary x "$base/close" "$base/close" | grep -ci '^connection: close')" "2"
 
+# key: a mode for the requests of one outbox-key, on any path
+control '{"key": "k1", "status": 503}' >/dev/null
+check "key: its requests get its mode" \
+	"$(curl -s -o /dev/null -w '%{http_code}' -H 'outbox-key: k1' --data-binary x "$base/keyed")" "503"
+check "key: other keys keep the path's mode" \
+	"$(curl -s -o /dev/null -w '%{http_code}' -H 'outbox-key: k2' --data-binary x "$base/keyed")" "204"
+check "key and path together are refused" "$(control '{"key": "k1", "path": "/x", "status": 500}')" "400"
+control '{"key": "k1", "reset": true}' >/dev/null
+check "key: reset" \
+	"$(curl -s -o /dev/null -w '%{http_code}' -H 'outbox-key: k1' --data-binary x "$base/keyed")" "204"
+
 # concurrency: 400 requests over 32 parallel connections
 seq 400 | xargs -P 32 -I{} curl -s -o /dev/null --data-binary '{"n":{}}' "$base/par/{}"
 nthreads_busy=$(ls /proc/$apid/task | wc -l)
