@@ -3,9 +3,11 @@
 # bench_setup is called.  Not run on its own.
 #
 # The script sets: BENCH_NAME (work directory and log names), PORT,
-# NGINX_PORT, DB, REV, INSTALL, KEEP, OUT, WAIT_FOR, PGUSER_OS, here, repo,
-# and BENCH_PACKAGES (Debian packages it needs beyond curl, nginx and
-# python3-psycopg2).  It may define bench_on_exit, run first on exit.
+# NGINX_PORT (empty: no nginx), DB, REV, INSTALL, KEEP, OUT, WAIT_FOR,
+# PGUSER_OS, here, repo, BENCH_PACKAGES (Debian packages it needs beyond
+# curl, nginx and python3-psycopg2) and, optionally, BENCH_CONF (settings
+# appended to postgresql.conf).  It may define bench_on_exit, run first on
+# exit.
 #
 # bench_setup, as root: installs the packages, waits while a WAIT_FOR
 # process runs, makes the throwaway directory $work (removed on exit unless
@@ -139,8 +141,10 @@ bench_setup() {
 	log_line_prefix = '%m [%p] %b '
 	log_min_messages = warning
 	EOF
+	# The script's own settings; later lines win.
+	[ -z "${BENCH_CONF:-}" ] || printf '%s\n' "$BENCH_CONF" >>"$PGDATA/postgresql.conf"
 
-	log "starting PostgreSQL on 127.0.0.1:$PORT"
+	log "starting PostgreSQL on port $PORT"
 	# The server runs in a private mount namespace whose library and extension
 	# directories are copies of the system ones with our build installed over
 	# them, so that a "make install" elsewhere during the run (new backends
@@ -163,6 +167,7 @@ bench_setup() {
 	PGARGS=(--pghost "$SOCK" --pgport "$PORT" --pguser postgres --dbname "$DB")
 	tool() { "$PY" "$here/relay_bench_tool.py" "${PGARGS[@]}" "$@"; }
 
+	[ -n "$NGINX_PORT" ] || return 0	# no nginx wanted
 	cat >"$work/nginx/nginx.conf" <<-EOF
 	worker_processes 1;
 	daemon off;

@@ -44,6 +44,9 @@
 #                           measurements, to separate the emit/commit path
 #                           from the cost of waking the relay at each commit
 #   KEEP=0                  1: keep the cluster directory (for debugging)
+#   REV=                    build this git revision instead of the working tree
+#   OUT=DIR                 copy the raw results and the server log there
+#   WAIT_FOR=relay_bench.sh wait while a process whose command line matches runs
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -63,100 +66,33 @@ RELAY=${RELAY:-running}
 PGUSER_OS=${OUTBOX_BENCH_USER:-postgres}
 DB=bench
 
-repo=$(cd "$(dirname "$0")/../.." && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
 
-if [ "$(id -u)" -ne 0 ]; then
-	echo "run as root (the cluster itself runs as '$PGUSER_OS')" >&2
-	exit 1
-fi
-
-log() { printf '%s  %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-# ---- packages ---------------------------------------------------------------
-extra=()
-if [ "$PERF" = 1 ]; then extra+=(linux-perf); fi
-"$repo/test/install-deps.sh" "${extra[@]}"
-# The Debian package starts its own cluster on 5432; we do not use it.
-
-BIN=/usr/lib/postgresql/15/bin
-PG_CONFIG=$BIN/pg_config
-[ -x "$PG_CONFIG" ] || PG_CONFIG=$(command -v pg_config)
-id "$PGUSER_OS" >/dev/null 2>&1 || useradd --system --create-home --shell /bin/bash "$PGUSER_OS"
-
-# ---- build and install the extension ---------------------------------------
-log "building and installing outbox from $repo"
-make -s -C "$repo" PG_CONFIG="$PG_CONFIG" install >/dev/null
-build_rev=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?')
-git -C "$repo" diff --quiet HEAD -- src sql 2>/dev/null || build_rev+=" + uncommitted changes in src/sql"
-
-# ---- throwaway cluster ------------------------------------------------------
-work=$(mktemp -d /var/tmp/outbox-bench.XXXXXX)
-chown "$PGUSER_OS" "$work"
-chmod 700 "$work"
-PGDATA=$work/data
-SOCK=$work
-SERVERLOG=$work/server.log
-relay_pid=
-
-as_pg() { runuser -u "$PGUSER_OS" -- "$@"; }
-
-cleanup() {
-	local rc=$?
-	[ -n "$relay_pid" ] && kill -CONT "$relay_pid" 2>/dev/null || true
-	if [ -f "$PGDATA/postmaster.pid" ]; then
-		as_pg "$BIN/pg_ctl" -D "$PGDATA" -m immediate -w stop >/dev/null 2>&1 || true
-	fi
-	if [ "$KEEP" = 1 ]; then
-		echo "cluster kept in $work" >&2
-	else
-		rm -rf "$work"
-	fi
-	exit $rc
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-log "initdb in $PGDATA"
-as_pg "$BIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --locale=C.UTF-8 >/dev/null \
-	|| as_pg "$BIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-locale >/dev/null
-
-cat >>"$PGDATA/postgresql.conf" <<EOF
-
-# ---- emit_bench.sh ----
-listen_addresses = ''
-unix_socket_directories = '$SOCK'
-port = $PORT
-max_connections = 40
-shared_preload_libraries = 'outbox'
-outbox.database = '$DB'
-
-# sized for a 2-core, 24 GB machine
-shared_buffers = 256MB
-wal_buffers = 16MB
-max_wal_size = 4GB
-min_wal_size = 1GB
+# The shared set-up (test/bench/common.sh): packages, a build of the working
+# tree (or REV) installed privately for this server, the cluster.
+REV=${REV:-}
+if [ -n "$REV" ]; then INSTALL=${INSTALL:-0}; else INSTALL=${INSTALL:-1}; fi
+OUT=${OUT:-}
+WAIT_FOR=${WAIT_FOR-relay_bench.sh}
+NGINX_PORT=
+BENCH_NAME=emit-bench
+BENCH_PACKAGES=()
+if [ "$PERF" = 1 ]; then BENCH_PACKAGES+=(linux-perf); fi
+# Unix socket only; tables are truncated before each run, so keep vacuum,
+# analyze and checkpoints out of the runs.
+BENCH_CONF="listen_addresses = ''
 checkpoint_timeout = 1h
-checkpoint_completion_target = 0.9
-# tables are truncated before each run; keep vacuum/analyze out of the runs
 autovacuum = off
-jit = off
-synchronous_commit = on
-fsync = on
-
-logging_collector = off
-log_min_messages = warning
-log_checkpoints = off
-EOF
-
-log "starting server on port $PORT (unix socket $SOCK)"
-as_pg "$BIN/pg_ctl" -D "$PGDATA" -l "$SERVERLOG" -w -t 60 start >/dev/null
-# Keep the library the server actually mapped (others may reinstall it).
+log_checkpoints = off"
+relay_pid=
+bench_on_exit() {
+	[ -n "$relay_pid" ] && kill -CONT "$relay_pid" 2>/dev/null
+	return 0
+}
+. "$here/common.sh"
+bench_setup
 pmpid=$(head -1 "$PGDATA/postmaster.pid")
-cp "/proc/$pmpid/map_files/$(awk '$6 ~ /\/outbox\.so/ {print $1; exit}' "/proc/$pmpid/maps")" "$work/outbox.so"
-
-export PGHOST=$SOCK PGPORT=$PORT PGUSER=postgres
-psqlq() { as_pg env PGHOST="$PGHOST" PGPORT="$PGPORT" PGUSER="$PGUSER" \
-	"$BIN/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
 
 psqlq -d postgres -c "CREATE DATABASE $DB"
 psqlq -d "$DB" <<'SQL'
@@ -419,23 +355,11 @@ if [ "$nerr" -gt 0 ]; then
 fi
 
 # ---- optional profile ---------------------------------------------------------
-# perf needs the exact outbox.so the server mapped.  If someone reinstalls the
-# library meanwhile, the mapping shows up as "outbox.so (deleted)" and perf
-# cannot read its symbols, so perf report runs in a private mount namespace
-# where the library directory is a copy holding the mapped file under both
-# names.
+# perf report runs in a private mount namespace where the library directory
+# is the server's own (see test/bench/common.sh).
 if [ "$PERF" = 1 ]; then
 	set +o pipefail		# head closes pipes early
-	pkglibdir=$("$PG_CONFIG" --pkglibdir)
-	libview=$work/libview
-	mkdir -p "$libview"
-	cp -a "$pkglibdir/." "$libview/"
-	cp "$work/outbox.so" "$libview/outbox.so"
-	cp "$work/outbox.so" "$libview/outbox.so (deleted)"
-	if grep -q 'outbox.so (deleted)' "/proc/$pmpid/maps"; then
-		echo
-		echo "note: $pkglibdir/outbox.so was replaced during the run; profiling the copy the server mapped"
-	fi
+	libview=$work/pkglib
 	preport() {
 		unshare -m sh -c 'mount --bind "$1" "$2" && shift 2 && exec perf report "$@"' \
 			sh "$libview" "$pkglibdir" --no-inline "$@" 2>/dev/null
