@@ -18,7 +18,7 @@ OBJS = \
 	src/worker.o
 
 EXTENSION = outbox
-DATA = outbox--0.1.sql
+DATA = outbox--0.1.sql outbox--0.1--0.2.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
 REGRESS = emit savepoints triggers frontier errors targets

@@ -322,6 +322,9 @@ outbox_emit(PG_FUNCTION_ARGS)
 	outbox_check_preloaded("outbox_emit()");
 	outbox_check_writable();
 	outbox_check_database("outbox_emit()");
+	/* Ids exhausted: fail at the call rather than at COMMIT. */
+	if (outbox_counter_valid())
+		outbox_check_ids_left(1);
 
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,

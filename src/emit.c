@@ -416,7 +416,7 @@ outbox_store_buffer(void)
 	int64		first_id;
 
 	writer = outbox_writer_begin(xbuf->count);
-	first_id = outbox_reserve_ids(xbuf->count);
+	first_id = outbox_writer_reserve(writer, xbuf->count);
 
 	memset(&reader, 0, sizeof(reader));
 	outbox_writer_store(writer, first_id, xbuf->count,

@@ -29,6 +29,7 @@
 #define OUTBOX_SCHEMA			"outbox"
 #define OUTBOX_MESSAGES_TABLE	"messages"
 #define OUTBOX_STATE_TABLE		"state"
+#define OUTBOX_MARK_SEQUENCE	"id_mark"
 
 /*---- columns of outbox.messages, in table order ----*/
 #define Anum_outbox_messages_id			1
@@ -93,7 +94,24 @@ extern void outbox_shmem_init_hooks(void);
 extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);
 extern void outbox_counter_initialize(int64 highest_used);
-extern int64 outbox_reserve_ids(int64 count);
+
+/*
+ * The durable id mark moves this many ids ahead of the last id handed out:
+ * one WAL record per chunk, and at most this many ids skipped by a restart.
+ */
+#define OUTBOX_MARK_CHUNK		1024
+
+/* The sequence that holds the durable id mark, and its owner. */
+typedef struct OutboxMarkRel
+{
+	Oid			relid;			/* outbox.id_mark, or InvalidOid */
+	Oid			owner;			/* who may setval() it */
+} OutboxMarkRel;
+
+extern bool outbox_mark_needed(int64 count);
+extern void outbox_check_ids_left(int64 count);
+extern int64 outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel,
+								bool *mark_locked);
 extern bool outbox_release_slot(XLogRecPtr commit_end);
 extern void outbox_flush_commits(void);
 extern void outbox_counter_advance(int64 highest_used);
@@ -116,6 +134,7 @@ typedef struct OutboxWriter OutboxWriter;
 extern Relation outbox_open_messages(LOCKMODE lockmode);
 extern void outbox_ensure_counter(Relation messages);
 extern OutboxWriter *outbox_writer_begin(int64 count);
+extern int64 outbox_writer_reserve(OutboxWriter *writer, int64 count);
 extern void outbox_writer_store(OutboxWriter *writer, int64 first_id,
 								int64 count, OutboxNextMessage next,
 								void *next_state);

@@ -20,10 +20,18 @@
  * own slot without the lock: a single atomic write, and a reader that misses
  * it only computes a lower, still safe, frontier.
  *
- * The counter is not persisted here.  After every start it is initialised
- * lazily (storage.c) from the highest id in outbox.messages and the durable
- * high-water mark in outbox.state, so a crash can leave gaps but never make
- * an id handed out before reappear (invariant I6).
+ * The counter lives in shared memory only, but never runs ahead of a
+ * durable mark (the sequence outbox.id_mark): before it hands out an id
+ * above the mark, the reserving backend moves the mark OUTBOX_MARK_CHUNK ids
+ * further with setval(), which is WAL-logged and not rolled back.  So one
+ * WAL record per chunk, not a write per commit.  After every start the
+ * counter is initialised lazily (storage.c) above the highest id in
+ * outbox.messages, the high-water mark in outbox.state and the id mark, so a
+ * crash can leave gaps but never make an id handed out before reappear,
+ * even when the transaction that had it failed at COMMIT and VACUUM removed
+ * its rows (invariant I6).  Whoever computes a frontier flushes WAL past the
+ * latest mark write as well as past the latest commit, so no frontier
+ * passes an id that a crash could hand out again.
  *
  *-------------------------------------------------------------------------
  */
@@ -36,11 +44,13 @@
 #include "replication/walsender.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
 #include "access/twophase.h"
 #include "access/xlog.h"
+#include "utils/builtins.h"
 
 #include "outbox.h"
 
@@ -48,7 +58,11 @@ typedef struct OutboxSharedState
 {
 	LWLock	   *lock;			/* see the locking protocol above */
 	bool		counter_valid;	/* next_id initialised since the last start */
-	int64		next_id;		/* next id to hand out */
+	int64		next_id;		/* next id to hand out; at most
+								 * PG_INT64_MAX, which is never handed out */
+	int64		mark;			/* every id up to here is covered by the
+								 * durable id mark */
+	pg_atomic_uint64 mark_end;	/* end LSN of the latest write of the mark */
 	Latch	   *worker_latch;	/* the relay worker's latch, or NULL */
 	bool		worker_wants_commits;	/* the worker has targets to feed */
 	OutboxConnectState worker_connect;	/* how the worker's last attempt to
@@ -125,6 +139,8 @@ outbox_shmem_startup(void)
 		OutboxShared->lock = &(GetNamedLWLockTranche("outbox"))->lock;
 		OutboxShared->counter_valid = false;
 		OutboxShared->next_id = 1;
+		OutboxShared->mark = 0;
+		pg_atomic_init_u64(&OutboxShared->mark_end, 0);
 		OutboxShared->worker_latch = NULL;
 		OutboxShared->worker_wants_commits = false;
 		OutboxShared->worker_connect = OUTBOX_CONNECT_UNKNOWN;
@@ -202,19 +218,79 @@ outbox_counter_initialize(int64 highest_used)
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	if (!OutboxShared->counter_valid)
 	{
-		OutboxShared->next_id = Max(highest_used, 0) + 1;
+		highest_used = Min(Max(highest_used, 0), PG_INT64_MAX - 1);
+		OutboxShared->next_id = highest_used + 1;
+		/* Nothing above highest_used is known to be covered. */
+		OutboxShared->mark = highest_used;
 		OutboxShared->counter_valid = true;
 	}
 	LWLockRelease(OutboxShared->lock);
 }
 
 /*
+ * Whether reserving count ids would probably pass the durable mark, so the
+ * caller should lock the mark's sequence before reserving (a lock wait
+ * must not happen under our LWLock).  Read without the lock: a wrong guess
+ * only costs a retry in outbox_reserve_ids().
+ */
+bool
+outbox_mark_needed(int64 count)
+{
+	return !OutboxShared->counter_valid ||
+		OutboxShared->next_id > OutboxShared->mark - count;
+}
+
+/*
+ * Refuse to go on when the commit sequence has run out of ids: a bigint
+ * never wraps around.  Also called by outbox_emit(), so that the failure
+ * normally comes at the call rather than at COMMIT.
+ */
+void
+outbox_check_ids_left(int64 count)
+{
+	int64		next = OutboxShared->next_id;
+
+	if (OutboxShared->counter_valid && next > PG_INT64_MAX - count)
+		ereport(ERROR,
+				(errcode(ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED),
+				 errmsg("outbox message ids are exhausted"),
+				 errdetail("The next id would be " INT64_FORMAT "; ids are bigint and never wrap around.",
+						   next),
+				 errhint("A message with an id near the bigint maximum was stored in outbox.messages, for example by a restore of foreign data.  Restore the outbox from a dump of this database instead.")));
+}
+
+/*
+ * Move the durable mark to value: setval() on its sequence, as the
+ * sequence's owner (the emitting role has no right to it).  Returns the end
+ * of the WAL record.  Caller holds the lock and a lock on the sequence.
+ */
+static XLogRecPtr
+outbox_mark_write(const OutboxMarkRel *markrel, int64 value)
+{
+	Oid			save_userid;
+	int			save_sec;
+
+	GetUserIdAndSecContext(&save_userid, &save_sec);
+	SetUserIdAndSecContext(markrel->owner,
+						   save_sec | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	DirectFunctionCall2(setval_oid, ObjectIdGetDatum(markrel->relid),
+						Int64GetDatum(value));
+	SetUserIdAndSecContext(save_userid, save_sec);
+	return XactLastRecEnd;
+}
+
+/*
  * Reserve count contiguous ids and publish the first in our slot.  The
  * caller must clear it with outbox_release_slot() at the end of the
- * transaction.  Precondition: the counter is valid.
+ * transaction.  Ids past the durable mark are covered first: markrel names
+ * its sequence (InvalidOid with a 0.1 schema, which has none), and
+ * *mark_locked says whether the caller already holds a lock on it; if not,
+ * and the mark must move, the lock is taken here with our LWLock released.
+ * Precondition: the counter is valid.
  */
 int64
-outbox_reserve_ids(int64 count)
+outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel, bool *mark_locked)
 {
 	int			me = OUTBOX_MY_PROC_INDEX();
 	int64		first;
@@ -231,16 +307,40 @@ outbox_reserve_ids(int64 count)
 		exit_hook_registered = true;
 	}
 
-	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
-	if (!OutboxShared->counter_valid)
-		elog(ERROR, "outbox: commit sequence used before initialisation");
-	first = OutboxShared->next_id;
-	OutboxShared->next_id += count;
-	pg_atomic_write_u64(&OutboxShared->inflight[me], (uint64) first);
-	slot_published = true;
-	LWLockRelease(OutboxShared->lock);
+	for (;;)
+	{
+		LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+		if (!OutboxShared->counter_valid)
+			elog(ERROR, "outbox: commit sequence used before initialisation");
+		outbox_check_ids_left(count);
+		first = OutboxShared->next_id;
 
-	return first;
+		if (OidIsValid(markrel->relid) && first - 1 > OutboxShared->mark - count)
+		{
+			int64		last = first + count - 1;
+			int64		mark;
+
+			if (!*mark_locked)
+			{
+				/* Never wait for a heavyweight lock under our LWLock. */
+				LWLockRelease(OutboxShared->lock);
+				LockRelationOid(markrel->relid, RowExclusiveLock);
+				*mark_locked = true;
+				continue;
+			}
+			mark = (last > PG_INT64_MAX - OUTBOX_MARK_CHUNK) ?
+				PG_INT64_MAX : last + OUTBOX_MARK_CHUNK;
+			pg_atomic_write_u64(&OutboxShared->mark_end,
+								outbox_mark_write(markrel, mark));
+			OutboxShared->mark = mark;
+		}
+
+		OutboxShared->next_id += count;
+		pg_atomic_write_u64(&OutboxShared->inflight[me], (uint64) first);
+		slot_published = true;
+		LWLockRelease(OutboxShared->lock);
+		return first;
+	}
 }
 
 /*
@@ -375,7 +475,11 @@ void
 outbox_flush_commits(void)
 {
 	XLogRecPtr	upto = pg_atomic_read_u64(&OutboxShared->max_commit_end);
+	XLogRecPtr	mark_end = pg_atomic_read_u64(&OutboxShared->mark_end);
 
+	/* Ids up to the frontier may include a failed transaction's gap. */
+	if (mark_end > upto)
+		upto = mark_end;
 	if (upto != InvalidXLogRecPtr && !RecoveryInProgress())
 		XLogFlush(upto);
 }
@@ -388,6 +492,7 @@ outbox_flush_commits(void)
 void
 outbox_counter_advance(int64 highest_used)
 {
+	highest_used = Min(highest_used, PG_INT64_MAX - 1);
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	if (OutboxShared->counter_valid && OutboxShared->next_id <= highest_used)
 		OutboxShared->next_id = highest_used + 1;

@@ -12,8 +12,9 @@
  *
  * This file also reads what the commit sequence is initialised from after
  * a start: the highest id present in outbox.messages (any row version, dead
- * or alive) and the high-water mark in outbox.state that the delete and
- * truncate triggers maintain.
+ * or alive), the high-water mark in outbox.state that the delete and
+ * truncate triggers maintain, and the durable id mark (outbox.id_mark),
+ * which the commit sequence keeps ahead of every id it hands out.
  *
  *-------------------------------------------------------------------------
  */
@@ -25,7 +26,10 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_sequence.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "commands/dbcommands.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
@@ -35,6 +39,8 @@
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "storage/lmgr.h"
 
 #include "outbox.h"
 
@@ -49,10 +55,15 @@ struct OutboxWriter
 	TupleTableSlot **slots;		/* up to OUTBOX_INSERT_BATCH slots */
 	int			maxslots;		/* entries allocated in slots */
 	int			nslots_made;	/* slots created so far */
+	OutboxMarkRel mark;			/* the id mark's sequence */
+	bool		mark_locked;	/* we hold a lock on it */
 };
 
 /* OID of outbox.messages found by the last lookup, or InvalidOid. */
 static Oid	cached_messages_relid = InvalidOid;
+
+/* The id mark's sequence found by the last lookup. */
+static OutboxMarkRel cached_mark = {InvalidOid, InvalidOid};
 
 /*
  * Open outbox.messages with the given lock, with a clear error when the
@@ -170,6 +181,85 @@ outbox_high_water_mark(void)
 }
 
 /*
+ * Find the sequence outbox.id_mark.  A schema of version 0.1 has none
+ * (InvalidOid): ids then follow the table and outbox.state only, until
+ * ALTER EXTENSION outbox UPDATE.  The lookup is remembered, and checked
+ * again like outbox.messages' in case the sequence was recreated.
+ */
+static const OutboxMarkRel *
+outbox_mark_rel(void)
+{
+	Oid			nspid;
+	HeapTuple	tup;
+
+	if (OidIsValid(cached_mark.relid))
+	{
+		tup = SearchSysCache1(RELOID, ObjectIdGetDatum(cached_mark.relid));
+		if (HeapTupleIsValid(tup))
+		{
+			Form_pg_class cls = (Form_pg_class) GETSTRUCT(tup);
+			bool		same = cls->relkind == RELKIND_SEQUENCE &&
+				strcmp(NameStr(cls->relname), OUTBOX_MARK_SEQUENCE) == 0 &&
+				cls->relnamespace == get_namespace_oid(OUTBOX_SCHEMA, true);
+
+			ReleaseSysCache(tup);
+			if (same)
+				return &cached_mark;
+		}
+	}
+	cached_mark.relid = InvalidOid;
+	cached_mark.owner = InvalidOid;
+	nspid = get_namespace_oid(OUTBOX_SCHEMA, true);
+	if (!OidIsValid(nspid))
+		return &cached_mark;
+	tup = SearchSysCache2(RELNAMENSP, CStringGetDatum(OUTBOX_MARK_SEQUENCE),
+						  ObjectIdGetDatum(nspid));
+	if (HeapTupleIsValid(tup))
+	{
+		Form_pg_class cls = (Form_pg_class) GETSTRUCT(tup);
+
+		if (cls->relkind == RELKIND_SEQUENCE)
+		{
+			cached_mark.relid = cls->oid;
+			cached_mark.owner = cls->relowner;
+		}
+		ReleaseSysCache(tup);
+	}
+	return &cached_mark;
+}
+
+/*
+ * The durable id mark: the last value set on outbox.id_mark, read from the
+ * sequence's tuple without advancing it (or 0 when never set, or without
+ * the sequence).
+ */
+static int64
+outbox_id_mark(void)
+{
+	const OutboxMarkRel *markrel = outbox_mark_rel();
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	int64		mark = 0;
+
+	if (!OidIsValid(markrel->relid))
+		return 0;
+	rel = relation_open(markrel->relid, AccessShareLock);
+	scan = table_beginscan(rel, SnapshotAny, 0, NULL);
+	tup = heap_getnext(scan, ForwardScanDirection);
+	if (tup != NULL)
+	{
+		Form_pg_sequence_data seq = (Form_pg_sequence_data) GETSTRUCT(tup);
+
+		if (seq->is_called)
+			mark = seq->last_value;
+	}
+	table_endscan(scan);
+	relation_close(rel, AccessShareLock);
+	return mark;
+}
+
+/*
  * Make sure the commit sequence is initialised since the last start.
  * Caller holds a lock on outbox.messages.
  */
@@ -182,6 +272,7 @@ outbox_ensure_counter(Relation messages)
 		return;
 
 	highest = Max(outbox_highest_message_id(messages), outbox_high_water_mark());
+	highest = Max(highest, outbox_id_mark());
 	outbox_counter_initialize(highest);
 }
 
@@ -197,6 +288,15 @@ outbox_writer_begin(int64 count)
 
 	writer->rel = outbox_open_messages(RowExclusiveLock);
 	outbox_ensure_counter(writer->rel);
+	outbox_check_ids_left(count);
+
+	/* Lock the id mark now if the reservation will probably move it. */
+	writer->mark = *outbox_mark_rel();
+	if (OidIsValid(writer->mark.relid) && outbox_mark_needed(count))
+	{
+		LockRelationOid(writer->mark.relid, RowExclusiveLock);
+		writer->mark_locked = true;
+	}
 
 	writer->estate = CreateExecutorState();
 	writer->estate->es_output_cid = GetCurrentCommandId(true);
@@ -207,6 +307,16 @@ outbox_writer_begin(int64 count)
 	writer->maxslots = (int) Min(Max(count, 1), OUTBOX_INSERT_BATCH);
 	writer->slots = palloc0(sizeof(TupleTableSlot *) * writer->maxslots);
 	return writer;
+}
+
+/*
+ * Reserve count ids for the messages to store (publishing our in-flight
+ * slot), moving the durable id mark first when they pass it.
+ */
+int64
+outbox_writer_reserve(OutboxWriter *writer, int64 count)
+{
+	return outbox_reserve_ids(count, &writer->mark, &writer->mark_locked);
 }
 
 /* Insert slots[0..n) and their index entries, then forget the batch. */
