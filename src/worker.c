@@ -1368,6 +1368,15 @@ outbox_worker_main(Datum main_arg)
 	outbox_set_worker_connect_state(OUTBOX_CONNECT_TRYING);
 	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
 	outbox_set_worker_connect_state(OUTBOX_CONNECT_OK);
+
+	/*
+	 * The relay runs as a superuser: whatever search_path the database or a
+	 * role sets, every function and operator in its queries must resolve in
+	 * pg_catalog (tables are schema-qualified), or whoever can create a
+	 * schema and set the database's search_path runs code as superuser.
+	 */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET,
+					PGC_S_OVERRIDE);
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"", outbox_database)));
 
