@@ -486,7 +486,8 @@ relay_http_send(RelayLane *lane)
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
 
-	n = Min(lane->attempts > 0 && lane->retry_nbatch > 0 ? lane->retry_nbatch : t->batch_size,
+	/* A batch that failed is sent again as it was. */
+	n = Min(lane->retry_nbatch > 0 ? lane->retry_nbatch : t->batch_size,
 			lane->nqueued);
 	if (t->batch_size == 1)
 	{
@@ -576,14 +577,50 @@ relay_http_send(RelayLane *lane)
 	requests_in_flight++;
 }
 
+/*
+ * The failure class of an HTTP status (README, "Failure classes").  A
+ * status we do not know is never taken to mean "drop the message": an
+ * unknown 4xx holds the target, anything else is retried.
+ */
+RelayOutcomeKind
+relay_http_status_class(long status)
+{
+	if (status >= 200 && status < 300)
+		return RELAY_DELIVERED;
+	switch (status)
+	{
+		case 408:				/* Request Timeout */
+		case 425:				/* Too Early */
+		case 429:				/* Too Many Requests */
+			return RELAY_RETRY;
+		case 400:				/* Bad Request */
+		case 409:				/* Conflict */
+		case 411:				/* Length Required */
+		case 413:				/* Content Too Large */
+		case 415:				/* Unsupported Media Type */
+		case 422:				/* Unprocessable Content */
+		case 431:				/* Request Header Fields Too Large */
+			return RELAY_REJECTED;
+	}
+	if (status >= 500 && status < 600)
+		return RELAY_RETRY;
+	if ((status >= 300 && status < 500))
+		return RELAY_RECEIVER_FAILED;	/* 3xx (not followed), 401, 403, 404,
+										 * 405, 410, other 4xx */
+	return RELAY_RETRY;			/* 1xx or nonsense */
+}
+
 /* A request finished: classify the outcome and tell the lane. */
 static void
-relay_http_finish(CURL *easy, CURLcode result)
+relay_http_finish(CURL *easy, CURLcode result,
+				  void (*finished) (RelayLane *lane, const RelayOutcome *outcome))
 {
 	RelayLane  *lane = NULL;
 	RelayHttpLane *h;
 	long		status = 0;
 	curl_off_t	retry_after = 0;
+	RelayOutcome outcome;
+	char		msg[CURL_ERROR_SIZE + 400];
 
 	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **) &lane);
 	h = lane->http;
@@ -595,26 +632,27 @@ relay_http_finish(CURL *easy, CURLcode result)
 	requests_in_flight--;
 	lane->in_flight = false;
 
+	memset(&outcome, 0, sizeof(outcome));
 	if (result != CURLE_OK)
 	{
-		char		msg[CURL_ERROR_SIZE + 64];
-
 		snprintf(msg, sizeof(msg), "%s",
 				 h->errbuf[0] ? h->errbuf : curl_easy_strerror(result));
-		relay_lane_failed(lane, true, 0, msg, 0);
+		outcome.kind = RELAY_RETRY;
+		outcome.error = msg;
 	}
-	else if (status >= 200 && status < 300)
-		relay_lane_succeeded(lane);
 	else
 	{
-		char		msg[400];
-		bool		retryable = (status == 408 || status == 429 || status >= 500);
-
-		snprintf(msg, sizeof(msg), "HTTP %ld%s%s", status,
-				 h->response_len > 0 ? ": " : "", h->response);
-		relay_lane_failed(lane, retryable, (int) status, msg,
-						  (int) Min(retry_after, (curl_off_t) 86400));
+		outcome.kind = relay_http_status_class(status);
+		outcome.status = (int) status;
+		if (outcome.kind != RELAY_DELIVERED)
+		{
+			snprintf(msg, sizeof(msg), "HTTP %ld%s%s", status,
+					 h->response_len > 0 ? ": " : "", h->response);
+			outcome.error = msg;
+			outcome.retry_after_s = (int) Min(Max(retry_after, 0), (curl_off_t) 86400);
+		}
 	}
+	finished(lane, &outcome);
 }
 
 /*
@@ -624,7 +662,7 @@ relay_http_finish(CURL *easy, CURLcode result)
  * when it is set, even if sockets are ready too.
  */
 void
-relay_http_drive(void)
+relay_http_drive(void (*finished) (RelayLane *lane, const RelayOutcome *outcome))
 {
 	struct epoll_event events[64];
 	int			running;
@@ -676,7 +714,7 @@ relay_http_drive(void)
 	while ((msg = curl_multi_info_read(multi, &left)) != NULL)
 	{
 		if (msg->msg == CURLMSG_DONE)
-			relay_http_finish(msg->easy_handle, msg->data.result);
+			relay_http_finish(msg->easy_handle, msg->data.result, finished);
 	}
 }
 

@@ -47,6 +47,28 @@ typedef struct RelaySubscription
 struct RelayTarget;
 struct RelayHttpLane;
 
+/*
+ * What a transport says of one request (a message or a batch); the lane
+ * decides what follows (worker.c).  See the README's failure classes.
+ */
+typedef enum RelayOutcomeKind
+{
+	RELAY_DELIVERED,			/* acknowledged */
+	RELAY_RETRY,				/* try again later: timeouts, 5xx, 429 ... */
+	RELAY_REJECTED,				/* the receiver refuses this body: dead
+								 * letter it, the lane moves on */
+	RELAY_RECEIVER_FAILED		/* the endpoint is wrong, not the message
+								 * (401, 404, 3xx ...): hold the target */
+} RelayOutcomeKind;
+
+typedef struct RelayOutcome
+{
+	RelayOutcomeKind kind;
+	int			status;			/* HTTP status, 0 for none */
+	const char *error;			/* what went wrong, or NULL */
+	int			retry_after_s;	/* the receiver's Retry-After, 0 for none */
+} RelayOutcome;
+
 /* A FIFO of one target: at most one request in flight. */
 typedef struct RelayLane
 {
@@ -100,6 +122,11 @@ typedef struct RelayTarget
 	int			nsubs;			/* entries in subs */
 	RelayLane  *lanes;			/* nlanes lanes */
 	int64		read_id;		/* every id <= read_id was read or skipped */
+	int			hold_attempts;	/* receiver-wide failures in a row; while
+								 * above 0 the target is held: only
+								 * probe_lane sends, at held_until */
+	int			probe_lane;		/* the lane whose request failed last */
+	TimestampTz held_until;		/* when the probe may go */
 	int			nqueued;		/* messages queued over all lanes */
 	MemoryContext cxt;			/* holds the target and its messages */
 	bool		seen;			/* found in the last configuration load */
@@ -121,9 +148,7 @@ typedef struct RelayDeadLetter
 
 /*---- worker.c: services for http.c and notify.c ----*/
 extern RelayMessage *relay_lane_pop(RelayLane *lane);
-extern void relay_lane_succeeded(RelayLane *lane);
-extern void relay_lane_failed(RelayLane *lane, bool retryable, int status,
-							  const char *error, int retry_after_s);
+extern void relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome);
 extern void relay_lane_set_error(RelayLane *lane, int status,
 								 const char *error);
 extern int64 relay_backoff_ms(int attempts, int retry_after_s);
@@ -141,7 +166,9 @@ extern void relay_http_shutdown(void);
 extern void relay_http_lane_init(RelayLane *lane);
 extern void relay_http_lane_release(RelayLane *lane);
 extern void relay_http_send(RelayLane *lane);
-extern void relay_http_drive(void);
+extern RelayOutcomeKind relay_http_status_class(long status);
+extern void relay_http_drive(void (*finished) (RelayLane *lane,
+											   const RelayOutcome *outcome));
 extern long relay_http_timeout(void);
 extern int	relay_http_in_flight(void);
 

@@ -200,7 +200,7 @@ relay_lane_set_error(RelayLane *lane, int status, const char *error)
 }
 
 /* The head batch was acknowledged. */
-void
+static void
 relay_lane_succeeded(RelayLane *lane)
 {
 	int			i;
@@ -214,6 +214,7 @@ relay_lane_succeeded(RelayLane *lane)
 	}
 	lane->delivered_delta += lane->nbatch;
 	lane->nbatch = 0;
+	lane->retry_nbatch = 0;
 	lane->attempts = 0;
 	lane->next_attempt = 0;
 }
@@ -235,7 +236,7 @@ relay_backoff_ms(int attempts, int retry_after_s)
 }
 
 /* The head batch failed: retry it later, or dead-letter it. */
-void
+static void
 relay_lane_failed(RelayLane *lane, bool retryable, int status,
 				  const char *error, int retry_after_s)
 {
@@ -274,8 +275,80 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 	}
 	lane->dead_delta += lane->nbatch;
 	lane->nbatch = 0;
+	lane->retry_nbatch = 0;
 	lane->attempts = 0;
 	lane->next_attempt = 0;
+}
+
+/*
+ * The receiver as a whole refused (the endpoint, not the message, is
+ * wrong): hold the target.  Nothing is dead-lettered and the lane's attempts
+ * do not count toward max_attempts; this lane probes again after a backoff
+ * (up to outbox.retry_max_delay) while the other lanes wait, and the first
+ * success releases them all, in order.
+ */
+static void
+relay_lane_hold(RelayLane *lane, int status, const char *error,
+				int retry_after_s)
+{
+	RelayTarget *t = lane->target;
+
+	relay_lane_set_error(lane, status, error);
+	t->hold_attempts++;
+	t->probe_lane = lane->index;
+	t->held_until =
+		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+									relay_backoff_ms(t->hold_attempts, retry_after_s));
+	lane->next_attempt = t->held_until;
+	lane->retry_nbatch = lane->nbatch;
+	lane->nbatch = 0;
+	if (t->hold_attempts == 1)
+		ereport(LOG,
+				(errmsg("outbox relay holds target \"%s\": %s", t->name, error),
+				 errdetail("Nothing is dead-lettered; delivery resumes in order when the receiver accepts requests again.")));
+}
+
+/* What a transport reported for the lane's request. */
+void
+relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
+{
+	RelayTarget *t = lane->target;
+
+	switch (outcome->kind)
+	{
+		case RELAY_DELIVERED:
+			relay_lane_succeeded(lane);
+			if (t->hold_attempts > 0)
+				ereport(LOG,
+						(errmsg("outbox relay resumes target \"%s\"", t->name)));
+			t->hold_attempts = 0;
+			t->held_until = 0;
+			break;
+		case RELAY_RETRY:
+			relay_lane_failed(lane, true, outcome->status, outcome->error,
+							  outcome->retry_after_s);
+			break;
+		case RELAY_REJECTED:
+			relay_lane_failed(lane, false, outcome->status, outcome->error, 0);
+			break;
+		case RELAY_RECEIVER_FAILED:
+			relay_lane_hold(lane, outcome->status, outcome->error,
+							outcome->retry_after_s);
+			break;
+	}
+}
+
+/* Whether a lane of t may start a request now (a held target probes). */
+static bool
+relay_lane_may_send(RelayLane *lane, TimestampTz now)
+{
+	RelayTarget *t = lane->target;
+
+	if (lane->in_flight || lane->nqueued == 0 || now < lane->next_attempt)
+		return false;
+	if (t->hold_attempts > 0)
+		return lane->index == t->probe_lane && now >= t->held_until;
+	return true;
 }
 
 /*
@@ -1168,7 +1241,7 @@ relay_dispatch(TimestampTz now)
 		{
 			RelayLane  *lane = &t->lanes[i];
 
-			if (!lane->in_flight && lane->nqueued > 0 && now >= lane->next_attempt)
+			if (relay_lane_may_send(lane, now))
 				relay_http_send(lane);
 		}
 	}
@@ -1199,7 +1272,8 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 		{
 			RelayLane  *lane = &t->lanes[i];
 
-			if (!lane->in_flight && lane->nqueued > 0)
+			if (!lane->in_flight && lane->nqueued > 0 &&
+				(t->hold_attempts == 0 || i == t->probe_lane))
 			{
 				long		ms = (long) ((lane->next_attempt - now + 999) / 1000);
 
@@ -1472,10 +1546,10 @@ outbox_worker_main(Datum main_arg)
 		}
 
 		/* Collect answers, then start what is due on the free lanes. */
-		relay_http_drive();
+		relay_http_drive(relay_lane_outcome);
 		if (outbox_enabled)
 			relay_dispatch(GetCurrentTimestamp());
-		relay_http_drive();
+		relay_http_drive(relay_lane_outcome);
 
 		/* Let autovacuum and the statistics views see our work. */
 		pgstat_report_stat(false);
