@@ -37,6 +37,7 @@
 #include "common/hmac.h"
 #include "common/sha2.h"
 #include "storage/fd.h"
+#include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
@@ -63,6 +64,9 @@ typedef struct RelayHttpLane
 	char		response[256];	/* start of the response body */
 	int			response_len;	/* bytes in response */
 } RelayHttpLane;
+
+/* A lane's batch body buffer larger than this is given back after use. */
+#define RELAY_BODY_KEEP		(256 * 1024)
 
 static CURLM *multi = NULL;
 static int	epoll_fd = -1;
@@ -463,12 +467,25 @@ relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
 }
 
 /*
- * Send the lane's next batch: up to batch_size messages from the head of
- * its queue.  With batch_size 1 the body is the payload itself; otherwise
- * a JSON array of envelopes.
+ * Bytes a message adds to a batch body: its envelope, with room for
+ * escaping the topic and key.
  */
-void
-relay_http_send(RelayLane *lane)
+static Size
+relay_envelope_bytes(RelayMessage *m)
+{
+	return (Size) m->payload_len + (m->headers ? strlen(m->headers) : 0) +
+		6 * (strlen(m->topic) + (m->key ? strlen(m->key) : 0)) + 256;
+}
+
+/*
+ * Send the lane's next batch: up to batch_size messages from the head of
+ * its queue, cut before the body would pass RELAY_MAX_BATCH_BYTES (the
+ * first message always goes).  With batch_size 1 the body is the payload
+ * itself; otherwise a JSON array of envelopes.  Returns false, with
+ * *failed set, when the request could not be started.
+ */
+bool
+relay_http_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
 	RelayHttpLane *h = lane->http;
@@ -485,6 +502,7 @@ relay_http_send(RelayLane *lane)
 	CURLMcode	mrc;
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
+	memset(failed, 0, sizeof(*failed));
 
 	/* A batch that failed is sent again as it was. */
 	n = Min(lane->retry_nbatch > 0 ? lane->retry_nbatch : t->batch_size,
@@ -497,6 +515,24 @@ relay_http_send(RelayLane *lane)
 	}
 	else
 	{
+		Size		bytes = 0;
+
+		for (m = first, i = 0; i < n; m = m->next, i++)
+		{
+			Size		add = relay_envelope_bytes(m);
+
+			if (i > 0 && bytes + add > RELAY_MAX_BATCH_BYTES)
+				break;
+			bytes += add;
+		}
+		n = i;
+		if (bytes >= MaxAllocSize)
+		{
+			lane->nbatch = 1;
+			failed->kind = RELAY_REJECTED;
+			failed->error = "message too large for a batch request body (1 GB)";
+			return false;
+		}
 		resetStringInfo(&h->body);
 		appendStringInfoChar(&h->body, '[');
 		for (m = first, i = 0; i < n; m = m->next, i++)
@@ -571,10 +607,14 @@ relay_http_send(RelayLane *lane)
 
 	mrc = curl_multi_add_handle(multi, h->easy);
 	if (mrc != CURLM_OK)
-		elog(ERROR, "outbox: could not start HTTP request: %s",
-			 curl_multi_strerror(mrc));
+	{
+		failed->kind = RELAY_RETRY;
+		failed->error = curl_multi_strerror(mrc);
+		return false;
+	}
 	lane->in_flight = true;
 	requests_in_flight++;
+	return true;
 }
 
 /*
@@ -631,6 +671,16 @@ relay_http_finish(CURL *easy, CURLcode result,
 	curl_multi_remove_handle(multi, easy);
 	requests_in_flight--;
 	lane->in_flight = false;
+
+	/* Give back the memory of a large batch body. */
+	if (h->body.maxlen > RELAY_BODY_KEEP)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(GetMemoryChunkContext(h->body.data));
+
+		pfree(h->body.data);
+		initStringInfo(&h->body);
+		MemoryContextSwitchTo(oldcxt);
+	}
 
 	memset(&outcome, 0, sizeof(outcome));
 	if (result != CURLE_OK)

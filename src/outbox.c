@@ -29,6 +29,7 @@ bool		outbox_enabled = true;
 int			outbox_poll_interval = 1000;
 int			outbox_retry_base_delay = 500;
 int			outbox_retry_max_delay = 300000;
+int			outbox_relay_memory = 64 * 1024;	/* kB */
 
 /* Whether _PG_init ran from shared_preload_libraries. */
 bool		outbox_preloaded = false;
@@ -90,6 +91,18 @@ _PG_init(void)
 							24 * 3600 * 1000,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.relay_memory",
+							"Most memory the relay holds for messages.",
+							"Read-ahead queues and the request bodies built from them, shared evenly between targets. "
+							"A message larger than a target's share is still delivered, alone.",
+							&outbox_relay_memory,
+							64 * 1024,
+							1024,
+							16 * 1024 * 1024,
+							PGC_SIGHUP,
+							GUC_UNIT_KB,
 							NULL, NULL, NULL);
 
 	if (!process_shared_preload_libraries_in_progress)

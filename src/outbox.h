@@ -73,6 +73,7 @@ extern bool outbox_enabled;
 extern int	outbox_poll_interval;
 extern int	outbox_retry_base_delay;
 extern int	outbox_retry_max_delay;
+extern int	outbox_relay_memory;
 extern bool outbox_preloaded;
 
 /*---- worker.c ----*/

@@ -25,6 +25,7 @@ typedef struct RelayMessage
 {
 	struct RelayMessage *next;	/* next message of the lane */
 	int64		id;				/* commit-ordered id */
+	Size		mem_size;		/* bytes this message takes in memory */
 	char		msg_id[RELAY_UUID_LEN + 1]; /* stable id, text form */
 	TimestampTz emitted_at;		/* when it was emitted */
 	char	   *topic;			/* NUL-terminated */
@@ -77,6 +78,7 @@ typedef struct RelayLane
 	RelayMessage *head;			/* oldest undelivered message */
 	RelayMessage *tail;			/* newest queued message */
 	int			nqueued;		/* messages in the queue */
+	Size		queued_bytes;	/* their mem_size, summed */
 	int			nbatch;			/* messages at the head being sent */
 	bool		in_flight;		/* a request is on the wire */
 	int			attempts;		/* failed attempts of the head batch */
@@ -128,6 +130,9 @@ typedef struct RelayTarget
 	int			probe_lane;		/* the lane whose request failed last */
 	TimestampTz held_until;		/* when the probe may go */
 	int			nqueued;		/* messages queued over all lanes */
+	Size		queued_bytes;	/* their mem_size, summed */
+	Size		read_need;		/* size of the message that did not fit in
+								 * the queue, 0 for none */
 	MemoryContext cxt;			/* holds the target and its messages */
 	bool		seen;			/* found in the last configuration load */
 } RelayTarget;
@@ -145,6 +150,13 @@ typedef struct RelayDeadLetter
 	int			last_status;
 	char	   *last_error;
 } RelayDeadLetter;
+
+/*
+ * Largest body of one batch request: a batch is cut before it grows past
+ * this (a message larger than this goes alone).  Fixed, so a re-read cuts
+ * the same batches.
+ */
+#define RELAY_MAX_BATCH_BYTES	(64 * 1024 * 1024)
 
 /*---- worker.c: services for http.c and notify.c ----*/
 extern RelayMessage *relay_lane_pop(RelayLane *lane);
@@ -165,7 +177,7 @@ extern int	relay_http_init(void);
 extern void relay_http_shutdown(void);
 extern void relay_http_lane_init(RelayLane *lane);
 extern void relay_http_lane_release(RelayLane *lane);
-extern void relay_http_send(RelayLane *lane);
+extern bool relay_http_send(RelayLane *lane, RelayOutcome *failed);
 extern RelayOutcomeKind relay_http_status_class(long status);
 extern void relay_http_drive(void (*finished) (RelayLane *lane,
 											   const RelayOutcome *outcome));

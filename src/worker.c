@@ -60,6 +60,7 @@
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
+#include "access/detoast.h"
 #include "utils/datetime.h"
 #include "utils/guc.h"
 #include "utils/json.h"
@@ -71,10 +72,15 @@
 
 #include "relay.h"
 
-/* Most messages read in one query for one target. */
+/* Most messages read for one target in one turn. */
 #define RELAY_READ_CHUNK			5000
+/* Rows fetched from the read cursor at once (each at most ~2 kB: larger
+ * values stay TOAST pointers until a message is built). */
+#define RELAY_FETCH_ROWS			256
 /* Least number of messages a target may have queued before reading stops. */
 #define RELAY_MIN_QUEUE				10000
+/* A payload text buffer larger than this is given back after use. */
+#define RELAY_TEXT_BUF_KEEP			(1024 * 1024)
 /* Record progress at least this often while requests are in flight. */
 #define RELAY_PROGRESS_INTERVAL_MS	20
 /*
@@ -141,11 +147,45 @@ relay_lane_cap(RelayTarget *t)
 	return Max(4 * t->batch_size, relay_queue_cap(t) / 2);
 }
 
+/*
+ * Bytes of messages a target may have queued: half its even share of
+ * outbox.relay_memory (the request bodies built from them take at most as
+ * much again).
+ */
+static Size
+relay_queue_bytes(RelayTarget *t)
+{
+	Size		total = (Size) outbox_relay_memory * 1024;
+
+	return Max(total / Max(list_length(targets), 1) / 2, 64 * 1024);
+}
+
+/* Bytes one lane may hold: as relay_lane_cap(), half of the target's. */
+static Size
+relay_lane_bytes(RelayTarget *t)
+{
+	if (t->nlanes == 1)
+		return relay_queue_bytes(t);
+	return relay_queue_bytes(t) / 2;
+}
+
+/*
+ * Whether target t has room for the message that last did not fit, so that
+ * a read does not stop at once (and the loop does not spin on it).
+ */
+static bool
+relay_target_has_room(RelayTarget *t)
+{
+	return t->nqueued == 0 ||
+		t->queued_bytes + Max(t->read_need, 1) <= relay_queue_bytes(t);
+}
+
 static bool
 relay_lane_needs_refill(RelayLane *lane)
 {
-	return lane->overflow_id != 0 &&
-		lane->nqueued <= relay_lane_cap(lane->target) / 2;
+	return lane->overflow_id != 0 && relay_target_has_room(lane->target) &&
+		lane->nqueued <= relay_lane_cap(lane->target) / 2 &&
+		lane->queued_bytes <= relay_lane_bytes(lane->target) / 2;
 }
 
 static void
@@ -159,6 +199,8 @@ relay_lane_push(RelayLane *lane, RelayMessage *m)
 	lane->tail = m;
 	lane->nqueued++;
 	lane->target->nqueued++;
+	lane->queued_bytes += m->mem_size;
+	lane->target->queued_bytes += m->mem_size;
 }
 
 RelayMessage *
@@ -172,6 +214,8 @@ relay_lane_pop(RelayLane *lane)
 		lane->tail = NULL;
 	lane->nqueued--;
 	lane->target->nqueued--;
+	lane->queued_bytes -= m->mem_size;
+	lane->target->queued_bytes -= m->mem_size;
 	return m;
 }
 
@@ -235,6 +279,26 @@ relay_backoff_ms(int attempts, int retry_after_s)
 	return (int64) delay;
 }
 
+/* Queue a dead letter, written with the next progress update. */
+static void
+relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id,
+					  const char *topic, const char *key, int attempts,
+					  int status, const char *error)
+{
+	RelayDeadLetter *d = MemoryContextAllocZero(relay_cxt, sizeof(RelayDeadLetter));
+
+	d->target = MemoryContextStrdup(relay_cxt, t->name);
+	d->id = id;
+	strlcpy(d->msg_id, msg_id, sizeof(d->msg_id));
+	d->topic = MemoryContextStrdup(relay_cxt, topic);
+	d->key = key ? MemoryContextStrdup(relay_cxt, key) : NULL;
+	d->attempts = attempts;
+	d->last_status = status;
+	d->last_error = MemoryContextStrdup(relay_cxt, error);
+	d->next = dead_letters;
+	dead_letters = d;
+}
+
 /* The head batch failed: retry it later, or dead-letter it. */
 static void
 relay_lane_failed(RelayLane *lane, bool retryable, int status,
@@ -259,18 +323,9 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 	for (i = 0; i < lane->nbatch; i++)
 	{
 		RelayMessage *m = relay_lane_pop(lane);
-		RelayDeadLetter *d = MemoryContextAllocZero(relay_cxt, sizeof(RelayDeadLetter));
 
-		d->target = MemoryContextStrdup(relay_cxt, t->name);
-		d->id = m->id;
-		memcpy(d->msg_id, m->msg_id, sizeof(d->msg_id));
-		d->topic = MemoryContextStrdup(relay_cxt, m->topic);
-		d->key = m->key ? MemoryContextStrdup(relay_cxt, m->key) : NULL;
-		d->attempts = lane->attempts;
-		d->last_status = status;
-		d->last_error = MemoryContextStrdup(relay_cxt, error);
-		d->next = dead_letters;
-		dead_letters = d;
+		relay_add_dead_letter(t, m->id, m->msg_id, m->topic, m->key,
+							  lane->attempts, status, error);
 		pfree(m);
 	}
 	lane->dead_delta += lane->nbatch;
@@ -760,10 +815,92 @@ relay_header_lines(Jsonb *jb, int *len)
 	return buf.data;
 }
 
-/* Copy one row of the read query into a message of target t. */
+/* The text form of a uuid, into out (RELAY_UUID_LEN + 1 bytes). */
+static void
+relay_uuid_text(const pg_uuid_t *uuid, char *out)
+{
+	static const char hex[] = "0123456789abcdef";
+	int			i;
+	int			j;
+
+	for (i = 0, j = 0; i < UUID_LEN; i++)
+	{
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			out[j++] = '-';
+		out[j++] = hex[uuid->data[i] >> 4];
+		out[j++] = hex[uuid->data[i] & 0x0f];
+	}
+	out[j] = '\0';
+}
+
+/*
+ * A message that cannot be sent at all (it cannot be encoded): a dead letter
+ * at once, with the reason; its lane goes on without it.
+ */
+static void
+relay_dead_letter_unsent(RelayLane *lane, HeapTuple tup, TupleDesc desc,
+						 int64 id, const char *topic, const char *key,
+						 const char *error)
+{
+	char		msg_id[RELAY_UUID_LEN + 1];
+	bool		isnull;
+
+	relay_uuid_text(DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)), msg_id);
+	relay_add_dead_letter(lane->target, id, msg_id, topic, key, 0, 0, error);
+	lane->dead_delta++;
+	relay_lane_set_error(lane, 0, error);
+	ereport(LOG,
+			(errmsg("outbox relay dead-lettered message " INT64_FORMAT " for target \"%s\": %s",
+					id, lane->target->name, error)));
+}
+
+/*
+ * The text of a jsonb payload, into text_buf.  Only this conversion can
+ * fail on data (JSON text past 1 GB, as a jsonb string of control
+ * characters gives: each one becomes "\u00XX"); it is pure computation in
+ * our own memory, so its error is caught here and the message becomes a
+ * dead letter instead of stopping the relay.  Returns false, with *error
+ * set, when it failed.
+ */
+static bool
+relay_payload_text(Jsonb *jb, char **error)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile bool failed = false;
+
+	PG_TRY();
+	{
+		(void) JsonbToCString(&text_buf, &jb->root, VARSIZE(jb));
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		*error = psprintf("payload cannot be encoded as JSON text: %s", edata->message);
+		FreeErrorData(edata);
+		failed = true;
+	}
+	PG_END_TRY();
+	if (failed)
+	{
+		/* The buffer may be half grown: start a new one next time. */
+		text_buf.maxlen = RELAY_TEXT_BUF_KEEP + 1;
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Copy one row of the read query into a message of target t.  Returns NULL,
+ * with *error set (in the current memory context), when the message cannot
+ * be encoded.
+ */
 static RelayMessage *
 relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
-				   const char *topic, const char *key)
+				   const char *topic, const char *key, char **error)
 {
 	bool		isnull;
 	Datum		d;
@@ -777,12 +914,16 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	Size		size;
 	RelayMessage *m;
 	char	   *p;
-	pg_uuid_t  *uuid;
-	static const char hex[] = "0123456789abcdef";
-	int			i;
-	int			j;
 
-	/* The payload's text, in a buffer reused from row to row. */
+	/*
+	 * The payload's text, in a buffer reused from row to row; one that grew
+	 * for a large payload is given back first.
+	 */
+	if (text_buf.data != NULL && text_buf.maxlen > RELAY_TEXT_BUF_KEEP)
+	{
+		pfree(text_buf.data);
+		text_buf.data = NULL;
+	}
 	if (text_buf.data == NULL)
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
@@ -792,8 +933,11 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	}
 	resetStringInfo(&text_buf);
 	d = SPI_getbinval(tup, desc, 5, &isnull);
-	jb = DatumGetJsonbP(d);
-	payload = JsonbToCString(&text_buf, &jb->root, VARSIZE(jb));
+	jb = DatumGetJsonbP(d);		/* detoasted here, outside the guard */
+
+	if (!relay_payload_text(jb, error))
+		return NULL;
+	payload = text_buf.data;
 	payload_len = text_buf.len;
 
 	/*
@@ -816,20 +960,13 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	size = MAXALIGN(sizeof(RelayMessage)) + strlen(topic) + 1 +
 		(key ? strlen(key) + 1 : 0) + payload_len + 1 +
 		(headers ? headers_len + 1 : 0) + lines_len;
-	m = MemoryContextAlloc(t->cxt, size);
+	m = MemoryContextAllocHuge(t->cxt, size);
 	p = (char *) m + MAXALIGN(sizeof(RelayMessage));
 	m->next = NULL;
 	m->id = id;
+	m->mem_size = size;
 
-	uuid = DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull));
-	for (i = 0, j = 0; i < UUID_LEN; i++)
-	{
-		if (i == 4 || i == 6 || i == 8 || i == 10)
-			m->msg_id[j++] = '-';
-		m->msg_id[j++] = hex[uuid->data[i] >> 4];
-		m->msg_id[j++] = hex[uuid->data[i] & 0x0f];
-	}
-	m->msg_id[j] = '\0';
+	relay_uuid_text(DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)), m->msg_id);
 
 	/* Formatted only when an envelope needs it. */
 	m->emitted_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 7, &isnull));
@@ -871,66 +1008,106 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
  * Read messages of target t with ids in (after, upto], at most limit rows,
  * and queue those it subscribes to.  With only_lane >= 0, queue only that
  * lane's messages (a refill after an overflow) and stop when it is full.
- * Returns the rows read; *last is set to the last id examined.
+ * Rows come from a cursor a few at a time, and each queue is capped in
+ * messages and in bytes (outbox.relay_memory), so what is held stays
+ * bounded whatever the payloads' sizes; a message larger than a whole
+ * queue's cap is taken when its lane and target are empty, and goes alone.
+ * Returns the rows examined; *last is set to the last id examined, and
+ * *full to whether reading stopped because the target's queue is full.
  */
 static uint64
 relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
-				 int only_lane, MemoryContext rowcxt, int64 *last)
+				 int only_lane, MemoryContext rowcxt, int64 *last, bool *full)
 {
 	Datum		args[3];
-	uint64		i;
-	uint64		n;
+	uint64		n = 0;
 	int			lane_cap = relay_lane_cap(t);
+	Size		lane_bytes = relay_lane_bytes(t);
+	Size		queue_bytes = relay_queue_bytes(t);
+	Portal		portal;
+	bool		stop = false;
 
 	args[0] = Int64GetDatum(after);
 	args[1] = Int64GetDatum(upto);
 	args[2] = Int32GetDatum(limit);
-	if (SPI_execute_plan(read_plan, args, NULL, true, limit) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: could not read outbox.messages");
-	n = SPI_processed;
+	portal = SPI_cursor_open(NULL, read_plan, args, NULL, true);
 	*last = after;
+	*full = false;
 
-	for (i = 0; i < n; i++)
+	while (!stop && n < (uint64) limit)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		MemoryContext oldcxt;
-		char	   *topic;
-		bool		stop = false;
+		uint64		i;
 
-		oldcxt = MemoryContextSwitchTo(rowcxt);
-		topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
-		if (relay_subscribed(t, topic, id))
-		{
-			Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
-			char	   *key = isnull ? NULL : TextDatumGetCString(kd);
-			int			l = relay_lane_of(t, key, id);
-			RelayLane  *lane = &t->lanes[l];
-
-			if (only_lane >= 0 && l != only_lane)
-				 /* another lane's message */ ;
-			else if (id <= lane->done_id)
-				 /* finished before a restart */ ;
-			else if (only_lane < 0 && lane->overflow_id != 0)
-				 /* the lane is behind; its refill will read this */ ;
-			else if (lane->nqueued >= lane_cap)
-			{
-				/* The lane is full: leave the rest for its refill. */
-				lane->overflow_id = id;
-				stop = (only_lane >= 0);
-			}
-			else
-				relay_lane_push(lane, relay_make_message(t, tup, desc, id, topic, key));
-		}
-		MemoryContextSwitchTo(oldcxt);
-		MemoryContextReset(rowcxt);
-		if (stop)
+		SPI_cursor_fetch(portal, true, Min(RELAY_FETCH_ROWS, limit - (int) n));
+		if (SPI_processed == 0)
 			break;
-		*last = id;
+		for (i = 0; i < SPI_processed && !stop; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+			MemoryContext oldcxt;
+			char	   *topic;
+
+			oldcxt = MemoryContextSwitchTo(rowcxt);
+			topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
+			if (relay_subscribed(t, topic, id))
+			{
+				Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
+				char	   *key = isnull ? NULL : TextDatumGetCString(kd);
+				int			l = relay_lane_of(t, key, id);
+				RelayLane  *lane = &t->lanes[l];
+				Size		est = toast_raw_datum_size(SPI_getbinval(tup, desc, 5, &isnull));
+
+				if (only_lane >= 0 && l != only_lane)
+					 /* another lane's message */ ;
+				else if (id <= lane->done_id)
+					 /* finished before a restart */ ;
+				else if (only_lane < 0 && lane->overflow_id != 0)
+					 /* the lane is behind; its refill will read this */ ;
+				else if (t->nqueued > 0 && t->queued_bytes + est > queue_bytes)
+				{
+					/*
+					 * The target holds its share: read on from here once it
+					 * has room for this message (or is empty).
+					 */
+					if (only_lane >= 0)
+						lane->overflow_id = id;
+					*full = true;
+					t->read_need = est;
+					stop = true;
+				}
+				else if (lane->nqueued >= lane_cap ||
+						 (lane->nqueued > 0 && lane->queued_bytes + est > lane_bytes))
+				{
+					/* The lane is full: leave the rest for its refill. */
+					lane->overflow_id = id;
+					stop = (only_lane >= 0);
+				}
+				else
+				{
+					char	   *error = NULL;
+					RelayMessage *m = relay_make_message(t, tup, desc, id,
+														 topic, key, &error);
+
+					if (m != NULL)
+						relay_lane_push(lane, m);
+					else
+						relay_dead_letter_unsent(lane, tup, desc, id, topic,
+												 key, error);
+				}
+			}
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(rowcxt);
+			if (stop)
+				break;
+			*last = id;
+			n++;
+		}
+		SPI_freetuptable(SPI_tuptable);
 	}
-	SPI_freetuptable(SPI_tuptable);
+	SPI_cursor_close(portal);
 	return n;
 }
 
@@ -940,7 +1117,8 @@ relay_target_wants_read(RelayTarget *t, int64 frontier)
 {
 	int			i;
 
-	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t))
+	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t) &&
+		relay_target_has_room(t))
 		return true;
 	for (i = 0; i < t->nlanes; i++)
 		if (relay_lane_needs_refill(&t->lanes[i]))
@@ -1002,6 +1180,7 @@ relay_read_messages(int64 frontier)
 		int			limit;
 		int			i;
 		int64		last;
+		bool		full;
 
 		/* Lanes that overflowed and drained read their own messages again. */
 		for (i = 0; i < t->nlanes; i++)
@@ -1014,16 +1193,19 @@ relay_read_messages(int64 frontier)
 				continue;
 			from = lane->overflow_id;
 			lane->overflow_id = 0;
+			t->read_need = 0;
 			n = relay_read_range(t, from - 1, t->read_id, RELAY_READ_CHUNK, i,
-								 rowcxt, &last);
+								 rowcxt, &last, &full);
 			if (lane->overflow_id == 0 && n == RELAY_READ_CHUNK && last < t->read_id)
 				lane->overflow_id = last + 1;	/* more to read next time */
 		}
 
 		limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
-		if (t->read_id >= frontier || limit <= 0)
+		if (t->read_id >= frontier || limit <= 0 || !relay_target_has_room(t))
 			continue;
-		if (relay_read_range(t, t->read_id, frontier, limit, -1, rowcxt, &last) < (uint64) limit)
+		t->read_need = 0;
+		if (relay_read_range(t, t->read_id, frontier, limit, -1, rowcxt, &last,
+							 &full) < (uint64) limit && !full)
 			t->read_id = frontier;
 		else
 			t->read_id = last;
@@ -1241,8 +1423,10 @@ relay_dispatch(TimestampTz now)
 		{
 			RelayLane  *lane = &t->lanes[i];
 
-			if (relay_lane_may_send(lane, now))
-				relay_http_send(lane);
+			RelayOutcome failed;
+
+			if (relay_lane_may_send(lane, now) && !relay_http_send(lane, &failed))
+				relay_lane_outcome(lane, &failed);
 		}
 	}
 }

@@ -26,7 +26,7 @@ before any --delay-ms sleep; so seq, t and mono all follow file order.
 Runtime control:
     POST /_control  {"path": "/slow", "status": 200, "fail_rate": 0.0,
                      "delay_ms": 2000, "retry_after": null, "secret": null,
-                     "drop": false, "close": false}
+                     "drop": false, "close": false, "keep_body": true}
         Fields given override the mode for requests whose path equals "path"
         (the path without its query string also matches); fields not given
         are inherited from the global default.  With "key" instead of
@@ -34,7 +34,8 @@ Runtime control:
         (on any path, over the path's mode).  With neither, the global
         default is changed.  "drop": true closes the connection without an
         answer; "close": true answers, with "Connection: close", and then
-        closes it.  Extra commands (may be combined):
+        closes it; "keep_body": false records "body": null (every
+        record has "body_len", the body's bytes), for large bodies.  Extra commands (may be combined):
             {"path": "/x", "reset": true}  forget the overrides of /x
             {"key": "k", "reset": true}    forget the overrides of key k
             {"reset": true}                forget all per-path and per-key
@@ -144,7 +145,8 @@ def verify(secret, headers, body, now=None, tolerance=SIG_TOLERANCE):
 # Configuration
 
 
-MODE_KEYS = ("status", "fail_rate", "delay_ms", "retry_after", "secret", "drop", "close")
+MODE_KEYS = ("status", "fail_rate", "delay_ms", "retry_after", "secret", "drop", "close",
+             "keep_body")
 
 
 def _check_mode_value(key, value):
@@ -177,7 +179,7 @@ def _check_mode_value(key, value):
         except (binascii.Error, ValueError, UnicodeError):
             raise ValueError("secret must be whsec_<base64>")
         return value
-    if key in ("drop", "close"):
+    if key in ("drop", "close", "keep_body"):
         if not isinstance(value, bool):
             raise ValueError(f"{key} must be true or false")
         return value
@@ -341,6 +343,7 @@ class Sink:
             "secret": args.secret,
             "drop": False,
             "close": False,
+            "keep_body": True,
         })
         self.recorder = Recorder(args.record)
         self.rng = random.Random(args.seed)
@@ -568,16 +571,19 @@ def make_handler(sink):
             if mode["secret"] is not None:
                 sig_ok = verify(mode["secret"], headers, body)
 
-            try:
-                text = body.decode("utf-8")
-                b64 = None
-            except UnicodeDecodeError:
-                text = body.decode("utf-8", "replace")
-                b64 = base64.b64encode(body).decode("ascii")
+            b64 = None
+            if not mode["keep_body"]:
+                text = None
+            else:
+                try:
+                    text = body.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = body.decode("utf-8", "replace")
+                    b64 = base64.b64encode(body).decode("ascii")
             entry = {"method": self.command, "path": path,
-                     "headers": headers, "body": text, "status": status,
-                     "sig_ok": sig_ok, "delay_ms": mode["delay_ms"],
-                     "conn": self.conn_number}
+                     "headers": headers, "body": text, "body_len": len(body),
+                     "status": status, "sig_ok": sig_ok,
+                     "delay_ms": mode["delay_ms"], "conn": self.conn_number}
             if b64 is not None:
                 entry["body_b64"] = b64
             seq = sink.recorder.record(entry)
