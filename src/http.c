@@ -503,6 +503,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
 	memset(failed, 0, sizeof(*failed));
+	relay_test_fault("send", first->topic);
 
 	/* A batch that failed is sent again as it was. */
 	n = Min(lane->retry_nbatch > 0 ? lane->retry_nbatch : t->batch_size,

@@ -30,6 +30,7 @@ int			outbox_poll_interval = 1000;
 int			outbox_retry_base_delay = 500;
 int			outbox_retry_max_delay = 300000;
 int			outbox_relay_memory = 64 * 1024;	/* kB */
+char	   *outbox_test_fault = NULL;
 
 /* Whether _PG_init ran from shared_preload_libraries. */
 bool		outbox_preloaded = false;
@@ -104,6 +105,15 @@ _PG_init(void)
 							PGC_SIGHUP,
 							GUC_UNIT_KB,
 							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.test_fault",
+							   "Test only: make the relay fail while preparing messages of a topic.",
+							   "'read:TOPIC' fails building such a message, 'send:TOPIC' starting its request.",
+							   &outbox_test_fault,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_NOT_IN_SAMPLE | GUC_NO_SHOW_ALL,
+							   NULL, NULL, NULL);
 
 	if (!process_shared_preload_libraries_in_progress)
 	{

@@ -74,6 +74,7 @@ extern int	outbox_poll_interval;
 extern int	outbox_retry_base_delay;
 extern int	outbox_retry_max_delay;
 extern int	outbox_relay_memory;
+extern char *outbox_test_fault;
 extern bool outbox_preloaded;
 
 /*---- worker.c ----*/

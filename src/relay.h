@@ -124,6 +124,11 @@ typedef struct RelayTarget
 	int			nsubs;			/* entries in subs */
 	RelayLane  *lanes;			/* nlanes lanes */
 	int64		read_id;		/* every id <= read_id was read or skipped */
+	int			read_failures;	/* failed reads in a row */
+	TimestampTz read_retry_at;	/* no read before, after a failure; 0 */
+	int64		poison_id;		/* message whose building failed, or 0 */
+	int			poison_tries;	/* times in a row it failed */
+	char	   *poison_error;	/* the last error, or NULL */
 	int			hold_attempts;	/* receiver-wide failures in a row; while
 								 * above 0 the target is held: only
 								 * probe_lane sends, at held_until */
@@ -164,6 +169,7 @@ extern void relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome);
 extern void relay_lane_set_error(RelayLane *lane, int status,
 								 const char *error);
 extern int64 relay_backoff_ms(int attempts, int retry_after_s);
+extern void relay_test_fault(const char *where, const char *topic);
 
 /* Parts of relay_envelope(); without one, it says "..._omitted". */
 #define RELAY_ENVELOPE_HEADERS	0x01

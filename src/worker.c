@@ -81,6 +81,8 @@
 #define RELAY_MIN_QUEUE				10000
 /* A payload text buffer larger than this is given back after use. */
 #define RELAY_TEXT_BUF_KEEP			(1024 * 1024)
+/* Failed attempts at building one message before it is dead-lettered. */
+#define RELAY_POISON_TRIES			3
 /* Record progress at least this often while requests are in flight. */
 #define RELAY_PROGRESS_INTERVAL_MS	20
 /*
@@ -102,6 +104,25 @@ static TimestampTz last_progress_write = 0;
 static SPIPlanPtr read_plan = NULL;
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
+
+/* The message being built while reading, for the error path; 0 for none. */
+static int64 building_id = 0;
+
+/*
+ * Test-only fault injection (outbox.test_fault = 'read:TOPIC' or
+ * 'send:TOPIC'): raise an error while preparing a message of TOPIC, to show
+ * that an unexpected error stops neither the relay nor other targets.
+ */
+void
+relay_test_fault(const char *where, const char *topic)
+{
+	size_t		n = strlen(where);
+
+	if (outbox_test_fault != NULL && outbox_test_fault[0] != '\0' &&
+		strncmp(outbox_test_fault, where, n) == 0 &&
+		outbox_test_fault[n] == ':' && strcmp(outbox_test_fault + n + 1, topic) == 0)
+		elog(ERROR, "outbox: injected fault while preparing a message of topic \"%s\"", topic);
+}
 
 /*
  * Register the worker.  Called from _PG_init while shared_preload_libraries
@@ -217,6 +238,37 @@ relay_lane_pop(RelayLane *lane)
 	lane->queued_bytes -= m->mem_size;
 	lane->target->queued_bytes -= m->mem_size;
 	return m;
+}
+
+/* Drop the lane's queued messages with ids above bound (never in flight). */
+static void
+relay_lane_truncate(RelayLane *lane, int64 bound)
+{
+	RelayMessage *keep = NULL;
+	RelayMessage *m = lane->head;
+
+	while (m != NULL && m->id <= bound)
+	{
+		keep = m;
+		m = m->next;
+	}
+	if (keep)
+		keep->next = NULL;
+	else
+		lane->head = NULL;
+	lane->tail = keep;
+	while (m != NULL)
+	{
+		RelayMessage *next = m->next;
+
+		Assert(!lane->in_flight || lane->nbatch == 0);
+		lane->nqueued--;
+		lane->target->nqueued--;
+		lane->queued_bytes -= m->mem_size;
+		lane->target->queued_bytes -= m->mem_size;
+		pfree(m);
+		m = next;
+	}
 }
 
 /* The id up to which everything of the lane is finished. */
@@ -1085,12 +1137,24 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 					lane->overflow_id = id;
 					stop = (only_lane >= 0);
 				}
+				else if (id == t->poison_id && t->poison_tries >= RELAY_POISON_TRIES)
+				{
+					char	   *error = psprintf("message could not be prepared: %s",
+												 t->poison_error);
+
+					relay_dead_letter_unsent(lane, tup, desc, id, topic, key, error);
+					t->poison_id = 0;
+					t->poison_tries = 0;
+				}
 				else
 				{
 					char	   *error = NULL;
-					RelayMessage *m = relay_make_message(t, tup, desc, id,
-														 topic, key, &error);
+					RelayMessage *m;
 
+					building_id = id;
+					relay_test_fault("read", topic);
+					m = relay_make_message(t, tup, desc, id, topic, key, &error);
+					building_id = 0;
 					if (m != NULL)
 						relay_lane_push(lane, m);
 					else
@@ -1124,6 +1188,132 @@ relay_target_wants_read(RelayTarget *t, int64 frontier)
 		if (relay_lane_needs_refill(&t->lanes[i]))
 			return true;
 	return false;
+}
+
+/*
+ * One target's part of a read: refill lanes that overflowed and drained,
+ * then read on from its read position up to the frontier.
+ */
+static void
+relay_read_target(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
+{
+	int			limit;
+	int			i;
+	int64		last;
+	bool		full;
+
+	/* Lanes that overflowed and drained read their own messages again. */
+	for (i = 0; i < t->nlanes; i++)
+	{
+		RelayLane  *lane = &t->lanes[i];
+		int64		from;
+		uint64		n;
+
+		if (!relay_lane_needs_refill(lane))
+			continue;
+		from = lane->overflow_id;
+		lane->overflow_id = 0;
+		t->read_need = 0;
+		n = relay_read_range(t, from - 1, t->read_id, RELAY_READ_CHUNK, i,
+							 rowcxt, &last, &full);
+		if (lane->overflow_id == 0 && n == RELAY_READ_CHUNK && last < t->read_id)
+			lane->overflow_id = last + 1;	/* more to read next time */
+	}
+
+	limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
+	if (t->read_id >= frontier || limit <= 0 || !relay_target_has_room(t))
+		return;
+	t->read_need = 0;
+	if (relay_read_range(t, t->read_id, frontier, limit, -1, rowcxt, &last,
+						 &full) < (uint64) limit && !full)
+		t->read_id = frontier;
+	else
+		t->read_id = last;
+}
+
+/*
+ * relay_read_target() in a subtransaction of the read transaction, so that
+ * an unexpected error (not the encoding failures relay_make_message()
+ * turns into dead letters) stops only this target, never the relay: what
+ * the failed read queued is taken back, the error shows in outbox.lag, and
+ * the target reads again after a backoff.  A message whose building failed
+ * RELAY_POISON_TRIES times in a row is dead-lettered with the error.
+ */
+static void
+relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	int64		read_id = t->read_id;
+	int64	   *overflow = palloc(sizeof(int64) * t->nlanes);
+	int			i;
+
+	for (i = 0; i < t->nlanes; i++)
+		overflow[i] = t->lanes[i].overflow_id;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		relay_read_target(t, frontier, rowcxt);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		t->read_failures = 0;
+		t->read_retry_at = 0;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		char	   *error;
+		int64		delay;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		MemoryContextReset(rowcxt);
+
+		/* Take back what this read queued: it will be read again. */
+		for (i = 0; i < t->nlanes; i++)
+			relay_lane_truncate(&t->lanes[i],
+								overflow[i] != 0 ? overflow[i] - 1 : read_id);
+		for (i = 0; i < t->nlanes; i++)
+			t->lanes[i].overflow_id = overflow[i];
+		t->read_id = read_id;
+		t->read_need = 0;
+
+		if (building_id != 0 && building_id == t->poison_id)
+			t->poison_tries++;
+		else
+		{
+			t->poison_id = building_id;
+			t->poison_tries = 1;
+		}
+		if (t->poison_error)
+			pfree(t->poison_error);
+		t->poison_error = MemoryContextStrdup(t->cxt, edata->message);
+
+		t->read_failures++;
+		delay = relay_backoff_ms(t->read_failures, 0);
+		t->read_retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
+		error = psprintf("could not read messages: %s", edata->message);
+		relay_lane_set_error(&t->lanes[0], 0, error);
+		ereport(WARNING,
+				(errmsg("outbox relay could not read messages for target \"%s\": %s",
+						t->name, edata->message),
+				 building_id != 0 ?
+				 errdetail("While building message " INT64_FORMAT "; retrying in " INT64_FORMAT " ms.",
+						   building_id, delay) :
+				 errdetail("Retrying in " INT64_FORMAT " ms.", delay)));
+		pfree(error);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	building_id = 0;
+	pfree(overflow);
 }
 
 /*
@@ -1177,38 +1367,10 @@ relay_read_messages(int64 frontier)
 	foreach(lc, targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		int			limit;
-		int			i;
-		int64		last;
-		bool		full;
 
-		/* Lanes that overflowed and drained read their own messages again. */
-		for (i = 0; i < t->nlanes; i++)
-		{
-			RelayLane  *lane = &t->lanes[i];
-			int64		from;
-			uint64		n;
-
-			if (!relay_lane_needs_refill(lane))
-				continue;
-			from = lane->overflow_id;
-			lane->overflow_id = 0;
-			t->read_need = 0;
-			n = relay_read_range(t, from - 1, t->read_id, RELAY_READ_CHUNK, i,
-								 rowcxt, &last, &full);
-			if (lane->overflow_id == 0 && n == RELAY_READ_CHUNK && last < t->read_id)
-				lane->overflow_id = last + 1;	/* more to read next time */
-		}
-
-		limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
-		if (t->read_id >= frontier || limit <= 0 || !relay_target_has_room(t))
+		if (t->read_retry_at != 0 && GetCurrentTimestamp() < t->read_retry_at)
 			continue;
-		t->read_need = 0;
-		if (relay_read_range(t, t->read_id, frontier, limit, -1, rowcxt, &last,
-							 &full) < (uint64) limit && !full)
-			t->read_id = frontier;
-		else
-			t->read_id = last;
+		relay_read_target_guarded(t, frontier, rowcxt);
 	}
 
 	MemoryContextDelete(rowcxt);
@@ -1401,6 +1563,51 @@ relay_write_progress(void)
 
 /*---- the loop ----*/
 
+/*
+ * Start the lane's next request.  A failure to start it, even an error
+ * while preparing it, is the lane's outcome (retried, then a dead letter),
+ * never the relay's.
+ */
+static void
+relay_lane_start(RelayLane *lane)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	RelayOutcome failed;
+	volatile bool started = false;
+	char	   *volatile error = NULL;
+
+	PG_TRY();
+	{
+		started = relay_http_send(lane, &failed);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		error = MemoryContextStrdup(relay_cxt, edata->message);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+
+	if (error != NULL)
+	{
+		memset(&failed, 0, sizeof(failed));
+		failed.kind = RELAY_RETRY;
+		failed.error = error;
+		/* The head message alone is retried, then dead-lettered. */
+		if (lane->nbatch == 0)
+			lane->nbatch = 1;
+		lane->retry_nbatch = 0;
+	}
+	if (!started)
+		relay_lane_outcome(lane, &failed);
+	if (error != NULL)
+		pfree(error);
+}
+
 /* Start a request on every idle HTTP lane whose next batch is due. */
 static void
 relay_dispatch(TimestampTz now)
@@ -1423,10 +1630,8 @@ relay_dispatch(TimestampTz now)
 		{
 			RelayLane  *lane = &t->lanes[i];
 
-			RelayOutcome failed;
-
-			if (relay_lane_may_send(lane, now) && !relay_http_send(lane, &failed))
-				relay_lane_outcome(lane, &failed);
+			if (relay_lane_may_send(lane, now))
+				relay_lane_start(lane);
 		}
 	}
 }
