@@ -11,6 +11,7 @@ OBJS = \
 	src/api.o \
 	src/emit.o \
 	src/http.o \
+	src/launcher.o \
 	src/notify.o \
 	src/outbox.o \
 	src/shmem.o \

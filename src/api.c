@@ -188,7 +188,7 @@ outbox_is_reserved_header(const char *name, int len)
 	static const char *const reserved[] = {
 		"content-length", "content-type", "host", "connection",
 		"transfer-encoding", "te", "upgrade", "expect", "trailer",
-		"keep-alive", "proxy-connection"
+		"keep-alive", "proxy-connection", "user-agent"
 	};
 	int			i;
 
@@ -433,11 +433,17 @@ outbox_config_changed(PG_FUNCTION_ARGS)
  *
  * Called by the trigger that fires when rows are inserted into
  * outbox.messages directly (pg_restore, COPY): new ids continue above them.
+ * Does nothing when the library is not preloaded.
  */
 Datum
 outbox_advance_sequence(PG_FUNCTION_ARGS)
 {
-	outbox_check_preloaded("outbox.advance_sequence()");
-	outbox_counter_advance(PG_GETARG_INT64(0));
+	/*
+	 * Without the preloaded library there is no counter to advance (a
+	 * restore into a server not set up yet): the initialisation after the
+	 * next start with the library finds the rows.
+	 */
+	if (outbox_preloaded && outbox_shmem_ready())
+		outbox_counter_advance(PG_GETARG_INT64(0));
 	PG_RETURN_VOID();
 }

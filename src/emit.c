@@ -105,6 +105,7 @@ typedef struct OutboxBufferReader
 } OutboxBufferReader;
 
 static void outbox_buffer_close_spill(void);
+static void relay_test_commit_delay(void);
 static void outbox_xact_callback(XactEvent event, void *arg);
 static void outbox_subxact_callback(SubXactEvent event,
 									SubTransactionId mySubid,
@@ -450,9 +451,25 @@ outbox_xact_callback(XactEvent event, void *arg)
 				outbox_store_buffer();
 			outbox_buffer_close_spill();
 			xact_precommitted = true;
+
+			/*
+			 * Tell the relay about a target change before the change becomes
+			 * visible, and again (waking it) once it is.  A relay that
+			 * computes a frontier covering a message committed after this
+			 * change is then sure to see a new generation, and reloads with
+			 * a snapshot that sees the change, before it reads the message.
+			 */
+			if (config_changed)
+				outbox_bump_config_generation(false);
 			break;
 
 		case XACT_EVENT_PRE_PREPARE:
+			if (config_changed)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot prepare a transaction that changed outbox targets or subscriptions"),
+						 errdetail("COMMIT PREPARED runs in another session, which could not tell the relay to reload them."),
+						 errhint("Change outbox targets in transactions that commit directly.")));
 			if (xbuf != NULL && xbuf->count > 0)
 				ereport(ERROR,
 						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -476,7 +493,8 @@ outbox_xact_callback(XactEvent event, void *arg)
 				if (config_changed)
 				{
 					config_changed = false;
-					outbox_bump_config_generation();
+					relay_test_commit_delay();
+					outbox_bump_config_generation(true);
 				}
 			}
 			break;
@@ -541,6 +559,18 @@ outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 		case SUBXACT_EVENT_PRE_COMMIT_SUB:
 			break;
 	}
+}
+
+/*
+ * Test only (outbox.test_fault = 'commit_delay'): sleep in the COMMIT
+ * callback of a target change, after it became visible and before the
+ * relay is told, to show that the relay does not depend on that moment.
+ */
+static void
+relay_test_commit_delay(void)
+{
+	if (outbox_test_fault != NULL && strcmp(outbox_test_fault, "commit_delay") == 0)
+		pg_usleep(2000000L);
 }
 
 /*

@@ -432,6 +432,20 @@ relay_header_list(RelayHttpLane *h)
 	return h->nlines > 0 ? h->nodes : NULL;
 }
 
+/* Whether the target has a header of the name that starts line. */
+static bool
+relay_target_has_header(RelayTarget *t, const char *line)
+{
+	size_t		len = strcspn(line, ":;");
+	int			i;
+
+	for (i = 0; i < t->nheader_lines; i++)
+		if (strlen(t->header_names[i]) == len &&
+			pg_strncasecmp(t->header_names[i], line, len) == 0)
+			return true;
+	return false;
+}
+
 /* "v1," base64(HMAC-SHA256(secret, id "." timestamp "." body)) */
 static void
 relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
@@ -582,10 +596,16 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		{
 			char	   *p = first->header_lines;
 
-			/* NUL-separated "Name: value" lines, ended by an empty one. */
+			/*
+			 * NUL-separated "Name: value" lines, ended by an empty one.  A
+			 * message header never replaces or duplicates one of the
+			 * target's: it is left out (outbox_emit() already refuses the
+			 * names the relay sets).
+			 */
 			while (*p)
 			{
-				relay_header(h, p);
+				if (!relay_target_has_header(t, p))
+					relay_header(h, p);
 				p += strlen(p) + 1;
 			}
 		}

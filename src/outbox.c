@@ -134,6 +134,6 @@ _PG_init(void)
 
 	outbox_shmem_init_hooks();
 	outbox_emit_init();
-	outbox_register_worker();
+	outbox_register_launcher();
 	outbox_preloaded = true;
 }

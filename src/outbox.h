@@ -77,20 +77,12 @@ extern int	outbox_relay_memory;
 extern char *outbox_test_fault;
 extern bool outbox_preloaded;
 
-/*---- worker.c ----*/
-extern void outbox_register_worker(void);
+/*---- launcher.c ----*/
+extern void outbox_register_launcher(void);
 
 /*---- shmem.c ----*/
 struct Latch;
 
-/* The relay worker's last attempt to connect to outbox.database. */
-typedef enum OutboxConnectState
-{
-	OUTBOX_CONNECT_UNKNOWN,		/* not tried since the server started, or
-								 * the database was seen to exist */
-	OUTBOX_CONNECT_TRYING,		/* tried, and the worker died trying */
-	OUTBOX_CONNECT_OK			/* connected */
-} OutboxConnectState;
 
 extern void outbox_shmem_init_hooks(void);
 extern bool outbox_shmem_ready(void);
@@ -121,10 +113,8 @@ extern int64 outbox_compute_frontier(void);
 extern void outbox_wake_worker(bool for_commit);
 extern void outbox_set_worker_wants_commits(bool wants);
 extern void outbox_set_worker_latch(struct Latch *latch);
-extern OutboxConnectState outbox_worker_connect_state(void);
-extern void outbox_set_worker_connect_state(OutboxConnectState state);
 extern uint64 outbox_config_generation(void);
-extern void outbox_bump_config_generation(void);
+extern void outbox_bump_config_generation(bool wake);
 
 /*---- emit.c ----*/
 extern void outbox_emit_init(void);

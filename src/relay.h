@@ -113,6 +113,7 @@ typedef struct RelayTarget
 	char	   *url;			/* HTTP */
 	char	   *channel;		/* NOTIFY */
 	char	  **header_lines;	/* "Name: value" of the target's headers */
+	char	  **header_names;	/* their names */
 	int			nheader_lines;	/* entries in header_lines */
 	uint8	   *secret;			/* decoded signing key, or NULL */
 	int			secret_len;		/* bytes of secret */

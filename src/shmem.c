@@ -65,8 +65,6 @@ typedef struct OutboxSharedState
 	pg_atomic_uint64 mark_end;	/* end LSN of the latest write of the mark */
 	Latch	   *worker_latch;	/* the relay worker's latch, or NULL */
 	bool		worker_wants_commits;	/* the worker has targets to feed */
-	OutboxConnectState worker_connect;	/* how the worker's last attempt to
-										 * connect to outbox.database went */
 	pg_atomic_uint64 config_generation; /* bumped when targets change */
 	pg_atomic_uint64 max_commit_end;	/* end LSN of the latest commit that
 										 * stored messages */
@@ -143,7 +141,6 @@ outbox_shmem_startup(void)
 		pg_atomic_init_u64(&OutboxShared->mark_end, 0);
 		OutboxShared->worker_latch = NULL;
 		OutboxShared->worker_wants_commits = false;
-		OutboxShared->worker_connect = OUTBOX_CONNECT_UNKNOWN;
 		pg_atomic_init_u64(&OutboxShared->config_generation, 0);
 		pg_atomic_init_u64(&OutboxShared->max_commit_end, 0);
 		OutboxShared->nslots = outbox_slot_count();
@@ -424,22 +421,6 @@ outbox_set_worker_wants_commits(bool wants)
 	pg_memory_barrier();
 }
 
-/*
- * How the relay worker's last attempt to connect to outbox.database went.
- * Only the worker reads and writes it (one at a time), across its restarts.
- */
-OutboxConnectState
-outbox_worker_connect_state(void)
-{
-	return OutboxShared->worker_connect;
-}
-
-void
-outbox_set_worker_connect_state(OutboxConnectState state)
-{
-	OutboxShared->worker_connect = state;
-}
-
 /* Publish (or, with NULL, withdraw) the relay worker's latch. */
 void
 outbox_set_worker_latch(Latch *latch)
@@ -456,14 +437,18 @@ outbox_config_generation(void)
 	return pg_atomic_read_u64(&OutboxShared->config_generation);
 }
 
-/* Called after a transaction that changed targets committed. */
+/*
+ * Called when a transaction that changed targets commits: before it became
+ * visible (wake = false) and after (wake = true, waking the relay).
+ */
 void
-outbox_bump_config_generation(void)
+outbox_bump_config_generation(bool wake)
 {
 	if (OutboxShared == NULL)
 		return;
 	pg_atomic_fetch_add_u64(&OutboxShared->config_generation, 1);
-	outbox_wake_worker(false);
+	if (wake)
+		outbox_wake_worker(false);
 }
 
 /*

@@ -124,26 +124,6 @@ relay_test_fault(const char *where, const char *topic)
 		elog(ERROR, "outbox: injected fault while preparing a message of topic \"%s\"", topic);
 }
 
-/*
- * Register the worker.  Called from _PG_init while shared_preload_libraries
- * is processed.
- */
-void
-outbox_register_worker(void)
-{
-	BackgroundWorker worker;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 2;
-	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "outbox_worker_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "outbox relay", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "outbox relay", BGW_MAXLEN);
-	RegisterBackgroundWorker(&worker);
-}
-
 /*---- queues ----*/
 
 static int
@@ -556,17 +536,106 @@ relay_spi_int(HeapTuple tup, TupleDesc desc, int col, bool *isnull)
 	}
 }
 
-/* Build a target from a row of the configuration query. */
+/*
+ * Whether s has no control character (and, unless allow_space, no space),
+ * as the target functions check for URLs and header values.
+ */
+static bool
+relay_printable(const char *s, bool allow_space)
+{
+	for (; *s; s++)
+	{
+		unsigned char c = (unsigned char) *s;
+
+		if (c < 0x20 || c == 0x7f || (c == ' ' && !allow_space))
+			return false;
+	}
+	return true;
+}
+
+/* RFC 9110 token characters, the only ones allowed in a header name. */
+static bool
+relay_token(const char *s, int len)
+{
+	int			i;
+
+	if (len == 0)
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		if (!(isalnum(c) || (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL)))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Header lines of the target's headers object, as libcurl takes them:
+ * "Name: value", or "Name;" for an empty value ("Name:" would remove a
+ * header instead of sending it).  Returns a reason when the object is not
+ * usable, else NULL.
+ */
+static const char *
+relay_target_headers(RelayTarget *t, Jsonb *jb)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			max;
+	char	   *name = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
+		return "headers is not a JSON object";
+	max = JB_ROOT_COUNT(jb);
+	t->header_lines = palloc(sizeof(char *) * (max + 1));
+	t->header_names = palloc(sizeof(char *) * (max + 1));
+	it = JsonbIteratorInit(&jb->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			if (!relay_token(v.val.string.val, v.val.string.len))
+				return "a header name is not an HTTP token";
+			name = pnstrdup(v.val.string.val, v.val.string.len);
+		}
+		else if (tok == WJB_VALUE)
+		{
+			char	   *value;
+
+			if (v.type != jbvString)
+				return "a header value is not a string";
+			value = pnstrdup(v.val.string.val, v.val.string.len);
+			if (!relay_printable(value, true))
+				return "a header value has a control character";
+			t->header_names[t->nheader_lines] = name;
+			t->header_lines[t->nheader_lines++] = *value ?
+				psprintf("%s: %s", name, value) : psprintf("%s;", name);
+		}
+	}
+	return NULL;
+}
+
+/*
+ * Build a target from a row of the configuration query (see
+ * relay_load_config() for its columns), checking every field the way the
+ * target functions and the table's constraints do: the row may have been
+ * written by hand.  Returns NULL, with *problem set, for a row that cannot
+ * be used.
+ */
 static RelayTarget *
-relay_make_target(HeapTuple tup, TupleDesc desc)
+relay_make_target(HeapTuple tup, TupleDesc desc, const char **problem)
 {
 	MemoryContext cxt;
 	MemoryContext oldcxt;
 	RelayTarget *t;
 	bool		isnull;
 	char	   *s;
+	Datum		d;
 	int			i;
 
+	*problem = NULL;
 	cxt = AllocSetContextCreate(relay_cxt, "outbox target", ALLOCSET_DEFAULT_SIZES);
 	oldcxt = MemoryContextSwitchTo(cxt);
 	t = palloc0(sizeof(RelayTarget));
@@ -574,7 +643,6 @@ relay_make_target(HeapTuple tup, TupleDesc desc)
 	t->id = (int) relay_spi_int(tup, desc, 1, &isnull);
 	t->name = relay_spi_text(tup, desc, 2);
 	s = relay_spi_text(tup, desc, 3);
-	t->kind = strcmp(s, "notify") == 0 ? RELAY_NOTIFY : RELAY_HTTP;
 	t->url = relay_spi_text(tup, desc, 4);
 	t->channel = relay_spi_text(tup, desc, 5);
 	t->batch_size = (int) relay_spi_int(tup, desc, 6, &isnull);
@@ -582,32 +650,60 @@ relay_make_target(HeapTuple tup, TupleDesc desc)
 	t->max_attempts = (int) relay_spi_int(tup, desc, 8, &isnull);
 	t->timeout_ms = (int) relay_spi_int(tup, desc, 9, &isnull);
 
-	s = relay_spi_text(tup, desc, 10);
-	if (s != NULL && strncmp(s, "whsec_", 6) == 0)
+	if (s != NULL && strcmp(s, "http") == 0)
 	{
-		int			len = strlen(s + 6);
+		t->kind = RELAY_HTTP;
+		if (t->url == NULL || !relay_printable(t->url, false) ||
+			(pg_strncasecmp(t->url, "http://", 7) != 0 &&
+			 pg_strncasecmp(t->url, "https://", 8) != 0))
+			*problem = "url is not an http:// or https:// URL without spaces or control characters";
+	}
+	else if (s != NULL && strcmp(s, "notify") == 0)
+	{
+		t->kind = RELAY_NOTIFY;
+		if (t->channel == NULL || t->channel[0] == '\0' ||
+			strlen(t->channel) >= NAMEDATALEN)
+			*problem = "channel is not a channel name of 1 to 63 bytes";
+	}
+	else
+		*problem = "kind is neither 'http' nor 'notify'";
 
-		t->secret = palloc(pg_b64_dec_len(len) + 1);
-		t->secret_len = pg_b64_decode(s + 6, len, (char *) t->secret,
-									  pg_b64_dec_len(len));
-		if (t->secret_len <= 0)
+	if (*problem == NULL && (t->batch_size < 1 || t->batch_size > 1000))
+		*problem = "batch_size is not between 1 and 1000";
+	if (*problem == NULL && (t->nlanes < 1 || t->nlanes > 256 ||
+							 (t->kind == RELAY_NOTIFY && t->nlanes != 1)))
+		*problem = "lanes is not between 1 and 256 (1 for NOTIFY)";
+	if (*problem == NULL && (t->max_attempts < 0 || t->max_attempts > 1000000))
+		*problem = "max_attempts is not between 0 and 1000000";
+	if (*problem == NULL && (t->timeout_ms < 10 || t->timeout_ms > 3600000))
+		*problem = "timeout_ms is not between 10 and 3600000";
+
+	s = relay_spi_text(tup, desc, 10);
+	if (*problem == NULL && s != NULL)
+	{
+		int			len = strlen(s);
+
+		if (len < 6 || strncmp(s, "whsec_", 6) != 0)
+			*problem = "secret does not start with whsec_";
+		else
 		{
-			ereport(LOG,
-					(errmsg("outbox target \"%s\" has an invalid secret; sending unsigned requests",
-							t->name)));
-			t->secret = NULL;
+			t->secret = palloc(pg_b64_dec_len(len - 6) + 1);
+			t->secret_len = pg_b64_decode(s + 6, len - 6, (char *) t->secret,
+										  pg_b64_dec_len(len - 6));
+			if (t->secret_len < 16 || t->secret_len > 64)
+				*problem = "secret is not base64 of 16 to 64 bytes";
 		}
 	}
 
-	s = relay_spi_text(tup, desc, 11);
-	if (s != NULL && *s)
-	{
-		char	   *line;
-		char	   *save = NULL;
+	d = SPI_getbinval(tup, desc, 11, &isnull);
+	if (*problem == NULL && !isnull)
+		*problem = relay_target_headers(t, DatumGetJsonbP(d));
 
-		t->header_lines = palloc(sizeof(char *) * (strlen(s) + 1));
-		for (line = strtok_r(s, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
-			t->header_lines[t->nheader_lines++] = line;
+	if (*problem != NULL)
+	{
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextDelete(cxt);
+		return NULL;
 	}
 
 	t->lanes = palloc0(sizeof(RelayLane) * t->nlanes);
@@ -625,6 +721,39 @@ relay_make_target(HeapTuple tup, TupleDesc desc)
 }
 
 /*
+ * A target row that cannot be used is skipped: say so once per load, with
+ * a WARNING and in its progress rows, which outbox.lag shows.  Its messages
+ * wait until the row is fixed.
+ */
+static void
+relay_report_bad_target(int id, const char *name, const char *problem)
+{
+	static SPIPlanPtr plan = NULL;
+	Datum		args[2];
+	char	   *error = psprintf("target is not delivered: %s", problem);
+
+	ereport(WARNING,
+			(errmsg("outbox relay skips target \"%s\": %s", name ? name : "?", problem),
+			 errhint("Drop the target and create it again with outbox.create_http_target() or outbox.create_notify_target().")));
+	if (plan == NULL)
+	{
+		Oid			argtypes[2] = {INT4OID, TEXTOID};
+
+		plan = SPI_prepare("UPDATE outbox.progress SET last_error = $2, last_error_at = now()"
+						   " WHERE target_id = $1 AND last_error IS DISTINCT FROM $2",
+						   2, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the target error query");
+		SPI_keepplan(plan);
+	}
+	args[0] = Int32GetDatum(id);
+	args[1] = CStringGetTextDatum(error);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: could not record a target error");
+	pfree(error);
+}
+
+/*
  * Load targets, subscriptions and progress.  Targets that still exist keep
  * their queues and requests in flight; new ones start from their recorded
  * progress; dropped ones are forgotten.  Runs in its own transaction.
@@ -635,6 +764,8 @@ relay_load_config(void)
 	ListCell   *lc;
 	List	   *kept = NIL;
 	uint64		i;
+	SPITupleTable *rows;
+	uint64		nrows;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -659,22 +790,30 @@ relay_load_config(void)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
 	if (SPI_execute("SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
-					"       t.max_attempts, t.timeout_ms, t.secret,"
-					"       (SELECT string_agg(k || ': ' || v, E'\\n')"
-					"          FROM jsonb_each_text(t.headers) AS h(k, v))"
-					"  FROM outbox.targets t ORDER BY t.id", true, 0) != SPI_OK_SELECT)
+					"       t.max_attempts, t.timeout_ms, t.secret, t.headers"
+					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 
-	for (i = 0; i < SPI_processed; i++)
+	rows = SPI_tuptable;
+	nrows = SPI_processed;
+	for (i = 0; i < nrows; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
+		HeapTuple	tup = rows->vals[i];
 		bool		isnull;
-		int			id = (int) relay_spi_int(tup, SPI_tuptable->tupdesc, 1, &isnull);
+		int			id = (int) relay_spi_int(tup, rows->tupdesc, 1, &isnull);
 		RelayTarget *t = relay_find_target(id);
 
 		if (t == NULL)
 		{
-			t = relay_make_target(tup, SPI_tuptable->tupdesc);
+			const char *problem;
+
+			t = relay_make_target(tup, rows->tupdesc, &problem);
+			if (t == NULL)
+			{
+				relay_report_bad_target(id, relay_spi_text(tup, rows->tupdesc, 2),
+										problem);
+				continue;
+			}
 			ereport(LOG,
 					(errmsg("outbox relay: delivering to target \"%s\"", t->name)));
 		}
@@ -852,13 +991,17 @@ relay_header_lines(Jsonb *jb, int *len)
 	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 	{
 		if (tok == WJB_KEY)
-		{
 			appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
-			appendStringInfoString(&buf, ": ");
-		}
 		else if (tok == WJB_VALUE && v.type == jbvString)
 		{
-			appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
+			/* "Name;" sends an empty header; "Name:" would remove one. */
+			if (v.val.string.len == 0)
+				appendStringInfoChar(&buf, ';');
+			else
+			{
+				appendStringInfoString(&buf, ": ");
+				appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
+			}
 			appendStringInfoChar(&buf, '\0');
 		}
 	}
@@ -1700,102 +1843,20 @@ relay_extension_ready(void)
 	return ready;
 }
 
-/* Whether outbox.database can be connected to, and if not why. */
-typedef enum RelayDatabaseState
-{
-	RELAY_DB_USABLE,
-	RELAY_DB_MISSING,
-	RELAY_DB_NO_CONNECTIONS,
-	RELAY_DB_INVALID
-} RelayDatabaseState;
-
-/* The caller is connected to no database: pg_database is a shared catalog. */
-static RelayDatabaseState
-relay_database_state(void)
-{
-	Relation	rel;
-	TableScanDesc scan;
-	HeapTuple	tup;
-	RelayDatabaseState state = RELAY_DB_MISSING;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	(void) GetTransactionSnapshot();
-	rel = table_open(DatabaseRelationId, AccessShareLock);
-	scan = table_beginscan_catalog(rel, 0, NULL);
-	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
-	{
-		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
-
-		if (strcmp(NameStr(db->datname), outbox_database) != 0)
-			continue;
-		if (!db->datallowconn)
-			state = RELAY_DB_NO_CONNECTIONS;
-#ifdef DATCONNLIMIT_INVALID_DB
-		else if (db->datconnlimit == DATCONNLIMIT_INVALID_DB)
-			state = RELAY_DB_INVALID;	/* left by an interrupted DROP */
-#endif
-		else
-			state = RELAY_DB_USABLE;
-		break;
-	}
-	table_endscan(scan);
-	table_close(rel, AccessShareLock);
-	CommitTransactionCommand();
-	return state;
-}
-
 /*
- * The last start of the worker died connecting to outbox.database: most
- * likely it does not exist (yet).  Rather than fail again every few
- * seconds, connect to no database, say once what is missing, and look for
- * it every outbox.poll_interval.  Once it can be connected to, exit to be
- * restarted (after bgw_restart_time), and connect to it then.  Never
- * returns.
+ * SIGTERM (server shutdown, or pg_terminate_backend): collect the answers
+ * already received, record them, and exit.  Requests still unanswered are
+ * sent again by the next relay, as they may not have been acknowledged.
+ * Exit code 0: the launcher starts a new relay unless the server is
+ * stopping.
  */
 static void
-relay_wait_for_database(void)
+relay_shutdown(void)
 {
-	RelayDatabaseState logged = RELAY_DB_USABLE;
-
-	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
-	pgstat_report_activity(STATE_IDLE, NULL);
-
-	for (;;)
-	{
-		RelayDatabaseState state;
-
-		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-		}
-		state = relay_database_state();
-		if (state == RELAY_DB_USABLE)
-		{
-			outbox_set_worker_connect_state(OUTBOX_CONNECT_UNKNOWN);
-			ereport(LOG,
-					(errmsg("outbox relay found database \"%s\"", outbox_database),
-					 errdetail("The relay exits and is restarted to connect to it.")));
-			proc_exit(1);
-		}
-		/* Say it once, and again if the reason changes. */
-		if (state != logged)
-			ereport(LOG,
-					(errmsg("outbox relay is waiting for database \"%s\"",
-							outbox_database),
-					 state == RELAY_DB_MISSING ?
-					 errdetail("The database does not exist.") :
-					 state == RELAY_DB_NO_CONNECTIONS ?
-					 errdetail("The database does not allow connections.") :
-					 errdetail("The database is invalid: a DROP DATABASE of it was interrupted."),
-					 errhint("Create the database, or set outbox.database to the database that has the extension and restart the server.")));
-		logged = state;
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 outbox_poll_interval, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-	}
+	relay_http_drive(relay_lane_outcome);
+	if (relay_progress_pending())
+		relay_write_progress();
+	proc_exit(0);
 }
 
 static void
@@ -1818,19 +1879,13 @@ outbox_worker_main(Datum main_arg)
 	uint64		loaded_generation = 0;
 	bool		force_reload = true;
 
+	/* SIGTERM: record what was acknowledged, then exit (relay_shutdown). */
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	pqsignal(SIGTERM, die);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	BackgroundWorkerUnblockSignals();
 
-	/*
-	 * A missing database makes the connection attempt FATAL.  Note the
-	 * attempt, so that the next start knows how the last one ended.
-	 */
-	if (outbox_worker_connect_state() == OUTBOX_CONNECT_TRYING)
-		relay_wait_for_database();
-	outbox_set_worker_connect_state(OUTBOX_CONNECT_TRYING);
+	/* The launcher (launcher.c) saw the database exist. */
 	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
-	outbox_set_worker_connect_state(OUTBOX_CONNECT_OK);
 
 	/*
 	 * The relay runs as a superuser: whatever search_path the database or a
@@ -1872,6 +1927,8 @@ outbox_worker_main(Datum main_arg)
 		bool		did_read = false;
 
 		CHECK_FOR_INTERRUPTS();
+		if (ShutdownRequestPending)
+			relay_shutdown();
 
 		if (ConfigReloadPending)
 		{
@@ -1892,7 +1949,8 @@ outbox_worker_main(Datum main_arg)
 							 errhint("Run CREATE EXTENSION outbox in database \"%s\".",
 									  outbox_database)));
 				waiting_logged = true;
-				(void) WaitEventSetWait(wait_set, outbox_poll_interval, &event, 1,
+				/* CREATE EXTENSION wakes us when it commits. */
+				(void) WaitEventSetWait(wait_set, Min(outbox_poll_interval, 500), &event, 1,
 										PG_WAIT_EXTENSION);
 				ResetLatch(MyLatch);
 				continue;
