@@ -1,0 +1,70 @@
+# ALTER EXTENSION outbox UPDATE from 0.1 (the released schema) to 0.2: the
+# new library runs on the 0.1 schema, messages emitted and pending before the
+# update are all delivered after it, and ids keep rising, now covered by the
+# durable id mark, across a restart.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use OutboxRelayTest;
+
+my $sink = start_sink('upgrade');
+my $url = $sink->{url};
+my $node = relay_node('upgrade', create_extension => 0);
+$node->safe_psql('postgres', q{CREATE EXTENSION outbox VERSION '0.1'});
+is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}),
+	'0.1', 'version 0.1 installed');
+
+$node->safe_psql('postgres', qq{
+SELECT outbox.create_http_target('hook', '$url/hook', lanes => 4);
+SELECT outbox.subscribe('hook', '*');
+SELECT outbox.create_notify_target('n', 'upgrade_channel');
+SELECT outbox.subscribe('n', '*');
+});
+sub emit
+{
+	my ($from, $to) = @_;
+	$node->safe_psql('postgres',
+		"SELECT count(outbox_emit('t', jsonb_build_object('g', g), 'k' || (g % 5))) FROM generate_series($from, $to) g");
+}
+emit(1, 20);
+ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbox.lag}),
+	'0.1: the first 20 are delivered');
+
+# The receiver refuses for a while: messages stay pending over the update.
+sink_control($sink, { path => '/hook', status => 503 });
+emit(21, 30);
+ok($node->poll_query_until('postgres', q{SELECT pending = 10 FROM outbox.lag WHERE target = 'hook'}),
+	'10 messages pending before the update');
+
+$node->safe_psql('postgres', 'ALTER EXTENSION outbox UPDATE');
+is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}),
+	'0.2', 'updated to 0.2');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_class WHERE relname = 'id_mark' AND relkind = 'S'}),
+	'1', '... with the id mark');
+
+emit(31, 40);
+sink_control($sink, { path => '/hook', status => 204 });
+ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0 AND dead_letters = 0) FROM outbox.lag}),
+	'after the update everything is delivered');
+my %got;
+$got{ $_->{seq} }++ for grep { $_->{status} == 204 } @{ sink_attempts($sink, '/hook') };
+is(scalar keys %got, 40, '... all 40 messages reached the receiver');
+is($node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'n'}), '40',
+	'... and NOTIFY');
+
+my $max = $node->safe_psql('postgres', 'SELECT max(id) FROM outbox.messages');
+cmp_ok($node->safe_psql('postgres', 'SELECT last_value FROM outbox.id_mark'), '>=', $max,
+	'the id mark covers every id handed out');
+$node->restart;
+emit(41, 41);
+cmp_ok($node->safe_psql('postgres', q{SELECT max(id) FROM outbox.messages}), '>', $max,
+	'after a restart ids continue above');
+ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbox.lag}),
+	'... and are delivered');
+
+relay_no_crash($node);
+stop_sink($sink);
+$node->stop;
+done_testing();
