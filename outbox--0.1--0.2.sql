@@ -72,3 +72,12 @@ $$;
 -- (only where the library is preloaded: outbox.database exists then).
 SELECT outbox.config_changed()
  WHERE pg_catalog.current_setting('outbox.database', true) IS NOT NULL;
+
+---------------------------------------------------------------------------
+-- Stable batch ids: a batch of fewer than batch_size messages is recorded
+-- before it is sent, so that after a restart it is cut the same way (same
+-- members, same webhook-id).  Full batches are cut the same way anyway.
+---------------------------------------------------------------------------
+ALTER TABLE outbox.progress ADD COLUMN batch_end bigint;
+COMMENT ON COLUMN outbox.progress.batch_end IS
+	'last id of the batch in flight when it was cut short of batch_size; ignored once done_id passes it';

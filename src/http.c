@@ -481,22 +481,10 @@ relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
 }
 
 /*
- * Bytes a message adds to a batch body: its envelope, with room for
- * escaping the topic and key.
- */
-static Size
-relay_envelope_bytes(RelayMessage *m)
-{
-	return (Size) m->payload_len + (m->headers ? strlen(m->headers) : 0) +
-		6 * (strlen(m->topic) + (m->key ? strlen(m->key) : 0)) + 256;
-}
-
-/*
- * Send the lane's next batch: up to batch_size messages from the head of
- * its queue, cut before the body would pass RELAY_MAX_BATCH_BYTES (the
- * first message always goes).  With batch_size 1 the body is the payload
- * itself; otherwise a JSON array of envelopes.  Returns false, with
- * *failed set, when the request could not be started.
+ * Send the lane's next batch: the lane->cut_n messages at the head of its
+ * queue that relay_lane_cut() chose.  With batch_size 1 the body is the
+ * payload itself; otherwise a JSON array of envelopes.  Returns false,
+ * with *failed set, when the request could not be started.
  */
 bool
 relay_http_send(RelayLane *lane, RelayOutcome *failed)
@@ -519,9 +507,9 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	memset(failed, 0, sizeof(*failed));
 	relay_test_fault("send", first->topic);
 
-	/* A batch that failed is sent again as it was. */
-	n = Min(lane->retry_nbatch > 0 ? lane->retry_nbatch : t->batch_size,
-			lane->nqueued);
+	/* relay_lane_cut() chose the messages. */
+	n = lane->cut_n;
+	Assert(n >= 1 && n <= lane->nqueued);
 	if (t->batch_size == 1)
 	{
 		/* The payload itself; it stays queued until the request ends. */
@@ -530,18 +518,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	}
 	else
 	{
-		Size		bytes = 0;
-
-		for (m = first, i = 0; i < n; m = m->next, i++)
-		{
-			Size		add = relay_envelope_bytes(m);
-
-			if (i > 0 && bytes + add > RELAY_MAX_BATCH_BYTES)
-				break;
-			bytes += add;
-		}
-		n = i;
-		if (bytes >= MaxAllocSize)
+		if (lane->cut_bytes >= MaxAllocSize)
 		{
 			lane->nbatch = 1;
 			failed->kind = RELAY_REJECTED;

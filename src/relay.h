@@ -89,6 +89,13 @@ typedef struct RelayLane
 								 * are read again when it drains */
 	TimestampTz next_attempt;	/* not before; 0 for now */
 	int64		done_id;		/* durable: all of the lane <= done_id done */
+	int64		batch_end;		/* durable: a batch cut short of batch_size
+								 * ends here (outbox.progress.batch_end),
+								 * so it is cut the same way again; 0 none */
+	int			cut_n;			/* messages of the next request */
+	Size		cut_bytes;		/* their envelopes' size */
+	int64		cut_last;		/* id of the last of them */
+	bool		cut_record;		/* the cut must be recorded before it goes */
 	int64		last_delivered_id;	/* highest id acknowledged */
 	int64		delivered_delta;	/* acknowledged since the last write */
 	int64		dead_delta;		/* dead-lettered since the last write */
@@ -177,6 +184,7 @@ extern void relay_test_fault(const char *where, const char *topic);
 #define RELAY_ENVELOPE_PAYLOAD	0x02
 #define RELAY_ENVELOPE_ALL		(RELAY_ENVELOPE_HEADERS | RELAY_ENVELOPE_PAYLOAD)
 extern void relay_envelope(RelayMessage *msg, int parts, StringInfo buf);
+extern Size relay_envelope_size(RelayMessage *msg);
 extern void relay_append_time(StringInfo buf, TimestampTz t);
 
 /*---- http.c ----*/

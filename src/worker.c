@@ -65,6 +65,7 @@
 #include "utils/guc.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -104,6 +105,9 @@ static TimestampTz last_progress_write = 0;
 static SPIPlanPtr read_plan = NULL;
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
+
+/* outbox.progress has batch_end (schema 0.2 and later). */
+static bool progress_has_batch_end = false;
 
 /* The message being built while reading, for the error path; 0 for none. */
 static int64 building_id = 0;
@@ -471,6 +475,17 @@ relay_envelope(RelayMessage *m, int parts, StringInfo buf)
 	appendStringInfoString(buf, ",\"emitted_at\":");
 	relay_append_time(buf, m->emitted_at);
 	appendStringInfoChar(buf, '}');
+}
+
+/*
+ * Bytes a message adds to a batch body, at most: its envelope, with room
+ * for escaping the topic and key.
+ */
+Size
+relay_envelope_size(RelayMessage *m)
+{
+	return (Size) m->payload_len + (m->headers ? strlen(m->headers) : 0) +
+		6 * (strlen(m->topic) + (m->key ? strlen(m->key) : 0)) + 256;
 }
 
 /* Append t as a JSON string, the way to_json() writes a timestamptz. */
@@ -901,7 +916,16 @@ relay_load_config(void)
 	}
 
 	/* Progress, for targets that have not read anything yet. */
-	if (SPI_execute("SELECT target_id, lane, done_id, last_delivered_id FROM outbox.progress",
+	{
+		Oid			progress = get_relname_relid("progress", get_namespace_oid("outbox", false));
+
+		/* batch_end came with schema 0.2. */
+		progress_has_batch_end = OidIsValid(progress) &&
+			get_attnum(progress, "batch_end") != InvalidAttrNumber;
+	}
+	if (SPI_execute(progress_has_batch_end ?
+					"SELECT target_id, lane, done_id, last_delivered_id, batch_end FROM outbox.progress" :
+					"SELECT target_id, lane, done_id, last_delivered_id, NULL::bigint FROM outbox.progress",
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.progress");
 	for (i = 0; i < SPI_processed; i++)
@@ -916,6 +940,7 @@ relay_load_config(void)
 			continue;
 		t->lanes[lane].done_id = relay_spi_int(tup, desc, 3, &isnull);
 		t->lanes[lane].last_delivered_id = relay_spi_int(tup, desc, 4, &isnull);
+		t->lanes[lane].batch_end = relay_spi_int(tup, desc, 5, &isnull);
 	}
 	foreach(lc, targets)
 	{
@@ -1707,6 +1732,122 @@ relay_write_progress(void)
 /*---- the loop ----*/
 
 /*
+ * Choose the messages of the lane's next request (cut_n, cut_bytes,
+ * cut_last), so that a batch sent again, after a failure or after a
+ * restart, has the same members and so the same webhook-id:
+ *  - a batch that failed is sent again as it was;
+ *  - a batch recorded in outbox.progress.batch_end (one cut short of
+ *    batch_size, as the messages then available allowed) is cut at that id
+ *    again, once its messages are all read;
+ *  - otherwise up to batch_size messages, fewer if the body would pass
+ *    RELAY_MAX_BATCH_BYTES (the first one always goes): both rules give the
+ *    same batch whenever the same messages are read.  A batch cut short of
+ *    batch_size for want of messages depends on when it was cut, so it is
+ *    recorded (cut_record) before it is sent.
+ * Returns false when the lane must wait for more of its messages.
+ */
+static bool
+relay_lane_cut(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *m = lane->head;
+	int			n = 0;
+	Size		bytes = 0;
+	bool		by_size = false;
+
+	lane->cut_record = false;
+	if (lane->retry_nbatch > 0)
+	{
+		lane->cut_n = Min(lane->retry_nbatch, lane->nqueued);
+		for (; n < lane->cut_n; m = m->next, n++)
+		{
+			bytes += relay_envelope_size(m);
+			lane->cut_last = m->id;
+		}
+		lane->cut_bytes = bytes;
+		return true;
+	}
+	if (t->batch_size > 1 && lane->batch_end >= m->id)
+	{
+		/* All of the recorded batch must be queued first. */
+		if (lane->tail->id < lane->batch_end &&
+			(t->read_id < lane->batch_end ||
+			 (lane->overflow_id != 0 && lane->overflow_id <= lane->batch_end)))
+			return false;
+		for (; m != NULL && m->id <= lane->batch_end && n < t->batch_size; m = m->next, n++)
+		{
+			bytes += relay_envelope_size(m);
+			lane->cut_last = m->id;
+		}
+		lane->cut_n = n;
+		lane->cut_bytes = bytes;
+		return true;
+	}
+	for (; m != NULL && n < t->batch_size; m = m->next, n++)
+	{
+		Size		add = t->batch_size > 1 ? relay_envelope_size(m) : 0;
+
+		if (n > 0 && bytes + add > RELAY_MAX_BATCH_BYTES)
+		{
+			by_size = true;
+			break;
+		}
+		bytes += add;
+		lane->cut_last = m->id;
+	}
+	lane->cut_n = n;
+	lane->cut_bytes = bytes;
+	lane->cut_record = (t->batch_size > 1 && n < t->batch_size && !by_size &&
+						progress_has_batch_end);
+	return true;
+}
+
+/*
+ * Record, durably and in one transaction, the batches cut short of
+ * batch_size that the lanes in cut[0..n) are about to send.
+ */
+static void
+relay_record_cuts(RelayLane **cut, int n)
+{
+	static SPIPlanPtr plan = NULL;
+	int			i;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "recording outbox batches");
+	if (plan == NULL)
+	{
+		Oid			argtypes[3] = {INT4OID, INT4OID, INT8OID};
+
+		plan = SPI_prepare("UPDATE outbox.progress SET batch_end = $3"
+						   " WHERE target_id = $1 AND lane = $2", 3, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the batch query");
+		SPI_keepplan(plan);
+	}
+	for (i = 0; i < n; i++)
+	{
+		Datum		args[3];
+
+		args[0] = Int32GetDatum(cut[i]->target->id);
+		args[1] = Int32GetDatum(cut[i]->index);
+		args[2] = Int64GetDatum(cut[i]->cut_last);
+		if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "outbox: could not record a batch");
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	/* Durable before the request goes, whatever synchronous_commit says. */
+	XLogFlush(XactLastCommitEnd);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	for (i = 0; i < n; i++)
+		cut[i]->batch_end = cut[i]->cut_last;
+}
+
+/*
  * Start the lane's next request.  A failure to start it, even an error
  * while preparing it, is the lane's outcome (retried, then a dead letter),
  * never the relay's.
@@ -1751,11 +1892,17 @@ relay_lane_start(RelayLane *lane)
 		pfree(error);
 }
 
-/* Start a request on every idle HTTP lane whose next batch is due. */
+/*
+ * Start a request on every idle HTTP lane whose next batch is due; batches
+ * that must be recorded first are recorded together, then sent.
+ */
 static void
 relay_dispatch(TimestampTz now)
 {
 	ListCell   *lc;
+	RelayLane **cut = NULL;
+	int			ncut = 0;
+	int			maxcut = 0;
 
 	foreach(lc, targets)
 	{
@@ -1773,10 +1920,32 @@ relay_dispatch(TimestampTz now)
 		{
 			RelayLane  *lane = &t->lanes[i];
 
-			if (relay_lane_may_send(lane, now))
+			if (!relay_lane_may_send(lane, now) || !relay_lane_cut(lane))
+				continue;
+			if (!lane->cut_record)
+			{
 				relay_lane_start(lane);
+				continue;
+			}
+			if (ncut == maxcut)
+			{
+				maxcut = Max(16, maxcut * 2);
+				cut = cut ? repalloc(cut, sizeof(RelayLane *) * maxcut) :
+					MemoryContextAlloc(relay_cxt, sizeof(RelayLane *) * maxcut);
+			}
+			cut[ncut++] = lane;
 		}
 	}
+	if (ncut > 0)
+	{
+		int			i;
+
+		relay_record_cuts(cut, ncut);
+		for (i = 0; i < ncut; i++)
+			relay_lane_start(cut[i]);
+	}
+	if (cut)
+		pfree(cut);
 }
 
 /* Milliseconds the loop may sleep. */
