@@ -10,13 +10,18 @@ MODULE_big = outbox
 OBJS = \
 	src/api.o \
 	src/emit.o \
-	src/http.o \
 	src/launcher.o \
-	src/notify.o \
 	src/outbox.o \
+	src/relay_config.o \
+	src/relay_envelope.o \
+	src/relay_http.o \
+	src/relay_lane.o \
+	src/relay_main.o \
+	src/relay_notify.o \
+	src/relay_progress.o \
+	src/relay_read.o \
 	src/shmem.o \
-	src/storage.o \
-	src/worker.o
+	src/storage.o
 
 EXTENSION = outbox
 DATA = outbox--0.1.sql outbox--0.1--0.2.sql

@@ -1,8 +1,18 @@
 /*-------------------------------------------------------------------------
  *
  * relay.h
- *	  In-memory state of the relay worker, shared by worker.c (the loop,
- *	  targets, lanes, progress), http.c (libcurl) and notify.c (NOTIFY).
+ *	  In-memory state of the relay and the interfaces of its files.
+ *
+ * The relay is split by job, dependencies pointing one way:
+ *	  relay_main.c		lifecycle, signals, the wait loop, dispatch
+ *	   +- relay_config.c	targets and subscriptions loaded from the tables
+ *	   +- relay_read.c		frontier -> read -> route to lanes
+ *	   +- relay_progress.c	progress and dead-letter writes
+ *	   +- relay_http.c, relay_notify.c	transports: send, then report an
+ *								outcome; they know nothing of dead letters
+ *	   +- all use: relay_lane.c (FIFO, caps, backoff, what an outcome does)
+ *				   and relay_envelope.c (formats)
+ *	  launcher.c starts relay_main.c's worker.
  *
  * All of it lives in the worker's process memory; nothing here is in shared
  * memory.
@@ -15,6 +25,8 @@
 #include "lib/stringinfo.h"
 #include "datatype/timestamp.h"
 #include "storage/latch.h"
+#include "utils/jsonb.h"
+#include "utils/uuid.h"
 
 #include "outbox.h"
 
@@ -171,23 +183,77 @@ typedef struct RelayDeadLetter
  */
 #define RELAY_MAX_BATCH_BYTES	(64 * 1024 * 1024)
 
-/*---- worker.c: services for http.c and notify.c ----*/
-extern RelayMessage *relay_lane_pop(RelayLane *lane);
-extern void relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome);
-extern void relay_lane_set_error(RelayLane *lane, int status,
-								 const char *error);
-extern int64 relay_backoff_ms(int attempts, int retry_after_s);
-extern void relay_test_fault(const char *where, const char *topic);
-
 /* Parts of relay_envelope(); without one, it says "..._omitted". */
 #define RELAY_ENVELOPE_HEADERS	0x01
 #define RELAY_ENVELOPE_PAYLOAD	0x02
 #define RELAY_ENVELOPE_ALL		(RELAY_ENVELOPE_HEADERS | RELAY_ENVELOPE_PAYLOAD)
-extern void relay_envelope(RelayMessage *msg, int parts, StringInfo buf);
-extern Size relay_envelope_size(RelayMessage *msg);
-extern void relay_append_time(StringInfo buf, TimestampTz t);
 
-/*---- http.c ----*/
+/*---- shared state of the relay (relay_config.c, relay_progress.c) ----*/
+extern MemoryContext relay_cxt;	/* targets, dead letters */
+extern List *relay_targets;		/* RelayTarget *, by id */
+extern bool relay_progress_has_batch_end;	/* schema 0.2 or later */
+extern TimestampTz relay_last_progress_write;
+
+/*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
+extern int relay_queue_cap(RelayTarget *t);
+extern int relay_lane_cap(RelayTarget *t);
+extern Size relay_queue_bytes(RelayTarget *t);
+extern Size relay_lane_bytes(RelayTarget *t);
+extern bool relay_target_has_room(RelayTarget *t);
+extern bool relay_lane_needs_refill(RelayLane *lane);
+extern void relay_lane_push(RelayLane *lane, RelayMessage *m);
+extern RelayMessage *relay_lane_pop(RelayLane *lane);
+extern void relay_lane_truncate(RelayLane *lane, int64 bound);
+extern int64 relay_lane_done_position(RelayLane *lane);
+extern void relay_lane_set_error(RelayLane *lane, int status, const char *error);
+extern int64 relay_backoff_ms(int attempts, int retry_after_s);
+extern void relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome);
+extern bool relay_lane_may_send(RelayLane *lane, TimestampTz now);
+extern bool relay_lane_cut(RelayLane *lane);
+extern void relay_lane_notified(RelayLane *lane, int64 done);
+extern void relay_lane_retry_later(RelayLane *lane, const char *error);
+
+/*---- relay_envelope.c: formats ----*/
+extern void relay_envelope(RelayMessage *m, int parts, StringInfo buf);
+extern Size relay_envelope_size(RelayMessage *m);
+extern void relay_append_time(StringInfo buf, TimestampTz t);
+extern char *relay_header_lines(Jsonb *jb, int *len);
+extern void relay_uuid_text(const pg_uuid_t *uuid, char *out);
+
+/*---- relay_config.c: targets loaded from the tables ----*/
+extern RelayTarget *relay_find_target(int id);
+extern void relay_free_target(RelayTarget *t);
+extern void relay_load_config(void);
+
+/*---- relay_read.c: reading up to the frontier ----*/
+extern bool relay_target_wants_read(RelayTarget *t, int64 frontier);
+extern bool relay_read_messages(int64 frontier);
+
+/*---- relay_progress.c: progress and dead-letter writes ----*/
+extern void relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id, const char *topic, const char *key, int attempts, int status, const char *error);
+extern bool relay_progress_pending(void);
+extern void relay_write_progress(void);
+extern void relay_record_cuts(RelayLane **cut, int n);
+extern void relay_progress_notified(RelayTarget *t, int n, int64 last_id,
+									int64 done);
+
+/*
+ * Test-only fault injection (outbox.test_fault = 'read:TOPIC' or
+ * 'send:TOPIC'): raise an error while preparing a message of TOPIC, to show
+ * that an unexpected error stops neither the relay nor other targets.
+ */
+static inline void
+relay_test_fault(const char *where, const char *topic)
+{
+	size_t		n = strlen(where);
+
+	if (outbox_test_fault != NULL && outbox_test_fault[0] != '\0' &&
+		strncmp(outbox_test_fault, where, n) == 0 &&
+		outbox_test_fault[n] == ':' && strcmp(outbox_test_fault + n + 1, topic) == 0)
+		elog(ERROR, "outbox: injected fault while preparing a message of topic \"%s\"", topic);
+}
+
+/*---- relay_http.c: the HTTP transport (all of libcurl) ----*/
 extern int	relay_http_init(void);
 extern void relay_http_shutdown(void);
 extern void relay_http_lane_init(RelayLane *lane);
@@ -199,7 +265,7 @@ extern void relay_http_drive(void (*finished) (RelayLane *lane,
 extern long relay_http_timeout(void);
 extern int	relay_http_in_flight(void);
 
-/*---- notify.c ----*/
-extern int	relay_notify_deliver(RelayTarget *target);
+/*---- relay_notify.c: the NOTIFY transport ----*/
+extern int	relay_notify_send(RelayLane *lane);
 
 #endif							/* OUTBOX_RELAY_H */

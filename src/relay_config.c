@@ -1,0 +1,525 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_config.c
+ *	  Targets, subscriptions and progress, loaded from the outbox tables.
+ *
+ * The relay keeps one RelayTarget per row of outbox.targets, in its own
+ * memory context with its lanes and queued messages.  A reload (after a
+ * target change committed, see emit.c and shmem.c) keeps the targets that
+ * still exist, with their queues and requests in flight, builds new ones
+ * from their recorded progress, and forgets dropped ones.  Every row is
+ * checked as it is loaded, the way the target functions and the table's
+ * constraints check it, since a superuser may have written it by hand: a
+ * row that cannot be used is skipped with a WARNING, shown in outbox.lag,
+ * and never makes the relay fail.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "common/base64.h"
+#include "common/hashfn.h"
+#include "common/pg_prng.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "access/detoast.h"
+#include "utils/datetime.h"
+#include "utils/guc.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "relay.h"
+
+MemoryContext relay_cxt = NULL;
+List	   *relay_targets = NIL;
+bool		relay_progress_has_batch_end = false;
+
+/* The extension whose targets relay_targets holds. */
+static Oid	loaded_extension = InvalidOid;
+
+RelayTarget *
+relay_find_target(int id)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->id == id)
+			return t;
+	}
+	return NULL;
+}
+
+void
+relay_free_target(RelayTarget *t)
+{
+	int			i;
+
+	for (i = 0; i < t->nlanes; i++)
+		relay_http_lane_release(&t->lanes[i]);
+	MemoryContextDelete(t->cxt);
+}
+
+static char *
+relay_spi_text(HeapTuple tup, TupleDesc desc, int col)
+{
+	return SPI_getvalue(tup, desc, col);
+}
+
+static int64
+relay_spi_int(HeapTuple tup, TupleDesc desc, int col, bool *isnull)
+{
+	Datum		d = SPI_getbinval(tup, desc, col, isnull);
+
+	if (*isnull)
+		return 0;
+	switch (TupleDescAttr(desc, col - 1)->atttypid)
+	{
+		case INT2OID:
+			return DatumGetInt16(d);
+		case INT4OID:
+			return DatumGetInt32(d);
+		default:
+			return DatumGetInt64(d);
+	}
+}
+
+/*
+ * Whether s has no control character (and, unless allow_space, no space),
+ * as the target functions check for URLs and header values.
+ */
+static bool
+relay_printable(const char *s, bool allow_space)
+{
+	for (; *s; s++)
+	{
+		unsigned char c = (unsigned char) *s;
+
+		if (c < 0x20 || c == 0x7f || (c == ' ' && !allow_space))
+			return false;
+	}
+	return true;
+}
+
+/* RFC 9110 token characters, the only ones allowed in a header name. */
+static bool
+relay_token(const char *s, int len)
+{
+	int			i;
+
+	if (len == 0)
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		if (!(isalnum(c) || (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL)))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * Header lines of the target's headers object, as libcurl takes them:
+ * "Name: value", or "Name;" for an empty value ("Name:" would remove a
+ * header instead of sending it).  Returns a reason when the object is not
+ * usable, else NULL.
+ */
+static const char *
+relay_target_headers(RelayTarget *t, Jsonb *jb)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			max;
+	char	   *name = NULL;
+
+	if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
+		return "headers is not a JSON object";
+	max = JB_ROOT_COUNT(jb);
+	t->header_lines = palloc(sizeof(char *) * (max + 1));
+	t->header_names = palloc(sizeof(char *) * (max + 1));
+	it = JsonbIteratorInit(&jb->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			if (!relay_token(v.val.string.val, v.val.string.len))
+				return "a header name is not an HTTP token";
+			name = pnstrdup(v.val.string.val, v.val.string.len);
+		}
+		else if (tok == WJB_VALUE)
+		{
+			char	   *value;
+
+			if (v.type != jbvString)
+				return "a header value is not a string";
+			value = pnstrdup(v.val.string.val, v.val.string.len);
+			if (!relay_printable(value, true))
+				return "a header value has a control character";
+			t->header_names[t->nheader_lines] = name;
+			t->header_lines[t->nheader_lines++] = *value ?
+				psprintf("%s: %s", name, value) : psprintf("%s;", name);
+		}
+	}
+	return NULL;
+}
+
+/*
+ * Build a target from a row of the configuration query (see
+ * relay_load_config() for its columns), checking every field the way the
+ * target functions and the table's constraints do: the row may have been
+ * written by hand.  Returns NULL, with *problem set, for a row that cannot
+ * be used.
+ */
+static RelayTarget *
+relay_make_target(HeapTuple tup, TupleDesc desc, const char **problem)
+{
+	MemoryContext cxt;
+	MemoryContext oldcxt;
+	RelayTarget *t;
+	bool		isnull;
+	char	   *s;
+	Datum		d;
+	int			i;
+
+	*problem = NULL;
+	cxt = AllocSetContextCreate(relay_cxt, "outbox target", ALLOCSET_DEFAULT_SIZES);
+	oldcxt = MemoryContextSwitchTo(cxt);
+	t = palloc0(sizeof(RelayTarget));
+	t->cxt = cxt;
+	t->id = (int) relay_spi_int(tup, desc, 1, &isnull);
+	t->name = relay_spi_text(tup, desc, 2);
+	s = relay_spi_text(tup, desc, 3);
+	t->url = relay_spi_text(tup, desc, 4);
+	t->channel = relay_spi_text(tup, desc, 5);
+	t->batch_size = (int) relay_spi_int(tup, desc, 6, &isnull);
+	t->nlanes = (int) relay_spi_int(tup, desc, 7, &isnull);
+	t->max_attempts = (int) relay_spi_int(tup, desc, 8, &isnull);
+	t->timeout_ms = (int) relay_spi_int(tup, desc, 9, &isnull);
+
+	if (s != NULL && strcmp(s, "http") == 0)
+	{
+		t->kind = RELAY_HTTP;
+		if (t->url == NULL || !relay_printable(t->url, false) ||
+			(pg_strncasecmp(t->url, "http://", 7) != 0 &&
+			 pg_strncasecmp(t->url, "https://", 8) != 0))
+			*problem = "url is not an http:// or https:// URL without spaces or control characters";
+	}
+	else if (s != NULL && strcmp(s, "notify") == 0)
+	{
+		t->kind = RELAY_NOTIFY;
+		if (t->channel == NULL || t->channel[0] == '\0' ||
+			strlen(t->channel) >= NAMEDATALEN)
+			*problem = "channel is not a channel name of 1 to 63 bytes";
+	}
+	else
+		*problem = "kind is neither 'http' nor 'notify'";
+
+	if (*problem == NULL && (t->batch_size < 1 || t->batch_size > 1000))
+		*problem = "batch_size is not between 1 and 1000";
+	if (*problem == NULL && (t->nlanes < 1 || t->nlanes > 256 ||
+							 (t->kind == RELAY_NOTIFY && t->nlanes != 1)))
+		*problem = "lanes is not between 1 and 256 (1 for NOTIFY)";
+	if (*problem == NULL && (t->max_attempts < 0 || t->max_attempts > 1000000))
+		*problem = "max_attempts is not between 0 and 1000000";
+	if (*problem == NULL && (t->timeout_ms < 10 || t->timeout_ms > 3600000))
+		*problem = "timeout_ms is not between 10 and 3600000";
+
+	s = relay_spi_text(tup, desc, 10);
+	if (*problem == NULL && s != NULL)
+	{
+		int			len = strlen(s);
+
+		if (len < 6 || strncmp(s, "whsec_", 6) != 0)
+			*problem = "secret does not start with whsec_";
+		else
+		{
+			t->secret = palloc(pg_b64_dec_len(len - 6) + 1);
+			t->secret_len = pg_b64_decode(s + 6, len - 6, (char *) t->secret,
+										  pg_b64_dec_len(len - 6));
+			if (t->secret_len < 16 || t->secret_len > 64)
+				*problem = "secret is not base64 of 16 to 64 bytes";
+		}
+	}
+
+	d = SPI_getbinval(tup, desc, 11, &isnull);
+	if (*problem == NULL && !isnull)
+		*problem = relay_target_headers(t, DatumGetJsonbP(d));
+
+	if (*problem != NULL)
+	{
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextDelete(cxt);
+		return NULL;
+	}
+
+	t->lanes = palloc0(sizeof(RelayLane) * t->nlanes);
+	for (i = 0; i < t->nlanes; i++)
+	{
+		t->lanes[i].target = t;
+		t->lanes[i].index = i;
+		t->lanes[i].done_id = -1;
+		if (t->kind == RELAY_HTTP)
+			relay_http_lane_init(&t->lanes[i]);
+	}
+	t->read_id = -1;
+	MemoryContextSwitchTo(oldcxt);
+	return t;
+}
+
+/*
+ * A target row that cannot be used is skipped: say so once per load, with
+ * a WARNING and in its progress rows, which outbox.lag shows.  Its messages
+ * wait until the row is fixed.
+ */
+static void
+relay_report_bad_target(int id, const char *name, const char *problem)
+{
+	static SPIPlanPtr plan = NULL;
+	Datum		args[2];
+	char	   *error = psprintf("target is not delivered: %s", problem);
+
+	ereport(WARNING,
+			(errmsg("outbox relay skips target \"%s\": %s", name ? name : "?", problem),
+			 errhint("Drop the target and create it again with outbox.create_http_target() or outbox.create_notify_target().")));
+	if (plan == NULL)
+	{
+		Oid			argtypes[2] = {INT4OID, TEXTOID};
+
+		plan = SPI_prepare("UPDATE outbox.progress SET last_error = $2, last_error_at = now()"
+						   " WHERE target_id = $1 AND last_error IS DISTINCT FROM $2",
+						   2, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the target error query");
+		SPI_keepplan(plan);
+	}
+	args[0] = Int32GetDatum(id);
+	args[1] = CStringGetTextDatum(error);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: could not record a target error");
+	pfree(error);
+}
+
+/*
+ * Load targets, subscriptions and progress.  Targets that still exist keep
+ * their queues and requests in flight; new ones start from their recorded
+ * progress; dropped ones are forgotten.  Runs in its own transaction.
+ */
+void
+relay_load_config(void)
+{
+	ListCell   *lc;
+	List	   *kept = NIL;
+	uint64		i;
+	SPITupleTable *rows;
+	uint64		nrows;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "loading outbox targets");
+
+	{
+		Oid			ext = get_extension_oid("outbox", true);
+
+		if (ext != loaded_extension)
+		{
+			/* A new extension: its target ids mean other targets. */
+			foreach(lc, relay_targets)
+				relay_free_target((RelayTarget *) lfirst(lc));
+			list_free(relay_targets);
+			relay_targets = NIL;
+			loaded_extension = ext;
+		}
+	}
+	foreach(lc, relay_targets)
+		((RelayTarget *) lfirst(lc))->seen = false;
+
+	if (SPI_execute("SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
+					"       t.max_attempts, t.timeout_ms, t.secret, t.headers"
+					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.targets");
+
+	rows = SPI_tuptable;
+	nrows = SPI_processed;
+	for (i = 0; i < nrows; i++)
+	{
+		HeapTuple	tup = rows->vals[i];
+		bool		isnull;
+		int			id = (int) relay_spi_int(tup, rows->tupdesc, 1, &isnull);
+		RelayTarget *t = relay_find_target(id);
+
+		if (t == NULL)
+		{
+			const char *problem;
+
+			t = relay_make_target(tup, rows->tupdesc, &problem);
+			if (t == NULL)
+			{
+				relay_report_bad_target(id, relay_spi_text(tup, rows->tupdesc, 2),
+										problem);
+				continue;
+			}
+			ereport(LOG,
+					(errmsg("outbox relay: delivering to target \"%s\"", t->name)));
+		}
+		t->seen = true;
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
+
+			kept = lappend(kept, t);
+			MemoryContextSwitchTo(oldcxt);
+		}
+	}
+
+	/* Forget dropped targets. */
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (!t->seen)
+		{
+			ereport(LOG,
+					(errmsg("outbox relay: target \"%s\" was dropped", t->name)));
+			relay_free_target(t);
+		}
+	}
+	list_free(relay_targets);
+	relay_targets = kept;
+
+	/*
+	 * Subscriptions replace the old ones.  A subscription new to a target
+	 * that has already read past its start_id starts at the target's read
+	 * position instead: the relay may have passed messages committed while
+	 * subscribe() was still open without queueing them.  Everything
+	 * committed after the subscription is delivered either way.
+	 */
+	if (SPI_execute("SELECT target_id, pattern, start_id FROM outbox.subscriptions"
+					" ORDER BY target_id, pattern", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.subscriptions");
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		RelaySubscription *old = t->subs;
+		int			nold = t->nsubs;
+		int			j;
+
+		t->subs = MemoryContextAlloc(t->cxt, sizeof(RelaySubscription) * (SPI_processed + 1));
+		t->nsubs = 0;
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		isnull;
+			RelaySubscription *sub;
+			char	   *pattern;
+			int			len;
+
+			if ((int) relay_spi_int(tup, desc, 1, &isnull) != t->id)
+				continue;
+			sub = &t->subs[t->nsubs++];
+			pattern = relay_spi_text(tup, desc, 2);
+			sub->pattern = MemoryContextStrdup(t->cxt, pattern);
+			len = strlen(pattern);
+			sub->prefix_len = (len > 0 && pattern[len - 1] == '*') ? len - 1 : -1;
+			sub->start_id = relay_spi_int(tup, desc, 3, &isnull);
+			if (t->read_id >= 0)
+			{
+				bool		known = false;
+
+				for (j = 0; j < nold; j++)
+				{
+					if (strcmp(old[j].pattern, sub->pattern) == 0)
+					{
+						sub->start_id = old[j].start_id;
+						known = true;
+						break;
+					}
+				}
+				if (!known)
+					sub->start_id = Max(sub->start_id, t->read_id);
+			}
+		}
+		for (j = 0; j < nold; j++)
+			pfree(old[j].pattern);
+		if (old)
+			pfree(old);
+	}
+
+	/* Progress, for targets that have not read anything yet. */
+	{
+		Oid			progress = get_relname_relid("progress", get_namespace_oid("outbox", false));
+
+		/* batch_end came with schema 0.2. */
+		relay_progress_has_batch_end = OidIsValid(progress) &&
+			get_attnum(progress, "batch_end") != InvalidAttrNumber;
+	}
+	if (SPI_execute(relay_progress_has_batch_end ?
+					"SELECT target_id, lane, done_id, last_delivered_id, batch_end FROM outbox.progress" :
+					"SELECT target_id, lane, done_id, last_delivered_id, NULL::bigint FROM outbox.progress",
+					true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.progress");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		RelayTarget *t = relay_find_target((int) relay_spi_int(tup, desc, 1, &isnull));
+		int			lane = (int) relay_spi_int(tup, desc, 2, &isnull);
+
+		if (t == NULL || lane < 0 || lane >= t->nlanes || t->lanes[lane].done_id >= 0)
+			continue;
+		t->lanes[lane].done_id = relay_spi_int(tup, desc, 3, &isnull);
+		t->lanes[lane].last_delivered_id = relay_spi_int(tup, desc, 4, &isnull);
+		t->lanes[lane].batch_end = relay_spi_int(tup, desc, 5, &isnull);
+	}
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			j;
+
+		if (t->read_id >= 0)
+			continue;
+		for (j = 0; j < t->nlanes; j++)
+		{
+			if (t->lanes[j].done_id < 0)
+				t->lanes[j].done_id = 0;
+			if (t->read_id < 0 || t->lanes[j].done_id < t->read_id)
+				t->read_id = t->lanes[j].done_id;
+		}
+		if (t->read_id < 0)
+			t->read_id = 0;
+	}
+
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+}

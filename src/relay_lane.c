@@ -1,0 +1,466 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_lane.c
+ *	  Lanes: the FIFO of one target and key hash, its caps, what an outcome
+ *	  does to it, backoff, and how its next batch is cut.
+ *
+ * A lane has at most one request in flight, so the messages of one key go
+ * one after another in id order (I4).  Its queue is capped in messages and
+ * in bytes (a share of outbox.relay_memory); a lane that fills up stops
+ * taking messages and reads its own again once it drains (overflow_id).
+ * A transport reports an outcome (relay.h) and the lane decides: delivered
+ * pops the batch; retry waits with exponential backoff and jitter, then
+ * dead-letters after max_attempts; rejected dead-letters at once; a
+ * receiver-wide failure holds the whole target, dead-lettering nothing,
+ * while one lane probes.  A batch is cut so that, sent again after a
+ * failure or a restart, it has the same members (relay_lane_cut).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "common/base64.h"
+#include "common/hashfn.h"
+#include "common/pg_prng.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "access/detoast.h"
+#include "utils/datetime.h"
+#include "utils/guc.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "relay.h"
+
+/* Least number of messages a target may have queued before reading stops. */
+#define RELAY_MIN_QUEUE				10000
+
+int
+relay_queue_cap(RelayTarget *t)
+{
+	return Max(RELAY_MIN_QUEUE, 4 * t->nlanes * t->batch_size);
+}
+
+/*
+ * Messages one lane may hold: half the target's read-ahead (all of it with
+ * one lane).  A lane that retries for a long time fills up and stops taking
+ * messages (remembering where, in overflow_id) while the other lanes keep
+ * going with the other half; it reads its own messages again once it
+ * drains.  Half, not an even share, so that lanes do not overflow, and
+ * re-read, in an ordinary backlog of uneven keys.
+ */
+int
+relay_lane_cap(RelayTarget *t)
+{
+	if (t->nlanes == 1)
+		return relay_queue_cap(t);
+	return Max(4 * t->batch_size, relay_queue_cap(t) / 2);
+}
+
+/*
+ * Bytes of messages a target may have queued: half its even share of
+ * outbox.relay_memory (the request bodies built from them take at most as
+ * much again).
+ */
+Size
+relay_queue_bytes(RelayTarget *t)
+{
+	Size		total = (Size) outbox_relay_memory * 1024;
+
+	return Max(total / Max(list_length(relay_targets), 1) / 2, 64 * 1024);
+}
+
+/* Bytes one lane may hold: as relay_lane_cap(), half of the target's. */
+Size
+relay_lane_bytes(RelayTarget *t)
+{
+	if (t->nlanes == 1)
+		return relay_queue_bytes(t);
+	return relay_queue_bytes(t) / 2;
+}
+
+/*
+ * Whether target t has room for the message that last did not fit, so that
+ * a read does not stop at once (and the loop does not spin on it).
+ */
+bool
+relay_target_has_room(RelayTarget *t)
+{
+	return t->nqueued == 0 ||
+		t->queued_bytes + Max(t->read_need, 1) <= relay_queue_bytes(t);
+}
+
+bool
+relay_lane_needs_refill(RelayLane *lane)
+{
+	return lane->overflow_id != 0 && relay_target_has_room(lane->target) &&
+		lane->nqueued <= relay_lane_cap(lane->target) / 2 &&
+		lane->queued_bytes <= relay_lane_bytes(lane->target) / 2;
+}
+
+void
+relay_lane_push(RelayLane *lane, RelayMessage *m)
+{
+	m->next = NULL;
+	if (lane->tail)
+		lane->tail->next = m;
+	else
+		lane->head = m;
+	lane->tail = m;
+	lane->nqueued++;
+	lane->target->nqueued++;
+	lane->queued_bytes += m->mem_size;
+	lane->target->queued_bytes += m->mem_size;
+}
+
+RelayMessage *
+relay_lane_pop(RelayLane *lane)
+{
+	RelayMessage *m = lane->head;
+
+	Assert(m != NULL);
+	lane->head = m->next;
+	if (lane->head == NULL)
+		lane->tail = NULL;
+	lane->nqueued--;
+	lane->target->nqueued--;
+	lane->queued_bytes -= m->mem_size;
+	lane->target->queued_bytes -= m->mem_size;
+	return m;
+}
+
+/* Drop the lane's queued messages with ids above bound (never in flight). */
+void
+relay_lane_truncate(RelayLane *lane, int64 bound)
+{
+	RelayMessage *keep = NULL;
+	RelayMessage *m = lane->head;
+
+	while (m != NULL && m->id <= bound)
+	{
+		keep = m;
+		m = m->next;
+	}
+	if (keep)
+		keep->next = NULL;
+	else
+		lane->head = NULL;
+	lane->tail = keep;
+	while (m != NULL)
+	{
+		RelayMessage *next = m->next;
+
+		Assert(!lane->in_flight || lane->nbatch == 0);
+		lane->nqueued--;
+		lane->target->nqueued--;
+		lane->queued_bytes -= m->mem_size;
+		lane->target->queued_bytes -= m->mem_size;
+		pfree(m);
+		m = next;
+	}
+}
+
+/* The id up to which everything of the lane is finished. */
+int64
+relay_lane_done_position(RelayLane *lane)
+{
+	if (lane->head != NULL)
+		return Max(lane->done_id, lane->head->id - 1);
+	if (lane->overflow_id != 0)
+		return Max(lane->done_id, lane->overflow_id - 1);
+	return Max(lane->done_id, lane->target->read_id);
+}
+
+void
+relay_lane_set_error(RelayLane *lane, int status, const char *error)
+{
+	RelayTarget *t = lane->target;
+
+	if (lane->last_error)
+		pfree(lane->last_error);
+	lane->last_error = MemoryContextStrdup(t->cxt, error);
+	lane->last_status = status;
+	lane->last_error_at = GetCurrentTimestamp();
+	lane->error_dirty = true;
+}
+
+/* The head batch was acknowledged. */
+static void
+relay_lane_succeeded(RelayLane *lane)
+{
+	int			i;
+
+	for (i = 0; i < lane->nbatch; i++)
+	{
+		RelayMessage *m = relay_lane_pop(lane);
+
+		lane->last_delivered_id = m->id;
+		pfree(m);
+	}
+	lane->delivered_delta += lane->nbatch;
+	lane->nbatch = 0;
+	lane->retry_nbatch = 0;
+	lane->attempts = 0;
+	lane->next_attempt = 0;
+}
+
+/* Exponential backoff with jitter, at least Retry-After. */
+int64
+relay_backoff_ms(int attempts, int retry_after_s)
+{
+	double		delay = outbox_retry_base_delay;
+	int			i;
+
+	for (i = 1; i < attempts && delay < outbox_retry_max_delay; i++)
+		delay *= 2;
+	delay = Min(delay, (double) outbox_retry_max_delay);
+	delay *= 0.5 + 0.5 * pg_prng_double(&pg_global_prng_state);
+	if (retry_after_s > 0)
+		delay = Max(delay, retry_after_s * 1000.0);
+	return (int64) delay;
+}
+
+/* The head batch failed: retry it later, or dead-letter it. */
+static void
+relay_lane_failed(RelayLane *lane, bool retryable, int status,
+				  const char *error, int retry_after_s)
+{
+	RelayTarget *t = lane->target;
+	int			i;
+
+	lane->attempts++;
+	relay_lane_set_error(lane, status, error);
+
+	if (retryable && (t->max_attempts == 0 || lane->attempts < t->max_attempts))
+	{
+		lane->next_attempt =
+			TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+										relay_backoff_ms(lane->attempts, retry_after_s));
+		lane->retry_nbatch = lane->nbatch;
+		lane->nbatch = 0;
+		return;
+	}
+
+	for (i = 0; i < lane->nbatch; i++)
+	{
+		RelayMessage *m = relay_lane_pop(lane);
+
+		relay_add_dead_letter(t, m->id, m->msg_id, m->topic, m->key,
+							  lane->attempts, status, error);
+		pfree(m);
+	}
+	lane->dead_delta += lane->nbatch;
+	lane->nbatch = 0;
+	lane->retry_nbatch = 0;
+	lane->attempts = 0;
+	lane->next_attempt = 0;
+}
+
+/*
+ * The receiver as a whole refused (the endpoint, not the message, is
+ * wrong): hold the target.  Nothing is dead-lettered and the lane's attempts
+ * do not count toward max_attempts; this lane probes again after a backoff
+ * (up to outbox.retry_max_delay) while the other lanes wait, and the first
+ * success releases them all, in order.
+ */
+static void
+relay_lane_hold(RelayLane *lane, int status, const char *error,
+				int retry_after_s)
+{
+	RelayTarget *t = lane->target;
+
+	relay_lane_set_error(lane, status, error);
+	t->hold_attempts++;
+	t->probe_lane = lane->index;
+	t->held_until =
+		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+									relay_backoff_ms(t->hold_attempts, retry_after_s));
+	lane->next_attempt = t->held_until;
+	lane->retry_nbatch = lane->nbatch;
+	lane->nbatch = 0;
+	if (t->hold_attempts == 1)
+		ereport(LOG,
+				(errmsg("outbox relay holds target \"%s\": %s", t->name, error),
+				 errdetail("Nothing is dead-lettered; delivery resumes in order when the receiver accepts requests again.")));
+}
+
+/* What a transport reported for the lane's request. */
+void
+relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
+{
+	RelayTarget *t = lane->target;
+
+	switch (outcome->kind)
+	{
+		case RELAY_DELIVERED:
+			relay_lane_succeeded(lane);
+			if (t->hold_attempts > 0)
+				ereport(LOG,
+						(errmsg("outbox relay resumes target \"%s\"", t->name)));
+			t->hold_attempts = 0;
+			t->held_until = 0;
+			break;
+		case RELAY_RETRY:
+			relay_lane_failed(lane, true, outcome->status, outcome->error,
+							  outcome->retry_after_s);
+			break;
+		case RELAY_REJECTED:
+			relay_lane_failed(lane, false, outcome->status, outcome->error, 0);
+			break;
+		case RELAY_RECEIVER_FAILED:
+			relay_lane_hold(lane, outcome->status, outcome->error,
+							outcome->retry_after_s);
+			break;
+	}
+}
+
+/* Whether a lane of t may start a request now (a held target probes). */
+bool
+relay_lane_may_send(RelayLane *lane, TimestampTz now)
+{
+	RelayTarget *t = lane->target;
+
+	if (lane->in_flight || lane->nqueued == 0 || now < lane->next_attempt)
+		return false;
+	if (t->hold_attempts > 0)
+		return lane->index == t->probe_lane && now >= t->held_until;
+	return true;
+}
+
+/*
+ * Choose the messages of the lane's next request (cut_n, cut_bytes,
+ * cut_last), so that a batch sent again, after a failure or after a
+ * restart, has the same members and so the same webhook-id:
+ *  - a batch that failed is sent again as it was;
+ *  - a batch recorded in outbox.progress.batch_end (one cut short of
+ *    batch_size, as the messages then available allowed) is cut at that id
+ *    again, once its messages are all read;
+ *  - otherwise up to batch_size messages, fewer if the body would pass
+ *    RELAY_MAX_BATCH_BYTES (the first one always goes): both rules give the
+ *    same batch whenever the same messages are read.  A batch cut short of
+ *    batch_size for want of messages depends on when it was cut, so it is
+ *    recorded (cut_record) before it is sent.
+ * Returns false when the lane must wait for more of its messages.
+ */
+bool
+relay_lane_cut(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *m = lane->head;
+	int			n = 0;
+	Size		bytes = 0;
+	bool		by_size = false;
+
+	lane->cut_record = false;
+	if (lane->retry_nbatch > 0)
+	{
+		lane->cut_n = Min(lane->retry_nbatch, lane->nqueued);
+		for (; n < lane->cut_n; m = m->next, n++)
+		{
+			bytes += relay_envelope_size(m);
+			lane->cut_last = m->id;
+		}
+		lane->cut_bytes = bytes;
+		return true;
+	}
+	if (t->batch_size > 1 && lane->batch_end >= m->id)
+	{
+		/* All of the recorded batch must be queued first. */
+		if (lane->tail->id < lane->batch_end &&
+			(t->read_id < lane->batch_end ||
+			 (lane->overflow_id != 0 && lane->overflow_id <= lane->batch_end)))
+			return false;
+		for (; m != NULL && m->id <= lane->batch_end && n < t->batch_size; m = m->next, n++)
+		{
+			bytes += relay_envelope_size(m);
+			lane->cut_last = m->id;
+		}
+		lane->cut_n = n;
+		lane->cut_bytes = bytes;
+		return true;
+	}
+	for (; m != NULL && n < t->batch_size; m = m->next, n++)
+	{
+		Size		add = t->batch_size > 1 ? relay_envelope_size(m) : 0;
+
+		if (n > 0 && bytes + add > RELAY_MAX_BATCH_BYTES)
+		{
+			by_size = true;
+			break;
+		}
+		bytes += add;
+		lane->cut_last = m->id;
+	}
+	lane->cut_n = n;
+	lane->cut_bytes = bytes;
+	lane->cut_record = (t->batch_size > 1 && n < t->batch_size && !by_size &&
+						relay_progress_has_batch_end);
+	return true;
+}
+
+/*
+ * A NOTIFY lane's transaction committed: its nbatch messages are delivered,
+ * and the lane is finished up to done.
+ */
+void
+relay_lane_notified(RelayLane *lane, int64 done)
+{
+	int			i;
+
+	for (i = 0; i < lane->nbatch; i++)
+	{
+		RelayMessage *m = relay_lane_pop(lane);
+
+		lane->last_delivered_id = m->id;
+		pfree(m);
+	}
+	lane->nbatch = 0;
+	lane->attempts = 0;
+	lane->next_attempt = 0;
+	lane->done_id = done;
+}
+
+/*
+ * A NOTIFY lane's transaction failed: everything stays queued and is
+ * retried after a backoff, for as long as it takes (a listener sees each
+ * message once, in order, so nothing is skipped).
+ */
+void
+relay_lane_retry_later(RelayLane *lane, const char *error)
+{
+	RelayTarget *t = lane->target;
+	int64		delay;
+
+	lane->nbatch = 0;
+	lane->attempts++;
+	delay = relay_backoff_ms(lane->attempts, 0);
+	lane->next_attempt = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
+	relay_lane_set_error(lane, 0, error);	/* shown in outbox.lag */
+	ereport(LOG,
+			(errmsg("outbox relay could not notify channel \"%s\" of target \"%s\": %s",
+					t->channel, t->name, error),
+			 errdetail("Retrying in " INT64_FORMAT " ms.", delay)));
+}

@@ -1,0 +1,477 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_main.c
+ *	  The relay: a background worker that delivers committed messages to
+ *	  their targets in commit order.  Lifecycle, signals and the loop.
+ *
+ * The launcher (launcher.c) starts one relay for outbox.database.
+ * Committing transactions that emitted set its latch; outbox.poll_interval
+ * is only a safety net.  Each turn of the loop:
+ *
+ *	1. computes the frontier F (shmem.c) and flushes WAL up to it, so no
+ *	   message is delivered before its commit is durable (I7);
+ *	2. reads the messages above each target's read position and at or below
+ *	   F into the lanes of their keys (relay_read.c);
+ *	3. delivers: NOTIFY targets in one transaction that also records their
+ *	   progress (relay_notify.c); idle HTTP lanes start their next batch
+ *	   (relay_http.c), one request in flight per lane (relay_lane.c);
+ *	4. lets libcurl progress and hands finished requests' outcomes to their
+ *	   lanes;
+ *	5. records progress and dead letters (relay_progress.c).
+ *
+ * No transaction or snapshot is held across network I/O.  The worker's
+ * session resolves names in pg_catalog only, whatever the database's
+ * search_path.  SIGTERM records what was acknowledged, then exits.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "common/base64.h"
+#include "common/hashfn.h"
+#include "common/pg_prng.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "access/detoast.h"
+#include "utils/datetime.h"
+#include "utils/guc.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "relay.h"
+
+/* Record progress at least this often while requests are in flight. */
+#define RELAY_PROGRESS_INTERVAL_MS	20
+/*
+ * After reading, let commits accumulate this long before the next read: the
+ * worker does not wait on its latch meanwhile, so committers need not wake
+ * it, and one read picks up many commits.  Bounds the cost of the relay at
+ * high commit rates; adds at most this much latency.
+ */
+#define RELAY_READ_PAUSE_MS			1
+
+PGDLLEXPORT void outbox_worker_main(Datum main_arg);
+
+/*
+ * Start the lane's next request.  A failure to start it, even an error
+ * while preparing it, is the lane's outcome (retried, then a dead letter),
+ * never the relay's.
+ */
+static void
+relay_lane_start(RelayLane *lane)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	RelayOutcome failed;
+	volatile bool started = false;
+	char	   *volatile error = NULL;
+
+	memset(&failed, 0, sizeof(failed));
+	PG_TRY();
+	{
+		started = relay_http_send(lane, &failed);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		error = MemoryContextStrdup(relay_cxt, edata->message);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+
+	if (error != NULL)
+	{
+		memset(&failed, 0, sizeof(failed));
+		failed.kind = RELAY_RETRY;
+		failed.error = error;
+		/* The head message alone is retried, then dead-lettered. */
+		if (lane->nbatch == 0)
+			lane->nbatch = 1;
+		lane->retry_nbatch = 0;
+	}
+	if (!started)
+		relay_lane_outcome(lane, &failed);
+	if (error != NULL)
+		pfree(error);
+}
+
+/*
+ * Deliver a NOTIFY target's queued messages: notify and record progress in
+ * one transaction, so a listener sees each message once, in order.
+ */
+static void
+relay_deliver_notify(RelayTarget *t)
+{
+	RelayLane  *lane = &t->lanes[0];
+	MemoryContext oldcxt = CurrentMemoryContext;
+	volatile int64 done = 0;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	pgstat_report_activity(STATE_RUNNING, "notifying outbox listeners");
+	PG_TRY();
+	{
+		int			n = relay_notify_send(lane);
+		RelayMessage *last = lane->head;
+		int			i;
+
+		for (i = 1; i < n; i++)
+			last = last->next;
+		/* All of it sent: finished up to what was read. */
+		done = (n == lane->nqueued) ? Max(last->id, t->read_id) : last->id;
+		SPI_connect();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		relay_progress_notified(t, n, last->id, done);
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		relay_lane_retry_later(lane, edata->message);
+		FreeErrorData(edata);
+		pgstat_report_activity(STATE_IDLE, NULL);
+		return;
+	}
+	PG_END_TRY();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	relay_lane_notified(lane, done);
+}
+
+/*
+ * Start a request on every idle HTTP lane whose next batch is due; batches
+ * that must be recorded first are recorded together, then sent.
+ */
+static void
+relay_dispatch(TimestampTz now)
+{
+	ListCell   *lc;
+	RelayLane **cut = NULL;
+	int			ncut = 0;
+	int			maxcut = 0;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind == RELAY_NOTIFY)
+		{
+			/* One lane, delivered in the worker's own transactions. */
+			if (t->nqueued > 0 && now >= t->lanes[0].next_attempt)
+				relay_deliver_notify(t);
+			continue;
+		}
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (!relay_lane_may_send(lane, now) || !relay_lane_cut(lane))
+				continue;
+			if (!lane->cut_record)
+			{
+				relay_lane_start(lane);
+				continue;
+			}
+			if (ncut == maxcut)
+			{
+				maxcut = Max(16, maxcut * 2);
+				cut = cut ? repalloc(cut, sizeof(RelayLane *) * maxcut) :
+					MemoryContextAlloc(relay_cxt, sizeof(RelayLane *) * maxcut);
+			}
+			cut[ncut++] = lane;
+		}
+	}
+	if (ncut > 0)
+	{
+		int			i;
+
+		relay_record_cuts(cut, ncut);
+		for (i = 0; i < ncut; i++)
+			relay_lane_start(cut[i]);
+	}
+	if (cut)
+		pfree(cut);
+}
+
+/* Milliseconds the loop may sleep. */
+static long
+relay_sleep_ms(int64 frontier, TimestampTz now)
+{
+	long		timeout = outbox_poll_interval;
+	long		curl_ms = relay_http_timeout();
+	ListCell   *lc;
+
+	if (curl_ms >= 0 && curl_ms < timeout)
+		timeout = curl_ms;
+
+	if (!outbox_enabled)
+		return timeout;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (relay_target_wants_read(t, frontier))
+			return 0;
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (!lane->in_flight && lane->nqueued > 0 &&
+				(t->hold_attempts == 0 || i == t->probe_lane))
+			{
+				long		ms = (long) ((lane->next_attempt - now + 999) / 1000);
+
+				timeout = Min(timeout, Max(ms, 0));
+			}
+		}
+	}
+	return timeout;
+}
+
+/*
+ * Load the configuration, and say whether commits should wake the worker.
+ * Returns the configuration generation loaded.
+ */
+static uint64
+relay_reload_config(void)
+{
+	uint64		generation = outbox_config_generation();
+
+	relay_load_config();
+	outbox_set_worker_wants_commits(relay_targets != NIL && outbox_enabled);
+	return generation;
+}
+
+/* Whether the extension is installed in this database. */
+static bool
+relay_extension_ready(void)
+{
+	bool		ready;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	ready = OidIsValid(get_extension_oid("outbox", true));
+	CommitTransactionCommand();
+	return ready;
+}
+
+/*
+ * SIGTERM (server shutdown, or pg_terminate_backend): collect the answers
+ * already received, record them, and exit.  Requests still unanswered are
+ * sent again by the next relay, as they may not have been acknowledged.
+ * Exit code 0: the launcher starts a new relay unless the server is
+ * stopping.
+ */
+static void
+relay_shutdown(void)
+{
+	relay_http_drive(relay_lane_outcome);
+	if (relay_progress_pending())
+		relay_write_progress();
+	proc_exit(0);
+}
+
+static void
+relay_worker_exit(int code, Datum arg)
+{
+	outbox_set_worker_wants_commits(false);
+	outbox_set_worker_latch(NULL);
+	/* Close the connections (never called from inside libcurl). */
+	relay_http_shutdown();
+}
+
+void
+outbox_worker_main(Datum main_arg)
+{
+	WaitEventSet *wait_set;
+	WaitEventSet *quiet_set;
+	int			quiet_epoll_pos;
+	bool		ready = false;
+	bool		waiting_logged = false;
+	uint64		loaded_generation = 0;
+	bool		force_reload = true;
+
+	/* SIGTERM: record what was acknowledged, then exit (relay_shutdown). */
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	BackgroundWorkerUnblockSignals();
+
+	/* The launcher (launcher.c) saw the database exist. */
+	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+
+	/*
+	 * The relay runs as a superuser: whatever search_path the database or a
+	 * role sets, every function and operator in its queries must resolve in
+	 * pg_catalog (tables are schema-qualified), or whoever can create a
+	 * schema and set the database's search_path runs code as superuser.
+	 */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET,
+					PGC_S_OVERRIDE);
+	ereport(LOG,
+			(errmsg("outbox relay started for database \"%s\"", outbox_database)));
+
+	relay_cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
+									  ALLOCSET_DEFAULT_SIZES);
+
+	before_shmem_exit(relay_worker_exit, (Datum) 0);
+	outbox_set_worker_latch(MyLatch);
+
+	{
+		int			epfd = relay_http_init();
+
+		wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+		AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+
+		/* The same without the latch, for the pause after a read. */
+		quiet_set = CreateWaitEventSet(TopMemoryContext, 2);
+		AddWaitEventToSet(quiet_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		quiet_epoll_pos = AddWaitEventToSet(quiet_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+	}
+
+	for (;;)
+	{
+		WaitEvent	event;
+		int64		frontier = 0;
+		TimestampTz now;
+		long		timeout;
+		bool		did_read = false;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ShutdownRequestPending)
+			relay_shutdown();
+
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+			force_reload = true;
+		}
+
+		if (!ready)
+		{
+			ready = relay_extension_ready();
+			if (!ready)
+			{
+				if (!waiting_logged)
+					ereport(LOG,
+							(errmsg("outbox relay is waiting for the extension to be created in database \"%s\"",
+									outbox_database),
+							 errhint("Run CREATE EXTENSION outbox in database \"%s\".",
+									  outbox_database)));
+				waiting_logged = true;
+				/* CREATE EXTENSION wakes us when it commits. */
+				(void) WaitEventSetWait(wait_set, Min(outbox_poll_interval, 500), &event, 1,
+										PG_WAIT_EXTENSION);
+				ResetLatch(MyLatch);
+				continue;
+			}
+			force_reload = true;
+		}
+
+		if (force_reload || outbox_config_generation() != loaded_generation)
+		{
+			force_reload = false;
+			if (!relay_extension_ready())
+			{
+				loaded_generation = outbox_config_generation();
+				ready = false;
+				waiting_logged = false;
+				continue;
+			}
+			loaded_generation = relay_reload_config();
+		}
+
+		if (outbox_enabled && relay_targets != NIL)
+		{
+			if (!outbox_counter_valid())
+			{
+				Relation	rel;
+
+				StartTransactionCommand();
+				rel = outbox_open_messages(AccessShareLock);
+				outbox_ensure_counter(rel);
+				table_close(rel, AccessShareLock);
+				CommitTransactionCommand();
+			}
+			frontier = outbox_compute_frontier();
+			/* Subscriptions committed before the frontier must be known. */
+			if (outbox_config_generation() != loaded_generation)
+				loaded_generation = relay_reload_config();
+			/* Deliver nothing whose commit is not durable (I7). */
+			outbox_flush_commits();
+			did_read = relay_read_messages(frontier);
+		}
+
+		/* Collect answers, then start what is due on the free lanes. */
+		relay_http_drive(relay_lane_outcome);
+		if (outbox_enabled)
+			relay_dispatch(GetCurrentTimestamp());
+		relay_http_drive(relay_lane_outcome);
+
+		/* Let autovacuum and the statistics views see our work. */
+		pgstat_report_stat(false);
+
+		now = GetCurrentTimestamp();
+		timeout = relay_sleep_ms(frontier, now);
+		if (relay_progress_pending())
+		{
+			/* Write now when idle or due, else wake up when it is due. */
+			if (relay_http_in_flight() == 0 ||
+				TimestampDifferenceExceeds(relay_last_progress_write, now,
+										   RELAY_PROGRESS_INTERVAL_MS))
+				relay_write_progress();
+			else
+				timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
+		}
+
+		if (did_read && timeout > 0)
+		{
+			long		pause = Min(timeout, RELAY_READ_PAUSE_MS);
+
+			if (WaitEventSetWait(quiet_set, pause, &event, 1, PG_WAIT_EXTENSION) > 0 &&
+				event.pos == quiet_epoll_pos)
+				continue;
+			timeout -= pause;
+		}
+		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0 &&
+			(event.events & WL_LATCH_SET))
+			ResetLatch(MyLatch);
+	}
+}

@@ -1,0 +1,334 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_progress.c
+ *	  Progress and dead-letter writes.
+ *
+ * Per lane, outbox.progress records the id up to which everything of the
+ * lane is finished (delivered or dead-lettered), with counters and the last
+ * error; dead letters go to outbox.dead_letters.  Both are written together
+ * in one short transaction, batched over all lanes, at most every few
+ * milliseconds while requests are in flight: a crash can only make the
+ * relay send again what it may not have recorded (I5).  Batches cut short
+ * of batch_size are recorded, durably, before they are sent, so a restart
+ * cuts them the same way.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "common/base64.h"
+#include "common/hashfn.h"
+#include "common/pg_prng.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "access/detoast.h"
+#include "utils/datetime.h"
+#include "utils/guc.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+
+#include "relay.h"
+
+TimestampTz relay_last_progress_write = 0;
+
+static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
+static SPIPlanPtr progress_plan = NULL;
+static SPIPlanPtr dead_letter_plan = NULL;
+
+/* Queue a dead letter, written with the next progress update. */
+void
+relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id,
+					  const char *topic, const char *key, int attempts,
+					  int status, const char *error)
+{
+	RelayDeadLetter *d = MemoryContextAllocZero(relay_cxt, sizeof(RelayDeadLetter));
+
+	d->target = MemoryContextStrdup(relay_cxt, t->name);
+	d->id = id;
+	strlcpy(d->msg_id, msg_id, sizeof(d->msg_id));
+	d->topic = MemoryContextStrdup(relay_cxt, topic);
+	d->key = key ? MemoryContextStrdup(relay_cxt, key) : NULL;
+	d->attempts = attempts;
+	d->last_status = status;
+	d->last_error = MemoryContextStrdup(relay_cxt, error);
+	d->next = dead_letters;
+	dead_letters = d;
+}
+
+bool
+relay_progress_pending(void)
+{
+	ListCell   *lc;
+
+	if (dead_letters != NULL)
+		return true;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (lane->delivered_delta || lane->dead_delta || lane->error_dirty ||
+				relay_lane_done_position(lane) != lane->done_id)
+				return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Record, in one transaction, the progress of every lane that moved and
+ * the dead letters found since the last call.  (NOTIFY targets record
+ * their deliveries themselves; here they only advance past messages they
+ * do not subscribe to.)
+ */
+void
+relay_write_progress(void)
+{
+	ListCell   *lc;
+	RelayDeadLetter *d;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "recording outbox progress");
+
+	if (progress_plan == NULL)
+	{
+		Oid			argtypes[10] = {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID,
+		INT8OID, INT4OID, INT4OID, TEXTOID, TIMESTAMPTZOID};
+
+		progress_plan = SPI_prepare("UPDATE outbox.progress"
+									"   SET done_id = greatest(done_id, $3),"
+									"       last_delivered_id = coalesce($4, last_delivered_id),"
+									"       delivered = delivered + $5, dead = dead + $6,"
+									"       attempts = $7,"
+									"       last_status = coalesce($8, last_status),"
+									"       last_error = coalesce($9, last_error),"
+									"       last_error_at = coalesce($10, last_error_at)"
+									" WHERE target_id = $1 AND lane = $2",
+									10, argtypes);
+		if (progress_plan == NULL)
+			elog(ERROR, "outbox: could not prepare the progress query");
+		SPI_keepplan(progress_plan);
+	}
+	if (dead_letter_plan == NULL)
+	{
+		Oid			argtypes[8] = {TEXTOID, INT8OID, UUIDOID, TEXTOID, TEXTOID,
+		INT4OID, INT4OID, TEXTOID};
+
+		dead_letter_plan = SPI_prepare("INSERT INTO outbox.dead_letters"
+									   " (target, id, msg_id, topic, key, attempts, last_status, last_error)"
+									   " VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0), $8)"
+									   " ON CONFLICT (target, id) DO UPDATE"
+									   "   SET attempts = excluded.attempts, last_status = excluded.last_status,"
+									   "       last_error = excluded.last_error, failed_at = excluded.failed_at",
+									   8, argtypes);
+		if (dead_letter_plan == NULL)
+			elog(ERROR, "outbox: could not prepare the dead letter query");
+		SPI_keepplan(dead_letter_plan);
+	}
+
+	for (d = dead_letters; d != NULL; d = d->next)
+	{
+		Datum		args[8];
+		char		nulls[8] = "        ";
+
+		args[0] = CStringGetTextDatum(d->target);
+		args[1] = Int64GetDatum(d->id);
+		args[2] = DirectFunctionCall1(uuid_in, CStringGetDatum(d->msg_id));
+		args[3] = CStringGetTextDatum(d->topic);
+		if (d->key)
+			args[4] = CStringGetTextDatum(d->key);
+		else
+			nulls[4] = 'n';
+		args[5] = Int32GetDatum(d->attempts);
+		args[6] = Int32GetDatum(d->last_status);
+		args[7] = CStringGetTextDatum(d->last_error);
+		if (SPI_execute_plan(dead_letter_plan, args, nulls, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "outbox: could not record a dead letter");
+	}
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+			int64		done = relay_lane_done_position(lane);
+			Datum		args[10];
+			char		nulls[10] = "          ";
+
+			if (!(lane->delivered_delta || lane->dead_delta || lane->error_dirty ||
+				  done != lane->done_id))
+				continue;
+			args[0] = Int32GetDatum(t->id);
+			args[1] = Int32GetDatum(i);
+			args[2] = Int64GetDatum(done);
+			args[3] = Int64GetDatum(lane->last_delivered_id);
+			if (lane->last_delivered_id <= 0)
+				nulls[3] = 'n';
+			args[4] = Int64GetDatum(lane->delivered_delta);
+			args[5] = Int64GetDatum(lane->dead_delta);
+			args[6] = Int32GetDatum(lane->attempts);
+			args[7] = Int32GetDatum(lane->last_status);
+			args[8] = (Datum) 0;
+			args[9] = (Datum) 0;
+			if (lane->error_dirty && lane->last_error)
+			{
+				if (lane->last_status == 0)
+					nulls[7] = 'n';
+				args[8] = CStringGetTextDatum(lane->last_error);
+				args[9] = TimestampTzGetDatum(lane->last_error_at);
+			}
+			else
+			{
+				nulls[7] = 'n';
+				nulls[8] = 'n';
+				nulls[9] = 'n';
+			}
+			if (SPI_execute_plan(progress_plan, args, nulls, false, 0) != SPI_OK_UPDATE)
+				elog(ERROR, "outbox: could not record progress");
+		}
+	}
+
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+
+	/* Durable now: forget what was written. */
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			lane->done_id = relay_lane_done_position(lane);
+			lane->delivered_delta = 0;
+			lane->dead_delta = 0;
+			lane->error_dirty = false;
+		}
+	}
+	while (dead_letters != NULL)
+	{
+		d = dead_letters;
+		dead_letters = d->next;
+		pfree(d->target);
+		pfree(d->topic);
+		if (d->key)
+			pfree(d->key);
+		pfree(d->last_error);
+		pfree(d);
+	}
+	relay_last_progress_write = GetCurrentTimestamp();
+}
+
+/*
+ * Record, durably and in one transaction, the batches cut short of
+ * batch_size that the lanes in cut[0..n) are about to send.
+ */
+void
+relay_record_cuts(RelayLane **cut, int n)
+{
+	static SPIPlanPtr plan = NULL;
+	int			i;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "recording outbox batches");
+	if (plan == NULL)
+	{
+		Oid			argtypes[3] = {INT4OID, INT4OID, INT8OID};
+
+		plan = SPI_prepare("UPDATE outbox.progress SET batch_end = $3"
+						   " WHERE target_id = $1 AND lane = $2", 3, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the batch query");
+		SPI_keepplan(plan);
+	}
+	for (i = 0; i < n; i++)
+	{
+		Datum		args[3];
+
+		args[0] = Int32GetDatum(cut[i]->target->id);
+		args[1] = Int32GetDatum(cut[i]->index);
+		args[2] = Int64GetDatum(cut[i]->cut_last);
+		if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "outbox: could not record a batch");
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	/* Durable before the request goes, whatever synchronous_commit says. */
+	XLogFlush(XactLastCommitEnd);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	for (i = 0; i < n; i++)
+		cut[i]->batch_end = cut[i]->cut_last;
+}
+
+/*
+ * Record that the NOTIFY target's lane notified n messages, the last being
+ * last_id, and is finished up to done.  The caller holds the transaction
+ * that sent the notifications.
+ */
+void
+relay_progress_notified(RelayTarget *t, int n, int64 last_id, int64 done)
+{
+	static SPIPlanPtr plan = NULL;
+	Datum		args[4];
+
+	if (plan == NULL)
+	{
+		Oid			argtypes[4] = {INT4OID, INT8OID, INT8OID, INT8OID};
+
+		plan = SPI_prepare("UPDATE outbox.progress"
+						   "   SET done_id = greatest(done_id, $2), last_delivered_id = $3,"
+						   "       delivered = delivered + $4, attempts = 0"
+						   " WHERE target_id = $1 AND lane = 0",
+						   4, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the NOTIFY progress query");
+		SPI_keepplan(plan);
+	}
+	args[0] = Int32GetDatum(t->id);
+	args[1] = Int64GetDatum(done);
+	args[2] = Int64GetDatum(last_id);
+	args[3] = Int64GetDatum(n);
+	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: could not record NOTIFY progress");
+}
