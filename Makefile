@@ -3,7 +3,8 @@
 #   make              build
 #   make install      install into the PostgreSQL that pg_config names
 #   make test         install, then run pg_regress and the TAP tests, each
-#                     against its own throwaway server (works as root)
+#                     against its own throwaway server (works as root), on
+#                     PostgreSQL 15; PG=18 on 18, PG=all on both (CI)
 #   make demo         install packages, build, and show messages flowing
 
 MODULE_big = outbox
@@ -53,8 +54,9 @@ PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 .PHONY: all test demo lint
 all:
 
+PG ?= 15
 test:
-	test/run-tests.sh
+	PG='$(PG)' test/run-tests.sh
 
 demo:
 	test/demo.sh

@@ -91,12 +91,15 @@ SELECT count(*) AS prepared FROM outbox.messages WHERE topic = 't.prepared';
 -- Parallel workers are refused, even when a wrapper hides the call.
 CREATE FUNCTION sneaky_emit() RETURNS uuid
 LANGUAGE sql PARALLEL SAFE AS $$ SELECT outbox_emit('t.parallel', '{}') $$;
-SET force_parallel_mode = on;
+-- (force_parallel_mode was renamed debug_parallel_query in 16.)
+SELECT CASE WHEN current_setting('server_version_num')::int >= 160000
+			THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END AS parallel_guc \gset
+SET :parallel_guc = on;
 SET parallel_setup_cost = 0;
 SET parallel_tuple_cost = 0;
 SELECT sneaky_emit();
 \echo :LAST_ERROR_SQLSTATE
-RESET force_parallel_mode;
+RESET :parallel_guc;
 RESET parallel_setup_cost;
 RESET parallel_tuple_cost;
 SELECT count(*) AS parallel FROM outbox.messages WHERE topic = 't.parallel';

@@ -3,50 +3,75 @@
  * compat.h
  *	  Version shims, so the rest of the code reads like PostgreSQL 15's.
  *
- * Supported: PostgreSQL 13 to 17.  Each shim names the release that
- * changed the API it covers.
+ * Supported, built and tested: PostgreSQL 15 and 18.  16 and 17 are covered
+ * by the same guards.  Each shim names the release that changed the API it
+ * covers, and why it matters here.  Nothing outside this file tests
+ * PG_VERSION_NUM.
  *
  *-------------------------------------------------------------------------
  */
 #ifndef OUTBOX_COMPAT_H
 #define OUTBOX_COMPAT_H
 
-#if PG_VERSION_NUM < 130000
-#error "outbox needs PostgreSQL 13 or later"
+/* 15 brought common/pg_prng.h, common/hmac.h and shmem_request_hook. */
+#if PG_VERSION_NUM < 150000
+#error "outbox needs PostgreSQL 15 or later"
 #endif
 
-/* PostgreSQL 17 renamed the PGPROC index to MyProcNumber. */
+/* 16 moved VARSIZE and the other varlena macros into varatt.h. */
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"
+#endif
+
+/* 17 renamed the PGPROC index, which our in-flight slots are indexed by. */
 #if PG_VERSION_NUM >= 170000
 #define OUTBOX_MY_PROC_INDEX()	(MyProcNumber)
 #else
 #define OUTBOX_MY_PROC_INDEX()	(MyProc->pgprocno)
 #endif
 
-/* PostgreSQL 15 added MarkGUCPrefixReserved. */
-#if PG_VERSION_NUM < 150000
-#define MarkGUCPrefixReserved(prefix) EmitWarningsOnPlaceholders(prefix)
-#endif
-
-/* ExecInsertIndexTuples: PG14 takes the ResultRelInfo, PG16 adds onlySummarizing. */
+/* 16 added onlySummarizing to ExecInsertIndexTuples. */
 #if PG_VERSION_NUM >= 160000
 #define outbox_insert_index_tuples(rri, slot, estate) \
 	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, false)
-#elif PG_VERSION_NUM >= 140000
-#define outbox_insert_index_tuples(rri, slot, estate) \
-	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
 #else
 #define outbox_insert_index_tuples(rri, slot, estate) \
-	((estate)->es_result_relation_info = (rri), \
-	 ExecInsertIndexTuples((slot), (estate), false, NULL, NIL))
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL)
 #endif
 
-/* PostgreSQL 18 adds an instrumentation argument to index_beginscan. */
+/* 18 adds an instrumentation argument to index_beginscan. */
 #if PG_VERSION_NUM >= 180000
 #define outbox_index_beginscan(heap, index, snapshot) \
 	index_beginscan((heap), (index), (snapshot), NULL, 0, 0)
 #else
 #define outbox_index_beginscan(heap, index, snapshot) \
 	index_beginscan((heap), (index), (snapshot), 0, 0)
+#endif
+
+/* 18 adds deferrable_ok to RelationGetPrimaryKeyIndex (ours is not deferrable). */
+#if PG_VERSION_NUM >= 180000
+#define outbox_primary_key_index(rel)	RelationGetPrimaryKeyIndex((rel), false)
+#else
+#define outbox_primary_key_index(rel)	RelationGetPrimaryKeyIndex(rel)
+#endif
+
+/*
+ * 17 made the first argument of CreateWaitEventSet a ResourceOwner (NULL:
+ * the set lives until freed, in TopMemoryContext); before, the memory
+ * context to allocate it in.  Passing a memory context to 17 corrupts
+ * memory.
+ */
+#if PG_VERSION_NUM >= 170000
+#define outbox_create_wait_event_set(nevents)	CreateWaitEventSet(NULL, (nevents))
+#else
+#define outbox_create_wait_event_set(nevents)	CreateWaitEventSet(TopMemoryContext, (nevents))
+#endif
+
+/* 18 types the binary side of pg_b64_encode/pg_b64_decode as uint8. */
+#if PG_VERSION_NUM >= 180000
+typedef uint8 outbox_b64_byte;
+#else
+typedef char outbox_b64_byte;
 #endif
 
 #endif							/* OUTBOX_COMPAT_H */

@@ -261,7 +261,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, const char **problem)
 		else
 		{
 			t->secret = palloc(pg_b64_dec_len(len - 6) + 1);
-			t->secret_len = pg_b64_decode(s + 6, len - 6, (char *) t->secret,
+			t->secret_len = pg_b64_decode(s + 6, len - 6, (outbox_b64_byte *) t->secret,
 										  pg_b64_dec_len(len - 6));
 			if (t->secret_len < 16 || t->secret_len > 64)
 				*problem = "secret is not base64 of 16 to 64 bytes";

@@ -474,7 +474,7 @@ relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
 	CurrentResourceOwner = saved_owner;
 
 	memcpy(out, "v1,", 3);
-	n = pg_b64_encode((const char *) mac, sizeof(mac), out + 3, outlen - 4);
+	n = pg_b64_encode((const outbox_b64_byte *) mac, sizeof(mac), out + 3, outlen - 4);
 	if (n < 0)
 		elog(ERROR, "outbox: could not encode webhook signature");
 	out[3 + n] = '\0';

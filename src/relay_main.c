@@ -354,13 +354,13 @@ outbox_worker_main(Datum main_arg)
 	{
 		int			epfd = relay_http_init();
 
-		wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+		wait_set = outbox_create_wait_event_set(3);
 		AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 		AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
 
 		/* The same without the latch, for the pause after a read. */
-		quiet_set = CreateWaitEventSet(TopMemoryContext, 2);
+		quiet_set = outbox_create_wait_event_set(2);
 		AddWaitEventToSet(quiet_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 		quiet_epoll_pos = AddWaitEventToSet(quiet_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
 	}

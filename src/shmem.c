@@ -80,9 +80,7 @@ static OutboxSharedState *OutboxShared = NULL;
 /* Whether this backend has published its slot and must clear it. */
 static bool slot_published = false;
 
-#if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /*
@@ -92,14 +90,7 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 static int
 outbox_slot_count(void)
 {
-#if PG_VERSION_NUM >= 150000
 	return MaxBackends + NUM_AUXILIARY_PROCS + max_prepared_xacts;
-#else
-	/* MaxBackends is not computed yet when _PG_init runs before 15. */
-	return MaxConnections + autovacuum_max_workers + 1 +
-		max_worker_processes + max_wal_senders +
-		NUM_AUXILIARY_PROCS + max_prepared_xacts;
-#endif
 }
 
 static Size
@@ -112,10 +103,8 @@ outbox_shmem_size(void)
 static void
 outbox_shmem_request(void)
 {
-#if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(outbox_shmem_size());
 	RequestNamedLWLockTranche("outbox", 1);
 }
@@ -168,12 +157,8 @@ outbox_shmem_exit(int code, Datum arg)
 void
 outbox_shmem_init_hooks(void)
 {
-#if PG_VERSION_NUM >= 150000
 	prev_shmem_request_hook = shmem_request_hook;
 	shmem_request_hook = outbox_shmem_request;
-#else
-	outbox_shmem_request();
-#endif
 	prev_shmem_startup_hook = shmem_startup_hook;
 	shmem_startup_hook = outbox_shmem_startup;
 }

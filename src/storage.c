@@ -120,7 +120,7 @@ outbox_open_messages(LOCKMODE lockmode)
 static int64
 outbox_highest_message_id(Relation messages)
 {
-	Oid			pkoid = RelationGetPrimaryKeyIndex(messages);
+	Oid			pkoid = outbox_primary_key_index(messages);
 	Relation	index;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;

@@ -21,7 +21,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(
   outbox_node relay_node relay_worker_pid sink_path_records relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
-  webhook_signature by_key check_key_fifo);
+  webhook_signature by_key check_key_fifo client_matches_server);
 
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
 my $json = JSON::PP->new->utf8->canonical;
@@ -60,6 +60,20 @@ outbox.poll_interval = 1000
 # reports the crash) instead of aborting the whole suite at shutdown.
 restart_after_crash = on
 } . ($opts{conf} // ''));
+}
+
+# Whether the client program $prog (pg_dump, pg_basebackup) on PATH has the
+# server's major version: the PostgreSQL 18 layout the suite runs on has no
+# 18 builds of them, and those of 15 refuse an 18 server.  Returns the
+# reason to skip when it does not, else ''.
+sub client_matches_server
+{
+	my ($node, $prog) = @_;
+	my $server = $node->safe_psql('postgres', q{SELECT current_setting('server_version_num')::int / 10000});
+	my $out = `$prog --version 2>&1`;
+	my ($client) = $out =~ /(\d+)(?:\.\d+)?/;
+	return '' if defined $client && $client == $server;
+	return "$prog " . ($client // '?') . " cannot work with a PostgreSQL $server server, and this installation has no $prog $server";
 }
 
 # The pid of the relay worker ('' when there is none).
