@@ -25,14 +25,16 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.targets_id_seq', '');
 -- as constraints (the relay checks rows again as it loads them, and skips a
 -- bad one with a WARNING shown in outbox.lag).
 ---------------------------------------------------------------------------
+-- NOT VALID: a row written by hand before the update does not make the
+-- update fail (the relay skips it); new and changed rows are checked.
 ALTER TABLE outbox.targets
-	ADD CONSTRAINT targets_batch_size_check CHECK (batch_size BETWEEN 1 AND 1000),
-	ADD CONSTRAINT targets_lanes_check CHECK (lanes BETWEEN 1 AND 256 AND (kind = 'http' OR lanes = 1)),
-	ADD CONSTRAINT targets_max_attempts_check CHECK (max_attempts BETWEEN 0 AND 1000000),
-	ADD CONSTRAINT targets_timeout_ms_check CHECK (timeout_ms BETWEEN 10 AND 3600000),
-	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$'),
-	ADD CONSTRAINT targets_headers_check CHECK (jsonb_typeof(headers) = 'object'),
-	ADD CONSTRAINT targets_channel_check CHECK (channel IS NULL OR octet_length(channel) BETWEEN 1 AND 63);
+	ADD CONSTRAINT targets_batch_size_check CHECK (batch_size BETWEEN 1 AND 1000) NOT VALID,
+	ADD CONSTRAINT targets_lanes_check CHECK (lanes BETWEEN 1 AND 256 AND (kind = 'http' OR lanes = 1)) NOT VALID,
+	ADD CONSTRAINT targets_max_attempts_check CHECK (max_attempts BETWEEN 0 AND 1000000) NOT VALID,
+	ADD CONSTRAINT targets_timeout_ms_check CHECK (timeout_ms BETWEEN 10 AND 3600000) NOT VALID,
+	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$') NOT VALID,
+	ADD CONSTRAINT targets_headers_check CHECK (jsonb_typeof(headers) = 'object') NOT VALID,
+	ADD CONSTRAINT targets_channel_check CHECK (channel IS NULL OR octet_length(channel) BETWEEN 1 AND 63) NOT VALID;
 
 -- Only a duplicate name is "already exists"; any other unique violation
 -- (a restored target id, say) is reported as it is.  (An update script

@@ -168,8 +168,9 @@ outbox_launcher_main(Datum main_arg)
 		TimestampTz now;
 
 		CHECK_FOR_INTERRUPTS();
+		/* Exit code 1: a launcher terminated by hand is started again. */
 		if (ShutdownRequestPending)
-			proc_exit(0);
+			proc_exit(1);
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
@@ -194,7 +195,15 @@ outbox_launcher_main(Datum main_arg)
 			}
 		}
 
-		if (relay == NULL)
+		if (relay == NULL && outbox_relay_running() != 0)
+		{
+			/*
+			 * A relay started by an earlier launcher (this one was restarted
+			 * after an error) still runs: wait for it to end.
+			 */
+			timeout = Min(timeout, 1000);
+		}
+		else if (relay == NULL)
 		{
 			if (now < next_start)
 				timeout = Min(timeout, (long) ((next_start - now) / 1000) + 1);

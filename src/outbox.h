@@ -113,6 +113,9 @@ extern int64 outbox_compute_frontier(void);
 extern void outbox_wake_worker(bool for_commit);
 extern void outbox_set_worker_wants_commits(bool wants);
 extern void outbox_set_worker_latch(struct Latch *latch);
+extern bool outbox_relay_claim(void);
+extern void outbox_relay_release(void);
+extern pid_t outbox_relay_running(void);
 extern uint64 outbox_config_generation(void);
 extern void outbox_bump_config_generation(bool wake);
 

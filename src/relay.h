@@ -99,6 +99,7 @@ typedef struct RelayLane
 								 * because the lane was full: messages of the
 								 * lane from there to the target's read_id
 								 * are read again when it drains */
+	Size		refill_need;	/* size of the message at overflow_id */
 	TimestampTz next_attempt;	/* not before; 0 for now */
 	int64		done_id;		/* durable: all of the lane <= done_id done */
 	int64		batch_end;		/* durable: a batch cut short of batch_size
@@ -149,6 +150,9 @@ typedef struct RelayTarget
 	int64		poison_id;		/* message whose building failed, or 0 */
 	int			poison_tries;	/* times in a row it failed */
 	char	   *poison_error;	/* the last error, or NULL */
+	List	   *condemned;		/* messages that failed RELAY_POISON_TRIES
+								 * times: a dead letter when read (ids as
+								 * int64 *, in cxt), until read_id passes */
 	int			hold_attempts;	/* receiver-wide failures in a row; while
 								 * above 0 the target is held: only
 								 * probe_lane sends, at held_until */
@@ -231,6 +235,8 @@ extern bool relay_read_messages(int64 frontier);
 
 /*---- relay_progress.c: progress and dead-letter writes ----*/
 extern void relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id, const char *topic, const char *key, int attempts, int status, const char *error);
+extern void *relay_dead_letters_mark(void);
+extern void relay_dead_letters_discard(void *mark);
 extern bool relay_progress_pending(void);
 extern void relay_write_progress(void);
 extern void relay_record_cuts(RelayLane **cut, int n);

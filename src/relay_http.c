@@ -468,8 +468,15 @@ relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
 		pg_hmac_update(ctx, (const uint8 *) ".", 1) < 0 ||
 		pg_hmac_update(ctx, (const uint8 *) body, body_len) < 0 ||
 		pg_hmac_final(ctx, mac, sizeof(mac)) < 0)
-		elog(ERROR, "outbox: could not compute webhook signature: %s",
-			 ctx ? pg_hmac_error(ctx) : "out of memory");
+	{
+		char	   *why = pstrdup(ctx ? pg_hmac_error(ctx) : "out of memory");
+
+		/* Free the context and restore the owner before raising. */
+		if (ctx)
+			pg_hmac_free(ctx);
+		CurrentResourceOwner = saved_owner;
+		elog(ERROR, "outbox: could not compute webhook signature: %s", why);
+	}
 	pg_hmac_free(ctx);
 	CurrentResourceOwner = saved_owner;
 

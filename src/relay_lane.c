@@ -117,6 +117,8 @@ bool
 relay_lane_needs_refill(RelayLane *lane)
 {
 	return lane->overflow_id != 0 && relay_target_has_room(lane->target) &&
+		(lane->nqueued == 0 ||
+		 lane->queued_bytes + lane->refill_need <= relay_lane_bytes(lane->target)) &&
 		lane->nqueued <= relay_lane_cap(lane->target) / 2 &&
 		lane->queued_bytes <= relay_lane_bytes(lane->target) / 2;
 }
@@ -173,7 +175,6 @@ relay_lane_truncate(RelayLane *lane, int64 bound)
 	{
 		RelayMessage *next = m->next;
 
-		Assert(!lane->in_flight || lane->nbatch == 0);
 		lane->nqueued--;
 		lane->target->nqueued--;
 		lane->queued_bytes -= m->mem_size;
@@ -329,6 +330,9 @@ relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 			break;
 		case RELAY_REJECTED:
 			relay_lane_failed(lane, false, outcome->status, outcome->error, 0);
+			/* The receiver answered about the message: it is reachable. */
+			t->hold_attempts = 0;
+			t->held_until = 0;
 			break;
 		case RELAY_RECEIVER_FAILED:
 			relay_lane_hold(lane, outcome->status, outcome->error,
@@ -346,7 +350,14 @@ relay_lane_may_send(RelayLane *lane, TimestampTz now)
 	if (lane->in_flight || lane->nqueued == 0 || now < lane->next_attempt)
 		return false;
 	if (t->hold_attempts > 0)
+	{
+		RelayLane  *probe = &t->lanes[t->probe_lane];
+
+		/* A probe lane left with nothing to send hands the probe on. */
+		if (lane != probe && !probe->in_flight && probe->nqueued == 0)
+			t->probe_lane = lane->index;
 		return lane->index == t->probe_lane && now >= t->held_until;
+	}
 	return true;
 }
 

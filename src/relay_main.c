@@ -247,6 +247,12 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 
 		if (relay_target_wants_read(t, frontier))
 			return 0;
+		if (t->read_retry_at != 0)
+		{
+			long		ms = (long) ((t->read_retry_at - now + 999) / 1000);
+
+			timeout = Min(timeout, Max(ms, 0));
+		}
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
@@ -309,8 +315,7 @@ relay_shutdown(void)
 static void
 relay_worker_exit(int code, Datum arg)
 {
-	outbox_set_worker_wants_commits(false);
-	outbox_set_worker_latch(NULL);
+	outbox_relay_release();
 	/* Close the connections (never called from inside libcurl). */
 	relay_http_shutdown();
 }
@@ -331,6 +336,15 @@ outbox_worker_main(Datum main_arg)
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	BackgroundWorkerUnblockSignals();
 
+	/* One relay at a time: two would break per-key order (I4). */
+	if (!outbox_relay_claim())
+	{
+		ereport(LOG,
+				(errmsg("outbox relay not started: relay process %d is still running",
+						(int) outbox_relay_running())));
+		proc_exit(0);
+	}
+
 	/* The launcher (launcher.c) saw the database exist. */
 	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
 
@@ -349,7 +363,6 @@ outbox_worker_main(Datum main_arg)
 									  ALLOCSET_DEFAULT_SIZES);
 
 	before_shmem_exit(relay_worker_exit, (Datum) 0);
-	outbox_set_worker_latch(MyLatch);
 
 	{
 		int			epfd = relay_http_init();

@@ -58,6 +58,31 @@ static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
 
+/* The newest dead letter not yet written, to take back later ones with. */
+void *
+relay_dead_letters_mark(void)
+{
+	return dead_letters;
+}
+
+/* Forget the dead letters queued since mark was taken (a failed read). */
+void
+relay_dead_letters_discard(void *mark)
+{
+	while (dead_letters != NULL && (void *) dead_letters != mark)
+	{
+		RelayDeadLetter *d = dead_letters;
+
+		dead_letters = d->next;
+		pfree(d->target);
+		pfree(d->topic);
+		if (d->key)
+			pfree(d->key);
+		pfree(d->last_error);
+		pfree(d);
+	}
+}
+
 /* Queue a dead letter, written with the next progress update. */
 void
 relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id,

@@ -70,6 +70,8 @@ static SPIPlanPtr read_plan = NULL;
 /* The message being built while reading, for the error path; 0 for none. */
 static int64 building_id = 0;
 
+static bool relay_condemned(RelayTarget *t, int64 id);
+
 static bool
 relay_subscribed(RelayTarget *t, const char *topic, int64 id)
 {
@@ -148,6 +150,9 @@ relay_payload_text(Jsonb *jb, char **error)
 		MemoryContextSwitchTo(cxt);
 		edata = CopyErrorData();
 		FlushErrorState();
+		/* Only "too large for a string" is the message's own fault. */
+		if (edata->sqlerrcode != ERRCODE_PROGRAM_LIMIT_EXCEEDED)
+			ReThrowError(edata);
 		*error = psprintf("payload cannot be encoded as JSON text: %s", edata->message);
 		FreeErrorData(edata);
 		failed = true;
@@ -281,6 +286,9 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
  * messages and in bytes (outbox.relay_memory), so what is held stays
  * bounded whatever the payloads' sizes; a message larger than a whole
  * queue's cap is taken when its lane and target are empty, and goes alone.
+ * The messages of a batch recorded before a restart (lane->batch_end) are
+ * taken whatever the caps, so that the batch can be cut the same way (it
+ * is at most RELAY_MAX_BATCH_BYTES).
  * Returns the rows examined; *last is set to the last id examined, and
  * *full to whether reading stopped because the target's queue is full.
  */
@@ -335,7 +343,8 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 					 /* finished before a restart */ ;
 				else if (only_lane < 0 && lane->overflow_id != 0)
 					 /* the lane is behind; its refill will read this */ ;
-				else if (t->nqueued > 0 && t->queued_bytes + est > queue_bytes)
+				else if (!(t->batch_size > 1 && id <= lane->batch_end) &&
+						 t->nqueued > 0 && t->queued_bytes + est > queue_bytes)
 				{
 					/*
 					 * The target holds its share: read on from here once it
@@ -347,21 +356,24 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 					t->read_need = est;
 					stop = true;
 				}
-				else if (lane->nqueued >= lane_cap ||
-						 (lane->nqueued > 0 && lane->queued_bytes + est > lane_bytes))
+				else if (!(t->batch_size > 1 && id <= lane->batch_end) &&
+						 (lane->nqueued >= lane_cap ||
+						  (lane->nqueued > 0 && lane->queued_bytes + est > lane_bytes)))
 				{
-					/* The lane is full: leave the rest for its refill. */
+					/*
+					 * The lane is full: leave the rest for its refill, once
+					 * it has room for this message.
+					 */
 					lane->overflow_id = id;
+					lane->refill_need = est;
 					stop = (only_lane >= 0);
 				}
-				else if (id == t->poison_id && t->poison_tries >= RELAY_POISON_TRIES)
+				else if (relay_condemned(t, id))
 				{
 					char	   *error = psprintf("message could not be prepared: %s",
 												 t->poison_error);
 
 					relay_dead_letter_unsent(lane, tup, desc, id, topic, key, error);
-					t->poison_id = 0;
-					t->poison_tries = 0;
 				}
 				else
 				{
@@ -392,12 +404,45 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 	return n;
 }
 
+/* Whether message id of t failed to be built too often. */
+static bool
+relay_condemned(RelayTarget *t, int64 id)
+{
+	ListCell   *lc;
+
+	foreach(lc, t->condemned)
+		if (*(int64 *) lfirst(lc) == id)
+			return true;
+	return false;
+}
+
+/* Forget condemned messages the target has read past for good. */
+static void
+relay_forget_condemned(RelayTarget *t)
+{
+	ListCell   *lc;
+
+	foreach(lc, t->condemned)
+	{
+		int64	   *id = (int64 *) lfirst(lc);
+
+		if (*id <= t->read_id)
+		{
+			t->condemned = foreach_delete_current(t->condemned, lc);
+			pfree(id);
+		}
+	}
+}
+
 /* Whether target t has messages to read. */
 bool
 relay_target_wants_read(RelayTarget *t, int64 frontier)
 {
 	int			i;
 
+	/* After a failed read, nothing until the backoff has passed. */
+	if (t->read_retry_at != 0 && GetCurrentTimestamp() < t->read_retry_at)
+		return false;
 	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t) &&
 		relay_target_has_room(t))
 		return true;
@@ -463,10 +508,15 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 	ResourceOwner oldowner = CurrentResourceOwner;
 	int64		read_id = t->read_id;
 	int64	   *overflow = palloc(sizeof(int64) * t->nlanes);
+	int64	   *dead = palloc(sizeof(int64) * t->nlanes);
+	void	   *dead_mark = relay_dead_letters_mark();
 	int			i;
 
 	for (i = 0; i < t->nlanes; i++)
+	{
 		overflow[i] = t->lanes[i].overflow_id;
+		dead[i] = t->lanes[i].dead_delta;
+	}
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcxt);
@@ -478,6 +528,7 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 		CurrentResourceOwner = oldowner;
 		t->read_failures = 0;
 		t->read_retry_at = 0;
+		relay_forget_condemned(t);
 	}
 	PG_CATCH();
 	{
@@ -498,7 +549,11 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 			relay_lane_truncate(&t->lanes[i],
 								overflow[i] != 0 ? overflow[i] - 1 : read_id);
 		for (i = 0; i < t->nlanes; i++)
+		{
 			t->lanes[i].overflow_id = overflow[i];
+			t->lanes[i].dead_delta = dead[i];
+		}
+		relay_dead_letters_discard(dead_mark);
 		t->read_id = read_id;
 		t->read_need = 0;
 
@@ -508,6 +563,17 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 		{
 			t->poison_id = building_id;
 			t->poison_tries = 1;
+		}
+		if (building_id != 0 && t->poison_tries >= RELAY_POISON_TRIES)
+		{
+			MemoryContext cxt = MemoryContextSwitchTo(t->cxt);
+			int64	   *id = palloc(sizeof(int64));
+
+			*id = building_id;
+			t->condemned = lappend(t->condemned, id);
+			MemoryContextSwitchTo(cxt);
+			t->poison_id = 0;
+			t->poison_tries = 0;
 		}
 		if (t->poison_error)
 			pfree(t->poison_error);
@@ -531,6 +597,7 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 	PG_END_TRY();
 	building_id = 0;
 	pfree(overflow);
+	pfree(dead);
 }
 
 /*

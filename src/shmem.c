@@ -64,6 +64,7 @@ typedef struct OutboxSharedState
 								 * durable id mark */
 	pg_atomic_uint64 mark_end;	/* end LSN of the latest write of the mark */
 	Latch	   *worker_latch;	/* the relay worker's latch, or NULL */
+	pid_t		relay_pid;		/* the running relay, or 0 */
 	bool		worker_wants_commits;	/* the worker has targets to feed */
 	pg_atomic_uint64 config_generation; /* bumped when targets change */
 	pg_atomic_uint64 max_commit_end;	/* end LSN of the latest commit that
@@ -129,6 +130,7 @@ outbox_shmem_startup(void)
 		OutboxShared->mark = 0;
 		pg_atomic_init_u64(&OutboxShared->mark_end, 0);
 		OutboxShared->worker_latch = NULL;
+		OutboxShared->relay_pid = 0;
 		OutboxShared->worker_wants_commits = false;
 		pg_atomic_init_u64(&OutboxShared->config_generation, 0);
 		pg_atomic_init_u64(&OutboxShared->max_commit_end, 0);
@@ -404,6 +406,56 @@ outbox_set_worker_wants_commits(bool wants)
 {
 	OutboxShared->worker_wants_commits = wants;
 	pg_memory_barrier();
+}
+
+/*
+ * Become the relay: false when another relay process is alive (a launcher
+ * restarted after an error does not know the relay its predecessor
+ * started).  On success our latch is published for committers to set.
+ */
+bool
+outbox_relay_claim(void)
+{
+	bool		claimed = false;
+
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	if (OutboxShared->relay_pid == 0 || OutboxShared->relay_pid == MyProcPid ||
+		kill(OutboxShared->relay_pid, 0) != 0)
+	{
+		OutboxShared->relay_pid = MyProcPid;
+		OutboxShared->worker_latch = MyLatch;
+		claimed = true;
+	}
+	LWLockRelease(OutboxShared->lock);
+	return claimed;
+}
+
+/* The relay exits: withdraw its latch and its claim, if they are ours. */
+void
+outbox_relay_release(void)
+{
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	if (OutboxShared->relay_pid == MyProcPid)
+	{
+		OutboxShared->relay_pid = 0;
+		OutboxShared->worker_latch = NULL;
+		OutboxShared->worker_wants_commits = false;
+	}
+	LWLockRelease(OutboxShared->lock);
+}
+
+/* The pid of a live relay, or 0. */
+pid_t
+outbox_relay_running(void)
+{
+	pid_t		pid;
+
+	LWLockAcquire(OutboxShared->lock, LW_SHARED);
+	pid = OutboxShared->relay_pid;
+	LWLockRelease(OutboxShared->lock);
+	if (pid != 0 && kill(pid, 0) != 0)
+		pid = 0;
+	return pid;
 }
 
 /* Publish (or, with NULL, withdraw) the relay worker's latch. */
