@@ -26,10 +26,13 @@ case $PG in
 		exit 2
 		;;
 esac
+# curl: the sink's self-test; npm (for PostgreSQL 18's layout) from apt
+# only when no npm is installed (the machine's Node.js may bring its own).
+extra=(curl)
 case " $versions " in
-	*" 18 "*) "$here/test/install-deps.sh" curl npm ;;	# curl: the sink's self-test; npm: PostgreSQL 18
-	*) "$here/test/install-deps.sh" curl ;;
+	*" 18 "*) command -v npm >/dev/null || extra+=(npm) ;;
 esac
+"$here/test/install-deps.sh" "${extra[@]}"
 
 # The receiver the relay tests rely on must itself work.
 if ! selftest_out=$(bash "$here/test/sink/selftest.sh" 2>&1); then
