@@ -439,18 +439,9 @@ relay_lane_cut(RelayLane *lane)
 void
 relay_lane_notified(RelayLane *lane, int64 done)
 {
-	int			i;
-
-	for (i = 0; i < lane->nbatch; i++)
-	{
-		RelayMessage *m = relay_lane_pop(lane);
-
-		lane->last_delivered_id = m->id;
-		pfree(m);
-	}
-	lane->nbatch = 0;
-	lane->attempts = 0;
-	lane->next_attempt = 0;
+	relay_lane_succeeded(lane);
+	/* Recorded in the same transaction: nothing left to write. */
+	lane->delivered_delta = 0;
 	lane->done_id = done;
 }
 

@@ -65,7 +65,7 @@ relay_dead_letters_mark(void)
 	return dead_letters;
 }
 
-/* Forget the dead letters queued since mark was taken (a failed read). */
+/* Forget the newest queued dead letters, down to (not including) mark. */
 void
 relay_dead_letters_discard(void *mark)
 {
@@ -267,17 +267,7 @@ relay_write_progress(void)
 			lane->error_dirty = false;
 		}
 	}
-	while (dead_letters != NULL)
-	{
-		d = dead_letters;
-		dead_letters = d->next;
-		pfree(d->target);
-		pfree(d->topic);
-		if (d->key)
-			pfree(d->key);
-		pfree(d->last_error);
-		pfree(d);
-	}
+	relay_dead_letters_discard(NULL);	/* written: forget them all */
 	relay_last_progress_write = GetCurrentTimestamp();
 }
 

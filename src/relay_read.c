@@ -56,9 +56,14 @@
 
 /* Most messages read for one target in one turn. */
 #define RELAY_READ_CHUNK			5000
-/* Rows fetched from the read cursor at once (each at most ~2 kB: larger
- * values stay TOAST pointers until a message is built). */
-#define RELAY_FETCH_ROWS			256
+/*
+ * Rows fetched from the read cursor at once: as many as the target's
+ * remaining byte budget holds at RELAY_ROW_BYTES each (a row stays below
+ * ~2 kB in the cursor's result, larger values staying TOAST pointers until
+ * a message is built), at least RELAY_MIN_FETCH_ROWS.
+ */
+#define RELAY_ROW_BYTES				2048
+#define RELAY_MIN_FETCH_ROWS		64
 /* A payload text buffer larger than this is given back after use. */
 #define RELAY_TEXT_BUF_KEEP			(1024 * 1024)
 /* Failed attempts at building one message before it is dead-lettered. */
@@ -315,7 +320,10 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 	{
 		uint64		i;
 
-		SPI_cursor_fetch(portal, true, Min(RELAY_FETCH_ROWS, limit - (int) n));
+		Size		room = queue_bytes > t->queued_bytes ? queue_bytes - t->queued_bytes : 0;
+		long		rows = Max(RELAY_MIN_FETCH_ROWS, (long) (room / RELAY_ROW_BYTES));
+
+		SPI_cursor_fetch(portal, true, Min(rows, (long) limit - (long) n));
 		if (SPI_processed == 0)
 			break;
 		for (i = 0; i < SPI_processed && !stop; i++)
