@@ -82,8 +82,12 @@ pg_config_of() {
 # exit status.
 run_suite() {
 	local v=$1 pgc bindir scratch rc=0 tap_rc=0
-	pgc=$(pg_config_of "$v")
-	bindir=$("$pgc" --bindir)
+	# (set -e does not apply here: the caller tests our status.)
+	pgc=$(pg_config_of "$v") && [ -n "$pgc" ] || {
+		echo "=== PostgreSQL $v: no pg_config" >&2
+		return 1
+	}
+	bindir=$("$pgc" --bindir) || return 1
 	echo "=== PostgreSQL $v ($("$bindir/postgres" --version))"
 	local start=$SECONDS
 
@@ -92,8 +96,12 @@ run_suite() {
 		--exclude=./results --exclude=./test-output -cf - . | tar -C "$scratch" -xf -
 	# Built with every compiler warning an error, on each version.
 	(cd "$scratch" && make -s clean >/dev/null &&
-		make -s PG_CONFIG="$pgc" WERROR=1 && make -s PG_CONFIG="$pgc" install)
-	[ "$(id -u)" -eq 0 ] && chown -R "$user" "$scratch"
+		make -s PG_CONFIG="$pgc" WERROR=1 && make -s PG_CONFIG="$pgc" install) || {
+		echo "=== PostgreSQL $v: the build failed" >&2
+		rm -rf "$scratch"
+		return 1
+	}
+	if [ "$(id -u)" -eq 0 ]; then chown -R "$user" "$scratch"; fi
 
 	if [ "$v" = 15 ]; then
 		# Debian's PGXS runs pg_regress, then the TAP tests (prove).
