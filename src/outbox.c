@@ -24,6 +24,7 @@ PG_MODULE_MAGIC;
 
 /*---- GUC variables ----*/
 char	   *outbox_database = NULL;
+char	   *outbox_relay_role = NULL;
 int			outbox_max_payload_size = 1024 * 1024;
 bool		outbox_enabled = true;
 int			outbox_poll_interval = 1000;
@@ -126,6 +127,15 @@ _PG_init(void)
 							   "outbox_emit() is refused in other databases.",
 							   &outbox_database,
 							   "postgres",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("outbox.relay_role",
+							   "Role the relay connects as; empty for the bootstrap superuser.",
+							   "A role that is not a superuser needs the grants the README lists.",
+							   &outbox_relay_role,
+							   "",
 							   PGC_POSTMASTER,
 							   0,
 							   NULL, NULL, NULL);

@@ -68,6 +68,7 @@ typedef bool (*OutboxNextMessage) (void *state, OutboxMessage *msg);
 
 /*---- outbox.c ----*/
 extern char *outbox_database;
+extern char *outbox_relay_role;
 extern int	outbox_max_payload_size;
 extern bool outbox_enabled;
 extern int	outbox_poll_interval;

@@ -345,8 +345,14 @@ outbox_worker_main(Datum main_arg)
 		proc_exit(0);
 	}
 
-	/* The launcher (launcher.c) saw the database exist. */
-	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	/*
+	 * The launcher (launcher.c) saw the database exist.  As the bootstrap
+	 * superuser, or as outbox.relay_role, which need not be a superuser: the
+	 * relay reads and writes only the outbox tables.
+	 */
+	BackgroundWorkerInitializeConnection(outbox_database,
+										 (outbox_relay_role && outbox_relay_role[0]) ?
+										 outbox_relay_role : NULL, 0);
 
 	/*
 	 * The relay runs as a superuser: whatever search_path the database or a
