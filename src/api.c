@@ -170,8 +170,11 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 	*key_len = len;
 }
 
-/* RFC 9110 token characters, the only ones allowed in a header name. */
-static bool
+/*
+ * RFC 9110 token characters, the only ones allowed in a header name (also
+ * checked by the relay as it loads targets).
+ */
+bool
 outbox_is_token_char(unsigned char c)
 {
 	if (c >= '0' && c <= '9')

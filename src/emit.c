@@ -105,7 +105,7 @@ typedef struct OutboxBufferReader
 } OutboxBufferReader;
 
 static void outbox_buffer_close_spill(void);
-static void relay_test_commit_delay(void);
+static void outbox_test_commit_delay(void);
 static void outbox_xact_callback(XactEvent event, void *arg);
 static void outbox_subxact_callback(SubXactEvent event,
 									SubTransactionId mySubid,
@@ -493,7 +493,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 				if (config_changed)
 				{
 					config_changed = false;
-					relay_test_commit_delay();
+					outbox_test_commit_delay();
 					outbox_bump_config_generation(true);
 				}
 			}
@@ -567,7 +567,7 @@ outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
  * relay is told, to show that the relay does not depend on that moment.
  */
 static void
-relay_test_commit_delay(void)
+outbox_test_commit_delay(void)
 {
 	if (outbox_test_fault != NULL && strcmp(outbox_test_fault, "commit_delay") == 0)
 		pg_usleep(2000000L);

@@ -106,7 +106,7 @@ typedef struct OutboxMarkRel
 extern bool outbox_mark_needed(int64 count);
 extern void outbox_check_ids_left(int64 count);
 extern int64 outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel,
-								bool *mark_locked);
+								bool mark_locked);
 extern bool outbox_release_slot(XLogRecPtr commit_end);
 extern void outbox_flush_commits(void);
 extern void outbox_counter_advance(int64 highest_used);
@@ -138,5 +138,6 @@ extern void outbox_writer_end(OutboxWriter *writer);
 
 /*---- api.c ----*/
 extern void outbox_check_database(const char *what);
+extern bool outbox_is_token_char(unsigned char c);
 
 #endif							/* OUTBOX_H */

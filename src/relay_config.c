@@ -126,7 +126,7 @@ relay_printable(const char *s, bool allow_space)
 	return true;
 }
 
-/* RFC 9110 token characters, the only ones allowed in a header name. */
+/* Whether s[0..len) is an HTTP token, as header names must be. */
 static bool
 relay_token(const char *s, int len)
 {
@@ -135,12 +135,8 @@ relay_token(const char *s, int len)
 	if (len == 0)
 		return false;
 	for (i = 0; i < len; i++)
-	{
-		unsigned char c = (unsigned char) s[i];
-
-		if (!(isalnum(c) || (c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL)))
+		if (!outbox_is_token_char((unsigned char) s[i]))
 			return false;
-	}
 	return true;
 }
 

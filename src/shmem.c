@@ -44,7 +44,6 @@
 #include "replication/walsender.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
-#include "storage/lmgr.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
@@ -268,13 +267,14 @@ outbox_mark_write(const OutboxMarkRel *markrel, int64 value)
  * Reserve count contiguous ids and publish the first in our slot.  The
  * caller must clear it with outbox_release_slot() at the end of the
  * transaction.  Ids past the durable mark are covered first: markrel names
- * its sequence (InvalidOid with a 0.1 schema, which has none), and
- * *mark_locked says whether the caller already holds a lock on it; if not,
- * and the mark must move, the lock is taken here with our LWLock released.
- * Precondition: the counter is valid.
+ * its sequence (InvalidOid with a 0.1 schema, which has none), checked and
+ * locked by the caller when mark_locked.  When the mark must move and it is
+ * not, nothing is reserved and 0 is returned (ids start at 1): the caller
+ * checks and locks the sequence, which must not wait under our LWLock, and
+ * calls again.  Precondition: the counter is valid.
  */
 int64
-outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel, bool *mark_locked)
+outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel, bool mark_locked)
 {
 	int			me = OUTBOX_MY_PROC_INDEX();
 	int64		first;
@@ -291,40 +291,43 @@ outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel, bool *mark_locked)
 		exit_hook_registered = true;
 	}
 
-	for (;;)
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	if (!OutboxShared->counter_valid)
+		elog(ERROR, "outbox: commit sequence used before initialisation");
+	outbox_check_ids_left(count);
+	first = OutboxShared->next_id;
+
+	if (first - 1 > OutboxShared->mark - count)
 	{
-		LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
-		if (!OutboxShared->counter_valid)
-			elog(ERROR, "outbox: commit sequence used before initialisation");
-		outbox_check_ids_left(count);
-		first = OutboxShared->next_id;
+		int64		last = first + count - 1;
+		int64		mark;
 
-		if (OidIsValid(markrel->relid) && first - 1 > OutboxShared->mark - count)
+		if (!mark_locked)
 		{
-			int64		last = first + count - 1;
-			int64		mark;
+			LWLockRelease(OutboxShared->lock);
+			return 0;
+		}
+		mark = (last > PG_INT64_MAX - OUTBOX_MARK_CHUNK) ?
+			PG_INT64_MAX : last + OUTBOX_MARK_CHUNK;
 
-			if (!*mark_locked)
-			{
-				/* Never wait for a heavyweight lock under our LWLock. */
-				LWLockRelease(OutboxShared->lock);
-				LockRelationOid(markrel->relid, RowExclusiveLock);
-				*mark_locked = true;
-				continue;
-			}
-			mark = (last > PG_INT64_MAX - OUTBOX_MARK_CHUNK) ?
-				PG_INT64_MAX : last + OUTBOX_MARK_CHUNK;
+		/*
+		 * Without the sequence (a 0.1 schema) nothing is covered, and the
+		 * next reservation looks for it again: it appears with ALTER
+		 * EXTENSION UPDATE.
+		 */
+		if (OidIsValid(markrel->relid))
+		{
 			pg_atomic_write_u64(&OutboxShared->mark_end,
 								outbox_mark_write(markrel, mark));
 			OutboxShared->mark = mark;
 		}
-
-		OutboxShared->next_id += count;
-		pg_atomic_write_u64(&OutboxShared->inflight[me], (uint64) first);
-		slot_published = true;
-		LWLockRelease(OutboxShared->lock);
-		return first;
 	}
+
+	OutboxShared->next_id += count;
+	pg_atomic_write_u64(&OutboxShared->inflight[me], (uint64) first);
+	slot_published = true;
+	LWLockRelease(OutboxShared->lock);
+	return first;
 }
 
 /*

@@ -56,7 +56,7 @@ struct OutboxWriter
 	int			maxslots;		/* entries allocated in slots */
 	int			nslots_made;	/* slots created so far */
 	OutboxMarkRel mark;			/* the id mark's sequence */
-	bool		mark_locked;	/* we hold a lock on it */
+	bool		mark_locked;	/* mark checked, and locked if it exists */
 };
 
 /* OID of outbox.messages found by the last lookup, or InvalidOid. */
@@ -277,6 +277,22 @@ outbox_ensure_counter(Relation messages)
 }
 
 /*
+ * Find the id mark's sequence (checked again: it may have been created by
+ * ALTER EXTENSION UPDATE, or recreated, since we last looked) and lock it,
+ * before our LWLock is taken, so that moving it never waits under that.
+ */
+static void
+outbox_writer_lock_mark(OutboxWriter *writer)
+{
+	if (writer->mark_locked)
+		return;
+	writer->mark = *outbox_mark_rel();
+	if (OidIsValid(writer->mark.relid))
+		LockRelationOid(writer->mark.relid, RowExclusiveLock);
+	writer->mark_locked = true;
+}
+
+/*
  * Prepare to store messages: open outbox.messages and its indexes and make
  * sure the commit sequence is initialised.  Everything that could wait for a
  * lock happens here, before the caller reserves ids.
@@ -288,15 +304,13 @@ outbox_writer_begin(int64 count)
 
 	writer->rel = outbox_open_messages(RowExclusiveLock);
 	outbox_ensure_counter(writer->rel);
-	outbox_check_ids_left(count);
 
-	/* Lock the id mark now if the reservation will probably move it. */
-	writer->mark = *outbox_mark_rel();
-	if (OidIsValid(writer->mark.relid) && outbox_mark_needed(count))
-	{
-		LockRelationOid(writer->mark.relid, RowExclusiveLock);
-		writer->mark_locked = true;
-	}
+	/*
+	 * Check and lock the id mark now if the reservation will probably move
+	 * it (once per OUTBOX_MARK_CHUNK ids); most commits need neither.
+	 */
+	if (outbox_mark_needed(count))
+		outbox_writer_lock_mark(writer);
 
 	writer->estate = CreateExecutorState();
 	writer->estate->es_output_cid = GetCurrentCommandId(true);
@@ -316,7 +330,15 @@ outbox_writer_begin(int64 count)
 int64
 outbox_writer_reserve(OutboxWriter *writer, int64 count)
 {
-	return outbox_reserve_ids(count, &writer->mark, &writer->mark_locked);
+	int64		first = outbox_reserve_ids(count, &writer->mark, writer->mark_locked);
+
+	if (first == 0)
+	{
+		/* The mark must move after all: check and lock it, then again. */
+		outbox_writer_lock_mark(writer);
+		first = outbox_reserve_ids(count, &writer->mark, true);
+	}
+	return first;
 }
 
 /* Insert slots[0..n) and their index entries, then forget the batch. */
