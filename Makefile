@@ -21,6 +21,7 @@ OBJS = \
 	src/relay_notify.o \
 	src/relay_progress.o \
 	src/relay_read.o \
+	src/relay_retention.o \
 	src/shmem.o \
 	src/storage.o
 

@@ -31,6 +31,7 @@ int			outbox_poll_interval = 1000;
 int			outbox_retry_base_delay = 500;
 int			outbox_retry_max_delay = 300000;
 int			outbox_relay_memory = 64 * 1024;	/* kB */
+int			outbox_retention = 3600;	/* seconds */
 char	   *outbox_test_fault = NULL;
 
 /* Whether _PG_init ran from shared_preload_libraries. */
@@ -105,6 +106,18 @@ _PG_init(void)
 							16 * 1024 * 1024,
 							PGC_SIGHUP,
 							GUC_UNIT_KB,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.retention",
+							"How long delivered messages are kept.",
+							"Messages are removed a whole chunk at a time, once every target has finished "
+							"them and their chunk stopped being written at least this long ago.",
+							&outbox_retention,
+							3600,
+							0,
+							PG_INT32_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	DefineCustomStringVariable("outbox.test_fault",

@@ -30,6 +30,8 @@
 #define OUTBOX_MESSAGES_TABLE	"messages"
 #define OUTBOX_STATE_TABLE		"state"
 #define OUTBOX_MARK_SEQUENCE	"id_mark"
+/* Messages are stored in chunks outbox.messages_1 .. _N (schema 0.2). */
+#define OUTBOX_NUM_CHUNKS		4
 
 /*---- columns of outbox.messages, in table order ----*/
 #define Anum_outbox_messages_id			1
@@ -75,6 +77,7 @@ extern int	outbox_poll_interval;
 extern int	outbox_retry_base_delay;
 extern int	outbox_retry_max_delay;
 extern int	outbox_relay_memory;
+extern int	outbox_retention;
 extern char *outbox_test_fault;
 extern bool outbox_preloaded;
 
@@ -119,6 +122,12 @@ extern void outbox_relay_release(void);
 extern pid_t outbox_relay_running(void);
 extern uint64 outbox_config_generation(void);
 extern void outbox_bump_config_generation(bool wake);
+/* Bytes of a status text kept in shared memory for the views. */
+#define OUTBOX_STATUS_LEN		256
+extern int	outbox_current_chunk(void);
+extern void outbox_set_retention_status(const char *held, TimestampTz at);
+extern TimestampTz outbox_get_retention_status(char *held);
+extern void outbox_set_current_chunk(int chunk);
 
 /*---- emit.c ----*/
 extern void outbox_emit_init(void);

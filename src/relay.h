@@ -196,6 +196,7 @@ typedef struct RelayDeadLetter
 extern MemoryContext relay_cxt;	/* targets, dead letters */
 extern List *relay_targets;		/* RelayTarget *, by id */
 extern bool relay_progress_has_batch_end;	/* schema 0.2 or later */
+extern bool relay_dead_letters_keep_payload;	/* schema 0.2 or later */
 extern TimestampTz relay_last_progress_write;
 
 /*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
@@ -270,6 +271,9 @@ extern void relay_http_drive(void (*finished) (RelayLane *lane,
 											   const RelayOutcome *outcome));
 extern long relay_http_timeout(void);
 extern int	relay_http_in_flight(void);
+
+/*---- relay_retention.c: emptying finished chunks ----*/
+extern long relay_retention_maybe(TimestampTz now);
 
 /*---- relay_notify.c: the NOTIFY transport ----*/
 extern int	relay_notify_send(RelayLane *lane);

@@ -56,6 +56,7 @@
 MemoryContext relay_cxt = NULL;
 List	   *relay_targets = NIL;
 bool		relay_progress_has_batch_end = false;
+bool		relay_dead_letters_keep_payload = false;
 
 /* The extension whose targets relay_targets holds. */
 static Oid	loaded_extension = InvalidOid;
@@ -473,9 +474,14 @@ relay_load_config(void)
 	{
 		Oid			progress = get_relname_relid("progress", get_namespace_oid("outbox", false));
 
-		/* batch_end came with schema 0.2. */
+		/* batch_end came with schema 0.2 ... */
+		Oid			dead = get_relname_relid("dead_letters", get_namespace_oid("outbox", false));
+
 		relay_progress_has_batch_end = OidIsValid(progress) &&
 			get_attnum(progress, "batch_end") != InvalidAttrNumber;
+		/* So did the payload of dead letters. */
+		relay_dead_letters_keep_payload = OidIsValid(dead) &&
+			get_attnum(dead, "payload") != InvalidAttrNumber;
 	}
 	if (SPI_execute(relay_progress_has_batch_end ?
 					"SELECT target_id, lane, done_id, last_delivered_id, batch_end FROM outbox.progress" :

@@ -480,6 +480,9 @@ outbox_worker_main(Datum main_arg)
 				timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
 		}
 
+		/* Empty finished chunks (I8), whether or not there are targets. */
+		timeout = Min(timeout, relay_retention_maybe(now));
+
 		if (did_read && timeout > 0)
 		{
 			long		pause = Min(timeout, RELAY_READ_PAUSE_MS);

@@ -57,6 +57,7 @@ TimestampTz relay_last_progress_write = 0;
 static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
+static bool dead_letter_plan_keeps = false;	/* prepared to keep payloads */
 
 /* The newest dead letter not yet written, to take back later ones with. */
 void *
@@ -164,12 +165,38 @@ relay_write_progress(void)
 			elog(ERROR, "outbox: could not prepare the progress query");
 		SPI_keepplan(progress_plan);
 	}
+	if (dead_letter_plan != NULL && dead_letter_plan_keeps != relay_dead_letters_keep_payload)
+	{
+		/* The schema was updated under us. */
+		SPI_freeplan(dead_letter_plan);
+		dead_letter_plan = NULL;
+	}
 	if (dead_letter_plan == NULL)
 	{
 		Oid			argtypes[8] = {TEXTOID, INT8OID, UUIDOID, TEXTOID, TEXTOID,
 		INT4OID, INT4OID, TEXTOID};
 
-		dead_letter_plan = SPI_prepare("INSERT INTO outbox.dead_letters"
+		dead_letter_plan_keeps = relay_dead_letters_keep_payload;
+
+		/*
+		 * From schema 0.2 a dead letter keeps the message's payload,
+		 * headers and emit time, so that retention may remove the message
+		 * and the dead letter can still be delivered again.
+		 */
+		dead_letter_plan = SPI_prepare(relay_dead_letters_keep_payload ?
+									   "INSERT INTO outbox.dead_letters"
+									   " (target, id, msg_id, topic, key, attempts, last_status, last_error,"
+									   "  payload, headers, emitted_at)"
+									   " SELECT $1, $2, $3, $4, $5, $6, nullif($7, 0), $8,"
+									   "        m.payload, m.headers, m.emitted_at"
+									   "   FROM (VALUES (1)) v LEFT JOIN outbox.messages m ON m.id = $2"
+									   " ON CONFLICT (target, id) DO UPDATE"
+									   "   SET attempts = excluded.attempts, last_status = excluded.last_status,"
+									   "       last_error = excluded.last_error, failed_at = excluded.failed_at,"
+									   "       payload = coalesce(excluded.payload, dead_letters.payload),"
+									   "       headers = coalesce(excluded.headers, dead_letters.headers),"
+									   "       emitted_at = coalesce(excluded.emitted_at, dead_letters.emitted_at)" :
+									   "INSERT INTO outbox.dead_letters"
 									   " (target, id, msg_id, topic, key, attempts, last_status, last_error)"
 									   " VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0), $8)"
 									   " ON CONFLICT (target, id) DO UPDATE"

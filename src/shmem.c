@@ -47,6 +47,7 @@
 #include "storage/lwlock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
+#include "storage/spin.h"
 #include "access/twophase.h"
 #include "access/xlog.h"
 #include "utils/builtins.h"
@@ -68,6 +69,12 @@ typedef struct OutboxSharedState
 	pg_atomic_uint64 config_generation; /* bumped when targets change */
 	pg_atomic_uint64 max_commit_end;	/* end LSN of the latest commit that
 										 * stored messages */
+	slock_t		status_mutex;	/* protects the relay status below */
+	TimestampTz retention_checked_at;	/* last retention step, or 0 */
+	char		retention_held[OUTBOX_STATUS_LEN];	/* what keeps messages, or "" */
+	pg_atomic_uint32 current_chunk; /* chunk table committers write into,
+									 * as the relay last published it; 0
+									 * before it did */
 	int			nslots;			/* entries in inflight[] */
 	pg_atomic_uint64 inflight[FLEXIBLE_ARRAY_MEMBER];	/* first reserved id of
 														 * each backend, by
@@ -133,6 +140,10 @@ outbox_shmem_startup(void)
 		OutboxShared->worker_wants_commits = false;
 		pg_atomic_init_u64(&OutboxShared->config_generation, 0);
 		pg_atomic_init_u64(&OutboxShared->max_commit_end, 0);
+		pg_atomic_init_u32(&OutboxShared->current_chunk, 0);
+		SpinLockInit(&OutboxShared->status_mutex);
+		OutboxShared->retention_checked_at = 0;
+		OutboxShared->retention_held[0] = '\0';
 		OutboxShared->nslots = outbox_slot_count();
 		for (i = 0; i < OutboxShared->nslots; i++)
 			pg_atomic_init_u64(&OutboxShared->inflight[i], 0);
@@ -522,4 +533,46 @@ outbox_counter_advance(int64 highest_used)
 	if (OutboxShared->counter_valid && OutboxShared->next_id <= highest_used)
 		OutboxShared->next_id = highest_used + 1;
 	LWLockRelease(OutboxShared->lock);
+}
+
+/*
+ * The chunk table committers write into (outbox.chunks.is_current), as the
+ * relay last published it, or 0 when it has not since the start.  Any chunk
+ * is correct to write into: a chunk is emptied only when every message in
+ * it is finished, checked under a lock that committers writing into it
+ * hold.  Writing into the current one keeps the others emptiable.
+ */
+int
+outbox_current_chunk(void)
+{
+	return (int) pg_atomic_read_u32(&OutboxShared->current_chunk);
+}
+
+void
+outbox_set_current_chunk(int chunk)
+{
+	pg_atomic_write_u32(&OutboxShared->current_chunk, (uint32) chunk);
+}
+
+/* What the last retention step found keeping messages (NULL: nothing). */
+void
+outbox_set_retention_status(const char *held, TimestampTz at)
+{
+	SpinLockAcquire(&OutboxShared->status_mutex);
+	OutboxShared->retention_checked_at = at;
+	strlcpy(OutboxShared->retention_held, held ? held : "", OUTBOX_STATUS_LEN);
+	SpinLockRelease(&OutboxShared->status_mutex);
+}
+
+/* Copy of the above into held (OUTBOX_STATUS_LEN bytes); returns its time. */
+TimestampTz
+outbox_get_retention_status(char *held)
+{
+	TimestampTz at;
+
+	SpinLockAcquire(&OutboxShared->status_mutex);
+	at = OutboxShared->retention_checked_at;
+	memcpy(held, OutboxShared->retention_held, OUTBOX_STATUS_LEN);
+	SpinLockRelease(&OutboxShared->status_mutex);
+	return at;
 }

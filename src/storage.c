@@ -62,61 +62,121 @@ struct OutboxWriter
 /* OID of outbox.messages found by the last lookup, or InvalidOid. */
 static Oid	cached_messages_relid = InvalidOid;
 
+/* OIDs of outbox.messages_1 .. _N found by the last lookups. */
+static Oid	cached_chunk_relid[OUTBOX_NUM_CHUNKS];
+
 /* The id mark's sequence found by the last lookup. */
 static OutboxMarkRel cached_mark = {InvalidOid, InvalidOid};
 
+/* Refuse a messages table whose columns are not the ones we write. */
+static void
+outbox_check_layout(Relation rel)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+
+	if (desc->natts != Natts_outbox_messages ||
+		TupleDescAttr(desc, Anum_outbox_messages_id - 1)->atttypid != INT8OID ||
+		TupleDescAttr(desc, Anum_outbox_messages_msg_id - 1)->atttypid != UUIDOID ||
+		TupleDescAttr(desc, Anum_outbox_messages_payload - 1)->atttypid != JSONBOID ||
+		TupleDescAttr(desc, Anum_outbox_messages_emitted_at - 1)->atttypid != TIMESTAMPTZOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table outbox.%s does not have the layout this library expects",
+						RelationGetRelationName(rel)),
+				 errhint("Run ALTER EXTENSION outbox UPDATE, or install the library version that matches the extension.")));
+}
+
 /*
- * Open outbox.messages with the given lock, with a clear error when the
- * extension is not installed in this database.  Committing transactions
- * call this, so the OID is remembered; a relation with that OID that is no
- * longer outbox.messages (dropped and recreated) sends us back to the
- * by-name lookup.
+ * Open outbox.<relname> with the given lock, or return NULL when the schema
+ * or the table does not exist.  The OID found is remembered in *cached; a
+ * relation with that OID that is no longer the table (dropped and
+ * recreated) sends us back to the by-name lookup.
  */
-Relation
-outbox_open_messages(LOCKMODE lockmode)
+static Relation
+outbox_try_open_table(const char *relname, Oid *cached, LOCKMODE lockmode)
 {
 	Oid			nspid;
 	Oid			relid = InvalidOid;
 	Relation	rel;
 
-	if (OidIsValid(cached_messages_relid))
+	if (OidIsValid(*cached))
 	{
-		rel = try_table_open(cached_messages_relid, lockmode);
+		rel = try_table_open(*cached, lockmode);
 		if (rel != NULL)
 		{
-			if (strcmp(RelationGetRelationName(rel), OUTBOX_MESSAGES_TABLE) == 0 &&
+			if (strcmp(RelationGetRelationName(rel), relname) == 0 &&
 				RelationGetNamespace(rel) == get_namespace_oid(OUTBOX_SCHEMA, true))
 				return rel;
 			table_close(rel, lockmode);
 		}
-		cached_messages_relid = InvalidOid;
+		*cached = InvalidOid;
 	}
 
 	nspid = get_namespace_oid(OUTBOX_SCHEMA, true);
 	if (OidIsValid(nspid))
-		relid = get_relname_relid(OUTBOX_MESSAGES_TABLE, nspid);
+		relid = get_relname_relid(relname, nspid);
 	if (!OidIsValid(relid))
+		return NULL;
+	rel = table_open(relid, lockmode);
+	outbox_check_layout(rel);
+	*cached = relid;
+	return rel;
+}
+
+/*
+ * Open outbox.messages with the given lock, with a clear error when the
+ * extension is not installed in this database.
+ */
+Relation
+outbox_open_messages(LOCKMODE lockmode)
+{
+	Relation	rel = outbox_try_open_table(OUTBOX_MESSAGES_TABLE,
+											&cached_messages_relid, lockmode);
+
+	if (rel == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("extension \"outbox\" is not installed in database \"%s\"",
 						get_database_name(MyDatabaseId)),
 				 errhint("Run CREATE EXTENSION outbox in this database.")));
-
-	rel = table_open(relid, lockmode);
-	if (RelationGetDescr(rel)->natts != Natts_outbox_messages ||
-		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_id - 1)->atttypid != INT8OID ||
-		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_msg_id - 1)->atttypid != UUIDOID ||
-		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_payload - 1)->atttypid != JSONBOID ||
-		TupleDescAttr(RelationGetDescr(rel), Anum_outbox_messages_emitted_at - 1)->atttypid != TIMESTAMPTZOID)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("table outbox.messages does not have the layout this library expects"),
-				 errhint("Run ALTER EXTENSION outbox UPDATE, or install the library version that matches the extension.")));
-	cached_messages_relid = relid;
 	return rel;
 }
 
-/* The highest id of any row version in outbox.messages, or 0. */
+/*
+ * Open chunk n (1 .. OUTBOX_NUM_CHUNKS, outbox.messages_<n>) with the given
+ * lock, or return NULL when it does not exist (a schema of version 0.1).
+ */
+static Relation
+outbox_try_open_chunk(int n, LOCKMODE lockmode)
+{
+	char		relname[NAMEDATALEN];
+
+	Assert(n >= 1 && n <= OUTBOX_NUM_CHUNKS);
+	snprintf(relname, sizeof(relname), "%s_%d", OUTBOX_MESSAGES_TABLE, n);
+	return outbox_try_open_table(relname, &cached_chunk_relid[n - 1], lockmode);
+}
+
+/*
+ * Open the table committers store messages in: the current chunk as the
+ * relay published it (chunk 1 before it has), or outbox.messages itself on
+ * a schema of version 0.1.  The caller reserves ids only after this, with
+ * the lock held, so a chunk emptied meanwhile can never lose them.
+ */
+static Relation
+outbox_open_for_write(void)
+{
+	int			n = outbox_current_chunk();
+	Relation	rel;
+
+	if (n < 1 || n > OUTBOX_NUM_CHUNKS)
+		n = 1;
+	rel = outbox_try_open_chunk(n, RowExclusiveLock);
+	if (rel == NULL)
+		rel = outbox_open_messages(RowExclusiveLock);
+	return rel;
+}
+
+/* The highest id of any row version in a messages table, or 0. */
 static int64
 outbox_highest_message_id(Relation messages)
 {
@@ -127,7 +187,8 @@ outbox_highest_message_id(Relation messages)
 	int64		highest = 0;
 
 	if (!OidIsValid(pkoid))
-		elog(ERROR, "outbox: outbox.messages has no primary key");
+		elog(ERROR, "outbox: outbox.%s has no primary key",
+			 RelationGetRelationName(messages));
 
 	index = index_open(pkoid, AccessShareLock);
 	slot = table_slot_create(messages, NULL);
@@ -260,19 +321,30 @@ outbox_id_mark(void)
 }
 
 /*
- * Make sure the commit sequence is initialised since the last start.
- * Caller holds a lock on outbox.messages.
+ * Make sure the commit sequence is initialised since the last start, from
+ * the highest id in outbox.messages and its chunks, the high-water mark and
+ * the id mark.  Caller holds a lock on outbox.messages.
  */
 void
 outbox_ensure_counter(Relation messages)
 {
 	int64		highest;
+	int			n;
 
 	if (outbox_counter_valid())
 		return;
 
 	highest = Max(outbox_highest_message_id(messages), outbox_high_water_mark());
 	highest = Max(highest, outbox_id_mark());
+	for (n = 1; n <= OUTBOX_NUM_CHUNKS; n++)
+	{
+		Relation	chunk = outbox_try_open_chunk(n, AccessShareLock);
+
+		if (chunk == NULL)
+			break;
+		highest = Max(highest, outbox_highest_message_id(chunk));
+		table_close(chunk, AccessShareLock);
+	}
 	outbox_counter_initialize(highest);
 }
 
@@ -302,8 +374,14 @@ outbox_writer_begin(int64 count)
 {
 	OutboxWriter *writer = palloc0(sizeof(OutboxWriter));
 
-	writer->rel = outbox_open_messages(RowExclusiveLock);
-	outbox_ensure_counter(writer->rel);
+	writer->rel = outbox_open_for_write();
+	if (!outbox_counter_valid())
+	{
+		Relation	messages = outbox_open_messages(AccessShareLock);
+
+		outbox_ensure_counter(messages);
+		table_close(messages, AccessShareLock);
+	}
 
 	/*
 	 * Check and lock the id mark now if the reservation will probably move
