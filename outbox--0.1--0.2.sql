@@ -144,7 +144,13 @@ DECLARE
 	highest bigint;
 	emitted_before timestamptz;
 BEGIN
+	-- TRUNCATE holds an exclusive lock: no writer is left, and a statement
+	-- of a READ COMMITTED transaction sees every row.  An older snapshot may
+	-- not: then every id up to the frontier counts as removed.
 	EXECUTE format('SELECT max(id) FROM ONLY %I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME) INTO highest;
+	IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+		highest := greatest(highest, outbox.frontier());
+	END IF;
 	IF highest IS NULL THEN
 		RETURN NULL;
 	END IF;
@@ -279,3 +285,438 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.retention_step(interval) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Operating targets: states, pause/resume, disable, rate limits, replay,
+-- dead letters delivered again.
+---------------------------------------------------------------------------
+ALTER TABLE outbox.targets
+	ADD COLUMN state text NOT NULL DEFAULT 'active'
+		CONSTRAINT targets_state_check CHECK (state IN ('active', 'paused', 'disabled')),
+	ADD COLUMN state_reason text,
+	ADD COLUMN state_changed_at timestamptz,
+	ADD COLUMN max_rate float8
+		CONSTRAINT targets_max_rate_check CHECK (max_rate > 0 AND max_rate <= 1000000),
+	ADD COLUMN disable_after interval DEFAULT interval '3 days'
+		CONSTRAINT targets_disable_after_check CHECK (disable_after > interval '0'),
+	ADD COLUMN pending_lanes int
+		CONSTRAINT targets_pending_lanes_check CHECK (pending_lanes BETWEEN 1 AND 256),
+	ADD COLUMN pending_ordering text
+		CONSTRAINT targets_pending_ordering_check CHECK (pending_ordering IN ('key', 'strict'));
+COMMENT ON COLUMN outbox.targets.state IS
+	'active; paused (by outbox.pause_target); disabled (410 Gone, or failing for disable_after)';
+ALTER TABLE outbox.progress ADD COLUMN generation int NOT NULL DEFAULT 0;
+COMMENT ON COLUMN outbox.progress.generation IS
+	'bumped by outbox.replay(): the relay reloads the lane, and drops its own older writes';
+COMMENT ON COLUMN outbox.targets.pending_lanes IS
+	'lanes asked for by outbox.alter_target(); the relay applies it once the lanes are idle';
+
+ALTER TABLE outbox.dead_letters ADD COLUMN retry_requested_at timestamptz;
+COMMENT ON COLUMN outbox.dead_letters.retry_requested_at IS
+	'set by outbox.retry_dead_letters(): the relay delivers it again, then removes it';
+
+-- Target names are checked by the admin functions: each raises
+-- undefined_object for an unknown target (outbox.target_id).
+
+CREATE FUNCTION outbox.pause_target(name text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(pause_target.name);
+	result bigint;
+BEGIN
+	UPDATE outbox.targets t
+	   SET state = 'paused', state_reason = 'paused by ' || session_user, state_changed_at = now()
+	 WHERE t.id = tid AND t.state <> 'paused';
+	IF NOT FOUND THEN
+		RAISE NOTICE 'target "%" is already paused', name;
+	END IF;
+	PERFORM outbox.config_changed();
+	SELECT p.pending INTO result FROM outbox.target_pending(tid) p;
+	RETURN result;
+END
+$$;
+COMMENT ON FUNCTION outbox.pause_target(text) IS
+	'stop delivering to a target; messages keep accumulating; returns the messages pending';
+
+CREATE FUNCTION outbox.resume_target(name text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(resume_target.name);
+	result bigint;
+BEGIN
+	UPDATE outbox.targets t
+	   SET state = 'active', state_reason = NULL, state_changed_at = now()
+	 WHERE t.id = tid AND t.state <> 'active';
+	IF NOT FOUND THEN
+		RAISE NOTICE 'target "%" is not paused or disabled', name;
+	END IF;
+	PERFORM outbox.config_changed();
+	SELECT p.pending INTO result FROM outbox.target_pending(tid) p;
+	RETURN result;
+END
+$$;
+COMMENT ON FUNCTION outbox.resume_target(text) IS
+	'deliver again to a paused or disabled target, from where it stopped; returns the messages pending';
+
+CREATE FUNCTION outbox.dead_letter_ids(target text, id bigint)
+RETURNS SETOF bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.target_id(target);
+	IF id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+									   WHERE d.target = dead_letter_ids.target AND d.id = dead_letter_ids.id) THEN
+		RAISE EXCEPTION 'target "%" has no dead letter with id %', target, id
+			USING ERRCODE = 'no_data_found',
+				  HINT = format('See SELECT id FROM outbox.dead_letters WHERE target = %L.', target);
+	END IF;
+	RETURN QUERY SELECT d.id FROM outbox.dead_letters d
+				  WHERE d.target = dead_letter_ids.target
+					AND (dead_letter_ids.id IS NULL OR d.id = dead_letter_ids.id);
+END
+$$;
+
+CREATE FUNCTION outbox.retry_dead_letters(target text, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids bigint[] := ARRAY(SELECT outbox.dead_letter_ids(target, id));
+	n bigint;
+	lost bigint;
+BEGIN
+	SELECT count(*) INTO lost
+	  FROM outbox.dead_letters d
+	 WHERE d.target = retry_dead_letters.target AND d.payload IS NULL AND d.id = ANY (ids);
+	IF lost > 0 THEN
+		RAISE EXCEPTION '% dead letters of target "%" cannot be delivered again', lost, target
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = 'They were recorded before version 0.2 and their messages were removed since.',
+				  HINT = 'Discard them with outbox.discard_dead_letters().';
+	END IF;
+	UPDATE outbox.dead_letters d SET retry_requested_at = now()
+	 WHERE d.target = retry_dead_letters.target AND d.id = ANY (ids);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.retry_dead_letters(text, bigint) IS
+	'deliver one (id) or all of a target''s dead letters again, in id order; returns how many';
+
+CREATE FUNCTION outbox.discard_dead_letters(target text, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids bigint[] := ARRAY(SELECT outbox.dead_letter_ids(target, id));
+	n bigint;
+BEGIN
+	DELETE FROM outbox.dead_letters d
+	 WHERE d.target = discard_dead_letters.target AND d.id = ANY (ids);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.discard_dead_letters(text, bigint) IS
+	'remove one (id) or all of a target''s dead letters; returns how many';
+
+-- Deliver the retained messages from from_id on to one target again (same
+-- ids, same webhook-id); lanes already behind from_id stay where they are.
+-- The lock keeps retention from removing what is replayed until this
+-- commits; the relay then reloads the target's progress.
+CREATE FUNCTION outbox.replay(target text, from_id bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+	removed bigint;
+	upto bigint;
+	n bigint;
+BEGIN
+	IF from_id IS NULL OR from_id < 1 THEN
+		RAISE EXCEPTION 'replay needs a message id of 1 or more, not %', quote_nullable(from_id)
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	LOCK TABLE outbox.messages IN ROW SHARE MODE;
+	SELECT max(s.id_high_water) INTO removed FROM outbox.state s;
+	PERFORM 1 FROM outbox.state FOR SHARE;
+	IF from_id <= removed THEN
+		RAISE EXCEPTION 'messages from id % are no longer retained', from_id
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('Retention removed the messages up to id %s (outbox.retention = %s).',
+								  removed, current_setting('outbox.retention', true)),
+				  HINT = format('Replay from id %s or later, or keep messages longer with outbox.retention.',
+								removed + 1);
+	END IF;
+	SELECT max(p.done_id) INTO upto FROM outbox.progress p WHERE p.target_id = tid;
+	SELECT count(*) INTO n
+	  FROM outbox.messages m
+	 WHERE m.id >= from_id AND m.id <= upto
+	   AND EXISTS (SELECT 1 FROM outbox.subscriptions s
+				    WHERE s.target_id = tid AND m.id > s.start_id
+					  AND outbox.topic_matches(s.pattern, m.topic));
+	UPDATE outbox.progress p
+	   SET done_id = least(p.done_id, from_id - 1), batch_end = NULL, generation = p.generation + 1
+	 WHERE p.target_id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.replay(text, bigint) IS
+	'deliver a target''s retained messages again from an id; returns how many it had finished';
+
+CREATE FUNCTION outbox.replay(target text, since timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	removed_until timestamptz;
+	first_id bigint;
+BEGIN
+	PERFORM outbox.target_id(target);
+	IF since IS NULL THEN
+		RAISE EXCEPTION 'replay needs a time to start from'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	LOCK TABLE outbox.messages IN ROW SHARE MODE;
+	SELECT max(s.removed_before) INTO removed_until FROM outbox.state s;
+	IF since < removed_until THEN
+		RAISE EXCEPTION 'messages emitted since % are no longer all retained', since
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('Retention removed messages emitted before %s (outbox.retention = %s).',
+								  removed_until, current_setting('outbox.retention', true)),
+				  HINT = format('Replay since %s or later, or keep messages longer with outbox.retention.',
+								removed_until);
+	END IF;
+	-- Emit times are not indexed: this reads the retained messages.
+	SELECT min(m.id) INTO first_id FROM outbox.messages m WHERE m.emitted_at >= since;
+	IF first_id IS NULL THEN
+		RAISE NOTICE 'no message was emitted since %', since;
+		RETURN 0;
+	END IF;
+	RETURN outbox.replay(target, first_id);
+END
+$$;
+COMMENT ON FUNCTION outbox.replay(text, timestamptz) IS
+	'deliver a target''s retained messages again from those emitted at or after a time';
+
+-- Checks of the options every target has.
+CREATE FUNCTION outbox.check_target_options(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.max_attempts IS NULL OR t.max_attempts < 0 OR t.max_attempts > 1000000 THEN
+		RAISE EXCEPTION 'max_attempts must be between 0 (retry forever) and 1000000, not %', t.max_attempts
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.disable_after IS NOT NULL AND t.disable_after <= interval '0' THEN
+		RAISE EXCEPTION 'disable_after must be a positive interval, not %', t.disable_after
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass interval ''0'' to alter_target to never disable the target.';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_target_options(outbox.targets) FROM PUBLIC;
+
+-- The checks of an HTTP target's options, shared by create_http_target and
+-- alter_target.
+CREATE FUNCTION outbox.check_http_target(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	key_bytes bytea;
+BEGIN
+	IF t.url IS NULL OR t.url !~* '^https?://[^/?#\s]+' OR t.url ~ '[\s\x01-\x1f\x7f]' OR length(t.url) > 2048 THEN
+		RAISE EXCEPTION 'invalid target URL "%"', t.url
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Targets take absolute http:// or https:// URLs of at most 2048 characters, without white space.',
+				  HINT = 'Use a URL such as ''https://hooks.example.com/outbox''.';
+	END IF;
+	PERFORM outbox.check_headers(t.headers);
+	IF t.secret IS NOT NULL THEN
+		BEGIN
+			IF t.secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+				RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+			END IF;
+			key_bytes := decode(substr(t.secret, 7), 'base64');
+		EXCEPTION WHEN others THEN
+			RAISE EXCEPTION 'invalid webhook secret'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64.',
+					  HINT = 'Generate one with: SELECT ''whsec_'' || encode(gen_random_bytes(32), ''base64'').';
+		END;
+		IF length(key_bytes) < 16 OR length(key_bytes) > 64 THEN
+			RAISE EXCEPTION 'webhook secret must decode to 16 to 64 bytes, not %', length(key_bytes)
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Use 24 to 64 random bytes, as the Standard Webhooks spec recommends.';
+		END IF;
+	END IF;
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = '''key'' keeps order per key and delivers keys concurrently; ''strict'' delivers the whole target in commit order.';
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_http_target(outbox.targets) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION outbox.create_http_target(
+	name		 text,
+	url			 text,
+	headers		 jsonb	DEFAULT '{}',
+	secret		 text	DEFAULT NULL,
+	batch_size	 int	DEFAULT 1,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'http';
+	t.url := url;
+	t.headers := headers;
+	t.secret := secret;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	PERFORM outbox.check_http_target(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+
+-- Change a target's options; NULL leaves an option as it is.  secret => ''
+-- removes the secret, max_rate => 0 removes the rate limit, disable_after
+-- => interval '0' never disables.  Takes effect without a restart: the
+-- next request uses the new URL, headers, secret, batch size, timeout and
+-- rate; new lanes or ordering once the target's lanes are idle (the relay
+-- stops reading for it, delivers what it holds, then redistributes keys).
+-- Returns the number of options changed.
+CREATE FUNCTION outbox.alter_target(
+	name		  text,
+	url			  text		DEFAULT NULL,
+	headers		  jsonb		DEFAULT NULL,
+	secret		  text		DEFAULT NULL,
+	batch_size	  int		DEFAULT NULL,
+	lanes		  int		DEFAULT NULL,
+	ordering	  text		DEFAULT NULL,
+	max_attempts  int		DEFAULT NULL,
+	timeout_ms	  int		DEFAULT NULL,
+	max_rate	  float8	DEFAULT NULL,
+	disable_after interval	DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(alter_target.name);
+	old outbox.targets;
+	t outbox.targets;
+	n int := 0;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	t := old;
+	IF old.kind <> 'http' AND (url IS NOT NULL OR headers IS NOT NULL OR secret IS NOT NULL
+							   OR batch_size IS NOT NULL OR lanes IS NOT NULL OR ordering IS NOT NULL
+							   OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets have a URL, headers, a secret, batches, lanes, a timeout or a rate.';
+	END IF;
+	t.url := coalesce(url, old.url);
+	t.headers := coalesce(headers, old.headers);
+	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
+	t.batch_size := coalesce(batch_size, old.batch_size);
+	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
+	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
+	t.max_attempts := coalesce(max_attempts, old.max_attempts);
+	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
+	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
+	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
+							ELSE coalesce(disable_after, old.disable_after) END;
+	IF old.kind = 'http' THEN
+		PERFORM outbox.check_http_target(t);
+	ELSE
+		PERFORM outbox.check_target_options(t);
+	END IF;
+	IF t.ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+
+	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
+		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
+		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
+		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
+		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
+		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
+		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
+		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int;
+
+	UPDATE outbox.targets x
+	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
+		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
+		   disable_after = t.disable_after,
+		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
+		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval) IS
+	'change a target''s options without a restart; returns how many changed';
+
+REVOKE ALL ON FUNCTION outbox.pause_target(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.resume_target(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.dead_letter_ids(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.retry_dead_letters(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.discard_dead_letters(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(text, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval) FROM PUBLIC;

@@ -48,6 +48,10 @@ typedef struct RelayMessage
 								 * (none, or a target that sends no envelopes) */
 	char	   *header_lines;	/* the same as NUL-separated "Name: value"
 								 * strings ended by an empty one, or NULL */
+	bool		retry;			/* a dead letter delivered again
+								 * (outbox.retry_dead_letters): it sits
+								 * below the lane's done_id, goes alone, and
+								 * its dead letter goes once delivered */
 } RelayMessage;
 
 typedef struct RelaySubscription
@@ -164,6 +168,23 @@ typedef struct RelayTarget
 								 * the queue, 0 for none */
 	MemoryContext cxt;			/* holds the target and its messages */
 	bool		seen;			/* found in the last configuration load */
+
+	/* Operations (schema 0.2): states, rate, changes applied live. */
+	char		state;			/* 'a'ctive, 'p'aused or 'd'isabled */
+	double		max_rate;		/* requests a second, 0 for unlimited */
+	double		tokens;			/* token bucket of max_rate */
+	TimestampTz tokens_at;		/* when tokens was last refilled */
+	int64		disable_after_ms;	/* failing this long disables, 0 never */
+	TimestampTz failing_since;	/* first receiver-wide failure in a row */
+	char	   *disable_reason; /* disable the target at the next write */
+	int			generation;		/* outbox.progress.generation loaded */
+	bool		rebuild;		/* replayed: reload once nothing is in flight */
+	int			pending_lanes;	/* lanes asked for, 0 for no change */
+	char	   *pending_ordering;	/* ordering asked for, or NULL */
+	char	   *fingerprint;	/* of the options, to see them change */
+	MemoryContext opts_cxt;		/* options taken from a later load */
+	bool		retry_wanted;	/* dead letters wait to be delivered again */
+	int			nretry;			/* of those, queued in the lanes */
 } RelayTarget;
 
 /* A dead letter waiting to be written with the next progress update. */
@@ -197,6 +218,7 @@ extern MemoryContext relay_cxt;	/* targets, dead letters */
 extern List *relay_targets;		/* RelayTarget *, by id */
 extern bool relay_progress_has_batch_end;	/* schema 0.2 or later */
 extern bool relay_dead_letters_keep_payload;	/* schema 0.2 or later */
+extern bool relay_schema_operations;	/* states, replay: 0.2 or later */
 extern TimestampTz relay_last_progress_write;
 
 /*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
@@ -214,6 +236,11 @@ extern void relay_lane_set_error(RelayLane *lane, int status, const char *error)
 extern int64 relay_backoff_ms(int attempts, int retry_after_s);
 extern void relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome);
 extern bool relay_lane_may_send(RelayLane *lane, TimestampTz now);
+extern bool relay_target_stopped(RelayTarget *t);
+extern bool relay_target_may_send(RelayTarget *t, TimestampTz now, long *wait_ms);
+extern void relay_target_took_token(RelayTarget *t);
+extern void relay_lane_push_retry(RelayLane *lane, RelayMessage *m);
+extern bool relay_target_idle(RelayTarget *t);
 extern bool relay_lane_cut(RelayLane *lane);
 extern void relay_lane_notified(RelayLane *lane, int64 done);
 extern void relay_lane_retry_later(RelayLane *lane, const char *error);
@@ -233,6 +260,7 @@ extern void relay_load_config(void);
 /*---- relay_read.c: reading up to the frontier ----*/
 extern bool relay_target_wants_read(RelayTarget *t, int64 frontier);
 extern bool relay_read_messages(int64 frontier);
+extern int	relay_lane_of(RelayTarget *t, const char *key, int64 id);
 
 /*---- relay_progress.c: progress and dead-letter writes ----*/
 extern void relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id, const char *topic, const char *key, int attempts, int status, const char *error);
@@ -243,6 +271,8 @@ extern void relay_write_progress(void);
 extern void relay_record_cuts(RelayLane **cut, int n);
 extern void relay_progress_notified(RelayTarget *t, int n, int64 last_id,
 									int64 done);
+extern void relay_retry_delivered(RelayTarget *t, int64 id);
+extern void relay_resize_target(RelayTarget *t);
 
 /*
  * Test-only fault injection (outbox.test_fault = 'read:TOPIC' or
@@ -271,6 +301,7 @@ extern void relay_http_drive(void (*finished) (RelayLane *lane,
 											   const RelayOutcome *outcome));
 extern long relay_http_timeout(void);
 extern int	relay_http_in_flight(void);
+extern int	relay_http_target_in_flight(RelayTarget *t);
 
 /*---- relay_retention.c: emptying finished chunks ----*/
 extern long relay_retention_maybe(TimestampTz now);

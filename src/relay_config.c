@@ -51,12 +51,15 @@
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
+#include <math.h>
+
 #include "relay.h"
 
 MemoryContext relay_cxt = NULL;
 List	   *relay_targets = NIL;
 bool		relay_progress_has_batch_end = false;
 bool		relay_dead_letters_keep_payload = false;
+bool		relay_schema_operations = false;
 
 /* The extension whose targets relay_targets holds. */
 static Oid	loaded_extension = InvalidOid;
@@ -192,10 +195,12 @@ relay_target_headers(RelayTarget *t, Jsonb *jb)
  * relay_load_config() for its columns), checking every field the way the
  * target functions and the table's constraints do: the row may have been
  * written by hand.  Returns NULL, with *problem set, for a row that cannot
- * be used.
+ * be used.  Without with_lanes only the options are read (to refresh a
+ * known target's, relay_refresh_target).
  */
 static RelayTarget *
-relay_make_target(HeapTuple tup, TupleDesc desc, const char **problem)
+relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
+				  const char **problem)
 {
 	MemoryContext cxt;
 	MemoryContext oldcxt;
@@ -269,6 +274,26 @@ relay_make_target(HeapTuple tup, TupleDesc desc, const char **problem)
 	if (*problem == NULL && !isnull)
 		*problem = relay_target_headers(t, DatumGetJsonbP(d));
 
+	/* Operations (NULL on a 0.1 schema: active, no limits). */
+	s = relay_spi_text(tup, desc, 12);
+	t->state = (s == NULL || strcmp(s, "active") == 0) ? 'a' :
+		strcmp(s, "paused") == 0 ? 'p' : 'd';
+	d = SPI_getbinval(tup, desc, 13, &isnull);
+	t->max_rate = isnull ? 0 : DatumGetFloat8(d);
+	if (*problem == NULL && (t->max_rate < 0 || t->max_rate > 1000000 || isnan(t->max_rate)))
+		*problem = "max_rate is not between 0 and 1000000";
+	t->disable_after_ms = relay_spi_int(tup, desc, 14, &isnull);
+	t->pending_lanes = (int) relay_spi_int(tup, desc, 15, &isnull);
+	if (*problem == NULL && (t->pending_lanes < 0 || t->pending_lanes > 256))
+		*problem = "pending_lanes is not between 1 and 256";
+	t->pending_ordering = relay_spi_text(tup, desc, 16);
+	if (t->pending_ordering != NULL && t->pending_lanes == 0)
+		t->pending_lanes = t->nlanes;
+	if (t->pending_lanes == t->nlanes && t->pending_ordering == NULL)
+		t->pending_lanes = 0;
+	t->fingerprint = relay_spi_text(tup, desc, 17);
+	t->retry_wanted = DatumGetBool(SPI_getbinval(tup, desc, 18, &isnull)) && !isnull;
+
 	if (*problem != NULL)
 	{
 		MemoryContextSwitchTo(oldcxt);
@@ -276,6 +301,11 @@ relay_make_target(HeapTuple tup, TupleDesc desc, const char **problem)
 		return NULL;
 	}
 
+	if (!with_lanes)
+	{
+		MemoryContextSwitchTo(oldcxt);
+		return t;
+	}
 	t->lanes = palloc0(sizeof(RelayLane) * t->nlanes);
 	for (i = 0; i < t->nlanes; i++)
 	{
@@ -328,6 +358,80 @@ relay_report_bad_target(int id, const char *name, const char *problem)
  * their queues and requests in flight; new ones start from their recorded
  * progress; dropped ones are forgotten.  Runs in its own transaction.
  */
+/*
+ * A known target's row changed: take its new options (URL, headers,
+ * secret, batch size, attempts, timeout, rate, state) for the next
+ * requests, keeping its lanes and what they hold.  Lanes and ordering
+ * change later, once the lanes are idle (relay_resize_target).
+ */
+static void
+relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
+{
+	const char *problem;
+	RelayTarget *n;
+	MemoryContext oldcxt;
+	char		was = t->state;
+
+	char	   *fingerprint = relay_spi_text(tup, desc, 17);
+	bool		isnull;
+
+	if (t->fingerprint != NULL && fingerprint != NULL &&
+		strcmp(t->fingerprint, fingerprint) == 0)
+	{
+		Datum		d = SPI_getbinval(tup, desc, 18, &isnull);
+
+		t->retry_wanted = t->retry_wanted || (!isnull && DatumGetBool(d));
+		return;
+	}
+	n = relay_make_target(tup, desc, false, &problem);
+	if (n == NULL)
+	{
+		relay_report_bad_target(t->id, t->name, problem);
+		return;
+	}
+	/* n's context holds the new strings: keep it, drop the previous one. */
+	MemoryContextSetParent(n->cxt, t->cxt);
+	if (t->opts_cxt)
+		MemoryContextDelete(t->opts_cxt);
+	t->opts_cxt = n->cxt;
+	t->url = n->url;
+	t->header_lines = n->header_lines;
+	t->header_names = n->header_names;
+	t->nheader_lines = n->nheader_lines;
+	t->secret = n->secret;
+	t->secret_len = n->secret_len;
+	t->batch_size = n->batch_size;
+	t->max_attempts = n->max_attempts;
+	t->timeout_ms = n->timeout_ms;
+	t->max_rate = n->max_rate;
+	t->disable_after_ms = n->disable_after_ms;
+	t->pending_lanes = n->pending_lanes != 0 ? n->pending_lanes :
+		(n->nlanes != t->nlanes) ? n->nlanes : 0;
+	t->pending_ordering = n->pending_ordering;
+	t->fingerprint = n->fingerprint;
+	t->retry_wanted = t->retry_wanted || n->retry_wanted;
+	t->state = n->state;
+	if (t->state == 'a' && was != 'a')
+	{
+		int			i;
+
+		/* Resumed: from where it stopped, at once. */
+		t->hold_attempts = 0;
+		t->held_until = 0;
+		t->failing_since = 0;
+		for (i = 0; i < t->nlanes; i++)
+			t->lanes[i].next_attempt = 0;
+		oldcxt = CurrentMemoryContext;
+		ereport(LOG,
+				(errmsg("outbox relay: target \"%s\" is active again", t->name)));
+		MemoryContextSwitchTo(oldcxt);
+	}
+	else if (t->state != was)
+		ereport(LOG,
+				(errmsg("outbox relay: target \"%s\" is %s", t->name,
+						t->state == 'p' ? "paused" : "disabled")));
+}
+
 void
 relay_load_config(void)
 {
@@ -359,8 +463,70 @@ relay_load_config(void)
 	foreach(lc, relay_targets)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
-	if (SPI_execute("SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
-					"       t.max_attempts, t.timeout_ms, t.secret, t.headers"
+	/* Columns that came with schema 0.2. */
+	{
+		Oid			nsp = get_namespace_oid("outbox", false);
+		Oid			progress = get_relname_relid("progress", nsp);
+		Oid			dead = get_relname_relid("dead_letters", nsp);
+
+		relay_progress_has_batch_end = OidIsValid(progress) &&
+			get_attnum(progress, "batch_end") != InvalidAttrNumber;
+		relay_dead_letters_keep_payload = OidIsValid(dead) &&
+			get_attnum(dead, "payload") != InvalidAttrNumber;
+		relay_schema_operations = OidIsValid(progress) &&
+			get_attnum(progress, "generation") != InvalidAttrNumber;
+	}
+
+	/*
+	 * Targets no longer in use once nothing is in flight: replayed ones
+	 * (their progress was moved back) and resized ones are made afresh
+	 * from the tables below.
+	 */
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->rebuild && relay_http_target_in_flight(t) == 0)
+			t->seen = false;
+		else
+			t->seen = true;
+	}
+	{
+		List	   *live = NIL;
+
+		foreach(lc, relay_targets)
+		{
+			RelayTarget *t = (RelayTarget *) lfirst(lc);
+			MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
+
+			if (t->seen)
+				live = lappend(live, t);
+			else
+				relay_free_target(t);
+			MemoryContextSwitchTo(oldcxt);
+		}
+		list_free(relay_targets);
+		relay_targets = live;
+	}
+	foreach(lc, relay_targets)
+		((RelayTarget *) lfirst(lc))->seen = false;
+
+	if (SPI_execute(relay_schema_operations ?
+					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
+					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
+					"       t.state, t.max_rate,"
+					"       (extract(epoch FROM t.disable_after) * 1000)::bigint,"
+					"       t.pending_lanes, t.pending_ordering,"
+					"       md5(row(t.url, t.headers, t.secret, t.batch_size, t.lanes, t.max_attempts,"
+					"               t.timeout_ms, t.state, t.max_rate, t.disable_after,"
+					"               t.pending_lanes, t.pending_ordering)::text),"
+					"       EXISTS (SELECT 1 FROM outbox.dead_letters d"
+					"                WHERE d.target = t.name AND d.retry_requested_at IS NOT NULL)"
+					"  FROM outbox.targets t ORDER BY t.id" :
+					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
+					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
+					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
+					"       NULL::text, false"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 
@@ -377,7 +543,7 @@ relay_load_config(void)
 		{
 			const char *problem;
 
-			t = relay_make_target(tup, rows->tupdesc, &problem);
+			t = relay_make_target(tup, rows->tupdesc, true, &problem);
 			if (t == NULL)
 			{
 				relay_report_bad_target(id, relay_spi_text(tup, rows->tupdesc, 2),
@@ -387,6 +553,8 @@ relay_load_config(void)
 			ereport(LOG,
 					(errmsg("outbox relay: delivering to target \"%s\"", t->name)));
 		}
+		else
+			relay_refresh_target(t, tup, rows->tupdesc);
 		t->seen = true;
 		{
 			MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
@@ -471,21 +639,11 @@ relay_load_config(void)
 	}
 
 	/* Progress, for targets that have not read anything yet. */
-	{
-		Oid			progress = get_relname_relid("progress", get_namespace_oid("outbox", false));
-
-		/* batch_end came with schema 0.2 ... */
-		Oid			dead = get_relname_relid("dead_letters", get_namespace_oid("outbox", false));
-
-		relay_progress_has_batch_end = OidIsValid(progress) &&
-			get_attnum(progress, "batch_end") != InvalidAttrNumber;
-		/* So did the payload of dead letters. */
-		relay_dead_letters_keep_payload = OidIsValid(dead) &&
-			get_attnum(dead, "payload") != InvalidAttrNumber;
-	}
-	if (SPI_execute(relay_progress_has_batch_end ?
-					"SELECT target_id, lane, done_id, last_delivered_id, batch_end FROM outbox.progress" :
-					"SELECT target_id, lane, done_id, last_delivered_id, NULL::bigint FROM outbox.progress",
+	if (SPI_execute(relay_schema_operations ?
+					"SELECT target_id, lane, done_id, last_delivered_id, batch_end, generation FROM outbox.progress" :
+					relay_progress_has_batch_end ?
+					"SELECT target_id, lane, done_id, last_delivered_id, batch_end, 0 FROM outbox.progress" :
+					"SELECT target_id, lane, done_id, last_delivered_id, NULL::bigint, 0 FROM outbox.progress",
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.progress");
 	for (i = 0; i < SPI_processed; i++)
@@ -496,7 +654,17 @@ relay_load_config(void)
 		RelayTarget *t = relay_find_target((int) relay_spi_int(tup, desc, 1, &isnull));
 		int			lane = (int) relay_spi_int(tup, desc, 2, &isnull);
 
-		if (t == NULL || lane < 0 || lane >= t->nlanes || t->lanes[lane].done_id >= 0)
+		if (t == NULL || lane < 0 || lane >= t->nlanes)
+			continue;
+		if (t->read_id >= 0)
+		{
+			/* outbox.replay() moved it back: reload it when it is quiet. */
+			if ((int) relay_spi_int(tup, desc, 6, &isnull) != t->generation)
+				t->rebuild = true;
+			continue;
+		}
+		t->generation = (int) relay_spi_int(tup, desc, 6, &isnull);
+		if (t->lanes[lane].done_id >= 0)
 			continue;
 		t->lanes[lane].done_id = relay_spi_int(tup, desc, 3, &isnull);
 		t->lanes[lane].last_delivered_id = relay_spi_int(tup, desc, 4, &isnull);

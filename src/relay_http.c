@@ -791,3 +791,16 @@ relay_http_in_flight(void)
 {
 	return requests_in_flight;
 }
+
+/* Requests of target t on the wire. */
+int
+relay_http_target_in_flight(RelayTarget *t)
+{
+	int			i;
+	int			n = 0;
+
+	for (i = 0; i < t->nlanes; i++)
+		if (t->lanes[i].in_flight)
+			n++;
+	return n;
+}

@@ -218,7 +218,13 @@ relay_lane_succeeded(RelayLane *lane)
 	{
 		RelayMessage *m = relay_lane_pop(lane);
 
-		lane->last_delivered_id = m->id;
+		if (m->retry)
+		{
+			relay_retry_delivered(lane->target, m->id);
+			lane->target->nretry--;
+		}
+		else
+			lane->last_delivered_id = m->id;
 		pfree(m);
 	}
 	lane->delivered_delta += lane->nbatch;
@@ -271,6 +277,12 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 
 		relay_add_dead_letter(t, m->id, m->msg_id, m->topic, m->key,
 							  lane->attempts, status, error);
+		if (m->retry)
+		{
+			/* Still a dead letter (counted once). */
+			t->nretry--;
+			lane->dead_delta--;
+		}
 		pfree(m);
 	}
 	lane->dead_delta += lane->nbatch;
@@ -295,7 +307,30 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 
 	relay_lane_set_error(lane, status, error);
 	t->hold_attempts++;
+	if (t->hold_attempts == 1)
+		t->failing_since = GetCurrentTimestamp();
 	t->probe_lane = lane->index;
+	/* Nothing is dropped: the target keeps its messages until resumed. */
+	if (t->disable_reason == NULL && t->state == 'a' && relay_schema_operations)
+	{
+		if (status == 410)
+			t->disable_reason = MemoryContextStrdup(t->cxt, "the receiver answered 410 Gone");
+		else if (t->disable_after_ms > 0 &&
+				 TimestampDifferenceExceeds(t->failing_since, GetCurrentTimestamp(),
+											(int) Min(t->disable_after_ms, PG_INT32_MAX)))
+			t->disable_reason = MemoryContextStrdup(t->cxt,
+													psprintf("failing since %s: %s",
+															 timestamptz_to_str(t->failing_since),
+															 error));
+		if (t->disable_reason != NULL)
+		{
+			t->state = 'd';
+			ereport(LOG,
+					(errmsg("outbox relay disabled target \"%s\": %s", t->name, t->disable_reason),
+					 errhint("Messages keep accumulating; outbox.resume_target('%s') delivers them.",
+							 t->name)));
+		}
+	}
 	t->held_until =
 		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 									relay_backoff_ms(t->hold_attempts, retry_after_s));
@@ -349,6 +384,8 @@ relay_lane_may_send(RelayLane *lane, TimestampTz now)
 
 	if (lane->in_flight || lane->nqueued == 0 || now < lane->next_attempt)
 		return false;
+	if (!relay_target_may_send(t, now, NULL))
+		return false;
 	if (t->hold_attempts > 0)
 	{
 		RelayLane  *probe = &t->lanes[t->probe_lane];
@@ -386,6 +423,14 @@ relay_lane_cut(RelayLane *lane)
 	bool		by_size = false;
 
 	lane->cut_record = false;
+	if (lane->retry_nbatch == 0 && m->retry)
+	{
+		/* A dead letter delivered again goes alone. */
+		lane->cut_n = 1;
+		lane->cut_bytes = relay_envelope_size(m);
+		lane->cut_last = m->id;
+		return true;
+	}
 	if (lane->retry_nbatch > 0)
 	{
 		lane->cut_n = Min(lane->retry_nbatch, lane->nqueued);
@@ -404,7 +449,8 @@ relay_lane_cut(RelayLane *lane)
 			(t->read_id < lane->batch_end ||
 			 (lane->overflow_id != 0 && lane->overflow_id <= lane->batch_end)))
 			return false;
-		for (; m != NULL && m->id <= lane->batch_end && n < t->batch_size; m = m->next, n++)
+		for (; m != NULL && m->id <= lane->batch_end && n < t->batch_size && !m->retry;
+			 m = m->next, n++)
 		{
 			bytes += relay_envelope_size(m);
 			lane->cut_last = m->id;
@@ -413,7 +459,7 @@ relay_lane_cut(RelayLane *lane)
 		lane->cut_bytes = bytes;
 		return true;
 	}
-	for (; m != NULL && n < t->batch_size; m = m->next, n++)
+	for (; m != NULL && n < t->batch_size && !m->retry; m = m->next, n++)
 	{
 		Size		add = t->batch_size > 1 ? relay_envelope_size(m) : 0;
 
@@ -465,4 +511,106 @@ relay_lane_retry_later(RelayLane *lane, const char *error)
 			(errmsg("outbox relay could not notify channel \"%s\" of target \"%s\": %s",
 					t->channel, t->name, error),
 			 errdetail("Retrying in " INT64_FORMAT " ms.", delay)));
+}
+
+/*
+ * Whether target t reads no new messages: paused, disabled, waiting to be
+ * reloaded after a replay, or draining its lanes before they change.
+ */
+bool
+relay_target_stopped(RelayTarget *t)
+{
+	return t->state != 'a' || t->rebuild || t->pending_lanes != 0;
+}
+
+/*
+ * Whether target t may start a request now: it is active, and its rate
+ * (max_rate, a token bucket holding at most a twentieth of a second's
+ * worth, and at least one) allows.  Otherwise *wait_ms, when given, says
+ * how long until it may (-1: not by itself).
+ */
+bool
+relay_target_may_send(RelayTarget *t, TimestampTz now, long *wait_ms)
+{
+	double		burst;
+
+	if (wait_ms)
+		*wait_ms = -1;
+	if (t->state != 'a' || t->rebuild)
+		return false;
+	if (t->max_rate <= 0)
+		return true;
+	burst = Max(1.0, t->max_rate / 20.0);
+	if (t->tokens_at == 0)
+		t->tokens = burst;
+	else if (now > t->tokens_at)
+		t->tokens = Min(burst, t->tokens + (now - t->tokens_at) / 1000000.0 * t->max_rate);
+	t->tokens_at = now;
+	if (t->tokens >= 1.0)
+		return true;
+	if (wait_ms)
+		*wait_ms = (long) ((1.0 - t->tokens) / t->max_rate * 1000.0) + 1;
+	return false;
+}
+
+/* A request of target t started: it used a token of its rate. */
+void
+relay_target_took_token(RelayTarget *t)
+{
+	if (t->max_rate > 0)
+		t->tokens -= 1.0;
+}
+
+/*
+ * Queue a dead letter delivered again (outbox.retry_dead_letters) in its
+ * lane: after the batch on the wire or to be sent again (whose members
+ * must not change), after retried dead letters with lower ids, and before
+ * every other message waiting.
+ */
+void
+relay_lane_push_retry(RelayLane *lane, RelayMessage *m)
+{
+	int			skip = lane->in_flight ? lane->nbatch : lane->retry_nbatch;
+	RelayMessage *prev = NULL;
+	RelayMessage *cur = lane->head;
+
+	m->retry = true;
+	while (cur != NULL && skip-- > 0)
+	{
+		prev = cur;
+		cur = cur->next;
+	}
+	while (cur != NULL && cur->retry && cur->id < m->id)
+	{
+		prev = cur;
+		cur = cur->next;
+	}
+	m->next = cur;
+	if (prev)
+		prev->next = m;
+	else
+		lane->head = m;
+	if (cur == NULL)
+		lane->tail = m;
+	lane->nqueued++;
+	lane->target->nqueued++;
+	lane->queued_bytes += m->mem_size;
+	lane->target->queued_bytes += m->mem_size;
+	lane->target->nretry++;
+}
+
+/* Whether target t holds no message and has no request on the wire. */
+bool
+relay_target_idle(RelayTarget *t)
+{
+	int			i;
+
+	for (i = 0; i < t->nlanes; i++)
+	{
+		RelayLane  *lane = &t->lanes[i];
+
+		if (lane->nqueued > 0 || lane->in_flight || lane->overflow_id != 0)
+			return false;
+	}
+	return true;
 }

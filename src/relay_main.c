@@ -190,7 +190,8 @@ relay_dispatch(TimestampTz now)
 		if (t->kind == RELAY_NOTIFY)
 		{
 			/* One lane, delivered in the worker's own transactions. */
-			if (t->nqueued > 0 && now >= t->lanes[0].next_attempt)
+			if (t->nqueued > 0 && now >= t->lanes[0].next_attempt &&
+				relay_target_may_send(t, now, NULL))
 				relay_deliver_notify(t);
 			continue;
 		}
@@ -200,6 +201,7 @@ relay_dispatch(TimestampTz now)
 
 			if (!relay_lane_may_send(lane, now) || !relay_lane_cut(lane))
 				continue;
+			relay_target_took_token(t);
 			if (!lane->cut_record)
 			{
 				relay_lane_start(lane);
@@ -245,8 +247,17 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
+		long		rate_ms;
+
 		if (relay_target_wants_read(t, frontier))
 			return 0;
+		if (!relay_target_may_send(t, now, &rate_ms))
+		{
+			/* Paused or disabled: nothing to wake up for; else the rate. */
+			if (rate_ms >= 0)
+				timeout = Min(timeout, rate_ms);
+			continue;
+		}
 		if (t->read_retry_at != 0)
 		{
 			long		ms = (long) ((t->read_retry_at - now + 999) / 1000);
@@ -464,6 +475,29 @@ outbox_worker_main(Datum main_arg)
 			relay_dispatch(GetCurrentTimestamp());
 		relay_http_drive(relay_lane_outcome);
 
+		/*
+		 * Targets replayed or with new lanes are made afresh from the
+		 * tables once nothing of theirs is in flight (new lanes once they
+		 * have delivered everything they read).
+		 */
+		{
+			ListCell   *lc;
+
+			foreach(lc, relay_targets)
+			{
+				RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+				if (t->pending_lanes != 0 && !t->rebuild && relay_target_idle(t))
+				{
+					if (relay_progress_pending())
+						relay_write_progress();
+					relay_resize_target(t);
+				}
+				if (t->rebuild && relay_http_target_in_flight(t) == 0)
+					force_reload = true;
+			}
+		}
+
 		/* Let autovacuum and the statistics views see our work. */
 		pgstat_report_stat(false);
 
@@ -492,6 +526,8 @@ outbox_worker_main(Datum main_arg)
 				continue;
 			timeout -= pause;
 		}
+		if (force_reload)
+			timeout = 0;
 		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0 &&
 			(event.events & WL_LATCH_SET))
 			ResetLatch(MyLatch);

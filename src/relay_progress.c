@@ -58,6 +58,16 @@ static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
 static SPIPlanPtr progress_plan = NULL;
 static SPIPlanPtr dead_letter_plan = NULL;
 static bool dead_letter_plan_keeps = false;	/* prepared to keep payloads */
+static bool progress_plan_generation = false;	/* prepared with the check */
+
+/* A dead letter delivered again, to remove with the next progress write. */
+typedef struct RelayRetried
+{
+	char	   *target;
+	int64		id;
+} RelayRetried;
+
+static List *retried_done = NIL;	/* RelayRetried *, in relay_cxt */
 
 /* The newest dead letter not yet written, to take back later ones with. */
 void *
@@ -104,17 +114,33 @@ relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id,
 	dead_letters = d;
 }
 
+/* A dead letter delivered again was acknowledged: it is no longer dead. */
+void
+relay_retry_delivered(RelayTarget *t, int64 id)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
+	RelayRetried *r = palloc(sizeof(RelayRetried));
+
+	r->target = pstrdup(t->name);
+	r->id = id;
+	retried_done = lappend(retried_done, r);
+	MemoryContextSwitchTo(oldcxt);
+}
+
 bool
 relay_progress_pending(void)
 {
 	ListCell   *lc;
 
-	if (dead_letters != NULL)
+	if (dead_letters != NULL || retried_done != NIL)
 		return true;
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
+
+		if (t->disable_reason != NULL)
+			return true;
 
 		for (i = 0; i < t->nlanes; i++)
 		{
@@ -146,12 +172,24 @@ relay_write_progress(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "recording outbox progress");
 
+	if (progress_plan != NULL && progress_plan_generation != relay_schema_operations)
+	{
+		/* The schema was updated under us. */
+		SPI_freeplan(progress_plan);
+		progress_plan = NULL;
+	}
 	if (progress_plan == NULL)
 	{
-		Oid			argtypes[10] = {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID,
-		INT8OID, INT4OID, INT4OID, TEXTOID, TIMESTAMPTZOID};
+		Oid			argtypes[11] = {INT4OID, INT4OID, INT8OID, INT8OID, INT8OID,
+		INT8OID, INT4OID, INT4OID, TEXTOID, TIMESTAMPTZOID, INT4OID};
 
-		progress_plan = SPI_prepare("UPDATE outbox.progress"
+		/*
+		 * The generation check drops what the relay learnt before an
+		 * outbox.replay() moved the lane back (the relay reloads it).
+		 */
+		progress_plan_generation = relay_schema_operations;
+		progress_plan = SPI_prepare(relay_schema_operations ?
+									"UPDATE outbox.progress"
 									"   SET done_id = greatest(done_id, $3),"
 									"       last_delivered_id = coalesce($4, last_delivered_id),"
 									"       delivered = delivered + $5, dead = dead + $6,"
@@ -159,8 +197,17 @@ relay_write_progress(void)
 									"       last_status = coalesce($8, last_status),"
 									"       last_error = coalesce($9, last_error),"
 									"       last_error_at = coalesce($10, last_error_at)"
-									" WHERE target_id = $1 AND lane = $2",
-									10, argtypes);
+									" WHERE target_id = $1 AND lane = $2 AND generation = $11" :
+									"UPDATE outbox.progress"
+									"   SET done_id = greatest(done_id, $3),"
+									"       last_delivered_id = coalesce($4, last_delivered_id),"
+									"       delivered = delivered + $5, dead = dead + $6,"
+									"       attempts = $7,"
+									"       last_status = coalesce($8, last_status),"
+									"       last_error = coalesce($9, last_error),"
+									"       last_error_at = coalesce($10, last_error_at)"
+									" WHERE target_id = $1 AND lane = $2 AND $11 IS NOT NULL",
+									11, argtypes);
 		if (progress_plan == NULL)
 			elog(ERROR, "outbox: could not prepare the progress query");
 		SPI_keepplan(progress_plan);
@@ -195,7 +242,8 @@ relay_write_progress(void)
 									   "       last_error = excluded.last_error, failed_at = excluded.failed_at,"
 									   "       payload = coalesce(excluded.payload, dead_letters.payload),"
 									   "       headers = coalesce(excluded.headers, dead_letters.headers),"
-									   "       emitted_at = coalesce(excluded.emitted_at, dead_letters.emitted_at)" :
+									   "       emitted_at = coalesce(excluded.emitted_at, dead_letters.emitted_at),"
+									   "       retry_requested_at = NULL" :
 									   "INSERT INTO outbox.dead_letters"
 									   " (target, id, msg_id, topic, key, attempts, last_status, last_error)"
 									   " VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0), $8)"
@@ -237,8 +285,8 @@ relay_write_progress(void)
 		{
 			RelayLane  *lane = &t->lanes[i];
 			int64		done = relay_lane_done_position(lane);
-			Datum		args[10];
-			char		nulls[10] = "          ";
+			Datum		args[11];
+			char		nulls[11] = "           ";
 
 			if (!(lane->delivered_delta || lane->dead_delta || lane->error_dirty ||
 				  done != lane->done_id))
@@ -255,6 +303,7 @@ relay_write_progress(void)
 			args[7] = Int32GetDatum(lane->last_status);
 			args[8] = (Datum) 0;
 			args[9] = (Datum) 0;
+			args[10] = Int32GetDatum(t->generation);
 			if (lane->error_dirty && lane->last_error)
 			{
 				if (lane->last_status == 0)
@@ -271,6 +320,39 @@ relay_write_progress(void)
 			if (SPI_execute_plan(progress_plan, args, nulls, false, 0) != SPI_OK_UPDATE)
 				elog(ERROR, "outbox: could not record progress");
 		}
+	}
+
+	/* Dead letters delivered again are gone. */
+	foreach(lc, retried_done)
+	{
+		RelayRetried *r = (RelayRetried *) lfirst(lc);
+		Datum		args[2];
+		Oid			argtypes[2] = {TEXTOID, INT8OID};
+
+		args[0] = CStringGetTextDatum(r->target);
+		args[1] = Int64GetDatum(r->id);
+		if (SPI_execute_with_args("DELETE FROM outbox.dead_letters"
+								  " WHERE target = $1 AND id = $2 AND retry_requested_at IS NOT NULL",
+								  2, argtypes, args, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "outbox: could not remove a dead letter delivered again");
+	}
+
+	/* Targets that answered 410 Gone or failed for disable_after. */
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		Datum		args[2];
+		Oid			argtypes[2] = {INT4OID, TEXTOID};
+
+		if (t->disable_reason == NULL)
+			continue;
+		args[0] = Int32GetDatum(t->id);
+		args[1] = CStringGetTextDatum(t->disable_reason);
+		if (SPI_execute_with_args("UPDATE outbox.targets"
+								  "   SET state = 'disabled', state_reason = $2, state_changed_at = now()"
+								  " WHERE id = $1 AND state = 'active'",
+								  2, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "outbox: could not disable a target");
 	}
 
 	PopActiveSnapshot();
@@ -295,6 +377,22 @@ relay_write_progress(void)
 		}
 	}
 	relay_dead_letters_discard(NULL);	/* written: forget them all */
+	foreach(lc, retried_done)
+		pfree(((RelayRetried *) lfirst(lc))->target);
+	list_free_deep(retried_done);
+	retried_done = NIL;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->disable_reason != NULL)
+		{
+			pfree(t->disable_reason);
+			t->disable_reason = NULL;
+			/* The row changed under the options loaded: load them again. */
+			t->fingerprint = NULL;
+		}
+	}
 	relay_last_progress_write = GetCurrentTimestamp();
 }
 
@@ -373,4 +471,60 @@ relay_progress_notified(RelayTarget *t, int n, int64 last_id, int64 done)
 	args[3] = Int64GetDatum(n);
 	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: could not record NOTIFY progress");
+}
+
+/*
+ * Give target t the lanes (and ordering) outbox.alter_target() asked for.
+ * Its lanes are idle: everything up to its read position is finished, so
+ * every lane of the new layout starts there and no key's order can break.
+ * The counts of lanes that go are kept in lane 0.  The target is then made
+ * afresh from the tables.
+ */
+void
+relay_resize_target(RelayTarget *t)
+{
+	Oid			argtypes[4] = {INT4OID, INT4OID, INT8OID, INT4OID};
+	Datum		args[4];
+
+	args[0] = Int32GetDatum(t->id);
+	args[1] = Int32GetDatum(t->pending_lanes);
+	args[2] = Int64GetDatum(t->read_id);
+	args[3] = Int32GetDatum(t->generation);
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "changing the lanes of an outbox target");
+	if (SPI_execute_with_args("UPDATE outbox.progress p"
+							  "   SET delivered = p.delivered + x.delivered, dead = p.dead + x.dead"
+							  "  FROM (SELECT sum(delivered) AS delivered, sum(dead) AS dead"
+							  "          FROM outbox.progress WHERE target_id = $1 AND lane >= $2) x"
+							  " WHERE p.target_id = $1 AND p.lane = 0 AND x.delivered IS NOT NULL"
+							  "   AND $3 IS NOT NULL AND $4 IS NOT NULL",
+							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE ||
+		SPI_execute_with_args("DELETE FROM outbox.progress WHERE target_id = $1 AND lane >= $2"
+							  "   AND $3 IS NOT NULL AND $4 IS NOT NULL",
+							  4, argtypes, args, NULL, false, 0) != SPI_OK_DELETE ||
+		SPI_execute_with_args("INSERT INTO outbox.progress (target_id, lane, done_id, generation)"
+							  " SELECT $1, g, $3, $4 FROM pg_catalog.generate_series(0, $2 - 1) g"
+							  " ON CONFLICT DO NOTHING",
+							  4, argtypes, args, NULL, false, 0) != SPI_OK_INSERT ||
+		SPI_execute_with_args("UPDATE outbox.progress"
+							  "   SET done_id = greatest(done_id, $3), batch_end = NULL, generation = $4"
+							  " WHERE target_id = $1 AND $2 IS NOT NULL",
+							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE ||
+		SPI_execute_with_args("UPDATE outbox.targets"
+							  "   SET lanes = $2, ordering = coalesce(pending_ordering, ordering),"
+							  "       pending_lanes = NULL, pending_ordering = NULL"
+							  " WHERE id = $1 AND $3 IS NOT NULL AND $4 IS NOT NULL",
+							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: could not change the lanes of target \"%s\"", t->name);
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	ereport(LOG,
+			(errmsg("outbox relay: target \"%s\" now has %d lanes", t->name, t->pending_lanes)));
+	t->rebuild = true;
 }

@@ -99,7 +99,9 @@ relay_subscribed(RelayTarget *t, const char *topic, int64 id)
 	return false;
 }
 
-static int
+static void relay_read_retries(RelayTarget *t, MemoryContext rowcxt);
+
+int
 relay_lane_of(RelayTarget *t, const char *key, int64 id)
 {
 	if (t->nlanes == 1)
@@ -242,6 +244,7 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	m = MemoryContextAllocHuge(t->cxt, size);
 	p = (char *) m + MAXALIGN(sizeof(RelayMessage));
 	m->next = NULL;
+	m->retry = false;
 	m->id = id;
 	m->mem_size = size;
 
@@ -451,6 +454,10 @@ relay_target_wants_read(RelayTarget *t, int64 frontier)
 	/* After a failed read, nothing until the backoff has passed. */
 	if (t->read_retry_at != 0 && GetCurrentTimestamp() < t->read_retry_at)
 		return false;
+	if (relay_target_stopped(t))
+		frontier = Min(frontier, t->read_id);
+	else if (t->retry_wanted && t->nretry == 0)
+		return true;
 	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t) &&
 		relay_target_has_room(t))
 		return true;
@@ -490,6 +497,11 @@ relay_read_target(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 			lane->overflow_id = last + 1;	/* more to read next time */
 	}
 
+	if (relay_target_stopped(t))
+		return;					/* nothing new: see relay_target_stopped() */
+	if (t->retry_wanted && t->nretry == 0)
+		relay_read_retries(t, rowcxt);
+
 	limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);
 	if (t->read_id >= frontier || limit <= 0 || !relay_target_has_room(t))
 		return;
@@ -499,6 +511,69 @@ relay_read_target(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 		t->read_id = frontier;
 	else
 		t->read_id = last;
+}
+
+/*
+ * Queue the dead letters of target t that outbox.retry_dead_letters() asked
+ * to deliver again, in id order, up to the target's share of the relay's
+ * memory; the rest come once these are finished.
+ */
+static void
+relay_read_retries(RelayTarget *t, MemoryContext rowcxt)
+{
+	static SPIPlanPtr plan = NULL;
+	Datum		arg;
+	uint64		i;
+	Size		bytes = 0;
+	MemoryContext oldcxt;
+
+	t->retry_wanted = false;
+	if (!relay_schema_operations)
+		return;
+	if (plan == NULL)
+	{
+		Oid			argtypes[1] = {TEXTOID};
+
+		plan = SPI_prepare("SELECT id, msg_id, topic, key, payload, headers, emitted_at"
+						   "  FROM outbox.dead_letters"
+						   " WHERE target = $1 AND retry_requested_at IS NOT NULL"
+						   "   AND payload IS NOT NULL"
+						   " ORDER BY id LIMIT " CppAsString2(RELAY_READ_CHUNK),
+						   1, argtypes);
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the dead letter read");
+		SPI_keepplan(plan);
+	}
+	oldcxt = MemoryContextSwitchTo(rowcxt);
+	arg = CStringGetTextDatum(t->name);
+	if (SPI_execute_plan(plan, &arg, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read dead letters to deliver again");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		char	   *topic = SPI_getvalue(tup, desc, 3);
+		char	   *key = SPI_getvalue(tup, desc, 4);
+		char	   *error = NULL;
+		RelayMessage *m;
+
+		if (bytes > relay_queue_bytes(t))
+		{
+			t->retry_wanted = true; /* the rest later */
+			break;
+		}
+		m = relay_make_message(t, tup, desc, id, topic, key, &error);
+		if (m == NULL)
+			continue;			/* cannot be encoded: stays a dead letter */
+		bytes += m->mem_size;
+		relay_lane_push_retry(&t->lanes[relay_lane_of(t, key, id)], m);
+	}
+	if (SPI_processed == RELAY_READ_CHUNK)
+		t->retry_wanted = true;
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(rowcxt);
 }
 
 /*
