@@ -23,13 +23,14 @@ OBJS = \
 	src/relay_read.o \
 	src/relay_retention.o \
 	src/shmem.o \
+	src/stats.o \
 	src/storage.o
 
 EXTENSION = outbox
 DATA = outbox--0.1.sql outbox--0.1--0.2.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors targets
+REGRESS = emit savepoints triggers frontier errors targets operations
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 

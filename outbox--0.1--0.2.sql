@@ -397,9 +397,9 @@ BEGIN
 	  FROM outbox.dead_letters d
 	 WHERE d.target = retry_dead_letters.target AND d.payload IS NULL AND d.id = ANY (ids);
 	IF lost > 0 THEN
-		RAISE EXCEPTION '% dead letters of target "%" cannot be delivered again', lost, target
+		RAISE EXCEPTION 'target "%" has dead letters that cannot be delivered again', target
 			USING ERRCODE = 'object_not_in_prerequisite_state',
-				  DETAIL = 'They were recorded before version 0.2 and their messages were removed since.',
+				  DETAIL = format('%s of them were recorded before version 0.2, and their messages were removed since.', lost),
 				  HINT = 'Discard them with outbox.discard_dead_letters().';
 	END IF;
 	UPDATE outbox.dead_letters d SET retry_requested_at = now()
@@ -720,3 +720,189 @@ REVOKE ALL ON FUNCTION outbox.discard_dead_letters(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.replay(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.replay(text, timestamptz) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Monitoring: delivery statistics (in shared memory), the relay's status,
+-- the lag view's new columns, Prometheus metrics.
+---------------------------------------------------------------------------
+CREATE FUNCTION outbox.target_stats(
+	OUT target_id int, OUT state text, OUT in_flight int, OUT failed_attempts int,
+	OUT last_success_at timestamptz, OUT messages bigint, OUT requests bigint,
+	OUT bytes bigint, OUT retries bigint, OUT dead_letters bigint,
+	OUT p50_ms float8, OUT p90_ms float8, OUT p99_ms float8, OUT max_ms float8,
+	OUT window_messages bigint, OUT latency_le_ms float8[], OUT latency_buckets bigint[],
+	OUT latency_sum_ms float8, OUT latency_count bigint, OUT reset_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_target_stats'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION outbox.target_stats() FROM PUBLIC;
+
+CREATE FUNCTION outbox.worker_status(
+	OUT pid int, OUT state text, OUT started_at timestamptz, OUT last_wakeup timestamptz,
+	OUT read_position bigint, OUT frontier bigint, OUT frontier_held_by_pid int,
+	OUT frontier_held_at_id bigint, OUT current_chunk int, OUT retention_held_by text,
+	OUT retention_checked_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'outbox_worker_status'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION outbox.worker_status() FROM PUBLIC;
+
+CREATE FUNCTION outbox.reset_stats()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_reset_stats'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION outbox.reset_stats() IS 'start the counters and latencies of outbox.stats afresh';
+REVOKE ALL ON FUNCTION outbox.reset_stats() FROM PUBLIC;
+
+-- Per target, since the last outbox.reset_stats() (or the relay's start):
+-- what was delivered and how fast.  Latency runs from outbox_emit() to the
+-- receiver's acknowledgement, over the last 30 to 60 seconds.  Read from
+-- shared memory: no table is scanned.
+CREATE VIEW outbox.stats AS
+SELECT t.name AS target, s.state, s.messages, s.requests, s.bytes, s.retries, s.dead_letters,
+	   s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.window_messages, s.in_flight, s.failed_attempts,
+	   s.last_success_at, s.reset_at
+  FROM outbox.target_stats() s
+  JOIN outbox.targets t ON t.id = s.target_id;
+COMMENT ON VIEW outbox.stats IS 'per target: messages, requests, bytes, retries, dead letters, latency percentiles';
+REVOKE ALL ON outbox.stats FROM PUBLIC;
+
+-- The relay: what it does, where it reads, and what holds delivery or
+-- retention back.
+CREATE VIEW outbox.worker AS
+SELECT w.pid, w.state, w.started_at, w.last_wakeup, w.read_position, w.frontier,
+	   w.frontier_held_by_pid,
+	   (SELECT a.xact_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = w.frontier_held_by_pid)
+		 AS frontier_held_since,
+	   w.current_chunk, w.retention_held_by, w.retention_checked_at,
+	   x.pid AS oldest_xmin_pid, x.xact_start AS oldest_xmin_since
+  FROM outbox.worker_status() w
+  LEFT JOIN LATERAL (SELECT a.pid, a.xact_start FROM pg_catalog.pg_stat_activity a
+					  WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_catalog.pg_backend_pid()
+					  ORDER BY pg_catalog.age(a.backend_xmin) DESC LIMIT 1) x ON true;
+COMMENT ON VIEW outbox.worker IS 'the relay: state, read position, frontier, and what holds them or retention back';
+REVOKE ALL ON outbox.worker FROM PUBLIC;
+
+CREATE OR REPLACE VIEW outbox.lag AS
+SELECT t.name AS target,
+	   t.kind,
+	   pend.pending,
+	   pend.is_estimate AS pending_is_estimate,
+	   pend.oldest_pending,
+	   now() - pend.oldest_pending AS lag,
+	   prog.last_delivered_id,
+	   prog.done_id AS done_up_to_id,
+	   prog.delivered,
+	   (SELECT count(*) FROM outbox.dead_letters d WHERE d.target = t.name) AS dead_letters,
+	   err.last_status,
+	   err.last_error,
+	   err.last_error_at,
+	   CASE WHEN t.state <> 'active' THEN t.state
+			WHEN st.state IS NOT NULL THEN st.state
+			WHEN pend.pending > 0 THEN 'delivering'
+			ELSE 'idle' END AS state,
+	   coalesce(st.in_flight, 0) AS in_flight,
+	   coalesce(st.failed_attempts, 0) AS failed_attempts,
+	   st.last_success_at
+  FROM outbox.targets t
+ CROSS JOIN LATERAL (SELECT min(p.done_id) AS done_id, max(p.last_delivered_id) AS last_delivered_id,
+						   sum(p.delivered)::bigint AS delivered
+					  FROM outbox.progress p WHERE p.target_id = t.id) prog
+ CROSS JOIN LATERAL outbox.target_pending(t.id) pend
+  LEFT JOIN LATERAL (SELECT p.last_status, p.last_error, p.last_error_at
+					   FROM outbox.progress p
+					  WHERE p.target_id = t.id AND p.last_error IS NOT NULL
+					  ORDER BY p.last_error_at DESC LIMIT 1) err ON true
+  LEFT JOIN outbox.target_stats() st ON st.target_id = t.id;
+
+-- The figures above in the Prometheus text exposition format (version
+-- 0.0.4), with a "target" label; scrape it with any SQL exporter (README).
+-- Reads what outbox.lag, outbox.stats and outbox.worker read.
+CREATE FUNCTION outbox.metrics()
+RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
+	 s AS MATERIALIZED (SELECT t.name AS target, st.*
+						  FROM outbox.target_stats() st JOIN outbox.targets t ON t.id = st.target_id),
+	 w AS MATERIALIZED (SELECT * FROM outbox.worker_status()),
+	 fam (ord, name, type, help) AS (VALUES
+		(1, 'outbox_pending_messages', 'gauge', 'Messages committed and not yet delivered or dead-lettered.'),
+		(2, 'outbox_oldest_pending_age_seconds', 'gauge', 'Age of the oldest pending message (0 when none).'),
+		(3, 'outbox_dead_letters', 'gauge', 'Dead letters kept in outbox.dead_letters.'),
+		(4, 'outbox_target_state', 'gauge', '1 for the state the target is in.'),
+		(5, 'outbox_in_flight_requests', 'gauge', 'Requests on the wire.'),
+		(6, 'outbox_failed_attempts', 'gauge', 'Failed attempts of the messages now being retried.'),
+		(7, 'outbox_last_success_timestamp_seconds', 'gauge', 'When the target last acknowledged a request.'),
+		(8, 'outbox_delivered_messages_total', 'counter', 'Messages acknowledged by the target.'),
+		(9, 'outbox_requests_total', 'counter', 'Requests sent to the target.'),
+		(10, 'outbox_request_bytes_total', 'counter', 'Bytes of request bodies sent to the target.'),
+		(11, 'outbox_retries_total', 'counter', 'Failed attempts that were tried again.'),
+		(12, 'outbox_dead_lettered_messages_total', 'counter', 'Messages the relay gave up on.'),
+		(13, 'outbox_delivery_latency_seconds', 'histogram', 'From outbox_emit() to acknowledgement, per message.'),
+		(14, 'outbox_relay_up', 'gauge', '1 when the relay is running.'),
+		(15, 'outbox_frontier_id', 'gauge', 'Highest message id below which no message can still appear.'),
+		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.')),
+	 lab AS MATERIALIZED (SELECT target,
+					'{target="' || replace(replace(replace(target, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' AS open
+			   FROM (SELECT target FROM l UNION SELECT target FROM s) x),
+	 samples (ord, k1, k2, line) AS MATERIALIZED (
+		SELECT 1, l.target, 0, 'outbox_pending_messages' || b.open || '} ' || l.pending FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 2, l.target, 0, 'outbox_oldest_pending_age_seconds' || b.open || '} '
+			   || coalesce(extract(epoch FROM l.lag)::float8, 0) FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 3, l.target, 0, 'outbox_dead_letters' || b.open || '} ' || l.dead_letters FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 4, l.target, k.n, 'outbox_target_state' || b.open || ',state="' || k.state || '"} '
+			   || (l.state = k.state)::int
+		  FROM l JOIN lab b USING (target)
+		 CROSS JOIN unnest(ARRAY['idle', 'delivering', 'retrying', 'failing', 'paused', 'disabled'])
+				   WITH ORDINALITY k (state, n)
+		UNION ALL
+		SELECT 5, l.target, 0, 'outbox_in_flight_requests' || b.open || '} ' || l.in_flight FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 6, l.target, 0, 'outbox_failed_attempts' || b.open || '} ' || l.failed_attempts FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 7, l.target, 0, 'outbox_last_success_timestamp_seconds' || b.open || '} '
+			   || extract(epoch FROM l.last_success_at)::float8
+		  FROM l JOIN lab b USING (target) WHERE l.last_success_at IS NOT NULL
+		UNION ALL
+		SELECT 8, s.target, 0, 'outbox_delivered_messages_total' || b.open || '} ' || s.messages FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 9, s.target, 0, 'outbox_requests_total' || b.open || '} ' || s.requests FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 10, s.target, 0, 'outbox_request_bytes_total' || b.open || '} ' || s.bytes FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 11, s.target, 0, 'outbox_retries_total' || b.open || '} ' || s.retries FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 12, s.target, 0, 'outbox_dead_lettered_messages_total' || b.open || '} ' || s.dead_letters
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, h.n::int, 'outbox_delivery_latency_seconds_bucket' || b.open || ',le="'
+			   || CASE WHEN h.le = 'Infinity' THEN '+Inf' ELSE (h.le / 1000)::text END || '"} '
+			   || sum(h.c) OVER (PARTITION BY s.target ORDER BY h.n)
+		  FROM s JOIN lab b USING (target)
+		 CROSS JOIN unnest(s.latency_le_ms, s.latency_buckets) WITH ORDINALITY h (le, c, n)
+		UNION ALL
+		SELECT 13, s.target, 1000, 'outbox_delivery_latency_seconds_sum' || b.open || '} ' || s.latency_sum_ms / 1000
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, 1001, 'outbox_delivery_latency_seconds_count' || b.open || '} ' || s.latency_count
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 14, '', 0, 'outbox_relay_up ' || (w.pid IS NOT NULL)::int FROM w
+		UNION ALL
+		SELECT 15, '', 0, 'outbox_frontier_id ' || w.frontier FROM w WHERE w.frontier IS NOT NULL
+		UNION ALL
+		SELECT 16, '', 0, 'outbox_relay_read_position_id ' || w.read_position FROM w WHERE w.read_position IS NOT NULL)
+SELECT string_agg(block, '' ORDER BY ord)
+  FROM (SELECT f.ord,
+			   '# HELP ' || f.name || ' ' || f.help || E'\n# TYPE ' || f.name || ' ' || f.type || E'\n'
+			   || coalesce(string_agg(x.line || E'\n', '' ORDER BY x.k1, x.k2), '') AS block
+		  FROM fam f LEFT JOIN samples x ON x.ord = f.ord
+		 GROUP BY f.ord, f.name, f.type, f.help) blocks
+$$;
+COMMENT ON FUNCTION outbox.metrics() IS 'outbox figures in the Prometheus text exposition format';
+REVOKE ALL ON FUNCTION outbox.metrics() FROM PUBLIC;

@@ -129,6 +129,52 @@ extern void outbox_set_retention_status(const char *held, TimestampTz at);
 extern TimestampTz outbox_get_retention_status(char *held);
 extern void outbox_set_current_chunk(int chunk);
 
+extern void outbox_oldest_in_flight(int *pid, int64 *first_id);
+
+/*---- stats.c: delivery statistics in shared memory ----*/
+#define OUTBOX_MAX_STAT_TARGETS	128 /* targets with statistics */
+#define OUTBOX_LATENCY_BUCKETS	17	/* 16 bounds and +Inf */
+#define OUTBOX_WINDOW_HALF_MS	30000	/* percentiles: the last 30-60 s */
+
+extern const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS - 1];
+
+/* One target's figures since the last outbox.reset_stats(). */
+typedef struct OutboxTargetStats
+{
+	int			target_id;
+	char		state;			/* 'i'dle, 'd'elivering, 'r'etrying,
+								 * 'p'aused, disabled ('x'), 'f'ailing */
+	int			in_flight;		/* requests on the wire */
+	int			failed_attempts;	/* of the messages now being retried */
+	TimestampTz last_success_at;
+	uint64		messages;		/* delivered */
+	uint64		requests;		/* sent */
+	uint64		bytes;			/* of request bodies */
+	uint64		retries;		/* failed attempts tried again */
+	uint64		dead_letters;	/* messages given up on */
+	uint64		hist[OUTBOX_LATENCY_BUCKETS];	/* emit-to-acknowledgement */
+	double		latency_sum_ms;
+	uint64		window[2][OUTBOX_LATENCY_BUCKETS];	/* this and the last half */
+	double		window_max_ms[2];
+	TimestampTz window_start;	/* of window[0] */
+	TimestampTz reset_at;
+} OutboxTargetStats;
+
+typedef struct OutboxWorkerStatus
+{
+	char		state[32];		/* what the relay is doing */
+	TimestampTz started_at;
+	TimestampTz last_wakeup;
+	int64		read_position;	/* every target has read up to here */
+} OutboxWorkerStatus;
+
+extern Size outbox_stats_shmem_size(void);
+extern void outbox_stats_shmem_init(void);
+extern void outbox_stats_latency(OutboxTargetStats *s, double ms, TimestampTz now);
+extern void outbox_stats_publish(const OutboxWorkerStatus *worker,
+								 const OutboxTargetStats *targets, int ntargets);
+extern uint64 outbox_stats_reset_generation(void);
+
 /*---- emit.c ----*/
 extern void outbox_emit_init(void);
 extern void outbox_buffer_append(const OutboxMessage *msg);

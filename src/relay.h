@@ -185,6 +185,7 @@ typedef struct RelayTarget
 	MemoryContext opts_cxt;		/* options taken from a later load */
 	bool		retry_wanted;	/* dead letters wait to be delivered again */
 	int			nretry;			/* of those, queued in the lanes */
+	OutboxTargetStats stats;	/* published to shared memory (stats.c) */
 } RelayTarget;
 
 /* A dead letter waiting to be written with the next progress update. */
@@ -302,6 +303,9 @@ extern void relay_http_drive(void (*finished) (RelayLane *lane,
 extern long relay_http_timeout(void);
 extern int	relay_http_in_flight(void);
 extern int	relay_http_target_in_flight(RelayTarget *t);
+
+/*---- relay_main.c ----*/
+extern void relay_publish_stats(TimestampTz now, const char *state, bool force);
 
 /*---- relay_retention.c: emptying finished chunks ----*/
 extern long relay_retention_maybe(TimestampTz now);

@@ -213,11 +213,16 @@ static void
 relay_lane_succeeded(RelayLane *lane)
 {
 	int			i;
+	TimestampTz now = GetCurrentTimestamp();
+	OutboxTargetStats *stats = &lane->target->stats;
 
+	stats->messages += lane->nbatch;
+	stats->last_success_at = now;
 	for (i = 0; i < lane->nbatch; i++)
 	{
 		RelayMessage *m = relay_lane_pop(lane);
 
+		outbox_stats_latency(stats, (now - m->emitted_at) / 1000.0, now);
 		if (m->retry)
 		{
 			relay_retry_delivered(lane->target, m->id);
@@ -263,6 +268,7 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 
 	if (retryable && (t->max_attempts == 0 || lane->attempts < t->max_attempts))
 	{
+		t->stats.retries++;
 		lane->next_attempt =
 			TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 										relay_backoff_ms(lane->attempts, retry_after_s));
@@ -286,6 +292,7 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 		pfree(m);
 	}
 	lane->dead_delta += lane->nbatch;
+	t->stats.dead_letters += lane->nbatch;
 	lane->nbatch = 0;
 	lane->retry_nbatch = 0;
 	lane->attempts = 0;
@@ -306,6 +313,7 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 	RelayTarget *t = lane->target;
 
 	relay_lane_set_error(lane, status, error);
+	t->stats.retries++;
 	t->hold_attempts++;
 	if (t->hold_attempts == 1)
 		t->failing_since = GetCurrentTimestamp();

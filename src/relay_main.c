@@ -115,6 +115,14 @@ relay_lane_start(RelayLane *lane)
 			lane->nbatch = 1;
 		lane->retry_nbatch = 0;
 	}
+	if (started)
+	{
+		RelayTarget *t = lane->target;
+
+		t->stats.requests++;
+		t->stats.bytes += (t->batch_size == 1 && lane->head != NULL) ?
+			(uint64) lane->head->payload_len : (uint64) lane->cut_bytes;
+	}
 	if (!started)
 		relay_lane_outcome(lane, &failed);
 	if (error != NULL)
@@ -141,8 +149,13 @@ relay_deliver_notify(RelayTarget *t)
 		RelayMessage *last = lane->head;
 		int			i;
 
+		t->stats.requests += n;
+		t->stats.bytes += last->payload_len;
 		for (i = 1; i < n; i++)
+		{
 			last = last->next;
+			t->stats.bytes += last->payload_len;
+		}
 		/* All of it sent: finished up to what was read. */
 		done = (n == lane->nqueued) ? Max(last->id, t->read_id) : last->id;
 		SPI_connect();
@@ -226,6 +239,92 @@ relay_dispatch(TimestampTz now)
 	}
 	if (cut)
 		pfree(cut);
+}
+
+/* How often the relay publishes its figures (stats.c). */
+#define RELAY_STATS_INTERVAL_MS		50
+
+static TimestampTz relay_started_at = 0;
+static uint64 relay_reset_generation = 0;
+
+/* The state outbox.lag shows for a target (OutboxTargetStats.state). */
+static char
+relay_target_state(RelayTarget *t)
+{
+	int			i;
+	bool		busy = t->nqueued > 0;
+
+	if (t->state == 'p')
+		return 'p';
+	if (t->state == 'd')
+		return 'x';
+	if (t->hold_attempts > 0)
+		return 'f';
+	for (i = 0; i < t->nlanes; i++)
+	{
+		if (t->lanes[i].attempts > 0 || t->lanes[i].retry_nbatch > 0)
+			return 'r';
+		busy = busy || t->lanes[i].in_flight || t->lanes[i].overflow_id != 0;
+	}
+	return busy ? 'd' : 'i';
+}
+
+/*
+ * Publish the relay's status and every target's figures to shared memory
+ * (at most every RELAY_STATS_INTERVAL_MS unless forced), after zeroing the
+ * counters if outbox.reset_stats() asked for it.
+ */
+void
+relay_publish_stats(TimestampTz now, const char *state, bool force)
+{
+	static TimestampTz last = 0;
+	OutboxWorkerStatus w;
+	OutboxTargetStats *all;
+	ListCell   *lc;
+	int			n = 0;
+	uint64		gen = outbox_stats_reset_generation();
+
+	if (!force && last != 0 && !TimestampDifferenceExceeds(last, now, RELAY_STATS_INTERVAL_MS))
+		return;
+	last = now;
+	if (relay_started_at == 0)
+		relay_started_at = now;
+
+	memset(&w, 0, sizeof(w));
+	strlcpy(w.state, state, sizeof(w.state));
+	w.started_at = relay_started_at;
+	w.last_wakeup = now;
+	w.read_position = -1;
+
+	all = palloc(sizeof(OutboxTargetStats) * Max(list_length(relay_targets), 1));
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (gen != relay_reset_generation)
+		{
+			memset(&t->stats, 0, sizeof(t->stats));
+			t->stats.reset_at = now;
+		}
+		t->stats.target_id = t->id;
+		t->stats.state = relay_target_state(t);
+		t->stats.in_flight = 0;
+		t->stats.failed_attempts = t->hold_attempts;
+		for (i = 0; i < t->nlanes; i++)
+		{
+			t->stats.in_flight += t->lanes[i].in_flight ? 1 : 0;
+			t->stats.failed_attempts += t->lanes[i].attempts;
+		}
+		if (w.read_position < 0 || t->read_id < w.read_position)
+			w.read_position = t->read_id;
+		all[n++] = t->stats;
+	}
+	relay_reset_generation = gen;
+	if (w.read_position < 0)
+		w.read_position = 0;
+	outbox_stats_publish(&w, all, n);
+	pfree(all);
 }
 
 /* Milliseconds the loop may sleep. */
@@ -426,6 +525,7 @@ outbox_worker_main(Datum main_arg)
 							 errhint("Run CREATE EXTENSION outbox in database \"%s\".",
 									  outbox_database)));
 				waiting_logged = true;
+				relay_publish_stats(GetCurrentTimestamp(), "waiting for CREATE EXTENSION", false);
 				/* CREATE EXTENSION wakes us when it commits. */
 				(void) WaitEventSetWait(wait_set, Min(outbox_poll_interval, 500), &event, 1,
 										PG_WAIT_EXTENSION);
@@ -487,7 +587,8 @@ outbox_worker_main(Datum main_arg)
 			{
 				RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-				if (t->pending_lanes != 0 && !t->rebuild && relay_target_idle(t))
+				if (t->pending_lanes != 0 && !t->rebuild && outbox_enabled &&
+					relay_target_idle(t))
 				{
 					if (relay_progress_pending())
 						relay_write_progress();
@@ -513,6 +614,10 @@ outbox_worker_main(Datum main_arg)
 			else
 				timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
 		}
+
+		relay_publish_stats(now, !outbox_enabled ? "disabled (outbox.enabled = off)" :
+							relay_http_in_flight() > 0 || did_read ? "delivering" : "idle",
+							false);
 
 		/* Empty finished chunks (I8), whether or not there are targets. */
 		timeout = Min(timeout, relay_retention_maybe(now));

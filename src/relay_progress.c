@@ -496,6 +496,25 @@ relay_resize_target(RelayTarget *t)
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "changing the lanes of an outbox target");
+
+	/* Only what is still asked for: alter_target may have run since. */
+	if (SPI_execute_with_args("UPDATE outbox.targets"
+							  "   SET lanes = $2, ordering = coalesce(pending_ordering, ordering),"
+							  "       pending_lanes = NULL, pending_ordering = NULL"
+							  " WHERE id = $1 AND coalesce(pending_lanes, lanes) = $2"
+							  "   AND $3 IS NOT NULL AND $4 IS NOT NULL",
+							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: could not change the lanes of target \"%s\"", t->name);
+	if (SPI_processed != 1)
+	{
+		PopActiveSnapshot();
+		SPI_finish();
+		AbortCurrentTransaction();
+		pgstat_report_activity(STATE_IDLE, NULL);
+		t->fingerprint = NULL;	/* read the row again */
+		outbox_bump_config_generation(false);
+		return;
+	}
 	if (SPI_execute_with_args("UPDATE outbox.progress p"
 							  "   SET delivered = p.delivered + x.delivered, dead = p.dead + x.dead"
 							  "  FROM (SELECT sum(delivered) AS delivered, sum(dead) AS dead"
@@ -513,11 +532,6 @@ relay_resize_target(RelayTarget *t)
 		SPI_execute_with_args("UPDATE outbox.progress"
 							  "   SET done_id = greatest(done_id, $3), batch_end = NULL, generation = $4"
 							  " WHERE target_id = $1 AND $2 IS NOT NULL",
-							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE ||
-		SPI_execute_with_args("UPDATE outbox.targets"
-							  "   SET lanes = $2, ordering = coalesce(pending_ordering, ordering),"
-							  "       pending_lanes = NULL, pending_ordering = NULL"
-							  " WHERE id = $1 AND $3 IS NOT NULL AND $4 IS NOT NULL",
 							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: could not change the lanes of target \"%s\"", t->name);
 	PopActiveSnapshot();

@@ -126,6 +126,7 @@ relay_dead_letter_unsent(RelayLane *lane, HeapTuple tup, TupleDesc desc,
 	relay_uuid_text(DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)), msg_id);
 	relay_add_dead_letter(lane->target, id, msg_id, topic, key, 0, 0, error);
 	lane->dead_delta++;
+	lane->target->stats.dead_letters++;
 	relay_lane_set_error(lane, 0, error);
 	ereport(LOG,
 			(errmsg("outbox relay dead-lettered message " INT64_FORMAT " for target \"%s\": %s",

@@ -113,6 +113,7 @@ outbox_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(outbox_shmem_size());
+	RequestAddinShmemSpace(outbox_stats_shmem_size());
 	RequestNamedLWLockTranche("outbox", 1);
 }
 
@@ -148,6 +149,7 @@ outbox_shmem_startup(void)
 		for (i = 0; i < OutboxShared->nslots; i++)
 			pg_atomic_init_u64(&OutboxShared->inflight[i], 0);
 	}
+	outbox_stats_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -575,4 +577,34 @@ outbox_get_retention_status(char *held)
 	memcpy(held, OutboxShared->retention_held, OUTBOX_STATUS_LEN);
 	SpinLockRelease(&OutboxShared->status_mutex);
 	return at;
+}
+
+/*
+ * The committer holding the frontier back: the backend whose published
+ * first id is the lowest, and that id; *pid = 0 when none is in flight.
+ */
+void
+outbox_oldest_in_flight(int *pid, int64 *first_id)
+{
+	int			i;
+	int			best = -1;
+	uint64		lowest = 0;
+
+	for (i = 0; i < OutboxShared->nslots; i++)
+	{
+		uint64		v = pg_atomic_read_u64(&OutboxShared->inflight[i]);
+
+		if (v != 0 && (best < 0 || v < lowest))
+		{
+			best = i;
+			lowest = v;
+		}
+	}
+	*pid = 0;
+	*first_id = 0;
+	if (best >= 0 && best < (int) ProcGlobal->allProcCount)
+	{
+		*pid = ProcGlobal->allProcs[best].pid;
+		*first_id = (int64) lowest;
+	}
 }

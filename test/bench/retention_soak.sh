@@ -204,6 +204,16 @@ def rss_anon(pid):
         pass
     return None
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+def proc_cpu(pid):
+    """utime + stime of a process, in seconds; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
 def alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -228,6 +238,7 @@ def chunk_state():
 
 if mode == "short":
     n, base = opts["n"], one(DONE_Q)
+    cpu0 = proc_cpu(opts["worker_pid"])
     cur.execute("ALTER SYSTEM SET outbox.enabled = on")
     t0 = time.time()
     cur.execute("SELECT pg_reload_conf()")
@@ -239,8 +250,10 @@ if mode == "short":
             break
         time.sleep(0.005)
     secs = now - t0
+    cpu = proc_cpu(opts["worker_pid"]) - cpu0
     out = {"kind": "short", "run": opts["run"], "n": n, "done": d, "timed_out": d < n,
-           "seconds": round(secs, 3), "rate": round(d / secs, 1)}
+           "seconds": round(secs, 3), "rate": round(d / secs, 1),
+           "relay_cpu_s": round(cpu, 2), "relay_us_per_msg": round(cpu / max(d, 1) * 1e6, 2)}
     emit_json(out)
     print(json.dumps(out))
     sys.exit(0)
@@ -248,7 +261,7 @@ if mode == "short":
 # mode == "soak"
 n, step, wpid, epid, t0 = opts["n"], opts["step"], opts["worker_pid"], opts["pgbench_pid"], opts["t0"]
 poll, sample_secs, stall = opts["poll_ms"] / 1000.0, opts["sample_secs"], opts["stall_secs"]
-base = one(DONE_Q)
+base = opts["base"]	# taken before the emitters started
 id0 = opts["id0"]
 chunk_state()
 trunc0 = len(truncations)
@@ -309,7 +322,9 @@ if emit_end is None:
         time.sleep(0.01)
     emit_end = time.time()
     emit_json({"kind": "emit_end", "t": emit_end, "seconds": emit_end - t0, "rate": n / (emit_end - t0)})
+cpu = proc_cpu(wpid) - opts["cpu0"]
 emit_json({"kind": "drain_end", "t": prev_t, "seconds": prev_t - t0, "rate": n / (prev_t - t0),
+           "relay_cpu_s": round(cpu, 2), "relay_us_per_msg": round(cpu / n * 1e6, 2),
            "max_backlog": max_backlog, "truncations": len(truncations) - trunc0})
 PYEOF
 monitor() { "$PY" "$work/monitor.py" "$SOCK" "$PORT" "$DB" "$@"; }
@@ -342,7 +357,7 @@ for ((r = 1; r <= SHORT_RUNS; r++)); do
 	wait_emitters "short-$r"
 	xacts_all=$((xacts_all + per_client * CLIENTS))
 	sql -c "CHECKPOINT" >/dev/null
-	out=$(monitor short "{\"n\": $short_n, \"run\": $r, \"stall_secs\": $STALL_SECS, \"results\": \"$RESULTS\"}")
+	out=$(monitor short "{\"n\": $short_n, \"run\": $r, \"worker_pid\": $wpid, \"stall_secs\": $STALL_SECS, \"results\": \"$RESULTS\"}")
 	log "  short drain $r: $out"
 	echo "$out" | grep -q '"timed_out": false' || { echo "short drain $r did not finish" >&2; exit 1; }
 	sleep 3	# retention = 0: the drained chunk is emptied after a rotation or two
@@ -359,12 +374,15 @@ record "{\"kind\": \"soak_start\", \"size\": $size0, \"rss_anon_kb\": $rss0, \"i
 log "soak: $n_total messages, $CLIENTS clients x $per_client transactions of $BATCH, ${RATE:-full speed}${RATE:+ messages/s};" \
 	"a line every $STEP delivered; size at the start $((size0 / 1000000)) MB, relay RssAnon $rss0 kB"
 echo "retention soak: outbox $build_rev, outbox.retention = $retention_shown, target batch_size $BATCH_SIZE x $LANES lanes$([ "$NOTIFY" = 1 ] && echo ' + NOTIFY')"
+done_sql="SELECT coalesce(min(d), 0) FROM (SELECT sum(delivered + dead) AS d FROM outbox.progress GROUP BY target_id) s"
+base0=$(sql -c "$done_sql")
+cpu0=$(sed 's/.*) //' "/proc/$wpid/stat" | awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($12 + $13) / hz}')
 t0=$(date +%s.%N)
 start_emitters soak "$RATE"
 xacts_all=$((xacts_all + per_client * CLIENTS))
 rc=0
 monitor soak "{\"n\": $n_total, \"step\": $STEP, \"worker_pid\": $wpid, \"pgbench_pid\": $pgbench_pid, \"t0\": $t0,
-	\"id0\": $id0, \"poll_ms\": $POLL_MS, \"sample_secs\": $SAMPLE_SECS, \"stall_secs\": $STALL_SECS, \"results\": \"$RESULTS\"}" || rc=$?
+	\"id0\": $id0, \"base\": $base0, \"cpu0\": $cpu0, \"poll_ms\": $POLL_MS, \"sample_secs\": $SAMPLE_SECS, \"stall_secs\": $STALL_SECS, \"results\": \"$RESULTS\"}" || rc=$?
 if [ "$rc" != 0 ]; then
 	{
 		echo "the soak stopped (monitor exit $rc); frontier $(sql -c "SELECT outbox.frontier()") (ids from $id0)"
@@ -432,6 +450,10 @@ ratio = drain_end["rate"] / short_rate
 print(f"  emit: {emit_end['rate']:,.0f} msg/s ({emit_end['seconds']:.1f} s); drain: {drain_end['rate']:,.0f} msg/s "
       f"({drain_end['seconds']:.1f} s from the first emit to the last delivery); backlog at most {drain_end['max_backlog']:,}; "
       f"{drain_end['truncations']} chunk TRUNCATEs")
+short_us = statistics.median(r["relay_us_per_msg"] for r in shorts)
+cpu_ratio = drain_end["relay_us_per_msg"] / short_us if short_us else float("nan")
+print(f"  relay CPU per message: {drain_end['relay_us_per_msg']:.2f} us in the soak ({drain_end['relay_cpu_s']:.1f} s), "
+      f"{short_us:.2f} us in the short drain (median): {cpu_ratio:.2f} x")
 steady = [r["rate"] for r in steps[1:] if r["rate"]]
 if steady:
     print(f"  drain rate per {steps[0]['delivered']:,} after the first: min {min(steady):,.0f}, "
@@ -456,7 +478,8 @@ goals.append(("drain rate", ratio >= 0.90, f"{ratio:.2f} x the short drain"
 for name, ok, why in goals:
     print(f"  goal {name}: {'met' if ok else 'NOT met' if ok is not None else 'n/a'} ({why})")
 print(f"SUMMARY: size min {min(sizes) / 1e6:.1f} MB max {max(sizes) / 1e6:.1f} MB; RssAnon first {anon[0]:,} kB last {anon[-1]:,} kB; "
-      f"emit {emit_end['rate']:,.0f} msg/s; drain {drain_end['rate']:,.0f} msg/s = {ratio:.2f} x short drain {short_rate:,.0f} msg/s")
+      f"emit {emit_end['rate']:,.0f} msg/s; drain {drain_end['rate']:,.0f} msg/s = {ratio:.2f} x short drain {short_rate:,.0f} msg/s"
+      f"{' (emitter-bound)' if emitter_bound else ''}; relay CPU/message {cpu_ratio:.2f} x short drain's")
 anom = open(sys.argv[2]).read().strip() if os.path.exists(sys.argv[2]) else ""
 print("ANOMALIES: " + anom.replace("\n", "; ") if anom else
       "sanity: no dead letters, no lane errors, nothing pending or stored at the end, the relay kept its pid, no crash or retention warning in the server log")
