@@ -13,6 +13,8 @@ packages=(
 	libipc-run-perl
 	cppcheck
 	python3
+	prometheus
+	prometheus-postgres-exporter
 	"$@"
 )
 
