@@ -21,7 +21,8 @@
 #include "pgstat.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
-#include "utils/regproc.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
@@ -44,9 +45,13 @@ relay_retention_run(void)
 	int			chunk;
 	char	   *held = NULL;
 
-	if (!OidIsValid(DatumGetObjectId(DirectFunctionCall1(to_regprocedure,
-														 CStringGetTextDatum("outbox.retention_step(interval)")))))
-		return false;
+	{
+		Oid			argtypes[1] = {INTERVALOID};
+		List	   *name = list_make2(makeString("outbox"), makeString("retention_step"));
+
+		if (!OidIsValid(LookupFuncName(name, 1, argtypes, true)))
+			return false;		/* schema 0.1 */
+	}
 	if (plan == NULL)
 	{
 		Oid			argtypes[1] = {INT4OID};

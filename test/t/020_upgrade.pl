@@ -1,7 +1,9 @@
 # ALTER EXTENSION outbox UPDATE from 0.1 (the released schema) to 0.2: the
 # new library runs on the 0.1 schema, messages emitted and pending before the
 # update are all delivered after it, and ids keep rising, now covered by the
-# durable id mark, across a restart.
+# durable id mark, across a restart; a dead letter of 0.1 gets its payload
+# and can be delivered again; the rows of 0.1 stay in outbox.messages
+# itself, new ones go to the chunks, and retention removes both.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -21,7 +23,14 @@ SELECT outbox.create_http_target('hook', '$url/hook', lanes => 4);
 SELECT outbox.subscribe('hook', '*');
 SELECT outbox.create_notify_target('n', 'upgrade_channel');
 SELECT outbox.subscribe('n', '*');
+SELECT outbox.create_http_target('rej', '$url/rej', lanes => 1);
+SELECT outbox.subscribe('rej', 'rej');
 });
+# A dead letter recorded by 0.1 (which kept no payload).
+sink_control($sink, { path => '/rej', status => 422 });
+$node->safe_psql('postgres', q{SELECT outbox_emit('rej', '{"kept": "yes"}')});
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 1 FROM outbox.dead_letters WHERE target = 'rej'}),
+	'0.1: a dead letter');
 sub emit
 {
 	my ($from, $to) = @_;
@@ -46,13 +55,26 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_class WHERE relname = 
 
 emit(31, 40);
 sink_control($sink, { path => '/hook', status => 204 });
-ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0 AND dead_letters = 0) FROM outbox.lag}),
+ok($node->poll_query_until('postgres',
+		q{SELECT bool_and(pending = 0 AND dead_letters = (target = 'rej')::int) FROM outbox.lag}),
 	'after the update everything is delivered');
 my %got;
 $got{ $_->{seq} }++ for grep { $_->{status} == 204 } @{ sink_attempts($sink, '/hook') };
-is(scalar keys %got, 40, '... all 40 messages reached the receiver');
-is($node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'n'}), '40',
+is(scalar keys %got, 41, '... all 41 messages reached the receiver');
+is($node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'n'}), '41',
 	'... and NOTIFY');
+
+is($node->safe_psql('postgres', q{SELECT payload->>'kept' FROM outbox.dead_letters WHERE target = 'rej'}),
+	'yes', 'the 0.1 dead letter got its payload from the message');
+sink_control($sink, { path => '/rej', reset => JSON::PP::true });
+is($node->safe_psql('postgres', q{SELECT outbox.retry_dead_letters('rej')}), '1', '... and can be delivered again');
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.dead_letters}), '... it is');
+cmp_ok($node->safe_psql('postgres', q{SELECT count(*) FROM ONLY outbox.messages}), '>', 0,
+	'messages stored by 0.1 are in outbox.messages itself');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages_1}), '10',
+	'... those emitted after the update in its first chunk');
+is($node->safe_psql('postgres', q{SELECT outbox.pause_target('hook')}), '0', 'the new admin functions work');
+$node->safe_psql('postgres', q{SELECT outbox.resume_target('hook')});
 
 my $max = $node->safe_psql('postgres', 'SELECT max(id) FROM outbox.messages');
 cmp_ok($node->safe_psql('postgres', 'SELECT last_value FROM outbox.id_mark'), '>=', $max,
@@ -64,6 +86,16 @@ cmp_ok($node->safe_psql('postgres', q{SELECT max(id) FROM outbox.messages}), '>'
 ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbox.lag}),
 	'... and are delivered');
 
+# Retention removes the rows of 0.1 as well, once delivered.
+$node->append_conf('postgresql.conf', "outbox.retention = 0\n");
+$node->reload;
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.messages}),
+	'with retention 0 every delivered message is removed, those of 0.1 too');
+cmp_ok($node->safe_psql('postgres', q{SELECT max(id_high_water) FROM outbox.state}), '>', $max,
+	'... and the highest id removed is recorded');
+
+unlike(slurp_file($node->logfile), qr/could not remove delivered messages/,
+	'retention neither failed on the 0.1 schema nor after the update');
 relay_no_crash($node);
 stop_sink($sink);
 $node->stop;

@@ -1,7 +1,9 @@
 # The relay need not be a superuser: with outbox.relay_role it connects as
 # a plain role holding only the grants the README lists, and delivers to
 # HTTP and NOTIFY targets, records progress and dead letters, and survives
-# a restart of its own.
+# a restart of its own; it removes delivered messages (retention), delivers
+# dead letters again, disables a target that answers 410 and changes a
+# target's lanes.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -15,11 +17,12 @@ my $node = relay_node('relay_role');
 $node->safe_psql('postgres', q{
 CREATE ROLE outbox_relay LOGIN NOSUPERUSER;
 GRANT USAGE ON SCHEMA outbox TO outbox_relay;
-GRANT SELECT ON outbox.targets, outbox.subscriptions, outbox.messages TO outbox_relay;
-GRANT SELECT, UPDATE ON outbox.progress TO outbox_relay;
-GRANT SELECT, INSERT, UPDATE ON outbox.dead_letters TO outbox_relay;
+GRANT SELECT ON outbox.subscriptions, outbox.messages TO outbox_relay;
+GRANT SELECT, UPDATE ON outbox.targets TO outbox_relay;
+GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.progress, outbox.dead_letters TO outbox_relay;
+GRANT EXECUTE ON FUNCTION outbox.retention_step(interval) TO outbox_relay;
 });
-$node->append_conf('postgresql.conf', "outbox.relay_role = 'outbox_relay'\n");
+$node->append_conf('postgresql.conf', "outbox.relay_role = 'outbox_relay'\noutbox.retention = 0\n");
 $node->restart;
 
 $node->safe_psql('postgres', qq{
@@ -43,12 +46,26 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE
 is($node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'n'}), '21',
 	'NOTIFY delivered and recorded its progress');
 
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.messages}),
+	'delivered messages are removed (retention 0)');
+sink_control($sink, { path => '/rej', reset => JSON::PP::true });
+$node->safe_psql('postgres', q{SELECT outbox.retry_dead_letters('rej')});
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.dead_letters}),
+	'a dead letter is delivered again');
+sink_control($sink, { path => '/rej', status => 410 });
+$node->safe_psql('postgres', q{SELECT outbox_emit('r', '{}')});
+ok($node->poll_query_until('postgres', q{SELECT state = 'disabled' FROM outbox.targets WHERE name = 'rej'}),
+	'a target answering 410 is disabled');
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('hook', lanes => 3)});
+ok($node->poll_query_until('postgres', q{SELECT lanes = 3 FROM outbox.targets WHERE name = 'hook'}),
+	'a target gets new lanes');
+
 my $pid = relay_worker_pid($node);
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
 $node->safe_psql('postgres', q{SELECT outbox_emit('t.b', '{}')});
-ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbox.lag}),
+ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbox.lag WHERE target <> 'rej'}),
 	'a new relay, as the same role, delivers what came next');
-unlike(slurp_file($node->logfile), qr/ERROR|FATAL/, 'no error in the log');
+unlike(slurp_file($node->logfile), qr/ERROR|FATAL|WARNING/, 'no error or warning in the log');
 
 relay_no_crash($node);
 stop_sink($sink);
