@@ -326,10 +326,13 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 		else if (t->disable_after_ms > 0 &&
 				 TimestampDifferenceExceeds(t->failing_since, GetCurrentTimestamp(),
 											(int) Min(t->disable_after_ms, PG_INT32_MAX)))
-			t->disable_reason = MemoryContextStrdup(t->cxt,
-													psprintf("failing since %s: %s",
-															 timestamptz_to_str(t->failing_since),
-															 error));
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+			t->disable_reason = psprintf("failing since %s: %s",
+										 timestamptz_to_str(t->failing_since), error);
+			MemoryContextSwitchTo(oldcxt);
+		}
 		if (t->disable_reason != NULL)
 		{
 			t->state = 'd';

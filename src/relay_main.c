@@ -425,6 +425,12 @@ relay_shutdown(void)
 static void
 relay_worker_exit(int code, Datum arg)
 {
+	OutboxWorkerStatus w;
+
+	/* What this relay published no longer describes a running one. */
+	memset(&w, 0, sizeof(w));
+	strlcpy(w.state, "stopped", sizeof(w.state));
+	outbox_stats_publish(&w, NULL, 0);
 	outbox_relay_release();
 	/* Close the connections (never called from inside libcurl). */
 	relay_http_shutdown();

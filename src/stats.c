@@ -131,7 +131,8 @@ outbox_stats_publish(const OutboxWorkerStatus *worker,
 	ntargets = Min(ntargets, OUTBOX_MAX_STAT_TARGETS);
 	SpinLockAcquire(&StatsShared->mutex);
 	StatsShared->worker = *worker;
-	memcpy(StatsShared->targets, targets, sizeof(OutboxTargetStats) * ntargets);
+	if (ntargets > 0)
+		memcpy(StatsShared->targets, targets, sizeof(OutboxTargetStats) * ntargets);
 	StatsShared->ntargets = ntargets;
 	SpinLockRelease(&StatsShared->mutex);
 }

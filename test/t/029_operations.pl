@@ -1,5 +1,6 @@
 # Operating targets against a live receiver (README, "Operating outbox"):
-# pause and resume; a 410 disables and resume continues; a dead letter
+# pause and resume; a 410 disables and resume continues; so does failing
+# receiver-wide for disable_after; a dead letter
 # retried after the receiver is fixed is delivered, in id order, with its
 # webhook-id; replay from an id and from a time re-delivers to one target
 # only; max_rate holds a target to its rate while another runs unthrottled;
@@ -114,6 +115,26 @@ my %g;
 $g{ $_->{seq} }++ for @{ acked('/g') };
 is(scalar keys %g, 80, '... all 80 reached the receiver');
 ok(key_order_ok(acked('/g')), '... per key in order');
+
+# --- failing receiver-wide for disable_after disables too ---
+$node->safe_psql('postgres', qq{
+SELECT outbox.create_http_target('f', '$url/f', lanes => 1);
+SELECT outbox.subscribe('f', 'f');
+SELECT outbox.alter_target('f', disable_after => '2 seconds');
+});
+sink_control($sink, { path => '/f', status => 401 });
+emit('f', 1, 5);
+ok($node->poll_query_until('postgres', q{SELECT state = 'failing' FROM outbox.lag WHERE target = 'f'}),
+	'a target answering 401 is failing');
+ok($node->poll_query_until('postgres', q{SELECT state = 'disabled' FROM outbox.targets WHERE name = 'f'}),
+	'... and disabled once it failed for disable_after');
+like($node->safe_psql('postgres', q{SELECT state_reason FROM outbox.targets WHERE name = 'f'}),
+	qr/failing since .*401/, '... saying since when and why');
+is(lag('f', 'pending || \'/\' || dead_letters'), '5/0', '... keeping its messages');
+sink_control($sink, { path => '/f', reset => JSON::PP::true });
+$node->safe_psql('postgres', q{SELECT outbox.resume_target('f')});
+ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'f'}),
+	'... resumed, it delivers them');
 
 # --- a dead letter retried after the receiver is fixed ---
 $node->safe_psql('postgres', qq{
