@@ -817,10 +817,13 @@ SELECT t.name AS target,
 
 -- The figures above in the Prometheus text exposition format (version
 -- 0.0.4), with a "target" label; scrape it with any SQL exporter (README).
--- Reads what outbox.lag, outbox.stats and outbox.worker read.
+-- Reads what outbox.lag, outbox.stats and outbox.worker read, as their
+-- owner: a monitoring role needs EXECUTE on this function only, and sees
+-- target names and figures, never URLs, headers, secrets or payloads.
 CREATE FUNCTION outbox.metrics()
 RETURNS text
 LANGUAGE sql STABLE
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),

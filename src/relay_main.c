@@ -270,6 +270,29 @@ relay_target_state(RelayTarget *t)
 }
 
 /*
+ * Zero every target's counters if outbox.reset_stats() was called since we
+ * last looked.  Checked after each read, before anything read is
+ * delivered, so every message read after the call counts.
+ */
+static void
+relay_stats_check_reset(TimestampTz now)
+{
+	uint64		gen = outbox_stats_reset_generation();
+	ListCell   *lc;
+
+	if (gen == relay_reset_generation)
+		return;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		memset(&t->stats, 0, sizeof(t->stats));
+		t->stats.reset_at = now;
+	}
+	relay_reset_generation = gen;
+}
+
+/*
  * Publish the relay's status and every target's figures to shared memory
  * (at most every RELAY_STATS_INTERVAL_MS unless forced), after zeroing the
  * counters if outbox.reset_stats() asked for it.
@@ -282,10 +305,10 @@ relay_publish_stats(TimestampTz now, const char *state, bool force)
 	OutboxTargetStats *all;
 	ListCell   *lc;
 	int			n = 0;
-	uint64		gen = outbox_stats_reset_generation();
 
 	if (!force && last != 0 && !TimestampDifferenceExceeds(last, now, RELAY_STATS_INTERVAL_MS))
 		return;
+	relay_stats_check_reset(now);
 	last = now;
 	if (relay_started_at == 0)
 		relay_started_at = now;
@@ -302,11 +325,6 @@ relay_publish_stats(TimestampTz now, const char *state, bool force)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
-		if (gen != relay_reset_generation)
-		{
-			memset(&t->stats, 0, sizeof(t->stats));
-			t->stats.reset_at = now;
-		}
 		t->stats.target_id = t->id;
 		t->stats.state = relay_target_state(t);
 		t->stats.in_flight = 0;
@@ -320,7 +338,6 @@ relay_publish_stats(TimestampTz now, const char *state, bool force)
 			w.read_position = t->read_id;
 		all[n++] = t->stats;
 	}
-	relay_reset_generation = gen;
 	if (w.read_position < 0)
 		w.read_position = 0;
 	outbox_stats_publish(&w, all, n);
@@ -574,6 +591,7 @@ outbox_worker_main(Datum main_arg)
 			outbox_flush_commits();
 			did_read = relay_read_messages(frontier);
 		}
+		relay_stats_check_reset(GetCurrentTimestamp());
 
 		/* Collect answers, then start what is due on the free lanes. */
 		relay_http_drive(relay_lane_outcome);

@@ -47,7 +47,9 @@ relay_retention_run(void)
 
 	{
 		Oid			argtypes[1] = {INTERVALOID};
-		List	   *name = list_make2(makeString("outbox"), makeString("retention_step"));
+		List	   *name = list_make1(makeString("outbox"));
+
+		name = lappend(name, makeString("retention_step"));
 
 		if (!OidIsValid(LookupFuncName(name, 1, argtypes, true)))
 			return false;		/* schema 0.1 */

@@ -340,28 +340,17 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
 }
 
-/* outbox.reset_stats(): the relay zeroes its counters at its next turn. */
+/*
+ * outbox.reset_stats(): the relay zeroes its counters at its next turn,
+ * before it delivers anything it read after this call (outbox.stats'
+ * reset_at says when).
+ */
 Datum
 outbox_reset_stats(PG_FUNCTION_ARGS)
 {
-	int			i;
-	TimestampTz now = GetCurrentTimestamp();
-
 	outbox_stats_check();
 	SpinLockAcquire(&StatsShared->mutex);
 	StatsShared->reset_generation++;
-	/* Also here, for a relay that is not running. */
-	for (i = 0; i < StatsShared->ntargets; i++)
-	{
-		OutboxTargetStats *s = &StatsShared->targets[i];
-		int			id = s->target_id;
-		char		state = s->state;
-
-		memset(s, 0, sizeof(*s));
-		s->target_id = id;
-		s->state = state;
-		s->reset_at = now;
-	}
 	SpinLockRelease(&StatsShared->mutex);
 	outbox_wake_worker(false);
 	PG_RETURN_VOID();
