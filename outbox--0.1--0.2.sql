@@ -227,6 +227,13 @@ BEGIN
 		RAISE EXCEPTION 'retention must be a positive interval or zero, not %', quote_nullable(retention)
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	-- Each statement must see every commit before it (the check after the
+	-- lock below); an older snapshot could miss a row and remove it.
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'outbox.retention_step() must run in a READ COMMITTED transaction'
+			USING ERRCODE = 'invalid_transaction_state',
+				  HINT = 'The relay runs it; to run it by hand, use SET TRANSACTION ISOLATION LEVEL READ COMMITTED.';
+	END IF;
 	SELECT * INTO cur FROM outbox.chunks WHERE is_current;
 	SELECT * INTO nxt FROM outbox.chunks WHERE chunk = cur.chunk % 4 + 1;
 
@@ -444,6 +451,7 @@ DECLARE
 	tid int := outbox.target_id(target);
 	removed bigint;
 	upto bigint;
+	nlanes int;
 	n bigint;
 BEGIN
 	IF from_id IS NULL OR from_id < 1 THEN
@@ -461,10 +469,12 @@ BEGIN
 				  HINT = format('Replay from id %s or later, or keep messages longer with outbox.retention.',
 								removed + 1);
 	END IF;
-	SELECT max(p.done_id) INTO upto FROM outbox.progress p WHERE p.target_id = tid;
+	-- What each lane finished from from_id on (lanes as outbox.lane_of()).
+	SELECT max(p.done_id), count(*) INTO upto, nlanes FROM outbox.progress p WHERE p.target_id = tid;
 	SELECT count(*) INTO n
 	  FROM outbox.messages m
-	 WHERE m.id >= from_id AND m.id <= upto
+	  JOIN outbox.progress p ON p.target_id = tid AND p.lane = outbox.lane_of(m.key, m.id, nlanes)
+	 WHERE m.id >= from_id AND m.id <= upto AND m.id <= p.done_id
 	   AND EXISTS (SELECT 1 FROM outbox.subscriptions s
 				    WHERE s.target_id = tid AND m.id > s.start_id
 					  AND outbox.topic_matches(s.pattern, m.topic));
@@ -686,6 +696,11 @@ BEGIN
 		PERFORM outbox.check_target_options(t);
 	END IF;
 	IF t.ordering = 'strict' THEN
+		IF lanes IS NOT NULL AND lanes <> 1 THEN
+			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
+		END IF;
 		t.lanes := 1;
 	END IF;
 

@@ -73,6 +73,7 @@ SELECT url, batch_size, headers, timeout_ms, max_attempts, secret IS NOT NULL AS
   FROM outbox.targets WHERE name = 'ops';
 SELECT outbox.alter_target('ops', secret => '', max_rate => 0, disable_after => '0');
 SELECT outbox.alter_target('ops', ordering => 'strict');
+SELECT outbox.alter_target('ops', lanes => 3);
 SELECT secret, max_rate, disable_after, lanes, pending_lanes, pending_ordering
   FROM outbox.targets WHERE name = 'ops';
 SELECT outbox.alter_target('ops', url => 'ftp://example.com/');
@@ -137,6 +138,9 @@ SELECT chunk, relname, is_current FROM outbox.chunks ORDER BY chunk;
 SELECT count(*) AS chunk_tables FROM pg_inherits WHERE inhparent = 'outbox.messages'::regclass;
 SELECT * FROM outbox.retention_step(interval '-1 second');
 SELECT * FROM outbox.retention_step(NULL);
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT * FROM outbox.retention_step(interval '1 hour');
+ROLLBACK;
 
 SELECT outbox.drop_target('ops');
 SELECT outbox.drop_target('ops_notify');

@@ -128,6 +128,7 @@ extern int	outbox_current_chunk(void);
 extern void outbox_set_retention_status(const char *held, TimestampTz at);
 extern TimestampTz outbox_get_retention_status(char *held);
 extern void outbox_set_current_chunk(int chunk);
+extern void outbox_set_current_chunk_if_unset(int chunk);
 
 extern void outbox_oldest_in_flight(int *pid, int64 *first_id);
 

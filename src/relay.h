@@ -242,6 +242,7 @@ extern bool relay_target_may_send(RelayTarget *t, TimestampTz now, long *wait_ms
 extern void relay_target_took_token(RelayTarget *t);
 extern void relay_lane_push_retry(RelayLane *lane, RelayMessage *m);
 extern bool relay_target_idle(RelayTarget *t);
+extern bool relay_target_resizable(RelayTarget *t);
 extern bool relay_lane_cut(RelayLane *lane);
 extern void relay_lane_notified(RelayLane *lane, int64 done);
 extern void relay_lane_retry_later(RelayLane *lane, const char *error);
@@ -273,6 +274,7 @@ extern void relay_record_cuts(RelayLane **cut, int n);
 extern void relay_progress_notified(RelayTarget *t, int n, int64 last_id,
 									int64 done);
 extern void relay_retry_delivered(RelayTarget *t, int64 id);
+extern bool relay_dead_letter_writes_pending(void);
 extern void relay_resize_target(RelayTarget *t);
 
 /*

@@ -154,27 +154,30 @@ relay_lane_pop(RelayLane *lane)
 	return m;
 }
 
-/* Drop the lane's queued messages with ids above bound (never in flight). */
+/*
+ * Drop the lane's queued messages with ids above bound (never in flight);
+ * dead letters delivered again stay (they were not read from the range).
+ */
 void
 relay_lane_truncate(RelayLane *lane, int64 bound)
 {
-	RelayMessage *keep = NULL;
 	RelayMessage *m = lane->head;
+	RelayMessage *prev = NULL;
 
-	while (m != NULL && m->id <= bound)
-	{
-		keep = m;
-		m = m->next;
-	}
-	if (keep)
-		keep->next = NULL;
-	else
-		lane->head = NULL;
-	lane->tail = keep;
 	while (m != NULL)
 	{
 		RelayMessage *next = m->next;
 
+		if (m->retry || m->id <= bound)
+		{
+			prev = m;
+			m = next;
+			continue;
+		}
+		if (prev)
+			prev->next = next;
+		else
+			lane->head = next;
 		lane->nqueued--;
 		lane->target->nqueued--;
 		lane->queued_bytes -= m->mem_size;
@@ -182,14 +185,20 @@ relay_lane_truncate(RelayLane *lane, int64 bound)
 		pfree(m);
 		m = next;
 	}
+	lane->tail = prev;
 }
 
 /* The id up to which everything of the lane is finished. */
 int64
 relay_lane_done_position(RelayLane *lane)
 {
-	if (lane->head != NULL)
-		return Max(lane->done_id, lane->head->id - 1);
+	RelayMessage *m = lane->head;
+
+	/* Dead letters delivered again sit below done_id: not positions. */
+	while (m != NULL && m->retry)
+		m = m->next;
+	if (m != NULL)
+		return Max(lane->done_id, m->id - 1);
 	if (lane->overflow_id != 0)
 		return Max(lane->done_id, lane->overflow_id - 1);
 	return Max(lane->done_id, lane->target->read_id);
@@ -324,8 +333,7 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 		if (status == 410)
 			t->disable_reason = MemoryContextStrdup(t->cxt, "the receiver answered 410 Gone");
 		else if (t->disable_after_ms > 0 &&
-				 TimestampDifferenceExceeds(t->failing_since, GetCurrentTimestamp(),
-											(int) Min(t->disable_after_ms, PG_INT32_MAX)))
+				 GetCurrentTimestamp() - t->failing_since >= t->disable_after_ms * 1000)
 		{
 			MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
 
@@ -531,7 +539,27 @@ relay_lane_retry_later(RelayLane *lane, const char *error)
 bool
 relay_target_stopped(RelayTarget *t)
 {
-	return t->state != 'a' || t->rebuild || t->pending_lanes != 0;
+	return t->state != 'a' || t->rebuild || relay_target_resizable(t);
+}
+
+/*
+ * Whether target t waits for new lanes and has read up to where its most
+ * advanced lane finished: from there it reads nothing new, and once idle
+ * every message up to its read position is finished on every lane, the
+ * one point where all lanes of the new layout may start (lanes that are
+ * behind, after a restart, read up to it first).
+ */
+bool
+relay_target_resizable(RelayTarget *t)
+{
+	int			i;
+
+	if (t->pending_lanes == 0)
+		return false;
+	for (i = 0; i < t->nlanes; i++)
+		if (t->lanes[i].done_id > t->read_id)
+			return false;
+	return true;
 }
 
 /*

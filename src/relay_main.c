@@ -495,6 +495,16 @@ outbox_worker_main(Datum main_arg)
 	 */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET,
 					PGC_S_OVERRIDE);
+
+	/*
+	 * Its transactions are READ COMMITTED and may write, whatever the
+	 * database or role says: retention, progress and replay rely on each
+	 * statement seeing every commit before it.
+	 */
+	SetConfigOption("default_transaction_isolation", "read committed", PGC_SUSET,
+					PGC_S_OVERRIDE);
+	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
+					PGC_S_OVERRIDE);
 	ereport(LOG,
 			(errmsg("outbox relay started for database \"%s\"", outbox_database)));
 
@@ -611,7 +621,7 @@ outbox_worker_main(Datum main_arg)
 			{
 				RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-				if (t->pending_lanes != 0 && !t->rebuild && outbox_enabled &&
+				if (!t->rebuild && outbox_enabled && relay_target_resizable(t) &&
 					relay_target_idle(t))
 				{
 					if (relay_progress_pending())

@@ -114,6 +114,17 @@ relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id,
 	dead_letters = d;
 }
 
+/*
+ * Whether dead-letter rows are about to change (written or removed at the
+ * next progress write): dead letters to deliver again are read only after,
+ * so that none is read, and sent, twice.
+ */
+bool
+relay_dead_letter_writes_pending(void)
+{
+	return dead_letters != NULL || retried_done != NIL;
+}
+
 /* A dead letter delivered again was acknowledged: it is no longer dead. */
 void
 relay_retry_delivered(RelayTarget *t, int64 id)
@@ -403,7 +414,8 @@ relay_write_progress(void)
 void
 relay_record_cuts(RelayLane **cut, int n)
 {
-	static SPIPlanPtr plan = NULL;
+	static SPIPlanPtr plans[2] = {NULL, NULL};
+	SPIPlanPtr	plan;
 	int			i;
 
 	SetCurrentStatementStartTimestamp();
@@ -411,23 +423,30 @@ relay_record_cuts(RelayLane **cut, int n)
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "recording outbox batches");
+	plan = plans[relay_schema_operations];
 	if (plan == NULL)
 	{
-		Oid			argtypes[3] = {INT4OID, INT4OID, INT8OID};
+		Oid			argtypes[4] = {INT4OID, INT4OID, INT8OID, INT4OID};
 
-		plan = SPI_prepare("UPDATE outbox.progress SET batch_end = $3"
-						   " WHERE target_id = $1 AND lane = $2", 3, argtypes);
+		/* Not over a replay (see relay_write_progress). */
+		plan = SPI_prepare(relay_schema_operations ?
+						   "UPDATE outbox.progress SET batch_end = $3"
+						   " WHERE target_id = $1 AND lane = $2 AND generation = $4" :
+						   "UPDATE outbox.progress SET batch_end = $3"
+						   " WHERE target_id = $1 AND lane = $2 AND $4 IS NOT NULL", 4, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "outbox: could not prepare the batch query");
 		SPI_keepplan(plan);
+		plans[relay_schema_operations] = plan;
 	}
 	for (i = 0; i < n; i++)
 	{
-		Datum		args[3];
+		Datum		args[4];
 
 		args[0] = Int32GetDatum(cut[i]->target->id);
 		args[1] = Int32GetDatum(cut[i]->index);
 		args[2] = Int64GetDatum(cut[i]->cut_last);
+		args[3] = Int32GetDatum(cut[i]->target->generation);
 		if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 			elog(ERROR, "outbox: could not record a batch");
 	}
@@ -449,26 +468,35 @@ relay_record_cuts(RelayLane **cut, int n)
 void
 relay_progress_notified(RelayTarget *t, int n, int64 last_id, int64 done)
 {
-	static SPIPlanPtr plan = NULL;
-	Datum		args[4];
+	static SPIPlanPtr plans[2] = {NULL, NULL};
+	SPIPlanPtr	plan = plans[relay_schema_operations];
+	Datum		args[5];
 
 	if (plan == NULL)
 	{
-		Oid			argtypes[4] = {INT4OID, INT8OID, INT8OID, INT8OID};
+		Oid			argtypes[5] = {INT4OID, INT8OID, INT8OID, INT8OID, INT4OID};
 
-		plan = SPI_prepare("UPDATE outbox.progress"
+		/* Not over a replay (see relay_write_progress). */
+		plan = SPI_prepare(relay_schema_operations ?
+						   "UPDATE outbox.progress"
 						   "   SET done_id = greatest(done_id, $2), last_delivered_id = $3,"
 						   "       delivered = delivered + $4, attempts = 0"
-						   " WHERE target_id = $1 AND lane = 0",
-						   4, argtypes);
+						   " WHERE target_id = $1 AND lane = 0 AND generation = $5" :
+						   "UPDATE outbox.progress"
+						   "   SET done_id = greatest(done_id, $2), last_delivered_id = $3,"
+						   "       delivered = delivered + $4, attempts = 0"
+						   " WHERE target_id = $1 AND lane = 0 AND $5 IS NOT NULL",
+						   5, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "outbox: could not prepare the NOTIFY progress query");
 		SPI_keepplan(plan);
+		plans[relay_schema_operations] = plan;
 	}
 	args[0] = Int32GetDatum(t->id);
 	args[1] = Int64GetDatum(done);
 	args[2] = Int64GetDatum(last_id);
 	args[3] = Int64GetDatum(n);
+	args[4] = Int32GetDatum(t->generation);
 	if (SPI_execute_plan(plan, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: could not record NOTIFY progress");
 }
@@ -497,12 +525,17 @@ relay_resize_target(RelayTarget *t)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "changing the lanes of an outbox target");
 
-	/* Only what is still asked for: alter_target may have run since. */
+	/*
+	 * Only what is still asked for (alter_target may have run since), and
+	 * not over a replay (which the reload that follows takes up).
+	 */
 	if (SPI_execute_with_args("UPDATE outbox.targets"
 							  "   SET lanes = $2, ordering = coalesce(pending_ordering, ordering),"
 							  "       pending_lanes = NULL, pending_ordering = NULL"
 							  " WHERE id = $1 AND coalesce(pending_lanes, lanes) = $2"
-							  "   AND $3 IS NOT NULL AND $4 IS NOT NULL",
+							  "   AND $3 IS NOT NULL"
+							  "   AND NOT EXISTS (SELECT 1 FROM outbox.progress p"
+							  "                    WHERE p.target_id = $1 AND p.generation <> $4)",
 							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: could not change the lanes of target \"%s\"", t->name);
 	if (SPI_processed != 1)
@@ -530,7 +563,7 @@ relay_resize_target(RelayTarget *t)
 							  " ON CONFLICT DO NOTHING",
 							  4, argtypes, args, NULL, false, 0) != SPI_OK_INSERT ||
 		SPI_execute_with_args("UPDATE outbox.progress"
-							  "   SET done_id = greatest(done_id, $3), batch_end = NULL, generation = $4"
+							  "   SET done_id = $3, batch_end = NULL, generation = $4"
 							  " WHERE target_id = $1 AND $2 IS NOT NULL",
 							  4, argtypes, args, NULL, false, 0) != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: could not change the lanes of target \"%s\"", t->name);

@@ -457,7 +457,7 @@ relay_target_wants_read(RelayTarget *t, int64 frontier)
 		return false;
 	if (relay_target_stopped(t))
 		frontier = Min(frontier, t->read_id);
-	else if (t->retry_wanted && t->nretry == 0)
+	else if (t->retry_wanted && t->nretry == 0 && !relay_dead_letter_writes_pending())
 		return true;
 	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t) &&
 		relay_target_has_room(t))
@@ -500,7 +500,7 @@ relay_read_target(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 
 	if (relay_target_stopped(t))
 		return;					/* nothing new: see relay_target_stopped() */
-	if (t->retry_wanted && t->nretry == 0)
+	if (t->retry_wanted && t->nretry == 0 && !relay_dead_letter_writes_pending())
 		relay_read_retries(t, rowcxt);
 
 	limit = Min(RELAY_READ_CHUNK, relay_queue_cap(t) - t->nqueued);

@@ -608,3 +608,13 @@ outbox_oldest_in_flight(int *pid, int64 *first_id)
 		*first_id = (int64) lowest;
 	}
 }
+
+/* Set the current chunk unless the relay has published one already. */
+void
+outbox_set_current_chunk_if_unset(int chunk)
+{
+	uint32		expected = 0;
+
+	(void) pg_atomic_compare_exchange_u32(&OutboxShared->current_chunk, &expected,
+										  (uint32) chunk);
+}

@@ -321,6 +321,54 @@ outbox_id_mark(void)
 }
 
 /*
+ * After a start, before the relay has said which chunk is current, take it
+ * from outbox.chunks, so that committers do not fill an old chunk (which
+ * would be emptied as soon as delivered, ahead of outbox.retention).
+ */
+static void
+outbox_find_current_chunk(void)
+{
+	Oid			nspid = get_namespace_oid(OUTBOX_SCHEMA, true);
+	Oid			relid = OidIsValid(nspid) ? get_relname_relid("chunks", nspid) : InvalidOid;
+	AttrNumber	chunk_att;
+	AttrNumber	current_att;
+	Relation	rel;
+	Snapshot	snapshot;
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+
+	if (!OidIsValid(relid) || outbox_current_chunk() != 0)
+		return;
+	chunk_att = get_attnum(relid, "chunk");
+	current_att = get_attnum(relid, "is_current");
+	if (chunk_att == InvalidAttrNumber || current_att == InvalidAttrNumber)
+		return;
+	rel = table_open(relid, AccessShareLock);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	slot = table_slot_create(rel, NULL);
+	scan = table_beginscan(rel, snapshot, 0, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		bool		isnull;
+		Datum		current = slot_getattr(slot, current_att, &isnull);
+
+		if (!isnull && DatumGetBool(current))
+		{
+			Datum		chunk = slot_getattr(slot, chunk_att, &isnull);
+
+			if (!isnull && DatumGetInt32(chunk) >= 1 &&
+				DatumGetInt32(chunk) <= OUTBOX_NUM_CHUNKS)
+				outbox_set_current_chunk_if_unset(DatumGetInt32(chunk));
+			break;
+		}
+	}
+	table_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	UnregisterSnapshot(snapshot);
+	table_close(rel, AccessShareLock);
+}
+
+/*
  * Make sure the commit sequence is initialised since the last start, from
  * the highest id in outbox.messages and its chunks, the high-water mark and
  * the id mark.  Caller holds a lock on outbox.messages.
@@ -334,6 +382,7 @@ outbox_ensure_counter(Relation messages)
 	if (outbox_counter_valid())
 		return;
 
+	outbox_find_current_chunk();
 	highest = Max(outbox_highest_message_id(messages), outbox_high_water_mark());
 	highest = Max(highest, outbox_id_mark());
 	for (n = 1; n <= OUTBOX_NUM_CHUNKS; n++)

@@ -258,6 +258,55 @@ is(scalar(grep { $_ > 1 } values %seen), 0, '... none twice');
 ok(scalar @{ acked('/a2') } > 0, '... some at the new URL');
 ok(key_order_ok(\@a), '... per key in order');
 
+# --- new lanes after a relay restart, with lanes at different positions ---
+# Lane of key k3 is stuck (503), the other lane goes ahead; new lanes are
+# asked for, then the relay restarts before they are applied: the lane
+# behind must catch up before keys are redistributed, or messages are lost.
+$node->safe_psql('postgres', qq{
+SELECT outbox.create_http_target('z', '$url/z', lanes => 2);
+SELECT outbox.subscribe('z', 'z');
+});
+sink_control($sink, { key => 'k3', status => 503 });
+emit('z', 1, 200, 10);
+ok(wait_until(sub { scalar @{ acked('/z') } >= 60 }), 'new lanes: the lane without k3 delivers');
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('z', lanes => 3)});
+$node->safe_psql('postgres', 'SELECT pg_terminate_backend(' . relay_worker_pid($node) . ')');
+ok($node->poll_query_until('postgres', q{SELECT pid IS NOT NULL FROM outbox.worker}), '... the relay restarts');
+sleep 1;
+sink_control($sink, { key => 'k3', reset => JSON::PP::true });
+ok($node->poll_query_until('postgres', q{SELECT lanes = 3 FROM outbox.targets WHERE name = 'z'}),
+	'... the new lanes are applied');
+ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'z'}),
+	'... everything is delivered');
+my %z;
+$z{ $_->{seq} }++ for @{ acked('/z') };
+is(scalar keys %z, 200, '... all 200 messages, none lost');
+is(scalar(grep { $_ > 1 } values %z), 0, '... none twice');
+ok(key_order_ok(acked('/z')), '... per key in order');
+
+# --- a dead letter delivered again does not move its lane's position ---
+$node->safe_psql('postgres', qq{
+SELECT outbox.create_http_target('q', '$url/q', lanes => 1, max_attempts => 1);
+SELECT outbox.subscribe('q', 'q');
+});
+sink_control($sink, { key => 'bad', status => 422 });
+$node->safe_psql('postgres',
+	q{SELECT count(outbox_emit('q', jsonb_build_object('n', g), CASE WHEN g = 5 THEN 'bad' ELSE 'good' END))
+	    FROM generate_series(1, 10) g});
+ok($node->poll_query_until('postgres', q{SELECT pending = 0 AND dead_letters = 1 FROM outbox.lag WHERE target = 'q'}),
+	'one of ten is a dead letter');
+my $qn = n_of('q');
+my ($q1) = grep { $qn->{$_} == 1 } keys %$qn;
+sink_control($sink, { key => 'bad', reset => JSON::PP::true });
+sink_control($sink, { path => '/q', status => 401 });   # held: nothing acknowledged, nothing dead
+$node->safe_psql('postgres', qq{BEGIN; SELECT outbox.replay('q', $q1); SELECT outbox.retry_dead_letters('q'); COMMIT;});
+sleep 2;
+is($node->safe_psql('postgres', q{SELECT done_id FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id WHERE t.name = 'q'}),
+	$q1 - 1, 'replayed with a dead letter delivered again, nothing acknowledged: the position stays');
+sink_control($sink, { path => '/q', reset => JSON::PP::true });
+ok($node->poll_query_until('postgres', q{SELECT pending = 0 AND dead_letters = 0 FROM outbox.lag WHERE target = 'q'}),
+	'... then everything is delivered');
+
 relay_no_crash($node);
 stop_sink($sink);
 $node->stop;
