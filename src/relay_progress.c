@@ -56,6 +56,24 @@ TimestampTz relay_last_progress_write = 0;
 
 static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
 static SPIPlanPtr progress_plan = NULL;
+
+/* The relay's progress write; schema 0.2 adds the replay generation check. */
+#define RELAY_PROGRESS_UPDATE \
+	"UPDATE outbox.progress" \
+	"   SET done_id = greatest(done_id, $3)," \
+	"       last_delivered_id = coalesce($4, last_delivered_id)," \
+	"       delivered = delivered + $5, dead = dead + $6," \
+	"       attempts = $7," \
+	"       last_status = coalesce($8, last_status)," \
+	"       last_error = coalesce($9, last_error)," \
+	"       last_error_at = coalesce($10, last_error_at)" \
+	" WHERE target_id = $1 AND lane = $2"
+
+/* What a dead letter recorded again updates (both schemas). */
+#define RELAY_DEAD_LETTER_CONFLICT \
+	" ON CONFLICT (target, id) DO UPDATE" \
+	"   SET attempts = excluded.attempts, last_status = excluded.last_status," \
+	"       last_error = excluded.last_error, failed_at = excluded.failed_at"
 static SPIPlanPtr dead_letter_plan = NULL;
 static bool dead_letter_plan_keeps = false;	/* prepared to keep payloads */
 static bool progress_plan_generation = false;	/* prepared with the check */
@@ -200,24 +218,8 @@ relay_write_progress(void)
 		 */
 		progress_plan_generation = relay_schema_operations;
 		progress_plan = SPI_prepare(relay_schema_operations ?
-									"UPDATE outbox.progress"
-									"   SET done_id = greatest(done_id, $3),"
-									"       last_delivered_id = coalesce($4, last_delivered_id),"
-									"       delivered = delivered + $5, dead = dead + $6,"
-									"       attempts = $7,"
-									"       last_status = coalesce($8, last_status),"
-									"       last_error = coalesce($9, last_error),"
-									"       last_error_at = coalesce($10, last_error_at)"
-									" WHERE target_id = $1 AND lane = $2 AND generation = $11" :
-									"UPDATE outbox.progress"
-									"   SET done_id = greatest(done_id, $3),"
-									"       last_delivered_id = coalesce($4, last_delivered_id),"
-									"       delivered = delivered + $5, dead = dead + $6,"
-									"       attempts = $7,"
-									"       last_status = coalesce($8, last_status),"
-									"       last_error = coalesce($9, last_error),"
-									"       last_error_at = coalesce($10, last_error_at)"
-									" WHERE target_id = $1 AND lane = $2 AND $11 IS NOT NULL",
+									RELAY_PROGRESS_UPDATE " AND generation = $11" :
+									RELAY_PROGRESS_UPDATE " AND $11 IS NOT NULL",
 									11, argtypes);
 		if (progress_plan == NULL)
 			elog(ERROR, "outbox: could not prepare the progress query");
@@ -248,9 +250,7 @@ relay_write_progress(void)
 									   " SELECT $1, $2, $3, $4, $5, $6, nullif($7, 0), $8,"
 									   "        m.payload, m.headers, m.emitted_at"
 									   "   FROM (VALUES (1)) v LEFT JOIN outbox.messages m ON m.id = $2"
-									   " ON CONFLICT (target, id) DO UPDATE"
-									   "   SET attempts = excluded.attempts, last_status = excluded.last_status,"
-									   "       last_error = excluded.last_error, failed_at = excluded.failed_at,"
+									   RELAY_DEAD_LETTER_CONFLICT ","
 									   "       payload = coalesce(excluded.payload, dead_letters.payload),"
 									   "       headers = coalesce(excluded.headers, dead_letters.headers),"
 									   "       emitted_at = coalesce(excluded.emitted_at, dead_letters.emitted_at),"
@@ -258,9 +258,7 @@ relay_write_progress(void)
 									   "INSERT INTO outbox.dead_letters"
 									   " (target, id, msg_id, topic, key, attempts, last_status, last_error)"
 									   " VALUES ($1, $2, $3, $4, $5, $6, nullif($7, 0), $8)"
-									   " ON CONFLICT (target, id) DO UPDATE"
-									   "   SET attempts = excluded.attempts, last_status = excluded.last_status,"
-									   "       last_error = excluded.last_error, failed_at = excluded.failed_at",
+									   RELAY_DEAD_LETTER_CONFLICT,
 									   8, argtypes);
 		if (dead_letter_plan == NULL)
 			elog(ERROR, "outbox: could not prepare the dead letter query");
@@ -429,11 +427,11 @@ relay_record_cuts(RelayLane **cut, int n)
 		Oid			argtypes[4] = {INT4OID, INT4OID, INT8OID, INT4OID};
 
 		/* Not over a replay (see relay_write_progress). */
+#define RELAY_CUT_UPDATE \
+	"UPDATE outbox.progress SET batch_end = $3 WHERE target_id = $1 AND lane = $2"
 		plan = SPI_prepare(relay_schema_operations ?
-						   "UPDATE outbox.progress SET batch_end = $3"
-						   " WHERE target_id = $1 AND lane = $2 AND generation = $4" :
-						   "UPDATE outbox.progress SET batch_end = $3"
-						   " WHERE target_id = $1 AND lane = $2 AND $4 IS NOT NULL", 4, argtypes);
+						   RELAY_CUT_UPDATE " AND generation = $4" :
+						   RELAY_CUT_UPDATE " AND $4 IS NOT NULL", 4, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "outbox: could not prepare the batch query");
 		SPI_keepplan(plan);
@@ -477,15 +475,14 @@ relay_progress_notified(RelayTarget *t, int n, int64 last_id, int64 done)
 		Oid			argtypes[5] = {INT4OID, INT8OID, INT8OID, INT8OID, INT4OID};
 
 		/* Not over a replay (see relay_write_progress). */
+#define RELAY_NOTIFIED_UPDATE \
+	"UPDATE outbox.progress" \
+	"   SET done_id = greatest(done_id, $2), last_delivered_id = $3," \
+	"       delivered = delivered + $4, attempts = 0" \
+	" WHERE target_id = $1 AND lane = 0"
 		plan = SPI_prepare(relay_schema_operations ?
-						   "UPDATE outbox.progress"
-						   "   SET done_id = greatest(done_id, $2), last_delivered_id = $3,"
-						   "       delivered = delivered + $4, attempts = 0"
-						   " WHERE target_id = $1 AND lane = 0 AND generation = $5" :
-						   "UPDATE outbox.progress"
-						   "   SET done_id = greatest(done_id, $2), last_delivered_id = $3,"
-						   "       delivered = delivered + $4, attempts = 0"
-						   " WHERE target_id = $1 AND lane = 0 AND $5 IS NOT NULL",
+						   RELAY_NOTIFIED_UPDATE " AND generation = $5" :
+						   RELAY_NOTIFIED_UPDATE " AND $5 IS NOT NULL",
 						   5, argtypes);
 		if (plan == NULL)
 			elog(ERROR, "outbox: could not prepare the NOTIFY progress query");

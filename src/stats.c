@@ -20,6 +20,7 @@
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "port/atomics.h"
 #include "storage/ipc.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
@@ -43,8 +44,8 @@ const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS - 1] = {
 
 typedef struct OutboxStatsShared
 {
+	pg_atomic_uint64 reset_generation;	/* bumped by outbox.reset_stats() */
 	slock_t		mutex;			/* protects everything below */
-	uint64		reset_generation;	/* bumped by outbox.reset_stats() */
 	OutboxWorkerStatus worker;
 	int			ntargets;		/* entries of targets in use */
 	OutboxTargetStats targets[OUTBOX_MAX_STAT_TARGETS];
@@ -68,6 +69,7 @@ outbox_stats_shmem_init(void)
 	if (!found)
 	{
 		memset(StatsShared, 0, sizeof(OutboxStatsShared));
+		pg_atomic_init_u64(&StatsShared->reset_generation, 0);
 		SpinLockInit(&StatsShared->mutex);
 	}
 }
@@ -137,16 +139,14 @@ outbox_stats_publish(const OutboxWorkerStatus *worker,
 	SpinLockRelease(&StatsShared->mutex);
 }
 
-/* The reset generation: the relay zeroes its counters when it moves. */
+/*
+ * The reset generation: the relay zeroes its counters when it moves.  Read
+ * at every turn of the relay's loop, so without a lock.
+ */
 uint64
 outbox_stats_reset_generation(void)
 {
-	uint64		g;
-
-	SpinLockAcquire(&StatsShared->mutex);
-	g = StatsShared->reset_generation;
-	SpinLockRelease(&StatsShared->mutex);
-	return g;
+	return pg_atomic_read_u64(&StatsShared->reset_generation);
 }
 
 static void
@@ -349,9 +349,7 @@ Datum
 outbox_reset_stats(PG_FUNCTION_ARGS)
 {
 	outbox_stats_check();
-	SpinLockAcquire(&StatsShared->mutex);
-	StatsShared->reset_generation++;
-	SpinLockRelease(&StatsShared->mutex);
+	pg_atomic_fetch_add_u64(&StatsShared->reset_generation, 1);
 	outbox_wake_worker(false);
 	PG_RETURN_VOID();
 }

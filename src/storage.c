@@ -149,11 +149,14 @@ outbox_open_messages(LOCKMODE lockmode)
 static Relation
 outbox_try_open_chunk(int n, LOCKMODE lockmode)
 {
-	char		relname[NAMEDATALEN];
+	static const char *const names[OUTBOX_NUM_CHUNKS] = {
+		OUTBOX_MESSAGES_TABLE "_1", OUTBOX_MESSAGES_TABLE "_2",
+		OUTBOX_MESSAGES_TABLE "_3", OUTBOX_MESSAGES_TABLE "_4"
+	};
 
+	StaticAssertStmt(OUTBOX_NUM_CHUNKS == 4, "one name per chunk");
 	Assert(n >= 1 && n <= OUTBOX_NUM_CHUNKS);
-	snprintf(relname, sizeof(relname), "%s_%d", OUTBOX_MESSAGES_TABLE, n);
-	return outbox_try_open_table(relname, &cached_chunk_relid[n - 1], lockmode);
+	return outbox_try_open_table(names[n - 1], &cached_chunk_relid[n - 1], lockmode);
 }
 
 /*
