@@ -10,6 +10,8 @@
 MODULE_big = outbox
 OBJS = \
 	src/api.o \
+	src/chars.o \
+	src/destinations.o \
 	src/emit.o \
 	src/launcher.o \
 	src/outbox.o \
@@ -23,14 +25,16 @@ OBJS = \
 	src/relay_read.o \
 	src/relay_retention.o \
 	src/shmem.o \
+	src/signing.o \
 	src/stats.o \
-	src/storage.o
+	src/storage.o \
+	src/topic_grants.o
 
 EXTENSION = outbox
 DATA = outbox--0.1.sql outbox--0.1--0.2.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors targets operations
+REGRESS = emit savepoints triggers frontier errors targets operations security
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 
@@ -44,7 +48,7 @@ PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags)
 PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wshadow=compatible-local \
 	$(if $(WERROR),-Werror)
-SHLIB_LINK = $(shell $(CURL_CONFIG) --libs)
+SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lcrypto
 
 EXTRA_CLEAN = tmp_check_regress test-output
 

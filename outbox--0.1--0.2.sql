@@ -32,7 +32,7 @@ ALTER TABLE outbox.targets
 	ADD CONSTRAINT targets_lanes_check CHECK (lanes BETWEEN 1 AND 256 AND (kind = 'http' OR lanes = 1)) NOT VALID,
 	ADD CONSTRAINT targets_max_attempts_check CHECK (max_attempts BETWEEN 0 AND 1000000) NOT VALID,
 	ADD CONSTRAINT targets_timeout_ms_check CHECK (timeout_ms BETWEEN 10 AND 3600000) NOT VALID,
-	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^whsec_[A-Za-z0-9+/]+={0,2}$') NOT VALID,
+	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$') NOT VALID,
 	ADD CONSTRAINT targets_headers_check CHECK (jsonb_typeof(headers) = 'object') NOT VALID,
 	ADD CONSTRAINT targets_channel_check CHECK (channel IS NULL OR octet_length(channel) BETWEEN 1 AND 63) NOT VALID;
 
@@ -50,10 +50,13 @@ DECLARE
 BEGIN
 	BEGIN
 		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
-									ordering, max_attempts, timeout_ms)
+									ordering, max_attempts, timeout_ms, ca_file, client_cert,
+									client_key, envelope_only)
 		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
 				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
-				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000))
+				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
+				target.ca_file, target.client_cert, target.client_key,
+				coalesce(target.envelope_only, false))
 		RETURNING id INTO new_id;
 	EXCEPTION WHEN unique_violation THEN
 		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -561,23 +564,12 @@ BEGIN
 				  HINT = 'Use a URL such as ''https://hooks.example.com/outbox''.';
 	END IF;
 	PERFORM outbox.check_headers(t.headers);
-	IF t.secret IS NOT NULL THEN
-		BEGIN
-			IF t.secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
-				RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
-			END IF;
-			key_bytes := decode(substr(t.secret, 7), 'base64');
-		EXCEPTION WHEN others THEN
-			RAISE EXCEPTION 'invalid webhook secret'
-				USING ERRCODE = 'invalid_parameter_value',
-					  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64.',
-					  HINT = 'Generate one with: SELECT ''whsec_'' || encode(gen_random_bytes(32), ''base64'').';
-		END;
-		IF length(key_bytes) < 16 OR length(key_bytes) > 64 THEN
-			RAISE EXCEPTION 'webhook secret must decode to 16 to 64 bytes, not %', length(key_bytes)
-				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'Use 24 to 64 random bytes, as the Standard Webhooks spec recommends.';
-		END IF;
+	PERFORM outbox.check_secret(t.secret, 'secret');
+	PERFORM outbox.check_secret(t.previous_secret, 'previous_secret');
+	IF t.previous_secret IS NOT NULL AND t.secret IS NULL THEN
+		RAISE EXCEPTION 'a target with a previous secret needs a secret'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use outbox.rotate_secret() to change keys.';
 	END IF;
 	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
 		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
@@ -601,11 +593,18 @@ BEGIN
 		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	-- Last, as it may resolve the host: the URL as libcurl parses it, and
+	-- where it may go (outbox.denied_destinations, allowed_destinations).
+	PERFORM outbox.check_destination(t.url);
+	PERFORM outbox.check_tls_files(t);
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.check_http_target(outbox.targets) FROM PUBLIC;
 
-CREATE OR REPLACE FUNCTION outbox.create_http_target(
+-- create_http_target gains the TLS options (ca_file, client_cert,
+-- client_key); named arguments of 0.1 calls work as before.
+DROP FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int);
+CREATE FUNCTION outbox.create_http_target(
 	name		 text,
 	url			 text,
 	headers		 jsonb	DEFAULT '{}',
@@ -614,7 +613,10 @@ CREATE OR REPLACE FUNCTION outbox.create_http_target(
 	lanes		 int	DEFAULT 8,
 	ordering	 text	DEFAULT 'key',
 	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000)
+	timeout_ms	 int	DEFAULT 10000,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -633,6 +635,9 @@ BEGIN
 	t.ordering := ordering;
 	t.max_attempts := max_attempts;
 	t.timeout_ms := timeout_ms;
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
 	PERFORM outbox.check_http_target(t);
 	IF ordering = 'strict' THEN
 		t.lanes := 1;
@@ -640,6 +645,9 @@ BEGIN
 	PERFORM outbox.add_target(t);
 END
 $$;
+COMMENT ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text) IS
+	'create a target that receives messages as HTTP POST requests (webhooks)';
+REVOKE ALL ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
 
 -- Change a target's options; NULL leaves an option as it is.  secret => ''
 -- removes the secret, max_rate => 0 removes the rate limit, disable_after
@@ -659,7 +667,11 @@ CREATE FUNCTION outbox.alter_target(
 	max_attempts  int		DEFAULT NULL,
 	timeout_ms	  int		DEFAULT NULL,
 	max_rate	  float8	DEFAULT NULL,
-	disable_after interval	DEFAULT NULL)
+	disable_after interval	DEFAULT NULL,
+	ca_file		  text		DEFAULT NULL,
+	client_cert	  text		DEFAULT NULL,
+	client_key	  text		DEFAULT NULL,
+	envelope_only boolean	DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -674,10 +686,16 @@ BEGIN
 	t := old;
 	IF old.kind <> 'http' AND (url IS NOT NULL OR headers IS NOT NULL OR secret IS NOT NULL
 							   OR batch_size IS NOT NULL OR lanes IS NOT NULL OR ordering IS NOT NULL
-							   OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
+							   OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL OR ca_file IS NOT NULL
+							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP targets have a URL, headers, a secret, batches, lanes, a timeout or a rate.';
+				  DETAIL = 'Only HTTP targets have a URL, headers, a secret, batches, lanes, a timeout, a rate or TLS files.';
+	END IF;
+	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
 	END IF;
 	t.url := coalesce(url, old.url);
 	t.headers := coalesce(headers, old.headers);
@@ -690,6 +708,13 @@ BEGIN
 	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
 	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
 							ELSE coalesce(disable_after, old.disable_after) END;
+	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
+	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
+	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
+	t.envelope_only := coalesce(envelope_only, old.envelope_only);
+	IF t.secret IS NULL THEN
+		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
+	END IF;
 	IF old.kind = 'http' THEN
 		PERFORM outbox.check_http_target(t);
 	ELSE
@@ -711,12 +736,18 @@ BEGIN
 		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
 		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
 		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
-		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int;
+		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
+		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
+		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
+		+ (t.client_key IS DISTINCT FROM old.client_key)::int
+		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int;
 
 	UPDATE outbox.targets x
 	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
 		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
-		   disable_after = t.disable_after,
+		   disable_after = t.disable_after, previous_secret = t.previous_secret,
+		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
+		   envelope_only = t.envelope_only,
 		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
 		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
 	 WHERE x.id = tid;
@@ -724,7 +755,7 @@ BEGIN
 	RETURN n;
 END
 $$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval) IS
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean) IS
 	'change a target''s options without a restart; returns how many changed';
 
 REVOKE ALL ON FUNCTION outbox.pause_target(text) FROM PUBLIC;
@@ -734,7 +765,7 @@ REVOKE ALL ON FUNCTION outbox.retry_dead_letters(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.discard_dead_letters(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.replay(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.replay(text, timestamptz) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
 -- Monitoring: delivery statistics (in shared memory), the relay's status,
@@ -924,3 +955,392 @@ SELECT string_agg(block, '' ORDER BY ord)
 $$;
 COMMENT ON FUNCTION outbox.metrics() IS 'outbox figures in the Prometheus text exposition format';
 REVOKE ALL ON FUNCTION outbox.metrics() FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Security (README, "Security"): where requests may go, characters by
+-- character, signing keys that rotate, TLS files, NOTIFY without payload,
+-- per-topic emit rights, a monitoring role.
+---------------------------------------------------------------------------
+
+-- Raise invalid_parameter_value when value holds a character its kind
+-- (topic, pattern, key, header_value, channel) does not allow.
+CREATE FUNCTION outbox.check_text(value text, kind text, what text DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_text_sql'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_text(text, text, text) FROM PUBLIC;
+
+-- Refuse a URL libcurl would read differently from how it is written, or
+-- whose host (literal, or resolved now) outbox.denied_destinations or
+-- outbox.allowed_destinations refuse.  The relay checks again at every
+-- connect, on the address it dials.
+CREATE FUNCTION outbox.check_destination(url text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_destination'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_destination(text) FROM PUBLIC;
+
+-- Signing keys: whsec_ (HMAC-SHA256, "v1,") or whsk_ (ed25519, "v1a,").
+CREATE FUNCTION outbox.signing_public_key(secret text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_signing_public_key'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION outbox.signing_public_key(text) IS
+	'the whpk_ public key of a whsk_ signing key, for receivers of v1a signatures';
+
+CREATE FUNCTION outbox.generate_secret(kind text DEFAULT 'hmac')
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_generate_secret'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION outbox.generate_secret(text) IS
+	'a new random signing key: ''hmac'' (whsec_) or ''ed25519'' (whsk_)';
+REVOKE ALL ON FUNCTION outbox.generate_secret(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.signing_public_key(text) FROM PUBLIC;
+
+CREATE FUNCTION outbox.check_secret(secret text, what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	key_bytes bytea;
+BEGIN
+	IF secret IS NULL THEN
+		RETURN;
+	END IF;
+	IF secret ~ '^whsk_' THEN
+		BEGIN
+			PERFORM outbox.signing_public_key(secret);
+		EXCEPTION WHEN invalid_parameter_value THEN
+			RAISE EXCEPTION 'invalid webhook signing key in %', what
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'A whsk_ key is base64 of a 32-byte ed25519 seed (or of the seed and its public key).',
+					  HINT = 'Generate one with: SELECT outbox.generate_secret(''ed25519'').';
+		END;
+		RETURN;
+	END IF;
+	BEGIN
+		IF secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+			RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+		END IF;
+		key_bytes := decode(substr(secret, 7), 'base64');
+	EXCEPTION WHEN others THEN
+		RAISE EXCEPTION 'invalid webhook secret in %', what
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64, or "whsk_" for an ed25519 key.',
+				  HINT = 'Generate one with: SELECT outbox.generate_secret().';
+	END;
+	IF length(key_bytes) < 16 OR length(key_bytes) > 64 THEN
+		RAISE EXCEPTION 'webhook secret must decode to 16 to 64 bytes, not %', length(key_bytes)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use 24 to 64 random bytes, as the Standard Webhooks spec recommends: SELECT outbox.generate_secret().';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_secret(text, text) FROM PUBLIC;
+
+ALTER TABLE outbox.targets
+	ADD COLUMN previous_secret text
+		CONSTRAINT targets_previous_secret_check
+		CHECK (previous_secret IS NULL OR (previous_secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$' AND secret IS NOT NULL)),
+	ADD COLUMN ca_file text
+		CONSTRAINT targets_ca_file_check CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind = 'http')),
+	ADD COLUMN client_cert text
+		CONSTRAINT targets_client_cert_check CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind = 'http')),
+	ADD COLUMN client_key text
+		CONSTRAINT targets_client_key_check CHECK (client_key IS NULL OR (client_key ~ '^/' AND client_cert IS NOT NULL)),
+	ADD COLUMN envelope_only boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN outbox.targets.previous_secret IS
+	'the key being rotated out (outbox.rotate_secret): requests carry its signature too';
+COMMENT ON COLUMN outbox.targets.envelope_only IS
+	'NOTIFY: send the envelope without payload and headers; listeners read the message from a table';
+
+-- TLS files are read by the server: only a role that may read server files
+-- names them, and they must exist and be readable now.
+CREATE FUNCTION outbox.check_tls_files(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	f record;
+BEGIN
+	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
+		RETURN;
+	END IF;
+	IF t.url !~* '^https://' THEN
+		RAISE EXCEPTION 'TLS files need an https:// URL'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+		RAISE EXCEPTION 'permission denied to name TLS files of a target'
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'The relay reads ca_file, client_cert and client_key as the server.',
+				  HINT = 'Only superusers and members of pg_read_server_files may set them.';
+	END IF;
+	IF t.client_key IS NOT NULL AND t.client_cert IS NULL THEN
+		RAISE EXCEPTION 'client_key needs client_cert'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
+									('client_key', t.client_key)) v(opt, path)
+			 WHERE path IS NOT NULL LOOP
+		IF f.path !~ '^/' OR f.path ~ '[\x01-\x1f\x7f]' THEN
+			RAISE EXCEPTION '% must be an absolute path, not "%"', f.opt, f.path
+				USING ERRCODE = 'invalid_parameter_value';
+		END IF;
+		BEGIN
+			PERFORM pg_read_binary_file(f.path, 0, 1);
+		EXCEPTION WHEN others THEN
+			RAISE EXCEPTION 'cannot read % "%"', f.opt, f.path
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = SQLERRM,
+					  HINT = 'The file must be readable by the server''s operating system user.';
+		END;
+	END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_tls_files(outbox.targets) FROM PUBLIC;
+
+-- Header values travel raw in HTTP request headers: printable ASCII only.
+CREATE OR REPLACE FUNCTION outbox.check_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	h record;
+BEGIN
+	IF headers IS NULL OR jsonb_typeof(headers) <> 'object' THEN
+		RAISE EXCEPTION 'target headers must be a JSON object'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass headers such as ''{"authorization": "Bearer ..."}''.';
+	END IF;
+	IF octet_length(headers::text) > 65536 THEN
+		RAISE EXCEPTION 'target headers are too large'
+			USING ERRCODE = 'program_limit_exceeded',
+				  DETAIL = 'The headers take more than 64 kB as text.';
+	END IF;
+	FOR h IN SELECT key, value FROM jsonb_each(headers) LOOP
+		IF h.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$' OR octet_length(h.key) > 256 THEN
+			RAISE EXCEPTION 'target header name "%" is not a valid HTTP header name', h.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Use header names such as "authorization" or "x-api-key".';
+		END IF;
+		IF lower(h.key) ~ '^(webhook-|outbox-)' OR lower(h.key) IN ('content-length', 'content-type', 'host',
+				'connection', 'transfer-encoding', 'te', 'upgrade', 'expect', 'trailer', 'keep-alive',
+				'proxy-connection') THEN
+			RAISE EXCEPTION 'target header name "%" is reserved', h.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'The relay sets this header itself.',
+					  HINT = 'Choose another header name.';
+		END IF;
+		IF jsonb_typeof(h.value) <> 'string' THEN
+			RAISE EXCEPTION 'target header "%" must have a string value', h.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Quote the value, for example ''{"x-retry": "3"}''.';
+		END IF;
+		PERFORM outbox.check_text(h.value #>> '{}', 'header_value', format('target header "%s"', h.key));
+	END LOOP;
+END
+$$;
+
+-- Topic patterns are checked by character, with the rules of topics.
+CREATE OR REPLACE FUNCTION outbox.subscribe(target text, topic text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+BEGIN
+	PERFORM outbox.check_topic_pattern(topic);
+	INSERT INTO outbox.subscriptions (target_id, pattern, start_id)
+	VALUES (tid, topic, outbox.frontier())
+	ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RAISE NOTICE 'target "%" is already subscribed to "%"', target, topic;
+	END IF;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+CREATE FUNCTION outbox.check_topic_pattern(pattern text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF pattern IS NULL OR pattern = '' OR octet_length(pattern) > 255 THEN
+		RAISE EXCEPTION 'invalid topic pattern %', quote_nullable(pattern)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A pattern is a topic, a prefix followed by "*" (such as ''orders.*''), or ''*''.',
+				  HINT = 'Topics have 1 to 255 bytes and no white space.';
+	END IF;
+	PERFORM outbox.check_text(pattern, 'pattern');
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_topic_pattern(text) FROM PUBLIC;
+
+-- NOTIFY targets may send the envelope only (no payload, no headers):
+-- every role that can connect may LISTEN on any channel.
+DROP FUNCTION outbox.create_notify_target(text, text);
+CREATE FUNCTION outbox.create_notify_target(name text, channel text,
+											envelope_only boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	IF channel IS NULL OR channel = '' OR octet_length(channel) > 63 THEN
+		RAISE EXCEPTION 'invalid NOTIFY channel name %', quote_nullable(channel)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Channel names have 1 to 63 bytes.',
+				  HINT = 'Use the name your listeners pass to LISTEN.';
+	END IF;
+	PERFORM outbox.check_text(channel, 'channel', 'NOTIFY channel name');
+	t.name := name;
+	t.kind := 'notify';
+	t.channel := channel;
+	t.lanes := 1;
+	t.ordering := 'strict';
+	t.envelope_only := coalesce(envelope_only, false);
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_notify_target(text, text, boolean) IS
+	'create a target that receives messages as NOTIFY on a channel';
+REVOKE ALL ON FUNCTION outbox.create_notify_target(text, text, boolean) FROM PUBLIC;
+
+-- Rotate a target's signing key: the current one becomes the previous one,
+-- and requests carry both signatures (space-separated, as Standard Webhooks
+-- allows) until outbox.finish_secret_rotation().
+CREATE FUNCTION outbox.rotate_secret(target text, new_secret text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+	old outbox.targets;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	IF old.kind <> 'http' THEN
+		RAISE EXCEPTION 'target "%" is a % target', target, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets sign requests.';
+	END IF;
+	IF new_secret IS NULL THEN
+		RAISE EXCEPTION 'new_secret must not be null'
+			USING ERRCODE = 'null_value_not_allowed',
+				  HINT = 'Generate one with SELECT outbox.generate_secret().';
+	END IF;
+	PERFORM outbox.check_secret(new_secret, 'new_secret');
+	IF new_secret = old.secret THEN
+		RAISE EXCEPTION 'the new secret of target "%" is its current one', target
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	UPDATE outbox.targets SET previous_secret = secret, secret = new_secret WHERE id = tid;
+	PERFORM outbox.config_changed();
+END
+$$;
+COMMENT ON FUNCTION outbox.rotate_secret(text, text) IS
+	'give a target a new signing key; requests carry the old and the new signature until finish_secret_rotation';
+
+CREATE FUNCTION outbox.finish_secret_rotation(target text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+BEGIN
+	UPDATE outbox.targets SET previous_secret = NULL WHERE id = tid AND previous_secret IS NOT NULL;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM outbox.config_changed();
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION outbox.finish_secret_rotation(text) IS
+	'stop signing a target''s requests with its previous key';
+REVOKE ALL ON FUNCTION outbox.rotate_secret(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.finish_secret_rotation(text) FROM PUBLIC;
+
+-- Per-topic emit rights, checked by outbox_emit() when
+-- outbox.check_topic_grants is on (superusers are not checked).
+CREATE TABLE outbox.topic_grants (
+	role		regrole	NOT NULL,
+	pattern		text	NOT NULL,
+	granted_at	timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (role, pattern)
+);
+COMMENT ON TABLE outbox.topic_grants IS 'topics (exact, prefix* or *) each role may emit to when outbox.check_topic_grants is on';
+REVOKE ALL ON TABLE outbox.topic_grants FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.topic_grants', '');
+
+CREATE FUNCTION outbox.topic_grants_changed()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_topic_grants_changed'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION outbox.topic_grants_changed() FROM PUBLIC;
+
+CREATE FUNCTION outbox.grant_topic(role regrole, pattern text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF role IS NULL THEN
+		RAISE EXCEPTION 'role must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM outbox.check_topic_pattern(pattern);
+	INSERT INTO outbox.topic_grants (role, pattern) VALUES (grant_topic.role, grant_topic.pattern)
+	ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM outbox.topic_grants_changed();
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION outbox.grant_topic(regrole, text) IS
+	'let a role emit to the topics a pattern matches (when outbox.check_topic_grants is on)';
+
+CREATE FUNCTION outbox.revoke_topic(role regrole, pattern text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM outbox.topic_grants g WHERE g.role = revoke_topic.role AND g.pattern = revoke_topic.pattern;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM outbox.topic_grants_changed();
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION outbox.revoke_topic(regrole, text) IS 'take back a grant of outbox.grant_topic';
+REVOKE ALL ON FUNCTION outbox.grant_topic(regrole, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.revoke_topic(regrole, text) FROM PUBLIC;
+
+-- A read-only monitoring role: figures and states, no URLs, headers,
+-- secrets or payloads (roles are shared by the cluster's databases: it is
+-- created once, and stays when the extension is dropped).
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'outbox_monitor') THEN
+		CREATE ROLE outbox_monitor NOLOGIN;
+		COMMENT ON ROLE outbox_monitor IS 'reads outbox.lag, outbox.stats, outbox.worker and outbox.metrics()';
+	END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA outbox TO outbox_monitor;
+GRANT SELECT ON outbox.lag, outbox.stats, outbox.worker TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox.metrics(), outbox.target_pending(int), outbox.target_stats(),
+	outbox.worker_status() TO outbox_monitor;

@@ -64,7 +64,7 @@ SELECT outbox.replay('ops', '2100-01-01 00:00:00+00'::timestamptz);
 UPDATE outbox.state SET id_high_water = 0, removed_before = NULL;
 
 -- alter_target: each option, the resets, bad values, the wrong kind.
-SELECT outbox.alter_target('ops', url => 'https://hooks.example.com/ops', batch_size => 10,
+SELECT outbox.alter_target('ops', url => 'https://localhost:8443/ops', batch_size => 10,
 						   headers => '{"x-env": "test"}', timeout_ms => 500, max_attempts => 3,
 						   secret => 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw',
 						   max_rate => 25, disable_after => '1 hour');

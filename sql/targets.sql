@@ -1,7 +1,7 @@
 -- Targets and subscriptions: the relay's configuration.  (Delivery itself
 -- is covered by the TAP tests; outbox.enabled is off here.)
 SELECT outbox.create_http_target('billing', 'http://127.0.0.1:9/hooks/billing');
-SELECT outbox.create_http_target('audit', 'https://audit.example.com/outbox',
+SELECT outbox.create_http_target('audit', 'https://localhost:8443/audit',
 	headers => '{"authorization": "Bearer abc"}',
 	secret => 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw',
 	batch_size => 50, lanes => 4, max_attempts => 0, timeout_ms => 2000);

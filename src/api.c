@@ -93,28 +93,11 @@ outbox_check_writable(void)
 				 errhint("Emit messages from a read-write transaction.")));
 }
 
-/* Reject control characters that would break an HTTP header line. */
-static int
-outbox_find_control_char(const char *s, int len)
-{
-	int			i;
-
-	for (i = 0; i < len; i++)
-	{
-		unsigned char c = (unsigned char) s[i];
-
-		if ((c < 0x20 && c != '\t') || c == 0x7f)
-			return i;
-	}
-	return -1;
-}
-
 static void
 outbox_check_topic(text *topic_t, const char **topic, int *topic_len)
 {
 	int			len = VARSIZE_ANY_EXHDR(topic_t);
 	const char *s = VARDATA_ANY(topic_t);
-	int			i;
 
 	if (len == 0)
 		ereport(ERROR,
@@ -128,18 +111,8 @@ outbox_check_topic(text *topic_t, const char **topic, int *topic_len)
 				 errdetail("The topic has %d bytes; the limit is %d.",
 						   len, OUTBOX_MAX_TOPIC_LEN),
 				 errhint("Use a shorter topic name.")));
-	for (i = 0; i < len; i++)
-	{
-		unsigned char c = (unsigned char) s[i];
-
-		if (c <= 0x20 || c == 0x7f || c == '*')
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("outbox topic contains an invalid character"),
-					 errdetail("Byte %d of the topic is 0x%02x; topics may not contain white space, control characters or \"*\".",
-							   i + 1, c),
-					 errhint("Use names such as 'orders.created'; \"*\" is reserved for subscription patterns.")));
-	}
+	outbox_check_text(s, len, OUTBOX_TEXT_TOPIC, "outbox topic");
+	outbox_check_topic_grant(s, len);
 	*topic = s;
 	*topic_len = len;
 }
@@ -149,7 +122,6 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 {
 	int			len = VARSIZE_ANY_EXHDR(key_t);
 	const char *s = VARDATA_ANY(key_t);
-	int			bad;
 
 	if (len > OUTBOX_MAX_KEY_LEN)
 		ereport(ERROR,
@@ -158,14 +130,7 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 				 errdetail("The key has %d bytes; the limit is %d.",
 						   len, OUTBOX_MAX_KEY_LEN),
 				 errhint("Use a shorter key, such as the aggregate's id.")));
-	bad = outbox_find_control_char(s, len);
-	if (bad >= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("outbox key contains a control character"),
-				 errdetail("Byte %d of the key is 0x%02x.",
-						   bad + 1, (unsigned char) s[bad]),
-				 errhint("Keys travel as HTTP header values; remove carriage returns, line feeds and other control characters.")));
+	outbox_check_text(s, len, OUTBOX_TEXT_KEY, "outbox key");
 	*key = s;
 	*key_len = len;
 }
@@ -263,7 +228,7 @@ outbox_check_headers(Jsonb *headers)
 		}
 		else if (tok == WJB_VALUE)
 		{
-			int			bad;
+			pg_wchar	bad;
 
 			if (v.type != jbvString)
 				ereport(ERROR,
@@ -271,15 +236,11 @@ outbox_check_headers(Jsonb *headers)
 						 errmsg("outbox header \"%.*s\" must have a string value",
 								name_len, name),
 						 errhint("Quote the value, for example '{\"x-retry\": \"3\"}'.")));
-			bad = outbox_find_control_char(v.val.string.val, v.val.string.len);
-			if (bad >= 0)
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("outbox header \"%.*s\" contains a control character",
-								name_len, name),
-						 errdetail("Byte %d of the value is 0x%02x.", bad + 1,
-								   (unsigned char) v.val.string.val[bad]),
-						 errhint("Remove carriage returns, line feeds and other control characters from header values.")));
+			if (outbox_bad_char(v.val.string.val, v.val.string.len,
+								OUTBOX_TEXT_HEADER_VALUE, &bad) > 0)
+				outbox_check_text(v.val.string.val, v.val.string.len,
+								  OUTBOX_TEXT_HEADER_VALUE,
+								  psprintf("outbox header \"%.*s\"", name_len, name));
 		}
 	}
 }

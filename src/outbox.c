@@ -129,6 +129,9 @@ _PG_init(void)
 							   GUC_NOT_IN_SAMPLE | GUC_NO_SHOW_ALL,
 							   NULL, NULL, NULL);
 
+	outbox_destinations_define_gucs();
+	outbox_topic_grants_define_gucs();
+
 	if (!process_shared_preload_libraries_in_progress)
 	{
 		MarkGUCPrefixReserved("outbox");

@@ -20,6 +20,8 @@
 #include "access/xlogdefs.h"
 #include "datatype/timestamp.h"
 #include "storage/lockdefs.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
 #include "utils/relcache.h"
 #include "utils/uuid.h"
 
@@ -177,6 +179,47 @@ extern void outbox_stats_publish(const OutboxWorkerStatus *worker,
 extern uint64 outbox_stats_reset_generation(void);
 
 /*---- emit.c ----*/
+/* chars.c: which characters text of each kind may hold */
+typedef enum OutboxTextKind
+{
+	OUTBOX_TEXT_TOPIC,
+	OUTBOX_TEXT_PATTERN,
+	OUTBOX_TEXT_KEY,
+	OUTBOX_TEXT_HEADER_VALUE,
+	OUTBOX_TEXT_CHANNEL
+} OutboxTextKind;
+
+extern int	outbox_bad_char(const char *s, int len, OutboxTextKind kind, pg_wchar *bad);
+extern void outbox_check_text(const char *s, int len, OutboxTextKind kind, const char *what);
+
+/* destinations.c: where requests may go */
+extern char *outbox_denied_destinations;
+extern char *outbox_allowed_destinations;
+extern uint64 outbox_destinations_generation;
+extern void outbox_destinations_define_gucs(void);
+extern const char *outbox_destination_refused(int family, const void *address, const char *host);
+extern char *outbox_url_host(const char *url, const char **why);
+
+/* topic_grants.c: per-topic emit rights */
+extern bool outbox_check_topic_grants;
+extern void outbox_topic_grants_define_gucs(void);
+extern void outbox_check_topic_grant(const char *topic, int topic_len);
+
+/* signing.c: webhook signing keys */
+typedef struct OutboxSigningKey
+{
+	char		kind;			/* 'h'mac (whsec_) or 'e'd25519 (whsk_) */
+	uint8	   *bytes;			/* the HMAC key, or the ed25519 seed */
+	int			len;			/* bytes */
+	void	   *pkey;			/* EVP_PKEY of an ed25519 key, freed with
+								 * the memory context it was parsed in */
+} OutboxSigningKey;
+
+extern const char *outbox_parse_signing_key(const char *text, OutboxSigningKey *key);
+extern bool outbox_sign(const OutboxSigningKey *key, const char *webhook_id,
+						const char *timestamp, const char *body, int body_len,
+						StringInfo out);
+
 extern void outbox_emit_init(void);
 extern void outbox_buffer_append(const OutboxMessage *msg);
 extern void outbox_note_config_change(void);

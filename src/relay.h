@@ -139,8 +139,13 @@ typedef struct RelayTarget
 	char	  **header_lines;	/* "Name: value" of the target's headers */
 	char	  **header_names;	/* their names */
 	int			nheader_lines;	/* entries in header_lines */
-	uint8	   *secret;			/* decoded signing key, or NULL */
-	int			secret_len;		/* bytes of secret */
+	char	   *host;			/* the URL's host, for allowed_destinations */
+	OutboxSigningKey keys[2];	/* signing keys: secret, previous_secret */
+	int			nkeys;			/* entries in keys */
+	char	   *ca_file;		/* TLS: CA bundle file, or NULL */
+	char	   *client_cert;	/* TLS: client certificate file, or NULL */
+	char	   *client_key;		/* TLS: its private key file, or NULL */
+	bool		envelope_only;	/* NOTIFY: without payload and headers */
 	int			batch_size;		/* messages per request */
 	int			nlanes;			/* lanes */
 	int			max_attempts;	/* 0 = retry forever */
@@ -208,6 +213,9 @@ typedef struct RelayDeadLetter
  * the same batches.
  */
 #define RELAY_MAX_BATCH_BYTES	(64 * 1024 * 1024)
+
+/* Longest last_error kept, in bytes. */
+#define RELAY_MAX_ERROR_LEN		256
 
 /* Parts of relay_envelope(); without one, it says "..._omitted". */
 #define RELAY_ENVELOPE_HEADERS	0x01

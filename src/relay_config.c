@@ -124,7 +124,9 @@ relay_printable(const char *s, bool allow_space)
 	{
 		unsigned char c = (unsigned char) *s;
 
-		if (c < 0x20 || c == 0x7f || (c == ' ' && !allow_space))
+		/* Printable ASCII: these go into HTTP request lines and headers. */
+		if ((c < 0x20 && c != '\t') || c >= 0x7f || (c == '\t' && !allow_space) ||
+			(c == ' ' && !allow_space))
 			return false;
 	}
 	return true;
@@ -181,7 +183,7 @@ relay_target_headers(RelayTarget *t, Jsonb *jb)
 				return "a header value is not a string";
 			value = pnstrdup(v.val.string.val, v.val.string.len);
 			if (!relay_printable(value, true))
-				return "a header value has a control character";
+				return "a header value has a character that is not printable ASCII";
 			t->header_names[t->nheader_lines] = name;
 			t->header_lines[t->nheader_lines++] = *value ?
 				psprintf("%s: %s", name, value) : psprintf("%s;", name);
@@ -253,22 +255,32 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	if (*problem == NULL && (t->timeout_ms < 10 || t->timeout_ms > 3600000))
 		*problem = "timeout_ms is not between 10 and 3600000";
 
-	s = relay_spi_text(tup, desc, 10);
-	if (*problem == NULL && s != NULL)
+	for (i = 0; i < 2; i++)
 	{
-		int			len = strlen(s);
+		const char *why;
 
-		if (len < 6 || strncmp(s, "whsec_", 6) != 0)
-			*problem = "secret does not start with whsec_";
+		s = relay_spi_text(tup, desc, i == 0 ? 10 : 19);
+		if (*problem != NULL || s == NULL)
+			continue;
+		why = outbox_parse_signing_key(s, &t->keys[t->nkeys]);
+		if (why != NULL)
+			*problem = psprintf("%s: %s", i == 0 ? "secret" : "previous_secret", why);
 		else
-		{
-			t->secret = palloc(pg_b64_dec_len(len - 6) + 1);
-			t->secret_len = pg_b64_decode(s + 6, len - 6, (outbox_b64_byte *) t->secret,
-										  pg_b64_dec_len(len - 6));
-			if (t->secret_len < 16 || t->secret_len > 64)
-				*problem = "secret is not base64 of 16 to 64 bytes";
-		}
+			t->nkeys++;
 	}
+	if (*problem == NULL && t->kind == RELAY_HTTP)
+	{
+		const char *why;
+
+		t->host = outbox_url_host(t->url, &why);
+		if (t->host == NULL)
+			*problem = psprintf("url: %s", why);
+	}
+	t->ca_file = relay_spi_text(tup, desc, 20);
+	t->client_cert = relay_spi_text(tup, desc, 21);
+	t->client_key = relay_spi_text(tup, desc, 22);
+	d = SPI_getbinval(tup, desc, 23, &isnull);
+	t->envelope_only = !isnull && DatumGetBool(d);
 
 	d = SPI_getbinval(tup, desc, 11, &isnull);
 	if (*problem == NULL && !isnull)
@@ -398,8 +410,13 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->header_lines = n->header_lines;
 	t->header_names = n->header_names;
 	t->nheader_lines = n->nheader_lines;
-	t->secret = n->secret;
-	t->secret_len = n->secret_len;
+	memcpy(t->keys, n->keys, sizeof(t->keys));
+	t->nkeys = n->nkeys;
+	t->host = n->host;
+	t->ca_file = n->ca_file;
+	t->client_cert = n->client_cert;
+	t->client_key = n->client_key;
+	t->envelope_only = n->envelope_only;
 	t->batch_size = n->batch_size;
 	t->max_attempts = n->max_attempts;
 	t->timeout_ms = n->timeout_ms;
@@ -519,14 +536,16 @@ relay_load_config(void)
 					"       t.pending_lanes, t.pending_ordering,"
 					"       md5(row(t.url, t.headers, t.secret, t.batch_size, t.lanes, t.max_attempts,"
 					"               t.timeout_ms, t.state, t.max_rate, t.disable_after,"
-					"               t.pending_lanes, t.pending_ordering)::text),"
+					"               t.pending_lanes, t.pending_ordering, t.previous_secret, t.ca_file,"
+					"               t.client_cert, t.client_key, t.envelope_only)::text),"
 					"       EXISTS (SELECT 1 FROM outbox.dead_letters d"
-					"                WHERE d.target = t.name AND d.retry_requested_at IS NOT NULL)"
+					"                WHERE d.target = t.name AND d.retry_requested_at IS NOT NULL),"
+					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only"
 					"  FROM outbox.targets t ORDER BY t.id" :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
-					"       NULL::text, false"
+					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

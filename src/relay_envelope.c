@@ -126,6 +126,19 @@ relay_header_lines(Jsonb *jb, int *len)
 			appendBinaryStringInfo(&buf, v.val.string.val, v.val.string.len);
 		else if (tok == WJB_VALUE && v.type == jbvString)
 		{
+			pg_wchar	bad;
+
+			/*
+			 * outbox_emit() refuses such values; a message stored by an
+			 * earlier version may hold one.  It is not sent raw: the error
+			 * makes the message a dead letter (relay_read.c).
+			 */
+			if (outbox_bad_char(v.val.string.val, v.val.string.len,
+								OUTBOX_TEXT_HEADER_VALUE, &bad) > 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("outbox header value of the message holds U+%04X, which HTTP headers cannot carry",
+								(unsigned int) bad)));
 			/* "Name;" sends an empty header; "Name:" would remove one. */
 			if (v.val.string.len == 0)
 				appendStringInfoChar(&buf, ';');

@@ -25,6 +25,8 @@
  */
 #include "postgres.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -42,6 +44,9 @@
 #include "utils/timestamp.h"
 
 #include "relay.h"
+
+/* Bytes of a response body kept for last_error. */
+#define RELAY_ERROR_KEEP	200
 
 /* libcurl state of one HTTP lane. */
 typedef struct RelayHttpLane
@@ -61,9 +66,24 @@ typedef struct RelayHttpLane
 	int			nlines;			/* lines in hdr */
 	int			maxlines;		/* entries allocated in hoff and nodes */
 	char		errbuf[CURL_ERROR_SIZE];	/* libcurl's error text */
-	char		response[256];	/* start of the response body */
+	char		response[RELAY_ERROR_KEEP + 1]; /* start of the response body */
 	int			response_len;	/* bytes in response */
+	Size		body_bytes;		/* bytes of response body received */
+	Size		header_bytes;	/* bytes of response headers received */
+	bool		body_capped;	/* stopped reading at RELAY_MAX_RESPONSE_BODY */
+	bool		headers_capped; /* gave up at RELAY_MAX_RESPONSE_HEADERS */
+	char		refused[512];	/* why a connect was refused, or "" */
+	StringInfoData sig;			/* webhook-signature of the request */
 } RelayHttpLane;
+
+/*
+ * What is read of a response: the body up to RELAY_MAX_RESPONSE_BODY bytes
+ * (then the connection is closed, and the status decides), the headers up
+ * to RELAY_MAX_RESPONSE_HEADERS; of the body only the first
+ * RELAY_ERROR_KEEP bytes are kept, for last_error, as printable ASCII.
+ */
+#define RELAY_MAX_RESPONSE_BODY		(64 * 1024)
+#define RELAY_MAX_RESPONSE_HEADERS	(64 * 1024)
 
 /* A lane's batch body buffer larger than this is given back after use. */
 #define RELAY_BODY_KEEP		(256 * 1024)
@@ -74,12 +94,7 @@ static TimestampTz timer_deadline = 0;	/* libcurl wants a call by then */
 static bool timer_set = false;	/* timer_deadline is meaningful */
 static int	requests_in_flight = 0;
 static bool proxy_from_env = false; /* a proxy variable is set */
-
-/*
- * PostgreSQL's HMAC tracks its OpenSSL context in the current resource
- * owner, and the worker has none between transactions.
- */
-static ResourceOwner hmac_owner = NULL;
+static uint64 destinations_seen = 0;	/* outbox_destinations_generation */
 
 /*
  * What epoll_fd watches for each socket libcurl gave us, indexed by
@@ -99,6 +114,8 @@ typedef struct RelaySocketState
 	uint32		registered;		/* EPOLLIN/EPOLLOUT registered, or 0 */
 	bool		wanted;			/* libcurl watches it */
 	bool		ours;			/* opened by relay_open_socket_cb */
+	bool		stale;			/* connected under destination rules that
+								 * changed since: not to be used again */
 } RelaySocketState;
 
 static RelaySocketState *sockets = NULL;
@@ -175,6 +192,8 @@ relay_socket_cb(CURL *easy, curl_socket_t s, int what, void *userp,
 		/* Keep a connection registered for its next request. */
 		if (!st->ours)
 			relay_socket_watch(s, st, 0, false);
+		else if (st->stale)
+			shutdown(s, SHUT_RDWR); /* libcurl finds it dead, opens anew */
 		return 0;
 	}
 	if (what & CURL_POLL_IN)
@@ -206,12 +225,36 @@ relay_timer_cb(CURLM *m, long timeout_ms, void *userp)
 	return 0;
 }
 
-/* Count libcurl's sockets against the server's file descriptor budget. */
+/*
+ * Open the sockets libcurl connects with: refuse an address that
+ * outbox.denied_destinations / allowed_destinations do not allow (the
+ * address actually dialled, after any DNS lookup), and count the sockets
+ * against the server's file descriptor budget.
+ */
 static curl_socket_t
 relay_open_socket_cb(void *clientp, curlsocktype purpose,
 					 struct curl_sockaddr *address)
 {
+	RelayLane  *lane = (RelayLane *) clientp;
 	curl_socket_t s;
+	const char *why = NULL;
+
+	if (address->family == AF_INET)
+		why = outbox_destination_refused(AF_INET,
+										 &((struct sockaddr_in *) &address->addr)->sin_addr,
+										 lane->target->host);
+	else if (address->family == AF_INET6)
+		why = outbox_destination_refused(AF_INET6,
+										 &((struct sockaddr_in6 *) &address->addr)->sin6_addr,
+										 lane->target->host);
+	else
+		why = "not an Internet address";
+	if (why != NULL)
+	{
+		snprintf(lane->http->refused, sizeof(lane->http->refused),
+				 "connection refused by the relay: %s", why);
+		return CURL_SOCKET_BAD;
+	}
 
 	if (!AcquireExternalFD())
 		return CURL_SOCKET_BAD;
@@ -228,6 +271,7 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 			st->registered = 0;
 			st->wanted = false;
 			st->ours = true;
+			st->stale = false;
 		}
 	}
 	return s;
@@ -244,13 +288,17 @@ relay_close_socket_cb(void *clientp, curl_socket_t s)
 		st->registered = 0;
 		st->wanted = false;
 		st->ours = false;
+		st->stale = false;
 	}
 	close(s);
 	ReleaseExternalFD();
 	return 0;
 }
 
-/* Keep the start of the response body for error messages; drop the rest. */
+/*
+ * Keep the start of the response body for error messages, as printable
+ * ASCII; drop the rest; stop reading at RELAY_MAX_RESPONSE_BODY.
+ */
 static size_t
 relay_write_cb(char *data, size_t size, size_t nmemb, void *userdata)
 {
@@ -258,13 +306,42 @@ relay_write_cb(char *data, size_t size, size_t nmemb, void *userdata)
 	size_t		len = size * nmemb;
 	size_t		room = sizeof(h->response) - 1 - h->response_len;
 
+	h->body_bytes += len;
 	if (room > 0)
 	{
 		size_t		n = Min(room, len);
+		size_t		i;
 
-		memcpy(h->response + h->response_len, data, n);
+		for (i = 0; i < n; i++)
+		{
+			unsigned char c = (unsigned char) data[i];
+
+			h->response[h->response_len + i] = (c >= 0x20 && c < 0x7f) ? c : '?';
+		}
 		h->response_len += n;
 		h->response[h->response_len] = '\0';
+	}
+	if (h->body_bytes > RELAY_MAX_RESPONSE_BODY)
+	{
+		/* Returning less than len aborts the transfer and its connection. */
+		h->body_capped = true;
+		return 0;
+	}
+	return len;
+}
+
+/* Count the response's header bytes; give up past the cap. */
+static size_t
+relay_header_cb(char *data, size_t size, size_t nmemb, void *userdata)
+{
+	RelayHttpLane *h = (RelayHttpLane *) userdata;
+	size_t		len = size * nmemb;
+
+	h->header_bytes += len;
+	if (h->header_bytes > RELAY_MAX_RESPONSE_HEADERS)
+	{
+		h->headers_capped = true;
+		return 0;
 	}
 	return len;
 }
@@ -286,6 +363,7 @@ relay_http_init(void)
 	 * libcurl looks for proxy variables in the environment on every
 	 * request.  When the server was started without any, say so once.
 	 */
+	destinations_seen = outbox_destinations_generation;
 	proxy_from_env = getenv("http_proxy") || getenv("https_proxy") ||
 		getenv("HTTPS_PROXY") || getenv("all_proxy") || getenv("ALL_PROXY");
 
@@ -322,6 +400,26 @@ relay_http_shutdown(void)
 	nsockets = 0;
 }
 
+/*
+ * The options of a lane's handle that follow the target's row: URL,
+ * timeouts, TLS files.  Set again before each request, so that a target
+ * altered live takes them at its next request.
+ */
+static void
+relay_http_lane_options(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	CURL	   *easy = lane->http->easy;
+
+	curl_easy_setopt(easy, CURLOPT_URL, t->url);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
+	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 10000));
+	/* NULL restores libcurl's defaults (the system's CA bundle). */
+	curl_easy_setopt(easy, CURLOPT_CAINFO, t->ca_file);
+	curl_easy_setopt(easy, CURLOPT_SSLCERT, t->client_cert);
+	curl_easy_setopt(easy, CURLOPT_SSLKEY, t->client_key);
+}
+
 /* Create the easy handle of an HTTP lane. */
 void
 relay_http_lane_init(RelayLane *lane)
@@ -335,12 +433,13 @@ relay_http_lane_init(RelayLane *lane)
 
 	initStringInfo(&h->body);
 	initStringInfo(&h->hdr);
+	initStringInfo(&h->sig);
 	h->maxlines = 16;
 	h->hoff = palloc(sizeof(int) * h->maxlines);
 	h->nodes = palloc(sizeof(struct curl_slist) * h->maxlines);
 	h->easy = easy;
+	lane->http = h;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
-	curl_easy_setopt(easy, CURLOPT_URL, t->url);
 	if (!proxy_from_env)
 	{
 		curl_easy_setopt(easy, CURLOPT_PROXY, "");
@@ -354,17 +453,22 @@ relay_http_lane_init(RelayLane *lane)
 	curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long) (CURLPROTO_HTTP | CURLPROTO_HTTPS));
 #endif
 	curl_easy_setopt(easy, CURLOPT_POST, 1L);
-	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
-	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 10000));
 	curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
 	curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
 	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox/0.1");
 	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, h->errbuf);
 	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, relay_write_cb);
 	curl_easy_setopt(easy, CURLOPT_WRITEDATA, h);
+	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, relay_header_cb);
+	curl_easy_setopt(easy, CURLOPT_HEADERDATA, h);
+	/* No decompression (no zip bombs), no cookies, no .netrc. */
+	curl_easy_setopt(easy, CURLOPT_NETRC, (long) CURL_NETRC_IGNORED);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+	relay_http_lane_options(lane);
 	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, relay_open_socket_cb);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, lane);
 	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, relay_close_socket_cb);
-	lane->http = h;
 }
 
 /* Abandon the lane's request, if any, and free its handle. */
@@ -446,47 +550,6 @@ relay_target_has_header(RelayTarget *t, const char *line)
 	return false;
 }
 
-/* "v1," base64(HMAC-SHA256(secret, id "." timestamp "." body)) */
-static void
-relay_sign(RelayTarget *t, const char *webhook_id, const char *timestamp,
-		   const char *body, int body_len, char *out, int outlen)
-{
-	ResourceOwner saved_owner = CurrentResourceOwner;
-	pg_hmac_ctx *ctx;
-	uint8		mac[PG_SHA256_DIGEST_LENGTH];
-	int			n;
-
-	if (hmac_owner == NULL)
-		hmac_owner = ResourceOwnerCreate(NULL, "outbox webhook signatures");
-	CurrentResourceOwner = hmac_owner;
-	ctx = pg_hmac_create(PG_SHA256);
-	if (ctx == NULL ||
-		pg_hmac_init(ctx, t->secret, t->secret_len) < 0 ||
-		pg_hmac_update(ctx, (const uint8 *) webhook_id, strlen(webhook_id)) < 0 ||
-		pg_hmac_update(ctx, (const uint8 *) ".", 1) < 0 ||
-		pg_hmac_update(ctx, (const uint8 *) timestamp, strlen(timestamp)) < 0 ||
-		pg_hmac_update(ctx, (const uint8 *) ".", 1) < 0 ||
-		pg_hmac_update(ctx, (const uint8 *) body, body_len) < 0 ||
-		pg_hmac_final(ctx, mac, sizeof(mac)) < 0)
-	{
-		char	   *why = pstrdup(ctx ? pg_hmac_error(ctx) : "out of memory");
-
-		/* Free the context and restore the owner before raising. */
-		if (ctx)
-			pg_hmac_free(ctx);
-		CurrentResourceOwner = saved_owner;
-		elog(ERROR, "outbox: could not compute webhook signature: %s", why);
-	}
-	pg_hmac_free(ctx);
-	CurrentResourceOwner = saved_owner;
-
-	memcpy(out, "v1,", 3);
-	n = pg_b64_encode((const outbox_b64_byte *) mac, sizeof(mac), out + 3, outlen - 4);
-	if (n < 0)
-		elog(ERROR, "outbox: could not encode webhook signature");
-	out[3 + n] = '\0';
-}
-
 /*
  * Send the lane's next batch: the lane->cut_n messages at the head of its
  * queue that relay_lane_cut() chose.  With batch_size 1 the body is the
@@ -560,12 +623,17 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	relay_header(h, "Expect:");
 	relay_header_value(h, "webhook-id", webhook_id);
 	relay_header_value(h, "webhook-timestamp", timestamp);
-	if (t->secret != NULL)
+	if (t->nkeys > 0)
 	{
-		char		sig[128];
-
-		relay_sign(t, webhook_id, timestamp, body, body_len, sig, sizeof(sig));
-		relay_header_value(h, "webhook-signature", sig);
+		/* Both signatures during a key rotation, space-separated. */
+		resetStringInfo(&h->sig);
+		for (i = 0; i < t->nkeys; i++)
+		{
+			if (i > 0)
+				appendStringInfoChar(&h->sig, ' ');
+			outbox_sign(&t->keys[i], webhook_id, timestamp, body, body_len, &h->sig);
+		}
+		relay_header_value(h, "webhook-signature", h->sig.data);
 	}
 	snprintf(number, sizeof(number), INT64_FORMAT, first->id);
 	relay_header_value(h, "outbox-seq", number);
@@ -605,6 +673,12 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	h->response_len = 0;
 	h->response[0] = '\0';
 	h->errbuf[0] = '\0';
+	h->body_bytes = 0;
+	h->header_bytes = 0;
+	h->body_capped = false;
+	h->headers_capped = false;
+	h->refused[0] = '\0';
+	relay_http_lane_options(lane);
 
 	curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, relay_header_list(h));
 	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDS, body);
@@ -655,6 +729,17 @@ relay_http_status_class(long status)
 	return RELAY_RETRY;			/* 1xx or nonsense */
 }
 
+/* Copy src into dst as printable ASCII, cut to fit. */
+static void
+relay_printable_copy(char *dst, size_t size, const char *src)
+{
+	size_t		i;
+
+	for (i = 0; i + 1 < size && src[i] != '\0'; i++)
+		dst[i] = ((unsigned char) src[i] >= 0x20 && (unsigned char) src[i] < 0x7f) ? src[i] : '?';
+	dst[i] = '\0';
+}
+
 /* A request finished: classify the outcome and tell the lane. */
 static void
 relay_http_finish(CURL *easy, CURLcode result,
@@ -688,23 +773,41 @@ relay_http_finish(CURL *easy, CURLcode result,
 	}
 
 	memset(&outcome, 0, sizeof(outcome));
-	if (result != CURLE_OK)
+	if (h->refused[0] != '\0')
 	{
-		snprintf(msg, sizeof(msg), "%s",
-				 h->errbuf[0] ? h->errbuf : curl_easy_strerror(result));
+		/* Not the receiver's doing, nor the message's: hold the target. */
+		snprintf(msg, sizeof(msg), "%s", h->refused);
+		outcome.kind = RELAY_RECEIVER_FAILED;
+		outcome.error = msg;
+	}
+	else if (h->headers_capped)
+	{
+		snprintf(msg, sizeof(msg), "the response headers exceed %d bytes",
+				 RELAY_MAX_RESPONSE_HEADERS);
+		outcome.kind = RELAY_RETRY;
+		outcome.error = msg;
+	}
+	else if (result != CURLE_OK && !(h->body_capped && status > 0))
+	{
+		relay_printable_copy(msg, sizeof(msg),
+							 h->errbuf[0] ? h->errbuf : curl_easy_strerror(result));
 		outcome.kind = RELAY_RETRY;
 		outcome.error = msg;
 	}
 	else
 	{
+		/* A body cut at the cap still has its status. */
 		outcome.kind = relay_http_status_class(status);
 		outcome.status = (int) status;
 		if (outcome.kind != RELAY_DELIVERED)
 		{
-			snprintf(msg, sizeof(msg), "HTTP %ld%s%s", status,
-					 h->response_len > 0 ? ": " : "", h->response);
+			snprintf(msg, sizeof(msg), "HTTP %ld%s%s%s", status,
+					 h->response_len > 0 ? ": " : "", h->response,
+					 h->body_capped ? " (body cut short)" : "");
 			outcome.error = msg;
-			outcome.retry_after_s = (int) Min(Max(retry_after, 0), (curl_off_t) 86400);
+			/* Retry-After is honoured up to outbox.retry_max_delay. */
+			outcome.retry_after_s = (int) Min(Max(retry_after, 0),
+											  (curl_off_t) (outbox_retry_max_delay + 999) / 1000);
 		}
 	}
 	finished(lane, &outcome);
@@ -727,6 +830,26 @@ relay_http_drive(void (*finished) (RelayLane *lane, const RelayOutcome *outcome)
 
 	if (multi == NULL)
 		return;
+
+	/*
+	 * The destination rules changed (a reload): connections made under the
+	 * old ones are not used again, so every address is checked anew.  Idle
+	 * ones are shut down now (libcurl checks a pooled connection before it
+	 * reuses one), busy ones when their request ends.
+	 */
+	if (destinations_seen != outbox_destinations_generation)
+	{
+		int			fd;
+
+		destinations_seen = outbox_destinations_generation;
+		for (fd = 0; fd < nsockets; fd++)
+			if (sockets[fd].ours)
+			{
+				sockets[fd].stale = true;
+				if (!sockets[fd].wanted)
+					shutdown(fd, SHUT_RDWR);
+			}
+	}
 
 	do
 	{

@@ -53,6 +53,8 @@
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 
+#include "mb/pg_wchar.h"
+
 #include "relay.h"
 
 /* Least number of messages a target may have queued before reading stops. */
@@ -209,9 +211,16 @@ relay_lane_set_error(RelayLane *lane, int status, const char *error)
 {
 	RelayTarget *t = lane->target;
 
+	int			len = strlen(error);
+
 	if (lane->last_error)
 		pfree(lane->last_error);
-	lane->last_error = MemoryContextStrdup(t->cxt, error);
+	/* Short: last_error is for people, and a receiver may be hostile. */
+	if (len > RELAY_MAX_ERROR_LEN)
+		len = pg_mbcliplen(error, len, RELAY_MAX_ERROR_LEN);
+	lane->last_error = MemoryContextAlloc(t->cxt, len + 1);
+	memcpy(lane->last_error, error, len);
+	lane->last_error[len] = '\0';
 	lane->last_status = status;
 	lane->last_error_at = GetCurrentTimestamp();
 	lane->error_dirty = true;

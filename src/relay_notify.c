@@ -51,7 +51,8 @@ relay_notify_send(RelayLane *lane)
 	for (m = lane->head; m != NULL && n < RELAY_NOTIFY_BATCH; m = m->next)
 	{
 		resetStringInfo(&buf);
-		relay_envelope(m, RELAY_ENVELOPE_ALL, &buf);
+		/* envelope_only: listeners read the message from a table. */
+		relay_envelope(m, t->envelope_only ? 0 : RELAY_ENVELOPE_ALL, &buf);
 		if (buf.len > RELAY_NOTIFY_MAX_PAYLOAD)
 		{
 			resetStringInfo(&buf);

@@ -1,0 +1,563 @@
+/*-------------------------------------------------------------------------
+ *
+ * destinations.c
+ *	  Where the relay's HTTP requests may go (README, "Security").
+ *
+ * outbox.denied_destinations is a list of CIDRs, by default link-local and
+ * the cloud metadata addresses; outbox.allowed_destinations a list of CIDRs
+ * and host names ("hooks.example.com", "*.example.com"), empty for any
+ * address not denied.  An address is allowed when an allowed CIDR holds it
+ * (an explicit allow wins over a deny), refused when a denied CIDR holds
+ * it, and otherwise allowed when the allowed list is empty or names the
+ * URL's host.  Unspecified addresses (0.0.0.0/8, ::) are always refused:
+ * Linux connects them to the local host.  IPv4-mapped IPv6 addresses are
+ * checked as the IPv4 address they carry.
+ *
+ * The rules are checked when a target is created or altered
+ * (outbox.check_destination: the URL's host, literal or resolved then) and
+ * by the relay at every connect, on the address libcurl actually dials
+ * (relay_http.c's open-socket callback), so a name that later resolves to a
+ * denied address is refused too.
+ *
+ * Both settings are superuser-only (PGC_SUSET: set in the server's
+ * configuration, reloadable, or by a superuser for a session), parsed by their check
+ * hooks into a malloc'd rule list handed to the assign hook as "extra".
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <curl/curl.h>
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+
+#include "outbox.h"
+
+/* One rule: a CIDR, or a host name (a leading "*." matches subdomains). */
+typedef struct DestinationRule
+{
+	bool		is_host;
+	int			family;			/* AF_INET or AF_INET6 */
+	unsigned char addr[16];
+	int			bits;			/* prefix length */
+	char		text[256];		/* as written, for messages */
+} DestinationRule;
+
+typedef struct DestinationRules
+{
+	int			nrules;
+	DestinationRule rules[FLEXIBLE_ARRAY_MEMBER];
+} DestinationRules;
+
+char	   *outbox_denied_destinations = NULL;
+char	   *outbox_allowed_destinations = NULL;
+static DestinationRules *denied_rules = NULL;
+static DestinationRules *allowed_rules = NULL;
+
+/* Bumped whenever either setting changes (relay_http.c drops connections). */
+uint64		outbox_destinations_generation = 0;
+
+/* Is s a host name we accept: dot-separated labels of [A-Za-z0-9-]? */
+static bool
+outbox_valid_host_name(const char *s, size_t len)
+{
+	size_t		label = 0;
+	size_t		i;
+	bool		alpha = false;
+
+	if (len == 0 || len > 253)
+		return false;
+	for (i = 0; i < len; i++)
+	{
+		char		c = s[i];
+
+		if (c == '.')
+		{
+			if (label == 0 || s[i - 1] == '-')
+				return false;
+			label = 0;
+			alpha = false;
+			continue;
+		}
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+			  (c >= '0' && c <= '9') || c == '-'))
+			return false;
+		if (c == '-' && label == 0)
+			return false;
+		if (!(c >= '0' && c <= '9'))
+			alpha = true;
+		if (++label > 63)
+			return false;
+	}
+	/* A last label of digits only is a numeric address, not a name. */
+	return label > 0 && s[len - 1] != '-' && alpha;
+}
+
+/* Parse one CIDR ("10.0.0.0/8", "fe80::/10", "192.0.2.1"). */
+static bool
+outbox_parse_cidr(const char *s, DestinationRule *r)
+{
+	char		buf[256];
+	char	   *slash;
+	int			maxbits;
+
+	if (strlen(s) >= sizeof(buf))
+		return false;
+	strcpy(buf, s);
+	slash = strchr(buf, '/');
+	if (slash)
+		*slash = '\0';
+	memset(r, 0, sizeof(*r));
+	if (inet_pton(AF_INET, buf, r->addr) == 1)
+	{
+		r->family = AF_INET;
+		maxbits = 32;
+	}
+	else if (inet_pton(AF_INET6, buf, r->addr) == 1)
+	{
+		r->family = AF_INET6;
+		maxbits = 128;
+	}
+	else
+		return false;
+	r->bits = maxbits;
+	if (slash)
+	{
+		char	   *end;
+		long		bits;
+
+		errno = 0;
+		bits = strtol(slash + 1, &end, 10);
+		if (slash[1] == '\0' || *end != '\0' || errno != 0 || bits < 0 || bits > maxbits)
+			return false;
+		r->bits = (int) bits;
+	}
+	strlcpy(r->text, s, sizeof(r->text));
+	return true;
+}
+
+/*
+ * Parse a list setting into *rules (malloc'd).  Returns false, with the
+ * GUC's error detail set, for an entry that is neither a CIDR nor (when
+ * hosts is set) a host name.
+ */
+static bool
+outbox_parse_rules(const char *value, bool hosts, DestinationRules **rules)
+{
+	char	   *copy = pstrdup(value ? value : "");
+	char	   *p = copy;
+	int			max = 1;
+	char	   *c;
+	DestinationRules *r;
+
+	for (c = copy; *c; c++)
+		if (*c == ',' || *c == ' ')
+			max++;
+	r = malloc(offsetof(DestinationRules, rules) + sizeof(DestinationRule) * max);
+	if (r == NULL)
+	{
+		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
+		GUC_check_errmsg("out of memory");
+		return false;
+	}
+	r->nrules = 0;
+	while (*p)
+	{
+		char	   *start;
+		DestinationRule *rule = &r->rules[r->nrules];
+
+		while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n')
+			p++;
+		if (*p == '\0')
+			break;
+		start = p;
+		while (*p && *p != ',' && *p != ' ' && *p != '\t' && *p != '\n')
+			p++;
+		if (*p)
+			*p++ = '\0';
+		if (outbox_parse_cidr(start, rule))
+		{
+			r->nrules++;
+			continue;
+		}
+		if (hosts)
+		{
+			const char *name = start;
+
+			if (strncmp(name, "*.", 2) == 0)
+				name += 2;
+			if (outbox_valid_host_name(name, strlen(name)))
+			{
+				memset(rule, 0, sizeof(*rule));
+				rule->is_host = true;
+				strlcpy(rule->text, start, sizeof(rule->text));
+				r->nrules++;
+				continue;
+			}
+		}
+		GUC_check_errdetail("\"%s\" is not %s.", start,
+							hosts ? "a CIDR such as 10.0.0.0/8 or a host name such as hooks.example.com or *.example.com" :
+							"a CIDR such as 169.254.0.0/16 or fe80::/10");
+		free(r);
+		return false;
+	}
+	*rules = r;
+	return true;
+}
+
+static bool
+outbox_denied_check(char **newval, void **extra, GucSource source)
+{
+	DestinationRules *r;
+
+	if (!outbox_parse_rules(*newval, false, &r))
+		return false;
+	*extra = r;
+	return true;
+}
+
+static void
+outbox_denied_assign(const char *newval, void *extra)
+{
+	denied_rules = (DestinationRules *) extra;
+	outbox_destinations_generation++;
+}
+
+static bool
+outbox_allowed_check(char **newval, void **extra, GucSource source)
+{
+	DestinationRules *r;
+
+	if (!outbox_parse_rules(*newval, true, &r))
+		return false;
+	*extra = r;
+	return true;
+}
+
+static void
+outbox_allowed_assign(const char *newval, void *extra)
+{
+	allowed_rules = (DestinationRules *) extra;
+	outbox_destinations_generation++;
+}
+
+void
+outbox_destinations_define_gucs(void)
+{
+	DefineCustomStringVariable("outbox.denied_destinations",
+							   "Addresses the relay never sends requests to (CIDRs).",
+							   "Checked when a target is created or altered and at every connect, on the "
+							   "address dialled. An address in outbox.allowed_destinations is allowed even so.",
+							   &outbox_denied_destinations,
+							   "169.254.0.0/16, fe80::/10, fd00:ec2::254/128, 100.100.100.200/32",
+							   PGC_SUSET,
+							   GUC_LIST_INPUT,
+							   outbox_denied_check, outbox_denied_assign, NULL);
+	DefineCustomStringVariable("outbox.allowed_destinations",
+							   "The only addresses and host names the relay sends requests to (CIDRs and host names); empty for any not denied.",
+							   "A host name entry allows the URLs of that host (\"*.example.com\": of its subdomains) "
+							   "at any address that is not denied.",
+							   &outbox_allowed_destinations,
+							   "",
+							   PGC_SUSET,
+							   GUC_LIST_INPUT,
+							   outbox_allowed_check, outbox_allowed_assign, NULL);
+}
+
+static bool
+outbox_rule_holds(const DestinationRule *r, int family, const unsigned char *addr)
+{
+	int			full = r->bits / 8;
+	int			rest = r->bits % 8;
+
+	if (r->is_host || r->family != family)
+		return false;
+	if (memcmp(r->addr, addr, full) != 0)
+		return false;
+	if (rest != 0)
+	{
+		unsigned char mask = (unsigned char) (0xff << (8 - rest));
+
+		if ((r->addr[full] & mask) != (addr[full] & mask))
+			return false;
+	}
+	return true;
+}
+
+static bool
+outbox_host_rule_matches(const DestinationRule *r, const char *host)
+{
+	if (!r->is_host || host == NULL)
+		return false;
+	if (strncmp(r->text, "*.", 2) == 0)
+	{
+		size_t		hl = strlen(host);
+		size_t		sl = strlen(r->text + 1);	/* ".example.com" */
+
+		return hl > sl && pg_strcasecmp(host + hl - sl, r->text + 1) == 0;
+	}
+	return pg_strcasecmp(host, r->text) == 0;
+}
+
+/*
+ * Whether a request to host (the URL's, or NULL) may connect to the address
+ * family/addr.  Returns NULL if so, else why not (in a static buffer).
+ */
+const char *
+outbox_destination_refused(int family, const void *address, const char *host)
+{
+	static char why[512];
+	unsigned char addr[16];
+	char		shown[INET6_ADDRSTRLEN];
+	int			i;
+
+	if (family == AF_INET)
+		memcpy(addr, address, 4);
+	else if (family == AF_INET6)
+	{
+		static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+		memcpy(addr, address, 16);
+		if (memcmp(addr, mapped, 12) == 0)
+		{
+			/* ::ffff:a.b.c.d is a.b.c.d. */
+			memmove(addr, addr + 12, 4);
+			family = AF_INET;
+		}
+	}
+	else
+	{
+		snprintf(why, sizeof(why), "address family %d is not an Internet address", family);
+		return why;
+	}
+	inet_ntop(family, addr, shown, sizeof(shown));
+
+	if ((family == AF_INET && addr[0] == 0) ||
+		(family == AF_INET6 && memcmp(addr, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 16) == 0))
+	{
+		snprintf(why, sizeof(why), "%s is an unspecified address, which is never allowed", shown);
+		return why;
+	}
+	if (allowed_rules)
+		for (i = 0; i < allowed_rules->nrules; i++)
+			if (outbox_rule_holds(&allowed_rules->rules[i], family, addr))
+				return NULL;
+	if (denied_rules)
+		for (i = 0; i < denied_rules->nrules; i++)
+			if (outbox_rule_holds(&denied_rules->rules[i], family, addr))
+			{
+				snprintf(why, sizeof(why), "%s is denied by outbox.denied_destinations entry \"%s\"",
+						 shown, denied_rules->rules[i].text);
+				return why;
+			}
+	if (allowed_rules == NULL || allowed_rules->nrules == 0)
+		return NULL;
+	for (i = 0; i < allowed_rules->nrules; i++)
+		if (outbox_host_rule_matches(&allowed_rules->rules[i], host))
+			return NULL;
+	snprintf(why, sizeof(why), "%s%s%s is not in outbox.allowed_destinations",
+			 host ? host : "", host ? " at " : "", shown);
+	return why;
+}
+
+/*
+ * The host of an http(s) URL as libcurl parses it, checked: no user or
+ * password, no IPv6 zone id, a port in range, and a host that is a plain
+ * DNS name, a dotted-quad IPv4 address or a bracketed IPv6 address (no
+ * "0x7f000001", "127.1" or percent-encoding: forms that parsers disagree
+ * on).  Returns the host (palloc'd; an IPv6 one without brackets), or NULL
+ * with *why set.
+ */
+char *
+outbox_url_host(const char *url, const char **why)
+{
+	CURLU	   *u = curl_url();
+	char	   *part = NULL;
+	char	   *host = NULL;
+	CURLUcode	rc;
+	const char *p;
+
+	*why = NULL;
+	if (u == NULL)
+	{
+		*why = "out of memory";
+		return NULL;
+	}
+	for (p = url; *p; p++)
+	{
+		unsigned char c = (unsigned char) *p;
+
+		if (c <= 0x20 || c >= 0x7f || strchr("\\\"<>^`{|}", c) != NULL)
+		{
+			*why = "The URL has a character outside printable ASCII, a space, or one of \\\"<>^`{|}";
+			goto done;
+		}
+	}
+	rc = curl_url_set(u, CURLUPART_URL, url, 0);
+	if (rc != CURLUE_OK)
+	{
+		*why = "The URL cannot be parsed by libcurl";
+		goto done;
+	}
+	if (curl_url_get(u, CURLUPART_SCHEME, &part, 0) != CURLUE_OK ||
+		(pg_strcasecmp(part, "http") != 0 && pg_strcasecmp(part, "https") != 0))
+	{
+		*why = "The scheme is not http or https";
+		goto done;
+	}
+	curl_free(part);
+	part = NULL;
+	if (curl_url_get(u, CURLUPART_USER, &part, 0) == CURLUE_OK ||
+		curl_url_get(u, CURLUPART_PASSWORD, &part, 0) == CURLUE_OK ||
+		curl_url_get(u, CURLUPART_OPTIONS, &part, 0) == CURLUE_OK)
+	{
+		*why = "The URL carries credentials (user@ or user:password@)";
+		goto done;
+	}
+	if (curl_url_get(u, CURLUPART_ZONEID, &part, 0) == CURLUE_OK)
+	{
+		*why = "The URL has an IPv6 zone id";
+		goto done;
+	}
+	if (curl_url_get(u, CURLUPART_PORT, &part, 0) == CURLUE_OK)
+	{
+		char	   *end;
+		long		port = strtol(part, &end, 10);
+
+		if (*end != '\0' || port < 1 || port > 65535)
+		{
+			*why = "The port is not between 1 and 65535";
+			goto done;
+		}
+		curl_free(part);
+		part = NULL;
+	}
+	if (curl_url_get(u, CURLUPART_HOST, &part, 0) != CURLUE_OK)
+	{
+		*why = "The URL has no host";
+		goto done;
+	}
+	{
+		size_t		len = strlen(part);
+		unsigned char addr[16];
+
+		if (len > 2 && part[0] == '[' && part[len - 1] == ']')
+		{
+			char		inner[INET6_ADDRSTRLEN + 1];
+
+			if (len - 2 >= sizeof(inner))
+			{
+				*why = "The IPv6 address is not valid";
+				goto done;
+			}
+			memcpy(inner, part + 1, len - 2);
+			inner[len - 2] = '\0';
+			if (inet_pton(AF_INET6, inner, addr) != 1)
+			{
+				*why = "The IPv6 address is not valid";
+				goto done;
+			}
+			host = pstrdup(inner);
+		}
+		else if (inet_pton(AF_INET, part, addr) == 1)
+			host = pstrdup(part);
+		else if (outbox_valid_host_name(part, len))
+			host = pstrdup(part);
+		else
+			*why = "The host is neither a DNS name, a dotted-quad IPv4 address nor a bracketed IPv6 address";
+		/* The host libcurl saw must be what the URL says, byte for byte. */
+		if (host != NULL && strstr(url, part) == NULL)
+		{
+			pfree(host);
+			host = NULL;
+			*why = "The host as libcurl reads it differs from how it is written";
+		}
+	}
+
+done:
+	if (part)
+		curl_free(part);
+	curl_url_cleanup(u);
+	return host;
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_destination);
+
+/*
+ * outbox.check_destination(url text) -> void
+ *
+ * Refuse a URL that the relay would not send to: one libcurl parses in an
+ * unexpected way, or whose host (literal, or resolved now) is refused by
+ * outbox.denied_destinations / outbox.allowed_destinations.  A name that
+ * does not resolve now is accepted with a NOTICE: the relay checks every
+ * address it dials anyway.
+ */
+Datum
+outbox_check_destination(PG_FUNCTION_ARGS)
+{
+	char	   *url = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	const char *why;
+	char	   *host = outbox_url_host(url, &why);
+	unsigned char addr[16];
+	struct addrinfo hints;
+	struct addrinfo *res = NULL;
+	struct addrinfo *ai;
+	int			rc;
+
+	if (host == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid target URL \"%s\"", url),
+				 errdetail("%s.", why),
+				 errhint("Use a URL such as 'https://hooks.example.com/outbox'; send credentials in a header.")));
+
+	if (inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1)
+	{
+		why = outbox_destination_refused(strchr(host, ':') ? AF_INET6 : AF_INET, addr, NULL);
+		if (why != NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("target URL \"%s\" is not an allowed destination", url),
+					 errdetail("%s.", why),
+					 errhint("A superuser can change outbox.denied_destinations or outbox.allowed_destinations.")));
+		PG_RETURN_VOID();
+	}
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_family = AF_UNSPEC;
+	rc = getaddrinfo(host, NULL, &hints, &res);
+	if (rc != 0)
+	{
+		ereport(NOTICE,
+				(errmsg("could not resolve host \"%s\" of target URL: %s", host, gai_strerror(rc)),
+				 errdetail("The relay checks every address it connects to against outbox.denied_destinations.")));
+		PG_RETURN_VOID();
+	}
+	why = NULL;
+	for (ai = res; ai != NULL && why == NULL; ai = ai->ai_next)
+	{
+		if (ai->ai_family == AF_INET)
+			why = outbox_destination_refused(AF_INET,
+											 &((struct sockaddr_in *) ai->ai_addr)->sin_addr, host);
+		else if (ai->ai_family == AF_INET6)
+			why = outbox_destination_refused(AF_INET6,
+											 &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr, host);
+	}
+	freeaddrinfo(res);
+	if (why != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("target URL \"%s\" is not an allowed destination", url),
+				 errdetail("Host \"%s\" resolves to an address that is refused: %s.", host, why),
+				 errhint("A superuser can change outbox.denied_destinations or outbox.allowed_destinations.")));
+	PG_RETURN_VOID();
+}
