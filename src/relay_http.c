@@ -95,6 +95,7 @@ static bool timer_set = false;	/* timer_deadline is meaningful */
 static int	requests_in_flight = 0;
 static bool proxy_from_env = false; /* a proxy variable is set */
 static uint64 destinations_seen = 0;	/* outbox_destinations_generation */
+static char *default_cainfo = NULL; /* libcurl's built-in CA bundle path */
 
 /*
  * What epoll_fd watches for each socket libcurl gave us, indexed by
@@ -372,6 +373,19 @@ relay_http_init(void)
 	if (epoll_fd < 0)
 		elog(ERROR, "outbox: epoll_create1 failed: %m");
 
+#if LIBCURL_VERSION_NUM >= 0x075400
+	{
+		CURL	   *probe = curl_easy_init();
+		char	   *path = NULL;
+
+		if (probe != NULL &&
+			curl_easy_getinfo(probe, CURLINFO_CAINFO, &path) == CURLE_OK && path != NULL)
+			default_cainfo = MemoryContextStrdup(TopMemoryContext, path);
+		if (probe != NULL)
+			curl_easy_cleanup(probe);
+	}
+#endif
+
 	multi = curl_multi_init();
 	if (multi == NULL)
 		elog(ERROR, "outbox: could not create a libcurl multi handle");
@@ -414,8 +428,9 @@ relay_http_lane_options(RelayLane *lane)
 	curl_easy_setopt(easy, CURLOPT_URL, t->url);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 10000));
-	/* NULL restores libcurl's defaults (the system's CA bundle). */
-	curl_easy_setopt(easy, CURLOPT_CAINFO, t->ca_file);
+	/* Without a ca_file, libcurl's own default bundle (NULL would mean none). */
+	if (t->ca_file != NULL || default_cainfo != NULL)
+		curl_easy_setopt(easy, CURLOPT_CAINFO, t->ca_file ? t->ca_file : default_cainfo);
 	curl_easy_setopt(easy, CURLOPT_SSLCERT, t->client_cert);
 	curl_easy_setopt(easy, CURLOPT_SSLKEY, t->client_key);
 }

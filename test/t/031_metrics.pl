@@ -258,12 +258,9 @@ cmp_ok($mv->{'outbox_retries_total{target="flaky"}'}, '>', 0, 'outbox_retries_to
 my $queries = <<'EOYAML';
 # Custom queries for prometheus-postgres-exporter (--extend.query-path):
 # outbox's figures per target, named as outbox.metrics() names them.
-# Connect to the database named by outbox.database, as a role granted:
-#   GRANT USAGE ON SCHEMA outbox TO outbox_monitor;
-#   GRANT SELECT ON outbox.lag, outbox.stats TO outbox_monitor;
-#   GRANT SELECT (id, name) ON outbox.targets TO outbox_monitor;
-#   GRANT EXECUTE ON FUNCTION outbox.target_pending(int), outbox.target_stats()
-#     TO outbox_monitor;
+# Connect to the database named by outbox.database, as a member of the
+# extension's read-only role outbox_monitor:
+#   CREATE ROLE outbox_exporter LOGIN IN ROLE outbox_monitor;
 outbox:
   query: |
     SELECT l.target,
@@ -363,7 +360,7 @@ print $fh $queries;
 close $fh;
 my ($grants) = $queries =~ /^# Connect to.*\n((?:#   .*\n)+)/m;
 $grants =~ s/^#\s+//mg;
-q1("CREATE ROLE outbox_monitor LOGIN; $grants");
+q1($grants);
 
 my $eport = PostgreSQL::Test::Cluster::get_free_port();
 my $elog = "$PostgreSQL::Test::Utils::log_path/postgres_exporter.log";
@@ -371,7 +368,7 @@ my $eh;
 END { $eh->kill_kill if $eh && $eh->pumpable; }
 {
 	local $ENV{DATA_SOURCE_NAME} =
-	  'host=' . $node->host . ' port=' . $node->port . ' user=outbox_monitor dbname=postgres sslmode=disable';
+	  'host=' . $node->host . ' port=' . $node->port . ' user=outbox_exporter dbname=postgres sslmode=disable';
 	$eh = IPC::Run::start(
 		[
 			$exporter, "--web.listen-address=127.0.0.1:$eport",

@@ -8,7 +8,9 @@
 #  - per-topic grants hold at emit with the relay running: a role granted
 #    'app.*' emits there and is refused elsewhere, and its messages are
 #    delivered;
-#  - alter_target switches envelope_only live.
+#  - alter_target switches envelope_only live;
+#  - a channel name that needs quoting, and looks like SQL, is notified as
+#    named (it is never spliced into SQL).
 use strict;
 use warnings;
 use JSON::PP;
@@ -31,6 +33,9 @@ SELECT outbox.subscribe('loud', 'payroll.*');
 SELECT outbox.create_notify_target('quiet', 'payroll_quiet', envelope_only => true);
 SELECT outbox.subscribe('quiet', 'payroll.*');
 SELECT outbox.subscribe('quiet', 'app.*');
+-- A channel name that needs quoting in LISTEN, and looks like SQL.
+SELECT outbox.create_notify_target('odd', 'Pay "roll"; DROP TABLE x; --');
+SELECT outbox.subscribe('odd', 'payroll.*');
 -- What the payroll team may read: its topic's messages, through a view.
 CREATE SCHEMA payroll;
 CREATE VIEW payroll.messages WITH (security_barrier) AS
@@ -50,7 +55,7 @@ sub listener
 		[ 'psql', '-XAtq', '-d', $node->connstr('postgres') . " user=$role" ],
 		'<', \$in, '>', \$out, '2>', \$err,
 		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
-	$in .= join('', map { qq{LISTEN "$_";\n} } @channels);
+	$in .= join('', map { (my $q = $_) =~ s/"/""/g; qq{LISTEN "$q";\n} } @channels);
 	my $tick = 0;
 	my @got;
 	my $collect = sub {
@@ -70,16 +75,18 @@ sub listener
 	return ($collect, $h, \$err);
 }
 
-my ($nosy, $nosy_h, $nosy_err) = listener('nosy', 'payroll_loud', 'payroll_quiet');
+my ($nosy, $nosy_h, $nosy_err) = listener('nosy', 'payroll_loud', 'payroll_quiet', 'Pay "roll"; DROP TABLE x; --');
 is($$nosy_err, '', 'a role with no grants may LISTEN on any channel');
 
 $node->safe_psql('postgres',
 	q{SELECT outbox_emit('payroll.paid', '{"employee": "e-17", "salary": 98000}', 'e-17', '{"x-team": "payroll"}')});
 
-ok(wait_until(sub { @{ $nosy->() } >= 2 }), 'the nosy listener got both notifications');
+ok(wait_until(sub { @{ $nosy->() } >= 3 }), 'the nosy listener got the three notifications');
 my %by_chan = map { $_->[0] => $_->[1] } @{ $nosy->() };
 like($by_chan{payroll_loud}, qr/"salary":\s*98000/,
 	'a normal NOTIFY target shows the payload to every listener (the README says so)');
+like($by_chan{'Pay "roll"; DROP TABLE x; --'}, qr/"seq"/,
+	'a channel whose name needs quoting (and looks like SQL) is notified as named');
 my $env = $json->decode($by_chan{payroll_quiet});
 is($env->{payload_omitted}, JSON::PP::true, 'envelope_only: no payload');
 is($env->{headers_omitted}, JSON::PP::true, 'envelope_only: no headers');
