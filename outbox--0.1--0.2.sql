@@ -1056,7 +1056,14 @@ COMMENT ON COLUMN outbox.targets.envelope_only IS
 	'NOTIFY: send the envelope without payload and headers; listeners read the message from a table';
 
 -- TLS files are read by the server: only a role that may read server files
--- names them, and they must exist and be readable now.
+-- names them, and they must exist and be readable now (by the server's
+-- operating system user: outbox.check_server_file).
+CREATE FUNCTION outbox.check_server_file(path text, what text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_server_file'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_server_file(text, text) FROM PUBLIC;
+
 CREATE FUNCTION outbox.check_tls_files(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -1085,18 +1092,7 @@ BEGIN
 	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
 									('client_key', t.client_key)) v(opt, path)
 			 WHERE path IS NOT NULL LOOP
-		IF f.path !~ '^/' OR f.path ~ '[\x01-\x1f\x7f]' THEN
-			RAISE EXCEPTION '% must be an absolute path, not "%"', f.opt, f.path
-				USING ERRCODE = 'invalid_parameter_value';
-		END IF;
-		BEGIN
-			PERFORM pg_read_binary_file(f.path, 0, 1);
-		EXCEPTION WHEN others THEN
-			RAISE EXCEPTION 'cannot read % "%"', f.opt, f.path
-				USING ERRCODE = 'invalid_parameter_value',
-					  DETAIL = SQLERRM,
-					  HINT = 'The file must be readable by the server''s operating system user.';
-		END;
+		PERFORM outbox.check_server_file(f.path, f.opt);
 	END LOOP;
 END
 $$;
@@ -1342,5 +1338,6 @@ END
 $$;
 GRANT USAGE ON SCHEMA outbox TO outbox_monitor;
 GRANT SELECT ON outbox.lag, outbox.stats, outbox.worker TO outbox_monitor;
+GRANT SELECT (id, name) ON outbox.targets TO outbox_monitor;	-- to join target_stats() by name
 GRANT EXECUTE ON FUNCTION outbox.metrics(), outbox.target_pending(int), outbox.target_stats(),
 	outbox.worker_status() TO outbox_monitor;

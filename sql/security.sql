@@ -218,6 +218,12 @@ GRANT SELECT, UPDATE ON outbox.targets TO sec_admin;
 SET ROLE sec_admin;
 SELECT outbox.alter_target('sec_tls', ca_file => '/etc/hostname');
 RESET ROLE;
+-- A member of pg_read_server_files may.
+GRANT pg_read_server_files TO sec_admin;
+SET ROLE sec_admin;
+SELECT outbox.alter_target('sec_tls', ca_file => '/etc/hostname');
+RESET ROLE;
+SELECT ca_file FROM outbox.targets WHERE name = 'sec_tls';
 
 ---------------------------------------------------------------------------
 -- NOTIFY targets may send envelopes without payload and headers.

@@ -74,4 +74,16 @@ typedef uint8 outbox_b64_byte;
 typedef char outbox_b64_byte;
 #endif
 
+/*
+ * The "extra" of a GUC check hook: malloc'd up to 15, from the GUC memory
+ * context (guc_malloc, freed with guc_free) from 16 on.
+ */
+#if PG_VERSION_NUM >= 160000
+#define outbox_guc_malloc(size)	guc_malloc(LOG, (size))
+#define outbox_guc_free(ptr)	guc_free(ptr)
+#else
+#define outbox_guc_malloc(size)	malloc(size)
+#define outbox_guc_free(ptr)	free(ptr)
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

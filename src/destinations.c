@@ -21,7 +21,8 @@
  *
  * Both settings are superuser-only (PGC_SUSET: set in the server's
  * configuration, reloadable, or by a superuser for a session), parsed by their check
- * hooks into a malloc'd rule list handed to the assign hook as "extra".
+ * hooks into a rule list (outbox_guc_malloc) handed to the assign hook as
+ * "extra".
  *
  *-------------------------------------------------------------------------
  */
@@ -31,11 +32,15 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/fd.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 
@@ -145,7 +150,7 @@ outbox_parse_cidr(const char *s, DestinationRule *r)
 }
 
 /*
- * Parse a list setting into *rules (malloc'd).  Returns false, with the
+ * Parse a list setting into *rules (outbox_guc_malloc).  Returns false, with the
  * GUC's error detail set, for an entry that is neither a CIDR nor (when
  * hosts is set) a host name.
  */
@@ -161,7 +166,7 @@ outbox_parse_rules(const char *value, bool hosts, DestinationRules **rules)
 	for (c = copy; *c; c++)
 		if (*c == ',' || *c == ' ')
 			max++;
-	r = malloc(offsetof(DestinationRules, rules) + sizeof(DestinationRule) * max);
+	r = outbox_guc_malloc(offsetof(DestinationRules, rules) + sizeof(DestinationRule) * max);
 	if (r == NULL)
 	{
 		GUC_check_errcode(ERRCODE_OUT_OF_MEMORY);
@@ -206,9 +211,11 @@ outbox_parse_rules(const char *value, bool hosts, DestinationRules **rules)
 		GUC_check_errdetail("\"%s\" is not %s.", start,
 							hosts ? "a CIDR such as 10.0.0.0/8 or a host name such as hooks.example.com or *.example.com" :
 							"a CIDR such as 169.254.0.0/16 or fe80::/10");
-		free(r);
+		outbox_guc_free(r);
+		pfree(copy);
 		return false;
 	}
+	pfree(copy);
 	*rules = r;
 	return true;
 }
@@ -559,5 +566,45 @@ outbox_check_destination(PG_FUNCTION_ARGS)
 				 errmsg("target URL \"%s\" is not an allowed destination", url),
 				 errdetail("Host \"%s\" resolves to an address that is refused: %s.", host, why),
 				 errhint("A superuser can change outbox.denied_destinations or outbox.allowed_destinations.")));
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_server_file);
+
+/*
+ * outbox.check_server_file(path text, what text) -> void
+ *
+ * Refuse a TLS file (ca_file, client_cert, client_key) the server cannot
+ * read now: the relay reads it as the server's operating system user.  The
+ * caller (outbox.check_tls_files) checked first that the role may name
+ * server files at all.
+ */
+Datum
+outbox_check_server_file(PG_FUNCTION_ARGS)
+{
+	char	   *path = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char	   *what = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	int			fd;
+	char		byte;
+	struct stat st;
+
+	if (!is_absolute_path(path))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be an absolute path, not \"%s\"", what, path)));
+	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY);
+	if (fd < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("cannot read %s \"%s\": %m", what, path),
+				 errhint("The file must be readable by the server's operating system user.")));
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || read(fd, &byte, 1) != 1)
+	{
+		CloseTransientFile(fd);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s \"%s\" is not a readable, non-empty regular file", what, path)));
+	}
+	CloseTransientFile(fd);
 	PG_RETURN_VOID();
 }

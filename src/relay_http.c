@@ -755,6 +755,31 @@ relay_printable_copy(char *dst, size_t size, const char *src)
 	dst[i] = '\0';
 }
 
+/*
+ * The failure class of a transfer that did not complete.  TLS
+ * verification and TLS file problems are the target's configuration (or
+ * the receiver's certificate), not the message: they hold the target
+ * rather than use up the messages' attempts.  Anything else (refused,
+ * reset, timed out ...) is retried.
+ */
+static RelayOutcomeKind
+relay_http_error_class(CURLcode result)
+{
+	switch (result)
+	{
+		case CURLE_PEER_FAILED_VERIFICATION:
+		case CURLE_SSL_CACERT_BADFILE:
+		case CURLE_SSL_CERTPROBLEM:
+		case CURLE_SSL_CRL_BADFILE:
+		case CURLE_SSL_ISSUER_ERROR:
+		case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+		case CURLE_SSL_CIPHER:
+			return RELAY_RECEIVER_FAILED;
+		default:
+			return RELAY_RETRY;
+	}
+}
+
 /* A request finished: classify the outcome and tell the lane. */
 static void
 relay_http_finish(CURL *easy, CURLcode result,
@@ -788,9 +813,13 @@ relay_http_finish(CURL *easy, CURLcode result,
 	}
 
 	memset(&outcome, 0, sizeof(outcome));
-	if (h->refused[0] != '\0')
+	if (result != CURLE_OK && h->refused[0] != '\0')
 	{
-		/* Not the receiver's doing, nor the message's: hold the target. */
+		/*
+		 * Every address was refused (libcurl tries the others of a name
+		 * first).  Not the receiver's doing, nor the message's: hold the
+		 * target.
+		 */
 		snprintf(msg, sizeof(msg), "%s", h->refused);
 		outcome.kind = RELAY_RECEIVER_FAILED;
 		outcome.error = msg;
@@ -806,7 +835,7 @@ relay_http_finish(CURL *easy, CURLcode result,
 	{
 		relay_printable_copy(msg, sizeof(msg),
 							 h->errbuf[0] ? h->errbuf : curl_easy_strerror(result));
-		outcome.kind = RELAY_RETRY;
+		outcome.kind = relay_http_error_class(result);
 		outcome.error = msg;
 	}
 	else

@@ -76,6 +76,32 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages_1}), '10'
 is($node->safe_psql('postgres', q{SELECT outbox.pause_target('hook')}), '0', 'the new admin functions work');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('hook')});
 
+# A target of 0.1 takes the security options of 0.2: a signing key rotated
+# in, both signatures on its requests; monitoring through outbox_monitor.
+my ($k1, $k2) = ('whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 'whsec_bm90IHRoZSBzYW1lIGtleSBhdCBhbGwh');
+$node->safe_psql('postgres', qq{
+SELECT outbox.alter_target('hook', secret => '$k1');
+SELECT outbox.rotate_secret('hook', '$k2');
+});
+$node->safe_psql('postgres', q{SELECT outbox_emit('signed', '{"after": "rotation"}')});
+my @signed;
+ok( wait_until(
+		sub {
+			@signed = grep { $_->{body} =~ /rotation/ } sink_path_records($sink, "/hook");
+			@signed > 0;
+		}),
+	'a 0.1 target delivers after a key rotation');
+my $h = $signed[0]{headers};
+is( $h->{'webhook-signature'},
+	join(' ',
+		map { webhook_signature($_, $h->{'webhook-id'}, $h->{'webhook-timestamp'}, $signed[0]{body}) }
+		  ($k2, $k1)),
+	'... signed with the new and the old key');
+$node->safe_psql('postgres', q{CREATE ROLE watcher LOGIN IN ROLE outbox_monitor});
+is( $node->safe_psql(
+		'postgres', q{SELECT count(*) FROM outbox.lag}, extra_params => [ '-U', 'watcher' ]),
+	'3', 'outbox_monitor reads outbox.lag after the update');
+
 my $max = $node->safe_psql('postgres', 'SELECT max(id) FROM outbox.messages');
 cmp_ok($node->safe_psql('postgres', 'SELECT last_value FROM outbox.id_mark'), '>=', $max,
 	'the id mark covers every id handed out');

@@ -258,8 +258,7 @@ cmp_ok($mv->{'outbox_retries_total{target="flaky"}'}, '>', 0, 'outbox_retries_to
 my $queries = <<'EOYAML';
 # Custom queries for prometheus-postgres-exporter (--extend.query-path):
 # outbox's figures per target, named as outbox.metrics() names them.
-# Connect to the database named by outbox.database, as a member of the
-# extension's read-only role outbox_monitor:
+# Connect to the database named by outbox.database, as a member of outbox_monitor:
 #   CREATE ROLE outbox_exporter LOGIN IN ROLE outbox_monitor;
 outbox:
   query: |

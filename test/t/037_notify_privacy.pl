@@ -64,7 +64,7 @@ sub listener
 		$in .= "SELECT 'tick $tick';\n";
 		$h->pump while $h->pumpable && $out !~ /^tick $tick$/m;
 		while ($out =~
-			s/^Asynchronous notification "([^"]+)" with payload "(.*)" received from server process with PID \d+\.\n//m)
+			s/^Asynchronous notification "(.+?)" with payload "(.*)" received from server process with PID \d+\.\n//m)
 		{
 			push @got, [ $1, $2 ];
 		}
