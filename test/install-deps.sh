@@ -13,6 +13,7 @@ packages=(
 	libipc-run-perl
 	cppcheck
 	python3
+	openssl
 	prometheus
 	prometheus-postgres-exporter
 	"$@"

@@ -6,7 +6,7 @@ Standard library only (Python 3.11).  Typical use:
     python3 test/sink/outbox_sink.py --port 0 --port-file sink.port \\
         --record sink.jsonl [--status 204] [--fail-rate P --seed N] \\
         [--delay-ms N] [--retry-after S] [--refuse-for SECONDS] \\
-        [--secret whsec_...]
+        [--secret whsec_...] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
 
 Every request (except GET/POST /_control and GET /_stats) is appended to the
 record file as one JSON line, in arrival order:
@@ -17,6 +17,15 @@ record file as one JSON line, in arrival order:
      "sig_ok": true|false|null, "delay_ms": n, "conn": n}
 
 ("conn" numbers the TCP connections the sink accepted, from 1.)
+
+HTTPS: with --tls-cert and --tls-key the sink speaks TLS only (the PEM
+certificate chain and its key); with --tls-client-ca as well it requires a
+client certificate signed by that CA (ssl.CERT_REQUIRED).  Records then
+carry "tls": {"version": "TLSv1.3", "peer_subject": s}, s the client
+certificate's subject as "organizationName=...,commonName=..." (in the
+certificate's order), or null.  A failed handshake is not a request: it is
+logged to stderr, as "tls handshake failed #n: <reason>" (n counts the
+failures), and counted in /_stats as "tls_failures".
 
 ("body_b64" is added when the body is not valid UTF-8; "body" then holds it
 decoded with replacement characters.)  The line is written, and t and mono
@@ -51,9 +60,10 @@ Runtime control:
                      "keys": {key: {overrides}},
                      "port": n, "listening": bool}
     GET /_stats     {"requests": n, "by_status": {"204": n, ...},
-                     "by_path": {...}, "sig_fail": n, "connections": n}
+                     "by_path": {...}, "sig_fail": n, "connections": n,
+                     "tls_failures": n}
         ("connections": TCP connections accepted since the start or the
-        last reset_stats)
+        last reset_stats, "tls_failures" the TLS handshakes that failed)
 
 The signature check follows Standard Webhooks; verify() and sign() can be
 imported by other scripts (sys.path.insert(0, "test/sink")).
@@ -69,6 +79,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -268,6 +279,13 @@ class Recorder:
         self.by_path = {}
         self.sig_fail = 0
         self.connections = 0
+        self.tls_failures = 0
+
+    def tls_failure(self):
+        """Count a failed TLS handshake; return the count."""
+        with self.lock:
+            self.tls_failures += 1
+            return self.tls_failures
 
     def next_connection(self):
         """Count an accepted connection; return its number (from 1)."""
@@ -302,6 +320,7 @@ class Recorder:
                     "by_path": dict(self.by_path),
                     "sig_fail": self.sig_fail,
                     "connections": self.connections,
+                    "tls_failures": self.tls_failures,
                     "last_seq": self.seq}
 
     def close(self):
@@ -322,6 +341,17 @@ class SinkHTTPServer(ThreadingHTTPServer):
     block_on_close = False
     allow_reuse_address = True
     request_queue_size = 256
+
+    ssl_context = None
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        if self.ssl_context is not None:
+            # The handshake is done by the connection's own thread (the
+            # handler's setup()), not by the one accepting connections.
+            sock = self.ssl_context.wrap_socket(sock, server_side=True,
+                                                do_handshake_on_connect=False)
+        return sock, addr
 
     def handle_error(self, request, client_address):
         exc = sys.exc_info()[1]
@@ -356,6 +386,14 @@ class Sink:
         self.conns_lock = threading.Lock()
         self.conns = set()
         self.refusing = threading.Lock()
+        self.ssl_context = None
+        if args.tls_cert:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(args.tls_cert, args.tls_key)
+            if args.tls_client_ca:
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                ctx.load_verify_locations(cafile=args.tls_client_ca)
+            self.ssl_context = ctx
 
     def roll(self):
         with self.rng_lock:
@@ -375,6 +413,7 @@ class Sink:
                 if self.port == 0 or time.monotonic() > deadline or self.stop.is_set():
                     raise
                 time.sleep(0.05)
+        server.ssl_context = self.ssl_context
         self.port = server.server_address[1]
         thread = threading.Thread(target=server.serve_forever,
                                   kwargs={"poll_interval": 0.2},
@@ -432,6 +471,15 @@ def make_handler(sink):
         timeout = sink.args.idle_timeout
 
         def setup(self):
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.settimeout(10)
+                try:
+                    self.request.do_handshake()
+                except (OSError, ValueError) as e:
+                    n = sink.recorder.tls_failure()
+                    sys.stderr.write(f"tls handshake failed #{n}: {e}\n")
+                    sys.stderr.flush()
+                    raise
             super().setup()
             # Answers go out as headers then body: without TCP_NODELAY,
             # Nagle and delayed ACKs add ~40 ms to every non-empty answer.
@@ -586,6 +634,14 @@ def make_handler(sink):
                      "delay_ms": mode["delay_ms"], "conn": self.conn_number}
             if b64 is not None:
                 entry["body_b64"] = b64
+            if isinstance(self.connection, ssl.SSLSocket):
+                peer = self.connection.getpeercert()
+                subject = None
+                if peer:
+                    subject = ",".join(f"{k}={v}" for rdn in peer.get("subject", ())
+                                       for k, v in rdn)
+                entry["tls"] = {"version": self.connection.version(),
+                                "peer_subject": subject}
             seq = sink.recorder.record(entry)
 
             if mode["delay_ms"]:
@@ -646,6 +702,10 @@ def parse_args(argv):
     p.add_argument("--secret", help="whsec_<base64>: check Standard Webhooks signatures")
     p.add_argument("--idle-timeout", type=float, default=60,
                    help="close idle keep-alive connections after this many seconds (60)")
+    p.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (chain)")
+    p.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca",
+                   help="require client certificates signed by this PEM CA (needs --tls-cert)")
     p.add_argument("--verbose", action="store_true", help="log requests to stderr")
     args = p.parse_args(argv)
     try:
@@ -653,6 +713,10 @@ def parse_args(argv):
             _check_mode_value(key, getattr(args, key))
     except ValueError as e:
         p.error(str(e))
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
+    if args.tls_client_ca and not args.tls_cert:
+        p.error("--tls-client-ca needs --tls-cert and --tls-key")
     if args.refuse_for > 0 and args.port == 0:
         p.error("--refuse-for needs a fixed --port")
     return args

@@ -314,6 +314,55 @@ ref = s.verify(sec, {"webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-time
 print(s.verify(sec, h, "{\"test\": 2432232314}"), s.verify(sec, h, "{\"test\": 1}"), ref)
 ')" "True False True"
 
+# --- sinks C and D: HTTPS (--tls-cert, --tls-key), mTLS (--tls-client-ca) -----
+if command -v openssl >/dev/null; then
+	(
+		cd "$tmp" &&
+			openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+				-keyout ca.key -out ca.pem -subj "/CN=selftest CA" &&
+			openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+				-keyout srv.key -out srv.csr -subj "/CN=127.0.0.1" &&
+			echo "subjectAltName=IP:127.0.0.1" >srv.ext &&
+			openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+				-extfile srv.ext -out srv.pem &&
+			openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+				-keyout cli.key -out cli.csr -subj "/O=selftest/CN=client one" &&
+			openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out cli.pem
+	) >"$tmp/openssl.out" 2>&1 || { cat "$tmp/openssl.out"; not_ok "openssl made the certificates"; }
+	python3 "$sink" --port-file "$tmp/c.port" --record "$tmp/c.jsonl" \
+		--tls-cert "$tmp/srv.pem" --tls-key "$tmp/srv.key" >"$tmp/c.out" 2>"$tmp/c.err" &
+	cpid=$!
+	python3 "$sink" --port-file "$tmp/d.port" --record "$tmp/d.jsonl" \
+		--tls-cert "$tmp/srv.pem" --tls-key "$tmp/srv.key" --tls-client-ca "$tmp/ca.pem" \
+		>"$tmp/d.out" 2>"$tmp/d.err" &
+	dpid=$!
+	pids+=("$cpid" "$dpid")
+	wait_file "$tmp/c.port" && wait_file "$tmp/d.port" || not_ok "TLS sinks did not start"
+	c="https://127.0.0.1:$(cat "$tmp/c.port")"
+	d="https://127.0.0.1:$(cat "$tmp/d.port")"
+	tpost() { curl -s -o /dev/null -w '%{http_code}' --data-binary x "$@"; }
+	check "--tls-cert: a client without the CA refuses the sink" "$(tpost "$c/a")" "000"
+	check "--tls-cert: HTTPS with the CA" "$(tpost --cacert "$tmp/ca.pem" "$c/b")" "204"
+	check "--tls-client-ca: no client certificate, no answer" \
+		"$(tpost --cacert "$tmp/ca.pem" "$d/c")" "000"
+	check "--tls-client-ca: with the client certificate" \
+		"$(tpost --cacert "$tmp/ca.pem" --cert "$tmp/cli.pem" --key "$tmp/cli.key" "$d/d")" "204"
+	kill -TERM "$cpid" "$dpid"
+	for _ in $(seq 50); do kill -0 "$cpid" 2>/dev/null || kill -0 "$dpid" 2>/dev/null || break; sleep 0.1; done
+	check "TLS records: path, version, peer subject" "$(python3 -c '
+import json, sys
+for f in sys.argv[1:]:
+    for l in open(f):
+        r = json.loads(l)
+        print(r["path"], r["status"], r["tls"]["version"][:5], r["tls"]["peer_subject"])
+' "$tmp/c.jsonl" "$tmp/d.jsonl" | tr '\n' ';')" \
+		"/b 204 TLSv1 None;/d 204 TLSv1 organizationName=selftest,commonName=client one;"
+	check "failed handshakes are logged" \
+		"$(cat "$tmp/c.err" "$tmp/d.err" | grep -c '^tls handshake failed #1: ')" "2"
+else
+	echo "ok - # SKIP HTTPS checks: no openssl (test/install-deps.sh installs it)"
+fi
+
 if [ "$fails" -ne 0 ]; then
 	echo "FAILED: $fails check(s)"
 	exit 1
