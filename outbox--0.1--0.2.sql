@@ -1285,6 +1285,21 @@ AS 'MODULE_PATHNAME', 'outbox_topic_grants_changed'
 LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION outbox.topic_grants_changed() FROM PUBLIC;
 
+-- Rows changed by hand (or restored) take effect like grant_topic's.
+CREATE FUNCTION outbox.topic_grants_trigger()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.topic_grants_changed();
+	RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.topic_grants_trigger() FROM PUBLIC;
+CREATE TRIGGER topic_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON outbox.topic_grants
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.topic_grants_trigger();
+
 CREATE FUNCTION outbox.grant_topic(role regrole, pattern text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -1328,11 +1343,24 @@ REVOKE ALL ON FUNCTION outbox.revoke_topic(regrole, text) FROM PUBLIC;
 -- A read-only monitoring role: figures and states, no URLs, headers,
 -- secrets or payloads (roles are shared by the cluster's databases: it is
 -- created once, and stays when the extension is dropped).
+-- A role of that name made by someone else is refused: whoever
+-- administers it would decide who reads the figures.
 DO $$
+DECLARE
+	r record;
 BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'outbox_monitor') THEN
+	SELECT * INTO r FROM pg_catalog.pg_roles WHERE rolname = 'outbox_monitor';
+	IF NOT FOUND THEN
 		CREATE ROLE outbox_monitor NOLOGIN;
 		COMMENT ON ROLE outbox_monitor IS 'reads outbox.lag, outbox.stats, outbox.worker and outbox.metrics()';
+	ELSIF r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolbypassrls
+		  OR EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+					   JOIN pg_catalog.pg_roles a ON a.oid = m.member
+					  WHERE m.roleid = r.oid AND m.admin_option AND NOT a.rolsuper) THEN
+		RAISE EXCEPTION 'role "outbox_monitor" exists and is not the extension''s monitoring role'
+			USING ERRCODE = 'duplicate_object',
+				  DETAIL = 'It can log in, has privileges of its own, or a role that is not a superuser administers it.',
+				  HINT = 'Drop or rename that role, then create the extension again.';
 	END IF;
 END
 $$;

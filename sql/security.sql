@@ -73,6 +73,10 @@ SELECT outbox.create_http_target('sec_ali', 'http://100.100.100.200/latest/meta-
 -- ... also written as an IPv4-mapped IPv6 address, or in forms parsers
 -- disagree on.
 SELECT outbox.create_http_target('sec_mapped', 'http://[::ffff:169.254.169.254]/');
+SELECT outbox.create_http_target('sec_nat64', 'http://[64:ff9b::a9fe:a9fe]/');
+SELECT outbox.create_http_target('sec_nat64l', 'http://[64:ff9b:1::a9fe:a9fe]/');
+SELECT outbox.create_http_target('sec_compat', 'http://[::169.254.169.254]/');
+SELECT outbox.create_http_target('sec_6to4', 'http://[2002:a9fe:a9fe::1]/');
 SELECT outbox.create_http_target('sec_hex', 'http://0xa9fea9fe/');
 SELECT outbox.create_http_target('sec_dec', 'http://2852039166/');
 SELECT outbox.create_http_target('sec_oct', 'http://0251.0376.0251.0376/');
@@ -100,6 +104,10 @@ RESET ROLE;
 SET outbox.denied_destinations = '10.0.0.0/33';
 SET outbox.denied_destinations = 'not-a-cidr';
 SET outbox.allowed_destinations = '*.';
+-- Entries may be separated by commas, spaces, tabs or newlines.
+SET outbox.denied_destinations = E'1.1.1.1\t2.2.2.2\t3.3.3.3\t4.4.4.4\t5.5.5.5\t6.6.6.6\t7.7.7.7\t8.8.8.8\n9.9.9.9\t10.0.0.0/8';
+SELECT outbox.create_http_target('sec_tab', 'http://9.9.9.9/');
+RESET outbox.denied_destinations;
 -- A rule applies to literal addresses and to names resolved now; an
 -- allowed CIDR wins over a denied one.
 SET outbox.denied_destinations = '127.0.0.0/8, ::1/128';
@@ -257,6 +265,15 @@ SET ROLE sec_app2;
 SELECT outbox_emit('sec.updated', '{}') IS NOT NULL AS granted_through_membership;
 RESET ROLE;
 SELECT outbox_emit('payroll.paid', '{}') IS NOT NULL AS superuser_unchecked;
+-- A row deleted by hand revokes too, for sessions that cached the grants.
+SET ROLE sec_app;
+SELECT outbox_emit('sec.cached', '{}') IS NOT NULL AS granted_and_cached;
+RESET ROLE;
+DELETE FROM outbox.topic_grants WHERE pattern = 'sec.*';
+SET ROLE sec_app;
+SELECT outbox_emit('sec.cached', '{}');
+RESET ROLE;
+INSERT INTO outbox.topic_grants (role, pattern) VALUES ('sec_app', 'sec.*');
 -- A revoke takes effect at once, for sessions that cached the grants too.
 SELECT outbox.revoke_topic('sec_app', 'sec.*');
 SELECT outbox.revoke_topic('sec_app', 'sec.*');

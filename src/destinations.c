@@ -164,7 +164,7 @@ outbox_parse_rules(const char *value, bool hosts, DestinationRules **rules)
 	DestinationRules *r;
 
 	for (c = copy; *c; c++)
-		if (*c == ',' || *c == ' ')
+		if (*c == ',' || *c == ' ' || *c == '\t' || *c == '\n')
 			max++;
 	r = outbox_guc_malloc(offsetof(DestinationRules, rules) + sizeof(DestinationRule) * max);
 	if (r == NULL)
@@ -314,39 +314,15 @@ outbox_host_rule_matches(const DestinationRule *r, const char *host)
 	return pg_strcasecmp(host, r->text) == 0;
 }
 
-/*
- * Whether a request to host (the URL's, or NULL) may connect to the address
- * family/addr.  Returns NULL if so, else why not (in a static buffer).
- */
-const char *
-outbox_destination_refused(int family, const void *address, const char *host)
+/* The rules for one address (IPv4 in 4 bytes, IPv6 in 16); NULL: allowed. */
+static const char *
+outbox_address_refused(int family, const unsigned char *addr, const char *host)
 {
 	static char why[512];
-	unsigned char addr[16];
 	char		shown[INET6_ADDRSTRLEN];
 	int			i;
 
-	if (family == AF_INET)
-		memcpy(addr, address, 4);
-	else if (family == AF_INET6)
-	{
-		static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-
-		memcpy(addr, address, 16);
-		if (memcmp(addr, mapped, 12) == 0)
-		{
-			/* ::ffff:a.b.c.d is a.b.c.d. */
-			memmove(addr, addr + 12, 4);
-			family = AF_INET;
-		}
-	}
-	else
-	{
-		snprintf(why, sizeof(why), "address family %d is not an Internet address", family);
-		return why;
-	}
 	inet_ntop(family, addr, shown, sizeof(shown));
-
 	if ((family == AF_INET && addr[0] == 0) ||
 		(family == AF_INET6 && memcmp(addr, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 16) == 0))
 	{
@@ -373,6 +349,48 @@ outbox_destination_refused(int family, const void *address, const char *host)
 	snprintf(why, sizeof(why), "%s%s%s is not in outbox.allowed_destinations",
 			 host ? host : "", host ? " at " : "", shown);
 	return why;
+}
+
+/*
+ * Whether a request to host (the URL's, or NULL) may connect to the address
+ * family/address (a struct in_addr or in6_addr).  Returns NULL if so, else
+ * why not (in a static buffer).
+ *
+ * IPv6 addresses that carry an IPv4 address must pass the rules as that
+ * address too: IPv4-mapped ::ffff:a.b.c.d (only as the IPv4 address: it
+ * is one), IPv4-compatible ::a.b.c.d (not ::1), NAT64 64:ff9b::/96 and the
+ * local-use 64:ff9b:1::/48 (they reach IPv4 networks through a
+ * translator), and 6to4 2002:aabb:ccdd::/48.
+ */
+const char *
+outbox_destination_refused(int family, const void *address, const char *host)
+{
+	static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	static const unsigned char nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
+	static const unsigned char nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 0x01};
+	static const unsigned char zero[12] = {0};
+	static char why[512];
+	const unsigned char *a = address;
+	const char *r;
+
+	if (family == AF_INET)
+		return outbox_address_refused(AF_INET, a, host);
+	if (family != AF_INET6)
+	{
+		snprintf(why, sizeof(why), "address family %d is not an Internet address", family);
+		return why;
+	}
+	if (memcmp(a, mapped, 12) == 0)
+		return outbox_address_refused(AF_INET, a + 12, host);
+	r = outbox_address_refused(AF_INET6, a, host);
+	if (r != NULL)
+		return r;
+	if (memcmp(a, nat64, 12) == 0 || memcmp(a, nat64_local, 6) == 0 ||
+		(memcmp(a, zero, 12) == 0 && a[12] != 0))
+		return outbox_address_refused(AF_INET, a + 12, host);
+	if (a[0] == 0x20 && a[1] == 0x02)
+		return outbox_address_refused(AF_INET, a + 2, host);
+	return NULL;
 }
 
 /*

@@ -196,7 +196,8 @@ relay_target_headers(RelayTarget *t, Jsonb *jb)
  * Build a target from a row of the configuration query (see
  * relay_load_config() for its columns), checking every field the way the
  * target functions and the table's constraints do: the row may have been
- * written by hand.  Returns NULL, with *problem set, for a row that cannot
+ * written by hand.  Returns NULL, with *problem set (a constant, or in the
+ * caller's memory context: the target's is deleted), for a row that cannot
  * be used.  Without with_lanes only the options are read (to refresh a
  * known target's, relay_refresh_target).
  */
@@ -264,7 +265,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 			continue;
 		why = outbox_parse_signing_key(s, &t->keys[t->nkeys]);
 		if (why != NULL)
-			*problem = psprintf("%s: %s", i == 0 ? "secret" : "previous_secret", why);
+			*problem = MemoryContextStrdup(oldcxt, psprintf("%s: %s", i == 0 ? "secret" : "previous_secret", why));
 		else
 			t->nkeys++;
 	}
@@ -274,7 +275,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 
 		t->host = outbox_url_host(t->url, &why);
 		if (t->host == NULL)
-			*problem = psprintf("url: %s", why);
+			*problem = MemoryContextStrdup(oldcxt, psprintf("url: %s", why));
 	}
 	t->ca_file = relay_spi_text(tup, desc, 20);
 	t->client_cert = relay_spi_text(tup, desc, 21);

@@ -127,6 +127,7 @@ relay_header_lines(Jsonb *jb, int *len)
 		else if (tok == WJB_VALUE && v.type == jbvString)
 		{
 			pg_wchar	bad;
+			int			blank = 0;
 
 			/*
 			 * outbox_emit() refuses such values; a message stored by an
@@ -139,8 +140,14 @@ relay_header_lines(Jsonb *jb, int *len)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("outbox header value of the message holds U+%04X, which HTTP headers cannot carry",
 								(unsigned int) bad)));
-			/* "Name;" sends an empty header; "Name:" would remove one. */
-			if (v.val.string.len == 0)
+			/*
+			 * "Name;" sends an empty header; "Name:" (or "Name:" and white
+			 * space only) would remove one.
+			 */
+			while (blank < v.val.string.len &&
+				   (v.val.string.val[blank] == ' ' || v.val.string.val[blank] == '\t'))
+				blank++;
+			if (blank == v.val.string.len)
 				appendStringInfoChar(&buf, ';');
 			else
 			{

@@ -73,6 +73,7 @@ typedef struct RelayHttpLane
 	bool		body_capped;	/* stopped reading at RELAY_MAX_RESPONSE_BODY */
 	bool		headers_capped; /* gave up at RELAY_MAX_RESPONSE_HEADERS */
 	char		refused[512];	/* why a connect was refused, or "" */
+	bool		opened;			/* a connection was opened since */
 	StringInfoData sig;			/* webhook-signature of the request */
 } RelayHttpLane;
 
@@ -93,9 +94,9 @@ static int	epoll_fd = -1;
 static TimestampTz timer_deadline = 0;	/* libcurl wants a call by then */
 static bool timer_set = false;	/* timer_deadline is meaningful */
 static int	requests_in_flight = 0;
-static bool proxy_from_env = false; /* a proxy variable is set */
 static uint64 destinations_seen = 0;	/* outbox_destinations_generation */
 static char *default_cainfo = NULL; /* libcurl's built-in CA bundle path */
+static char *default_capath = NULL; /* and CA directory */
 
 /*
  * What epoll_fd watches for each socket libcurl gave us, indexed by
@@ -266,6 +267,7 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 	{
 		RelaySocketState *st = relay_socket_state(s);
 
+		lane->http->opened = true;
 		/* A new descriptor is in no epoll set. */
 		if (st != NULL)
 		{
@@ -361,12 +363,16 @@ relay_http_init(void)
 			 curl_easy_strerror(rc));
 
 	/*
-	 * libcurl looks for proxy variables in the environment on every
-	 * request.  When the server was started without any, say so once.
+	 * Proxy variables of the environment are ignored: through a proxy the
+	 * open-socket callback would see only the proxy's address, and the
+	 * destination rules could not tell where a request goes.
 	 */
 	destinations_seen = outbox_destinations_generation;
-	proxy_from_env = getenv("http_proxy") || getenv("https_proxy") ||
-		getenv("HTTPS_PROXY") || getenv("all_proxy") || getenv("ALL_PROXY");
+	if (getenv("http_proxy") || getenv("https_proxy") || getenv("HTTPS_PROXY") ||
+		getenv("all_proxy") || getenv("ALL_PROXY"))
+		ereport(LOG,
+				(errmsg("outbox relay ignores the proxy variables of its environment"),
+				 errdetail("Requests go straight to their targets, so that outbox.denied_destinations applies to the address each one is sent to.")));
 
 	ReserveExternalFD();
 	epoll_fd = epoll_create1(EPOLL_CLOEXEC);
@@ -378,9 +384,13 @@ relay_http_init(void)
 		CURL	   *probe = curl_easy_init();
 		char	   *path = NULL;
 
-		if (probe != NULL &&
+		if (probe != NULL && default_cainfo == NULL &&
 			curl_easy_getinfo(probe, CURLINFO_CAINFO, &path) == CURLE_OK && path != NULL)
 			default_cainfo = MemoryContextStrdup(TopMemoryContext, path);
+		path = NULL;
+		if (probe != NULL && default_capath == NULL &&
+			curl_easy_getinfo(probe, CURLINFO_CAPATH, &path) == CURLE_OK && path != NULL)
+			default_capath = MemoryContextStrdup(TopMemoryContext, path);
 		if (probe != NULL)
 			curl_easy_cleanup(probe);
 	}
@@ -392,6 +402,12 @@ relay_http_init(void)
 	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, relay_socket_cb);
 	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, relay_timer_cb);
 	curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 1024L);
+	/*
+	 * No HTTP/2 multiplexing: each lane has a connection of its own (a
+	 * lane's failures stay its own), and a connection made under
+	 * destination rules that changed since is not kept busy by others.
+	 */
+	curl_multi_setopt(multi, CURLMOPT_PIPELINING, (long) CURLPIPE_NOTHING);
 	return epoll_fd;
 }
 
@@ -428,9 +444,14 @@ relay_http_lane_options(RelayLane *lane)
 	curl_easy_setopt(easy, CURLOPT_URL, t->url);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 10000));
-	/* Without a ca_file, libcurl's own default bundle (NULL would mean none). */
+	/*
+	 * A ca_file replaces the system's trust (bundle and directory), so that
+	 * no other CA can vouch for the receiver; without one, libcurl's own
+	 * defaults (NULL would mean none).
+	 */
 	if (t->ca_file != NULL || default_cainfo != NULL)
 		curl_easy_setopt(easy, CURLOPT_CAINFO, t->ca_file ? t->ca_file : default_cainfo);
+	curl_easy_setopt(easy, CURLOPT_CAPATH, t->ca_file ? NULL : default_capath);
 	curl_easy_setopt(easy, CURLOPT_SSLCERT, t->client_cert);
 	curl_easy_setopt(easy, CURLOPT_SSLKEY, t->client_key);
 }
@@ -455,11 +476,8 @@ relay_http_lane_init(RelayLane *lane)
 	h->easy = easy;
 	lane->http = h;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
-	if (!proxy_from_env)
-	{
-		curl_easy_setopt(easy, CURLOPT_PROXY, "");
-		curl_easy_setopt(easy, CURLOPT_NOPROXY, "");
-	}
+	curl_easy_setopt(easy, CURLOPT_PROXY, "");
+	curl_easy_setopt(easy, CURLOPT_NOPROXY, "*");
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
 #if LIBCURL_VERSION_NUM >= 0x075500
@@ -526,14 +544,23 @@ relay_header(RelayHttpLane *h, const char *line)
 	appendStringInfoChar(&h->hdr, '\0');
 }
 
-/* Add the header line "name: value". */
+/*
+ * Add the header line "name: value".  A value of white space only goes as
+ * "name;" (an empty header; HTTP drops the white space around a value
+ * anyway): libcurl would take "name:   " for "remove this header".
+ */
 static void
 relay_header_value(RelayHttpLane *h, const char *name, const char *value)
 {
 	relay_header_start(h);
 	appendStringInfoString(&h->hdr, name);
-	appendStringInfoString(&h->hdr, ": ");
-	appendStringInfoString(&h->hdr, value);
+	if (value[strspn(value, " \t")] == '\0')
+		appendStringInfoChar(&h->hdr, ';');
+	else
+	{
+		appendStringInfoString(&h->hdr, ": ");
+		appendStringInfoString(&h->hdr, value);
+	}
 	appendStringInfoChar(&h->hdr, '\0');
 }
 
@@ -693,6 +720,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	h->body_capped = false;
 	h->headers_capped = false;
 	h->refused[0] = '\0';
+	h->opened = false;
 	relay_http_lane_options(lane);
 
 	curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, relay_header_list(h));
@@ -813,7 +841,7 @@ relay_http_finish(CURL *easy, CURLcode result,
 	}
 
 	memset(&outcome, 0, sizeof(outcome));
-	if (result != CURLE_OK && h->refused[0] != '\0')
+	if (result != CURLE_OK && h->refused[0] != '\0' && !h->opened)
 	{
 		/*
 		 * Every address was refused (libcurl tries the others of a name
@@ -877,9 +905,9 @@ relay_http_drive(void (*finished) (RelayLane *lane, const RelayOutcome *outcome)
 
 	/*
 	 * The destination rules changed (a reload): connections made under the
-	 * old ones are not used again, so every address is checked anew.  Idle
-	 * ones are shut down now (libcurl checks a pooled connection before it
-	 * reuses one), busy ones when their request ends.
+	 * old ones are not used again, so every address is checked anew.  All
+	 * are shut down now: libcurl finds an idle one dead before it reuses
+	 * it, and a request on a busy one fails and is retried.
 	 */
 	if (destinations_seen != outbox_destinations_generation)
 	{
@@ -890,8 +918,7 @@ relay_http_drive(void (*finished) (RelayLane *lane, const RelayOutcome *outcome)
 			if (sockets[fd].ours)
 			{
 				sockets[fd].stale = true;
-				if (!sockets[fd].wanted)
-					shutdown(fd, SHUT_RDWR);
+				shutdown(fd, SHUT_RDWR);
 			}
 	}
 

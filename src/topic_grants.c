@@ -8,8 +8,9 @@
  * holds a grant whose pattern matches the topic.  Grants live in
  * outbox.topic_grants.  Each backend keeps them in memory and reads them
  * again only after a change: grant_topic and revoke_topic send a relcache
- * invalidation of outbox.topic_grants, which every backend receives when
- * their transaction commits.  So the check at emit costs a few string
+ * invalidation of outbox.topic_grants (so does a trigger on any other
+ * change of the table), which every backend receives when their
+ * transaction commits.  So the check at emit costs a few string
  * comparisons, no table access.
  *
  *-------------------------------------------------------------------------
@@ -63,11 +64,17 @@ outbox_topic_grants_define_gucs(void)
 							 NULL, NULL, NULL);
 }
 
+/* Invalidations seen: one arriving while the grants are read voids them. */
+static uint64 invalidations = 0;
+
 static void
 outbox_topic_grants_invalidate(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == grants_relid)
+	if (relid == InvalidOid || relid == grants_relid || !OidIsValid(grants_relid))
+	{
 		grants_valid = false;
+		invalidations++;
+	}
 }
 
 /* Read outbox.topic_grants into memory. */
@@ -80,12 +87,14 @@ outbox_load_topic_grants(void)
 	HeapTuple	tup;
 	int			max = 16;
 	MemoryContext oldcxt;
+	uint64		seen;
 
 	if (!callback_registered)
 	{
 		CacheRegisterRelcacheCallback(outbox_topic_grants_invalidate, (Datum) 0);
 		callback_registered = true;
 	}
+	seen = invalidations;
 	grants_relid = OidIsValid(nsp) ? get_relname_relid("topic_grants", nsp) : InvalidOid;
 	if (!OidIsValid(grants_relid))
 		ereport(ERROR,
@@ -137,7 +146,8 @@ outbox_load_topic_grants(void)
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	MemoryContextSwitchTo(oldcxt);
-	grants_valid = true;
+	/* Used now either way; read again next time if they changed meanwhile. */
+	grants_valid = (invalidations == seen);
 }
 
 static bool
