@@ -308,7 +308,7 @@ ALTER TABLE outbox.targets
 	ADD COLUMN max_rate float8
 		CONSTRAINT targets_max_rate_check CHECK (max_rate > 0 AND max_rate <= 1000000),
 	ADD COLUMN disable_after interval DEFAULT interval '3 days'
-		CONSTRAINT targets_disable_after_check CHECK (disable_after > interval '0'),
+		CONSTRAINT targets_disable_after_check CHECK (disable_after > interval '0' AND disable_after <= interval '100 years'),
 	ADD COLUMN pending_lanes int
 		CONSTRAINT targets_pending_lanes_check CHECK (pending_lanes BETWEEN 1 AND 256),
 	ADD COLUMN pending_ordering text
@@ -538,8 +538,8 @@ BEGIN
 		RAISE EXCEPTION 'max_attempts must be between 0 (retry forever) and 1000000, not %', t.max_attempts
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF t.disable_after IS NOT NULL AND t.disable_after <= interval '0' THEN
-		RAISE EXCEPTION 'disable_after must be a positive interval, not %', t.disable_after
+	IF t.disable_after IS NOT NULL AND (t.disable_after <= interval '0' OR t.disable_after > interval '100 years') THEN
+		RAISE EXCEPTION 'disable_after must be a positive interval of at most 100 years, not %', t.disable_after
 			USING ERRCODE = 'invalid_parameter_value',
 				  HINT = 'Pass interval ''0'' to alter_target to never disable the target.';
 	END IF;

@@ -168,6 +168,7 @@ SELECT outbox.create_http_target('sec_n4', 'http://127.0.0.1:9/', max_attempts =
 SELECT outbox.alter_target('sec_hook', max_rate => 'NaN');
 SELECT outbox.alter_target('sec_hook', max_rate => 'Infinity');
 SELECT outbox.alter_target('sec_hook', disable_after => interval '-1 day');
+SELECT outbox.alter_target('sec_hook', disable_after => interval '1000000 years');
 SELECT outbox.create_http_target('sec_n5', 'http://127.0.0.1:9/', batch_size => 99999999999);
 -- Huge and deeply nested payloads.
 SET outbox.max_payload_size = '1kB';

@@ -610,7 +610,17 @@ outbox_check_server_file(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be an absolute path, not \"%s\"", what, path)));
-	fd = OpenTransientFile(path, O_RDONLY | PG_BINARY);
+	/* Not a FIFO or device: opening one could block the backend for good. */
+	if (stat(path, &st) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("cannot read %s \"%s\": %m", what, path),
+				 errhint("The file must be readable by the server's operating system user.")));
+	if (!S_ISREG(st.st_mode))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s \"%s\" is not a regular file", what, path)));
+	fd = OpenTransientFile(path, O_RDONLY | O_NONBLOCK | PG_BINARY);
 	if (fd < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -533,7 +533,7 @@ relay_load_config(void)
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       t.state, t.max_rate,"
-					"       (extract(epoch FROM t.disable_after) * 1000)::bigint,"
+					"       (extract(epoch FROM least(t.disable_after, interval '100 years')) * 1000)::bigint,"
 					"       t.pending_lanes, t.pending_ordering,"
 					"       md5(row(t.url, t.headers, t.secret, t.batch_size, t.lanes, t.max_attempts,"
 					"               t.timeout_ms, t.state, t.max_rate, t.disable_after,"

@@ -189,8 +189,49 @@ relay_progress_pending(void)
  * their deliveries themselves; here they only advance past messages they
  * do not subscribe to.)
  */
+static void relay_write_progress_once(void);
+
 void
 relay_write_progress(void)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+
+	/*
+	 * An admin statement updating progress rows of several targets (two
+	 * replays in one transaction, say) can deadlock with this write.  Then
+	 * this transaction is the one rolled back: what it would have written is
+	 * still in memory, and is written at the next turn.  Nothing is
+	 * forgotten before the commit (see below).
+	 */
+	PG_TRY();
+	{
+		relay_write_progress_once();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_T_R_DEADLOCK_DETECTED &&
+			edata->sqlerrcode != ERRCODE_T_R_SERIALIZATION_FAILURE &&
+			edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+		{
+			FreeErrorData(edata);
+			PG_RE_THROW();
+		}
+		FlushErrorState();
+		AbortCurrentTransaction();
+		ereport(LOG,
+				(errmsg("outbox relay will record its progress again: %s", edata->message)));
+		FreeErrorData(edata);
+		pgstat_report_activity(STATE_IDLE, NULL);
+	}
+	PG_END_TRY();
+}
+
+static void
+relay_write_progress_once(void)
 {
 	ListCell   *lc;
 	RelayDeadLetter *d;
