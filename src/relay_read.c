@@ -198,6 +198,29 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	char	   *p;
 
 	/*
+	 * outbox_emit() refuses keys and topics with control characters or
+	 * line separators; one stored by an earlier version is not sent raw in
+	 * an HTTP header: the message becomes a dead letter.
+	 */
+	if (t->kind == RELAY_HTTP)
+	{
+		pg_wchar	bad;
+
+		if (key != NULL && outbox_bad_char(key, strlen(key), OUTBOX_TEXT_KEY, &bad) > 0)
+		{
+			*error = psprintf("the message key holds U+%04X, which HTTP headers cannot carry",
+							  (unsigned int) bad);
+			return NULL;
+		}
+		if (outbox_bad_char(topic, strlen(topic), OUTBOX_TEXT_KEY, &bad) > 0)
+		{
+			*error = psprintf("the message topic holds U+%04X, which HTTP headers cannot carry",
+							  (unsigned int) bad);
+			return NULL;
+		}
+	}
+
+	/*
 	 * The payload's text, in a buffer reused from row to row; one that grew
 	 * for a large payload is given back first.
 	 */

@@ -139,6 +139,29 @@ is_deeply(\@problems, [], 'each message exactly once, per key in order');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'),
 	'0', 'still no dead letter');
 
+# Rows stored by an earlier version (or restored) whose key or header value
+# outbox_emit() now refuses are not sent raw in HTTP headers: they become
+# dead letters, and the messages after them are delivered.
+$node->safe_psql(
+	'postgres', q{
+INSERT INTO outbox.messages (id, msg_id, topic, key, payload, headers, emitted_at)
+SELECT max(id) + 1, gen_random_uuid(), 'dest', E'old\u0085key', '{"legacy": 1}', NULL, now()
+  FROM outbox.messages;
+INSERT INTO outbox.messages (id, msg_id, topic, key, payload, headers, emitted_at)
+SELECT max(id) + 1, gen_random_uuid(), 'dest', 'k1', '{"legacy": 2}', '{"x-old": "v\u2028w"}', now()
+  FROM outbox.messages;
+});
+emit_some(1);
+ok( wait_until(
+		sub {
+			$node->safe_psql('postgres',
+				q{SELECT count(*) FROM outbox.dead_letters WHERE last_error ~ 'HTTP headers cannot carry'}) eq '2';
+		}),
+	'a stored key or header value with U+0085 or U+2028 becomes a dead letter, not a raw header');
+ok(wait_until(sub { delivered_2xx() >= 29 }), 'the message after them is delivered');
+ok(!(grep { ($_->{body} // '') =~ /legacy/ } @{ sink_records($sink) }),
+	'neither was sent');
+
 # A row written by hand with a URL the checks refuse is not delivered.
 $node->safe_psql(
 	'postgres', q{
