@@ -231,11 +231,22 @@ outbox_denied_check(char **newval, void **extra, GucSource source)
 	return true;
 }
 
+/* Whether two rule lists differ (a reload assigns even an unchanged one). */
+static bool
+outbox_rules_differ(const DestinationRules *a, const DestinationRules *b)
+{
+	if (a == NULL || b == NULL)
+		return a != b;
+	return a->nrules != b->nrules ||
+		memcmp(a->rules, b->rules, sizeof(DestinationRule) * a->nrules) != 0;
+}
+
 static void
 outbox_denied_assign(const char *newval, void *extra)
 {
+	if (outbox_rules_differ(denied_rules, (DestinationRules *) extra))
+		outbox_destinations_generation++;
 	denied_rules = (DestinationRules *) extra;
-	outbox_destinations_generation++;
 }
 
 static bool
@@ -252,8 +263,9 @@ outbox_allowed_check(char **newval, void **extra, GucSource source)
 static void
 outbox_allowed_assign(const char *newval, void *extra)
 {
+	if (outbox_rules_differ(allowed_rules, (DestinationRules *) extra))
+		outbox_destinations_generation++;
 	allowed_rules = (DestinationRules *) extra;
-	outbox_destinations_generation++;
 }
 
 void
