@@ -187,6 +187,7 @@ typedef struct RelayTarget
 	int			pending_lanes;	/* lanes asked for, 0 for no change */
 	char	   *pending_ordering;	/* ordering asked for, or NULL */
 	char	   *fingerprint;	/* of the options, to see them change */
+	int			options_version;	/* bumped when new options are taken */
 	MemoryContext opts_cxt;		/* options taken from a later load */
 	bool		retry_wanted;	/* dead letters wait to be delivered again */
 	int			nretry;			/* of those, queued in the lanes */

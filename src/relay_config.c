@@ -113,25 +113,6 @@ relay_spi_int(HeapTuple tup, TupleDesc desc, int col, bool *isnull)
 	}
 }
 
-/*
- * Whether s has no control character (and, unless allow_space, no space),
- * as the target functions check for URLs and header values.
- */
-static bool
-relay_printable(const char *s, bool allow_space)
-{
-	for (; *s; s++)
-	{
-		unsigned char c = (unsigned char) *s;
-
-		/* Printable ASCII: these go into HTTP request lines and headers. */
-		if ((c < 0x20 && c != '\t') || c >= 0x7f || (c == '\t' && !allow_space) ||
-			(c == ' ' && !allow_space))
-			return false;
-	}
-	return true;
-}
-
 /* Whether s[0..len) is an HTTP token, as header names must be. */
 static bool
 relay_token(const char *s, int len)
@@ -178,12 +159,14 @@ relay_target_headers(RelayTarget *t, Jsonb *jb)
 		else if (tok == WJB_VALUE)
 		{
 			char	   *value;
+			pg_wchar	bad;
 
 			if (v.type != jbvString)
 				return "a header value is not a string";
-			value = pnstrdup(v.val.string.val, v.val.string.len);
-			if (!relay_printable(value, true))
+			if (outbox_bad_char(v.val.string.val, v.val.string.len,
+								OUTBOX_TEXT_HEADER_VALUE, &bad) > 0)
 				return "a header value has a character that is not printable ASCII";
+			value = pnstrdup(v.val.string.val, v.val.string.len);
 			t->header_names[t->nheader_lines] = name;
 			t->header_lines[t->nheader_lines++] = *value ?
 				psprintf("%s: %s", name, value) : psprintf("%s;", name);
@@ -231,10 +214,9 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	if (s != NULL && strcmp(s, "http") == 0)
 	{
 		t->kind = RELAY_HTTP;
-		if (t->url == NULL || !relay_printable(t->url, false) ||
-			(pg_strncasecmp(t->url, "http://", 7) != 0 &&
-			 pg_strncasecmp(t->url, "https://", 8) != 0))
-			*problem = "url is not an http:// or https:// URL without spaces or control characters";
+		/* The URL itself is checked below (outbox_url_host). */
+		if (t->url == NULL)
+			*problem = "url is missing";
 	}
 	else if (s != NULL && strcmp(s, "notify") == 0)
 	{
@@ -427,6 +409,7 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 		(n->nlanes != t->nlanes) ? n->nlanes : 0;
 	t->pending_ordering = n->pending_ordering;
 	t->fingerprint = n->fingerprint;
+	t->options_version++;		/* the lanes' handles take them at their next request */
 	t->retry_wanted = t->retry_wanted || n->retry_wanted;
 	t->state = n->state;
 	if (t->state == 'a' && was != 'a')

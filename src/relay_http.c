@@ -74,6 +74,7 @@ typedef struct RelayHttpLane
 	bool		headers_capped; /* gave up at RELAY_MAX_RESPONSE_HEADERS */
 	char		refused[512];	/* why a connect was refused, or "" */
 	bool		opened;			/* a connection was opened since */
+	int			options_version;	/* the target's options set on easy */
 	StringInfoData sig;			/* webhook-signature of the request */
 } RelayHttpLane;
 
@@ -432,8 +433,9 @@ relay_http_shutdown(void)
 
 /*
  * The options of a lane's handle that follow the target's row: URL,
- * timeouts, TLS files.  Set again before each request, so that a target
- * altered live takes them at its next request.
+ * timeouts, TLS files.  Set again before the next request once the target
+ * took new options (t->options_version), so that a target altered live
+ * uses them from then on.
  */
 static void
 relay_http_lane_options(RelayLane *lane)
@@ -499,6 +501,7 @@ relay_http_lane_init(RelayLane *lane)
 	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
 	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
 	relay_http_lane_options(lane);
+	h->options_version = t->options_version;
 	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, relay_open_socket_cb);
 	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, lane);
 	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, relay_close_socket_cb);
@@ -721,7 +724,11 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	h->headers_capped = false;
 	h->refused[0] = '\0';
 	h->opened = false;
-	relay_http_lane_options(lane);
+	if (h->options_version != t->options_version)
+	{
+		relay_http_lane_options(lane);
+		h->options_version = t->options_version;
+	}
 
 	curl_easy_setopt(h->easy, CURLOPT_HTTPHEADER, relay_header_list(h));
 	curl_easy_setopt(h->easy, CURLOPT_POSTFIELDS, body);
