@@ -28,6 +28,7 @@ OBJS = \
 	src/signing.o \
 	src/stats.o \
 	src/storage.o \
+	src/queue.o \
 	src/topic_grants.o
 
 EXTENSION = outbox

@@ -1369,3 +1369,378 @@ GRANT SELECT ON outbox.lag, outbox.stats, outbox.worker TO outbox_monitor;
 GRANT SELECT (id, name) ON outbox.targets TO outbox_monitor;	-- to join target_stats() by name
 GRANT EXECUTE ON FUNCTION outbox.metrics(), outbox.target_pending(int), outbox.target_stats(),
 	outbox.worker_status() TO outbox_monitor;
+
+---------------------------------------------------------------------------
+-- Queues: targets received from by SQL clients inside their own
+-- transactions (outbox.receive).  See src/queue.c.
+---------------------------------------------------------------------------
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_kind_check;
+ALTER TABLE outbox.targets ADD CONSTRAINT targets_kind_check
+	CHECK (kind IN ('http', 'notify', 'queue'));
+
+-- One row per receiving transaction that committed: the queue messages it
+-- acknowledged.  Written by outbox.receive() in the receiver's transaction,
+-- so it is durable exactly when that transaction commits; the relay folds
+-- them into outbox.progress.done_id and deletes them.  No index: it holds
+-- only what lies between done_id and the newest acknowledged message.
+CREATE TABLE outbox.receipts (
+	target_id	int			NOT NULL,
+	last_id		bigint		NOT NULL,
+	ids			bigint[]	NOT NULL
+);
+COMMENT ON TABLE outbox.receipts IS 'queue messages acknowledged above outbox.progress.done_id';
+REVOKE ALL ON TABLE outbox.receipts FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.receipts', '');
+
+-- Who may receive from a queue besides superusers and the extension's owner.
+CREATE TABLE outbox.queue_grants (
+	target_id	int			NOT NULL REFERENCES outbox.targets (id) ON DELETE CASCADE,
+	role		oid			NOT NULL,
+	granted_at	timestamptz	NOT NULL DEFAULT now(),
+	PRIMARY KEY (target_id, role)
+);
+COMMENT ON TABLE outbox.queue_grants IS 'roles allowed to receive from each queue';
+REVOKE ALL ON TABLE outbox.queue_grants FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.queue_grants', '');
+
+CREATE FUNCTION outbox.create_queue(name text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'queue';
+	t.lanes := 1;
+	t.ordering := 'key';
+	t.max_attempts := 0;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_queue(text) IS
+	'create a target that SQL clients receive from with outbox.receive()';
+REVOKE ALL ON FUNCTION outbox.create_queue(text) FROM PUBLIC;
+
+-- The id of a queue, or an error naming what is wrong.
+CREATE FUNCTION outbox.queue_id(name text)
+RETURNS int
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(name);	-- raises if unknown
+	k text;
+BEGIN
+	SELECT t.kind INTO k FROM outbox.targets t WHERE t.id = tid;
+	IF k <> 'queue' THEN
+		RAISE EXCEPTION 'outbox target "%" is not a queue', name
+			USING ERRCODE = 'wrong_object_type',
+				  HINT = 'Create a queue with outbox.create_queue().';
+	END IF;
+	RETURN tid;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.queue_id(text) FROM PUBLIC;
+
+CREATE FUNCTION outbox.receive(queue text, max_messages int DEFAULT 1, wait_ms int DEFAULT 0,
+							   whole_transactions boolean DEFAULT false)
+RETURNS TABLE (id bigint, msg_id uuid, topic text, key text, headers jsonb, payload jsonb,
+			   emitted_at timestamptz, receive_count int)
+AS 'MODULE_PATHNAME', 'outbox_receive'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION outbox.receive(text, int, int, boolean) IS
+	'take messages from a queue for this transaction: COMMIT acknowledges them, a rollback returns them';
+REVOKE ALL ON FUNCTION outbox.receive(text, int, int, boolean) FROM PUBLIC;
+
+-- Allow a role to receive from a queue (and to call outbox.receive()).
+CREATE FUNCTION outbox.grant_receive(queue text, role regrole)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.queue_id(queue);
+BEGIN
+	IF role IS NULL THEN
+		RAISE EXCEPTION 'role must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %I', role::text);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.receive(text, int, int, boolean) TO %I', role::text);
+	INSERT INTO outbox.queue_grants (target_id, role) VALUES (tid, role)
+	ON CONFLICT DO NOTHING;
+	PERFORM outbox.config_changed();
+	RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION outbox.grant_receive(text, regrole) IS 'allow a role to receive from a queue';
+REVOKE ALL ON FUNCTION outbox.grant_receive(text, regrole) FROM PUBLIC;
+
+CREATE FUNCTION outbox.revoke_receive(queue text, role regrole)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.queue_id(queue);
+BEGIN
+	DELETE FROM outbox.queue_grants g WHERE g.target_id = tid AND g.role = revoke_receive.role;
+	PERFORM outbox.config_changed();
+	RETURN FOUND;
+END
+$$;
+COMMENT ON FUNCTION outbox.revoke_receive(text, regrole) IS 'take back outbox.grant_receive';
+REVOKE ALL ON FUNCTION outbox.revoke_receive(text, regrole) FROM PUBLIC;
+
+-- A row changed by hand takes effect at once too.
+CREATE FUNCTION outbox.queue_grants_trigger()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.config_changed();
+	RETURN NULL;
+END
+$$;
+CREATE TRIGGER queue_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
+	ON outbox.queue_grants FOR EACH STATEMENT EXECUTE FUNCTION outbox.queue_grants_trigger();
+
+CREATE FUNCTION outbox.queue_stats(OUT target_id int, OUT window_messages int, OUT held int,
+								   OUT receivers int, OUT poisoned int, OUT received bigint,
+								   OUT acknowledged bigint, OUT rolled_back bigint,
+								   OUT dead_lettered bigint, OUT acknowledged_up_to_id bigint,
+								   OUT read_up_to_id bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_queue_stats'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION outbox.queue_stats() FROM PUBLIC;
+
+-- A queue's pending messages start above what is acknowledged in shared
+-- memory, which the relay writes into done_id about once a second.
+CREATE OR REPLACE FUNCTION outbox.target_pending(target_id int,
+									  OUT pending bigint, OUT oldest_pending timestamptz,
+									  OUT is_estimate boolean)
+RETURNS record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	f bigint := outbox.frontier();
+	low bigint;
+	acked bigint;
+	nlanes int;
+	span bigint;
+	sample bigint;
+BEGIN
+	SELECT min(p.done_id), count(*) INTO low, nlanes
+	  FROM outbox.progress p WHERE p.target_id = target_pending.target_id;
+	SELECT q.acknowledged_up_to_id INTO acked
+	  FROM outbox.queue_stats() q WHERE q.target_id = target_pending.target_id;
+	IF acked > low THEN
+		low := acked;
+	END IF;
+	IF low IS NULL OR low >= f THEN
+		pending := 0;
+		is_estimate := false;
+		RETURN;
+	END IF;
+	span := f - low;
+	sample := CASE WHEN span <= 10000 THEN span ELSE 5000 END;
+
+	SELECT count(*), min(m.emitted_at) INTO pending, oldest_pending
+	  FROM outbox.messages m
+	  JOIN outbox.progress p
+		ON p.target_id = target_pending.target_id
+	   AND p.lane = outbox.lane_of(m.key, m.id, nlanes)
+	 WHERE m.id > low AND m.id <= low + sample
+	   AND m.id > p.done_id
+	   AND EXISTS (SELECT 1 FROM outbox.subscriptions s
+				    WHERE s.target_id = target_pending.target_id
+					  AND m.id > s.start_id
+					  AND outbox.topic_matches(s.pattern, m.topic));
+	is_estimate := sample < span;
+	IF is_estimate THEN
+		pending := (pending::numeric * span / sample)::bigint;
+	END IF;
+END
+$$;
+
+-- One row per queue: pending, held by open transactions, who holds them,
+-- and what happened to the messages since the server started.
+CREATE VIEW outbox.queues AS
+SELECT t.name AS queue,
+	   t.state,
+	   pend.pending,
+	   pend.is_estimate AS pending_is_estimate,
+	   pend.oldest_pending,
+	   coalesce(q.held, 0) AS held,
+	   coalesce(q.receivers, 0) AS receivers,
+	   coalesce(q.poisoned, 0) AS poisoned,
+	   coalesce(q.received, 0) AS received,
+	   coalesce(q.acknowledged, 0) AS acknowledged,
+	   coalesce(q.rolled_back, 0) AS rolled_back,
+	   (SELECT count(*) FROM outbox.dead_letters d WHERE d.target = t.name) AS dead_letters,
+	   coalesce(q.window_messages, 0) AS window_messages,
+	   greatest(p.done_id, q.acknowledged_up_to_id) AS done_up_to_id
+  FROM outbox.targets t
+  JOIN outbox.progress p ON p.target_id = t.id AND p.lane = 0
+ CROSS JOIN LATERAL outbox.target_pending(t.id) pend
+  LEFT JOIN outbox.queue_stats() q ON q.target_id = t.id
+ WHERE t.kind = 'queue';
+COMMENT ON VIEW outbox.queues IS 'per queue: pending, held by receiving transactions, received, rolled back';
+REVOKE ALL ON outbox.queues FROM PUBLIC;
+
+-- outbox.lag gains what queues add: messages held by open transactions,
+-- and how many sessions hold them (0 for other targets).
+CREATE OR REPLACE VIEW outbox.lag AS
+SELECT t.name AS target,
+	   t.kind,
+	   pend.pending,
+	   pend.is_estimate AS pending_is_estimate,
+	   pend.oldest_pending,
+	   now() - pend.oldest_pending AS lag,
+	   prog.last_delivered_id,
+	   greatest(prog.done_id, q.acknowledged_up_to_id) AS done_up_to_id,
+	   prog.delivered + coalesce(q.acknowledged, 0) AS delivered,
+	   (SELECT count(*) FROM outbox.dead_letters d WHERE d.target = t.name) AS dead_letters,
+	   err.last_status,
+	   err.last_error,
+	   err.last_error_at,
+	   CASE WHEN t.state <> 'active' THEN t.state
+			WHEN st.state IS NOT NULL THEN st.state
+			WHEN q.held > 0 THEN 'receiving'
+			WHEN pend.pending > 0 THEN 'delivering'
+			ELSE 'idle' END AS state,
+	   coalesce(st.in_flight, q.held, 0) AS in_flight,
+	   coalesce(st.failed_attempts, 0) AS failed_attempts,
+	   st.last_success_at,
+	   coalesce(q.held, 0) AS held,
+	   coalesce(q.receivers, 0) AS receivers
+  FROM outbox.targets t
+ CROSS JOIN LATERAL (SELECT min(p.done_id) AS done_id, max(p.last_delivered_id) AS last_delivered_id,
+						   sum(p.delivered)::bigint AS delivered
+					  FROM outbox.progress p WHERE p.target_id = t.id) prog
+ CROSS JOIN LATERAL outbox.target_pending(t.id) pend
+  LEFT JOIN LATERAL (SELECT p.last_status, p.last_error, p.last_error_at
+					   FROM outbox.progress p
+					  WHERE p.target_id = t.id AND p.last_error IS NOT NULL
+					  ORDER BY p.last_error_at DESC LIMIT 1) err ON true
+  LEFT JOIN outbox.target_stats() st ON st.target_id = t.id
+  LEFT JOIN outbox.queue_stats() q ON q.target_id = t.id;
+
+-- Dropping a queue takes its receipts along.
+CREATE OR REPLACE FUNCTION outbox.drop_target(name text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(drop_target.name);	-- raises if unknown
+BEGIN
+	DELETE FROM outbox.targets t WHERE t.id = tid;
+	DELETE FROM outbox.receipts r WHERE r.target_id = tid;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+-- Replaying a queue forgets what it acknowledged from from_id on; the
+-- receivers rebuild its window when this commits.
+CREATE OR REPLACE FUNCTION outbox.replay(target text, from_id bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+	removed bigint;
+	upto bigint;
+	nlanes int;
+	n bigint;
+	is_queue boolean;
+BEGIN
+	IF from_id IS NULL OR from_id < 1 THEN
+		RAISE EXCEPTION 'replay needs a message id of 1 or more, not %', quote_nullable(from_id)
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	LOCK TABLE outbox.messages IN ROW SHARE MODE;
+	SELECT max(s.id_high_water) INTO removed FROM outbox.state s;
+	PERFORM 1 FROM outbox.state FOR SHARE;
+	IF from_id <= removed THEN
+		RAISE EXCEPTION 'messages from id % are no longer retained', from_id
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('Retention removed the messages up to id %s (outbox.retention = %s).',
+								  removed, current_setting('outbox.retention', true)),
+				  HINT = format('Replay from id %s or later, or keep messages longer with outbox.retention.',
+								removed + 1);
+	END IF;
+	SELECT t.kind = 'queue' INTO is_queue FROM outbox.targets t WHERE t.id = tid;
+	-- What each lane finished from from_id on (lanes as outbox.lane_of()).
+	SELECT max(p.done_id), count(*) INTO upto, nlanes FROM outbox.progress p WHERE p.target_id = tid;
+	IF is_queue THEN
+		upto := greatest(upto, (SELECT max(r.last_id) FROM outbox.receipts r WHERE r.target_id = tid),
+						 (SELECT q.acknowledged_up_to_id FROM outbox.queue_stats() q WHERE q.target_id = tid));
+	END IF;
+	SELECT count(*) INTO n
+	  FROM outbox.messages m
+	  JOIN outbox.progress p ON p.target_id = tid AND p.lane = outbox.lane_of(m.key, m.id, nlanes)
+	 WHERE m.id >= from_id AND m.id <= upto AND (is_queue OR m.id <= p.done_id)
+	   AND EXISTS (SELECT 1 FROM outbox.subscriptions s
+				    WHERE s.target_id = tid AND m.id > s.start_id
+					  AND outbox.topic_matches(s.pattern, m.topic));
+	IF is_queue THEN
+		DELETE FROM outbox.receipts r WHERE r.target_id = tid AND r.last_id >= from_id
+		   AND NOT EXISTS (SELECT 1 FROM unnest(r.ids) u(i) WHERE u.i < from_id);
+		UPDATE outbox.receipts r
+		   SET ids = ARRAY(SELECT u.i FROM unnest(r.ids) u(i) WHERE u.i < from_id ORDER BY u.i),
+			   last_id = (SELECT max(u.i) FROM unnest(r.ids) u(i) WHERE u.i < from_id)
+		 WHERE r.target_id = tid AND r.last_id >= from_id;
+	END IF;
+	UPDATE outbox.progress p
+	   SET done_id = least(p.done_id, from_id - 1), batch_end = NULL, generation = p.generation + 1
+	 WHERE p.target_id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+
+-- A queue's dead letters are received again by replaying the queue.
+CREATE OR REPLACE FUNCTION outbox.retry_dead_letters(target text, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids bigint[];
+	n bigint;
+	lost bigint;
+BEGIN
+	IF EXISTS (SELECT 1 FROM outbox.targets t WHERE t.name = retry_dead_letters.target AND t.kind = 'queue') THEN
+		RAISE EXCEPTION 'dead letters of queue "%" cannot be retried one by one', target
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'A queue hands out messages in id order from its window; a dead letter lies below it.',
+				  HINT = 'Receive them again with outbox.replay(queue, id), or read them from outbox.dead_letters and discard them.';
+	END IF;
+	ids := ARRAY(SELECT outbox.dead_letter_ids(target, id));
+	SELECT count(*) INTO lost
+	  FROM outbox.dead_letters d
+	 WHERE d.target = retry_dead_letters.target AND d.payload IS NULL AND d.id = ANY (ids);
+	IF lost > 0 THEN
+		RAISE EXCEPTION 'target "%" has dead letters that cannot be delivered again', target
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('%s of them were recorded before version 0.2, and their messages were removed since.', lost),
+				  HINT = 'Discard them with outbox.discard_dead_letters().';
+	END IF;
+	UPDATE outbox.dead_letters d SET retry_requested_at = now()
+	 WHERE d.target = retry_dead_letters.target AND d.id = ANY (ids);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+
+GRANT SELECT ON outbox.queues TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox.queue_stats() TO outbox_monitor;

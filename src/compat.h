@@ -41,12 +41,14 @@
 
 /* 18 adds an instrumentation argument to index_beginscan. */
 #if PG_VERSION_NUM >= 180000
-#define outbox_index_beginscan(heap, index, snapshot) \
-	index_beginscan((heap), (index), (snapshot), NULL, 0, 0)
+#define outbox_index_beginscan_keys(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), NULL, (nkeys), 0)
 #else
-#define outbox_index_beginscan(heap, index, snapshot) \
-	index_beginscan((heap), (index), (snapshot), 0, 0)
+#define outbox_index_beginscan_keys(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), (nkeys), 0)
 #endif
+#define outbox_index_beginscan(heap, index, snapshot) \
+	outbox_index_beginscan_keys((heap), (index), (snapshot), 0)
 
 /* 18 adds deferrable_ok to RelationGetPrimaryKeyIndex (ours is not deferrable). */
 #if PG_VERSION_NUM >= 180000

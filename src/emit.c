@@ -489,7 +489,10 @@ outbox_xact_callback(XactEvent event, void *arg)
 				xact_precommitted = false;
 				outbox_release_slot(XactLastCommitEnd);
 				if (emitted)
+				{
 					outbox_wake_worker(true);
+					outbox_queue_wake();
+				}
 				if (config_changed)
 				{
 					config_changed = false;
@@ -511,7 +514,10 @@ outbox_xact_callback(XactEvent event, void *arg)
 			 * become a gap; the frontier may now move past it.
 			 */
 			if (outbox_release_slot(InvalidXLogRecPtr))
+			{
 				outbox_wake_worker(true);
+				outbox_queue_wake();
+			}
 			break;
 
 		case XACT_EVENT_PARALLEL_COMMIT:

@@ -132,6 +132,15 @@ _PG_init(void)
 	outbox_destinations_define_gucs();
 	outbox_topic_grants_define_gucs();
 
+	DefineCustomIntVariable("outbox.max_receives",
+							"Rolled-back receives after which a queue message becomes a dead letter.",
+							"0 means a message is received again however often its receivers roll back.",
+							&outbox_max_receives,
+							5, 0, 1000000,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
 	if (!process_shared_preload_libraries_in_progress)
 	{
 		MarkGUCPrefixReserved("outbox");
@@ -147,6 +156,24 @@ _PG_init(void)
 							   0,
 							   NULL, NULL, NULL);
 
+	DefineCustomIntVariable("outbox.max_queues",
+							"Queues that can be received from at the same time.",
+							"Each takes outbox.queue_window entries of shared memory.",
+							&outbox_max_queues,
+							16, 1, 1024,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.queue_window",
+							"Messages of one queue held in shared memory, in id order.",
+							"Receivers choose among these; a key held by a slow receiver can fill it.",
+							&outbox_queue_window,
+							4096, 16, 1048576,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
 	DefineCustomStringVariable("outbox.relay_role",
 							   "Role the relay connects as; empty for the bootstrap superuser.",
 							   "A role that is not a superuser needs the grants the README lists.",
@@ -160,6 +187,7 @@ _PG_init(void)
 
 	outbox_shmem_init_hooks();
 	outbox_emit_init();
+	outbox_queue_init();
 	outbox_register_launcher();
 	outbox_preloaded = true;
 }

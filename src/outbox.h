@@ -235,6 +235,18 @@ extern void outbox_writer_store(OutboxWriter *writer, int64 first_id,
 								void *next_state);
 extern void outbox_writer_end(OutboxWriter *writer);
 
+/*---- queue.c: queues received from in SQL transactions ----*/
+extern int	outbox_max_receives;
+extern int	outbox_max_queues;
+extern int	outbox_queue_window;
+extern Size outbox_queue_shmem_size(void);
+extern void outbox_queue_shmem_request(void);
+extern void outbox_queue_shmem_init(void);
+extern void outbox_queue_init(void);
+extern void outbox_queue_backend_init(void);
+extern void outbox_queue_wake(void);
+extern void outbox_queue_compact(void);
+
 /*---- api.c ----*/
 extern void outbox_check_database(const char *what);
 extern bool outbox_is_token_char(unsigned char c);

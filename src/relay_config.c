@@ -525,7 +525,7 @@ relay_load_config(void)
 					"       EXISTS (SELECT 1 FROM outbox.dead_letters d"
 					"                WHERE d.target = t.name AND d.retry_requested_at IS NOT NULL),"
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only"
-					"  FROM outbox.targets t ORDER BY t.id" :
+					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id" :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"

@@ -101,6 +101,7 @@ relay_retention_maybe(TimestampTz now)
 	{
 		SPI_connect();
 		PushActiveSnapshot(GetTransactionSnapshot());
+		outbox_queue_compact();
 		(void) relay_retention_run();
 		PopActiveSnapshot();
 		SPI_finish();

@@ -115,6 +115,7 @@ outbox_shmem_request(void)
 	RequestAddinShmemSpace(outbox_shmem_size());
 	RequestAddinShmemSpace(outbox_stats_shmem_size());
 	RequestNamedLWLockTranche("outbox", 1);
+	outbox_queue_shmem_request();
 }
 
 static void
@@ -150,6 +151,7 @@ outbox_shmem_startup(void)
 			pg_atomic_init_u64(&OutboxShared->inflight[i], 0);
 	}
 	outbox_stats_shmem_init();
+	outbox_queue_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

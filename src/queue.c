@@ -1,0 +1,1762 @@
+/*-------------------------------------------------------------------------
+ *
+ * queue.c
+ *	  Queue targets: messages received by SQL clients inside their own
+ *	  transactions (outbox.receive), the Transactional Client.
+ *
+ * A queue is a target of kind 'queue'.  Its messages are those of its
+ * subscriptions, in id order, as for any target.  What is special is who
+ * takes them and when they count as done:
+ *
+ *	- Shared memory holds, per queue, a window: the queue's messages above
+ *	  its durable position (outbox.progress.done_id), in id order, each
+ *	  free, claimed by one backend's transaction, or acknowledged.  The
+ *	  window is filled by whichever receiver finds it short, reading
+ *	  outbox.messages up to the frontier (I3) with a fresh snapshot, so a
+ *	  REPEATABLE READ caller sees messages committed after its snapshot.
+ *
+ *	- outbox.receive() claims messages in the window for the calling
+ *	  transaction and writes one row into outbox.receipts naming them.  The
+ *	  receipt is the acknowledgement: it is durable exactly when the
+ *	  transaction commits, together with everything else the transaction
+ *	  did (tables it changed, messages it emitted).  At XACT_EVENT_COMMIT
+ *	  the claims become "acknowledged" in shared memory; at abort (ROLLBACK,
+ *	  an error, the session ending) or at the rollback of the savepoint
+ *	  that contained the receive, they become free again, in their place.
+ *	  So a claim lives exactly as long as the transaction.
+ *
+ *	- Per key, a message is handed out only when every earlier message of
+ *	  its key in the window is acknowledged or held by the same backend
+ *	  (which is then the same transaction).  Keyless messages are unordered.
+ *
+ *	- A message whose receiving transactions rolled back outbox.max_receives
+ *	  times is poisoned: the next receive writes it to outbox.dead_letters
+ *	  and acknowledges it in its own transaction, instead of returning it.
+ *
+ *	- The relay folds acknowledgements into done_id about once a second
+ *	  (outbox_queue_compact) and deletes the receipts below it, so receipts
+ *	  stay as few as the messages between done_id and the newest
+ *	  acknowledged one, and retention frees chunks as for other targets.
+ *	  After a restart the window is rebuilt from done_id and the receipts.
+ *
+ * Waiting receivers sleep on one condition variable, broadcast when a
+ * transaction that emitted commits (emit.c), and when claims are released
+ * or acknowledged.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relscan.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "executor/tuptable.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/condition_variable.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "tcop/utility.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_receive);
+PG_FUNCTION_INFO_V1(outbox_queue_stats);
+
+/* GUCs */
+int			outbox_max_receives = 5;
+int			outbox_max_queues = 16;
+int			outbox_queue_window = 4096;
+
+/* Entry states */
+#define QE_FREE		0
+#define QE_CLAIMED	1
+#define QE_ACKED	2
+
+/* Most rows one fill reads from outbox.messages. */
+#define QUEUE_FILL_ROWS		2048
+
+/* Longest single sleep of a waiting receiver (it re-checks after). */
+#define QUEUE_MAX_SLEEP_MS	1000
+
+/* Largest max_messages. */
+#define QUEUE_MAX_MESSAGES	10000
+
+typedef struct QueueEntry
+{
+	int64		id;				/* message id */
+	uint64		keyhash;		/* hash of the key, if has_key */
+	Oid			relid;			/* chunk table the message is stored in */
+	TransactionId group;		/* xmin: the emitting transaction */
+	int32		owner;			/* proc index of the claiming backend, -1 */
+	uint32		receives;		/* times handed out */
+	uint16		rollbacks;		/* receiving transactions rolled back */
+	uint8		state;			/* QE_* */
+	bool		has_key;
+	bool		poisoned;		/* to be dead-lettered by the next receive */
+} QueueEntry;
+
+typedef struct QueueSlot
+{
+	Oid			dboid;			/* database, InvalidOid for a free slot */
+	int			target_id;		/* outbox.targets.id */
+	uint32		epoch;			/* bumped whenever the window is rebuilt */
+	bool		loaded;			/* window built from the tables */
+	bool		filling;		/* a backend is reading into the window */
+	uint64		config_generation;	/* configuration the window checked */
+	int			generation;		/* outbox.progress.generation loaded */
+	int64		done_id;		/* durable position (outbox.progress) */
+	int64		read_id;		/* every id <= read_id was read */
+	TransactionId open_group;	/* the newest entries' transaction may go on
+								 * past read_id: InvalidTransactionId if not */
+	int			head;			/* ring index of the oldest entry */
+	int			count;			/* entries in the window */
+	uint64		received;		/* messages handed out */
+	uint64		acknowledged;	/* committed */
+	uint64		rolled_back;	/* returned by a rollback */
+	uint64		dead_lettered;	/* poisoned and dead-lettered */
+} QueueSlot;
+
+typedef struct QueueShared
+{
+	ConditionVariable cv;		/* messages may be available */
+	pg_atomic_uint32 waiters;	/* receivers waiting on cv */
+	int			nslots;
+	int			window;
+	LWLockPadded *locks;		/* [0] slot allocation, [i + 1] slot i */
+	QueueSlot	slots[FLEXIBLE_ARRAY_MEMBER];
+} QueueShared;
+
+static QueueShared *QShared = NULL;
+static QueueEntry *QEntries = NULL;
+
+/* A message this backend's transaction holds. */
+typedef struct LocalClaim
+{
+	int			slot;
+	uint32		epoch;
+	int64		id;
+	SubTransactionId subid;
+	bool		poison;			/* claimed to be dead-lettered */
+} LocalClaim;
+
+static LocalClaim *claims = NULL;
+static int	nclaims = 0;
+static int	maxclaims = 0;
+
+/* What this backend knows of one queue, valid for one configuration. */
+typedef struct QueueInfo
+{
+	char	   *name;
+	int			target_id;
+	bool		is_queue;
+	bool		active;			/* state = 'active' */
+	Oid			checked_user;	/* user allowed to receive, or InvalidOid */
+	int			slot;			/* slot index, or -1 */
+	int			nsubs;
+	char	  **patterns;
+	int		   *prefix_len;		/* bytes before '*', -1 for a topic */
+	int64	   *start_id;
+} QueueInfo;
+
+static MemoryContext queue_cache_cxt = NULL;
+static List *queue_cache = NIL;
+static uint64 queue_cache_generation = 0;
+static Oid	receipts_relid = InvalidOid;
+
+static void queue_xact_callback(XactEvent event, void *arg);
+static void queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+								   SubTransactionId parentSubid, void *arg);
+
+/*---- shared memory ----*/
+
+Size
+outbox_queue_shmem_size(void)
+{
+	Size		size = offsetof(QueueShared, slots);
+
+	size = add_size(size, mul_size(outbox_max_queues, sizeof(QueueSlot)));
+	size = MAXALIGN(size);
+	size = add_size(size, mul_size(mul_size(outbox_max_queues, outbox_queue_window),
+								   sizeof(QueueEntry)));
+	return size;
+}
+
+void
+outbox_queue_shmem_request(void)
+{
+	RequestAddinShmemSpace(outbox_queue_shmem_size());
+	RequestNamedLWLockTranche("outbox queues", outbox_max_queues + 1);
+}
+
+/* Called from the shmem startup hook, under AddinShmemInitLock. */
+void
+outbox_queue_shmem_init(void)
+{
+	bool		found;
+	Size		off;
+
+	QShared = ShmemInitStruct("outbox queues", outbox_queue_shmem_size(), &found);
+	off = MAXALIGN(offsetof(QueueShared, slots) + outbox_max_queues * sizeof(QueueSlot));
+	QEntries = (QueueEntry *) ((char *) QShared + off);
+	if (!found)
+	{
+		int			i;
+
+		ConditionVariableInit(&QShared->cv);
+		pg_atomic_init_u32(&QShared->waiters, 0);
+		QShared->nslots = outbox_max_queues;
+		QShared->window = outbox_queue_window;
+		QShared->locks = GetNamedLWLockTranche("outbox queues");
+		for (i = 0; i < QShared->nslots; i++)
+		{
+			memset(&QShared->slots[i], 0, sizeof(QueueSlot));
+			QShared->slots[i].dboid = InvalidOid;
+		}
+	}
+}
+
+static inline LWLock *
+slot_lock(int i)
+{
+	return &QShared->locks[i + 1].lock;
+}
+
+static inline QueueEntry *
+slot_entry(int slot, int k)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+
+	return &QEntries[(Size) slot * QShared->window + (s->head + k) % QShared->window];
+}
+
+/* Wake waiting receivers; cheap when none waits. */
+void
+outbox_queue_wake(void)
+{
+	if (QShared != NULL && pg_atomic_read_u32(&QShared->waiters) > 0)
+		ConditionVariableBroadcast(&QShared->cv);
+}
+
+/* The position in the window of message id, or -1. Under the slot lock. */
+static int
+slot_find(int slot, int64 id)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+	int			lo = 0,
+				hi = s->count - 1;
+
+	while (lo <= hi)
+	{
+		int			mid = lo + (hi - lo) / 2;
+		int64		v = slot_entry(slot, mid)->id;
+
+		if (v == id)
+			return mid;
+		if (v < id)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return -1;
+}
+
+/* Drop acknowledged entries from the front of the window. */
+static void
+slot_trim(int slot)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+
+	while (s->count > 0 && slot_entry(slot, 0)->state == QE_ACKED)
+	{
+		s->head = (s->head + 1) % QShared->window;
+		s->count--;
+	}
+}
+
+/*
+ * Every message of the queue at or below this id is acknowledged (under
+ * the slot lock).
+ */
+static int64
+slot_acked_upto(int slot)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+
+	if (s->count > 0)
+		return slot_entry(slot, 0)->id - 1;
+	return s->read_id;
+}
+
+/*---- the end of a transaction ----*/
+
+static void
+claims_reserve(int more)
+{
+	if (nclaims + more <= maxclaims)
+		return;
+	if (claims == NULL)
+	{
+		maxclaims = Max(64, nclaims + more);
+		claims = MemoryContextAlloc(TopMemoryContext, maxclaims * sizeof(LocalClaim));
+	}
+	else
+	{
+		maxclaims = Max(maxclaims * 2, nclaims + more);
+		claims = repalloc(claims, maxclaims * sizeof(LocalClaim));
+	}
+}
+
+/*
+ * Acknowledge (commit) or release the claims from index "from" on; a
+ * release of claims that were not poison handling counts a rollback.
+ */
+static void
+claims_finish(int from, bool commit)
+{
+	int			i = from;
+	bool		any = false;
+
+	while (i < nclaims)
+	{
+		int			slot = claims[i].slot;
+		QueueSlot  *s = &QShared->slots[slot];
+
+		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+		for (; i < nclaims && claims[i].slot == slot; i++)
+		{
+			LocalClaim *c = &claims[i];
+			int			k;
+			QueueEntry *e;
+
+			if (s->epoch != c->epoch || s->dboid != MyDatabaseId)
+				continue;		/* the window was rebuilt meanwhile */
+			k = slot_find(slot, c->id);
+			if (k < 0)
+				continue;
+			e = slot_entry(slot, k);
+			if (e->state != QE_CLAIMED || e->owner != OUTBOX_MY_PROC_INDEX())
+				continue;
+			e->owner = -1;
+			if (commit)
+			{
+				e->state = QE_ACKED;
+				if (c->poison)
+					s->dead_lettered++;
+				else
+					s->acknowledged++;
+			}
+			else
+			{
+				e->state = QE_FREE;
+				if (!c->poison)
+				{
+					s->rolled_back++;
+					if (e->rollbacks < PG_UINT16_MAX)
+						e->rollbacks++;
+					if (outbox_max_receives > 0 && e->rollbacks >= outbox_max_receives)
+						e->poisoned = true;
+				}
+			}
+			any = true;
+		}
+		if (commit)
+			slot_trim(slot);
+		LWLockRelease(slot_lock(slot));
+	}
+	nclaims = from;
+	if (any)
+		outbox_queue_wake();
+}
+
+static void
+queue_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			if (nclaims > 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot prepare a transaction that received outbox messages"),
+						 errdetail("The transaction holds %d message(s) from outbox.receive(); a prepared transaction would hold them, and their keys, with no session to finish it.", nclaims),
+						 errhint("Receive outbox messages in transactions that commit directly.")));
+			break;
+		case XACT_EVENT_COMMIT:
+			if (nclaims > 0)
+				claims_finish(0, true);
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+			if (nclaims > 0)
+				claims_finish(0, false);
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	int			i;
+
+	if (nclaims == 0)
+		return;
+	switch (event)
+	{
+		case SUBXACT_EVENT_ABORT_SUB:
+			{
+				/*
+				 * Claims of a subtransaction follow those of its parent:
+				 * they are a suffix, since a parent cannot receive while a
+				 * child is open.
+				 */
+				int			from = nclaims;
+
+				while (from > 0 && claims[from - 1].subid == mySubid)
+					from--;
+				if (from < nclaims)
+					claims_finish(from, false);
+			}
+			break;
+		case SUBXACT_EVENT_COMMIT_SUB:
+			for (i = nclaims - 1; i >= 0 && claims[i].subid == mySubid; i--)
+				claims[i].subid = parentSubid;
+			break;
+		default:
+			break;
+	}
+}
+
+/* A backend that ends with claims (it cannot, normally: abort ran first). */
+static void
+queue_shmem_exit(int code, Datum arg)
+{
+	if (nclaims > 0 && QShared != NULL)
+		claims_finish(0, false);
+}
+
+void
+outbox_queue_init(void)
+{
+	RegisterXactCallback(queue_xact_callback, NULL);
+	RegisterSubXactCallback(queue_subxact_callback, NULL);
+}
+
+void
+outbox_queue_backend_init(void)
+{
+	static bool done = false;
+
+	if (!done)
+	{
+		before_shmem_exit(queue_shmem_exit, (Datum) 0);
+		done = true;
+	}
+}
+
+/*---- running SQL as the extension's owner ----*/
+
+typedef struct QueueSpiState
+{
+	Oid			save_userid;
+	int			save_sec;
+	int			nestlevel;
+} QueueSpiState;
+
+static Oid
+extension_owner(void)
+{
+	static Oid	owner = InvalidOid;
+	static Oid	owner_nsp = InvalidOid;
+	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, false);
+
+	if (nsp != owner_nsp)
+	{
+		HeapTuple	tup = SearchSysCache1(NAMESPACEOID, ObjectIdGetDatum(nsp));
+
+		if (!HeapTupleIsValid(tup))
+			elog(ERROR, "cache lookup failed for schema %u", nsp);
+		owner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
+		ReleaseSysCache(tup);
+		owner_nsp = nsp;
+	}
+	return owner;
+}
+
+/*
+ * Switch to the extension's owner with a safe search_path and connect SPI.
+ * An error on the way is cleaned up by the (sub)transaction's abort.
+ */
+static void
+queue_spi_begin(QueueSpiState *st)
+{
+	Oid			owner = extension_owner();
+
+	GetUserIdAndSecContext(&st->save_userid, &st->save_sec);
+	SetUserIdAndSecContext(owner, st->save_sec | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	st->nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "outbox: SPI_connect failed");
+}
+
+static void
+queue_spi_end(QueueSpiState *st)
+{
+	SPI_finish();
+	AtEOXact_GUC(true, st->nestlevel);
+	SetUserIdAndSecContext(st->save_userid, st->save_sec);
+}
+
+/* Run a read-only query with a fresh snapshot (callers may be in RR). */
+static int
+queue_spi_fresh(const char *sql, int nargs, Oid *types, Datum *values,
+				const char *nulls, long limit)
+{
+	SPIPlanPtr	plan = SPI_prepare(sql, nargs, types);
+	Snapshot	snap;
+	int			rc;
+
+	if (plan == NULL)
+		elog(ERROR, "outbox: SPI_prepare failed for \"%s\"", sql);
+	snap = RegisterSnapshot(GetLatestSnapshot());
+	rc = SPI_execute_snapshot(plan, values, nulls, snap, InvalidSnapshot,
+							  true, false, limit);
+	UnregisterSnapshot(snap);
+	return rc;
+}
+
+/*---- what this backend knows of queues ----*/
+
+static void
+queue_cache_check(void)
+{
+	uint64		gen = outbox_config_generation();
+
+	if (queue_cache_cxt == NULL)
+		queue_cache_cxt = AllocSetContextCreate(TopMemoryContext, "outbox queues",
+												ALLOCSET_SMALL_SIZES);
+	if (gen != queue_cache_generation)
+	{
+		MemoryContextReset(queue_cache_cxt);
+		queue_cache = NIL;
+		queue_cache_generation = gen;
+	}
+}
+
+/* Load a queue's row, subscriptions and grants (as the owner). */
+static QueueInfo *
+queue_info_load(const char *name)
+{
+	QueueSpiState st;
+	QueueInfo  *qi;
+	MemoryContext old;
+	Oid			types[2] = {TEXTOID, OIDOID};
+	Datum		values[2];
+	bool		isnull;
+	int			rc;
+	uint64		i;
+
+	values[0] = CStringGetTextDatum(name);
+	queue_spi_begin(&st);
+	rc = queue_spi_fresh("SELECT t.id, t.kind = 'queue', t.state = 'active'"
+						 "  FROM outbox.targets t WHERE t.name OPERATOR(pg_catalog.=) $1",
+						 1, types, values, NULL, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.targets");
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("outbox queue \"%s\" does not exist", name),
+				 errhint("Create it with outbox.create_queue().")));
+
+	old = MemoryContextSwitchTo(queue_cache_cxt);
+	qi = palloc0(sizeof(QueueInfo));
+	qi->name = pstrdup(name);
+	qi->slot = -1;
+	MemoryContextSwitchTo(old);
+	qi->target_id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	qi->is_queue = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	qi->active = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+
+	if (qi->is_queue)
+	{
+		Oid			user = GetUserId();
+
+		types[0] = INT4OID;
+		values[0] = Int32GetDatum(qi->target_id);
+		rc = queue_spi_fresh("SELECT s.pattern, s.start_id FROM outbox.subscriptions s"
+							 " WHERE s.target_id OPERATOR(pg_catalog.=) $1",
+							 1, types, values, NULL, 0);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "outbox: could not read outbox.subscriptions");
+		old = MemoryContextSwitchTo(queue_cache_cxt);
+		qi->nsubs = (int) SPI_processed;
+		qi->patterns = palloc0(sizeof(char *) * Max(qi->nsubs, 1));
+		qi->prefix_len = palloc0(sizeof(int) * Max(qi->nsubs, 1));
+		qi->start_id = palloc0(sizeof(int64) * Max(qi->nsubs, 1));
+		for (i = 0; i < SPI_processed; i++)
+		{
+			char	   *p = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+			size_t		len = strlen(p);
+
+			qi->patterns[i] = pstrdup(p);
+			qi->prefix_len[i] = (len > 0 && p[len - 1] == '*') ? (int) len - 1 : -1;
+			qi->start_id[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														  SPI_tuptable->tupdesc, 2, &isnull));
+		}
+		MemoryContextSwitchTo(old);
+
+		if (superuser_arg(user) || has_privs_of_role(user, extension_owner()))
+			qi->checked_user = user;
+		else
+		{
+			values[1] = ObjectIdGetDatum(user);
+			rc = queue_spi_fresh("SELECT 1 FROM outbox.queue_grants g"
+								 " WHERE g.target_id OPERATOR(pg_catalog.=) $1"
+								 "   AND pg_catalog.pg_has_role($2, g.role, 'USAGE')",
+								 2, types, values, NULL, 1);
+			if (rc != SPI_OK_SELECT)
+				elog(ERROR, "outbox: could not read outbox.queue_grants");
+			if (SPI_processed > 0)
+				qi->checked_user = user;
+		}
+	}
+	queue_spi_end(&st);
+
+	old = MemoryContextSwitchTo(queue_cache_cxt);
+	queue_cache = lappend(queue_cache, qi);
+	MemoryContextSwitchTo(old);
+	return qi;
+}
+
+static QueueInfo *
+queue_info(const char *name)
+{
+	ListCell   *lc;
+
+	queue_cache_check();
+	foreach(lc, queue_cache)
+	{
+		QueueInfo  *qi = lfirst(lc);
+
+		if (strcmp(qi->name, name) == 0)
+			return qi;
+	}
+	return queue_info_load(name);
+}
+
+static bool
+queue_matches(QueueInfo *qi, const char *topic, int64 id)
+{
+	int			i;
+
+	for (i = 0; i < qi->nsubs; i++)
+	{
+		if (id <= qi->start_id[i])
+			continue;
+		if (qi->prefix_len[i] < 0)
+		{
+			if (strcmp(qi->patterns[i], topic) == 0)
+				return true;
+		}
+		else if (strncmp(qi->patterns[i], topic, qi->prefix_len[i]) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*---- slots ----*/
+
+/* Free slots of this database whose queue no longer exists; -1 if none. */
+static int
+slot_collect(void)
+{
+	QueueSpiState st;
+	int			freed = -1;
+	int			i;
+	Oid			types[1] = {INT4OID};
+
+	for (i = 0; i < QShared->nslots; i++)
+	{
+		QueueSlot  *s = &QShared->slots[i];
+		Datum		v;
+		int			rc;
+		bool		gone;
+
+		if (s->dboid != MyDatabaseId)
+			continue;
+		v = Int32GetDatum(s->target_id);
+		queue_spi_begin(&st);
+		rc = queue_spi_fresh("SELECT 1 FROM outbox.targets t"
+							 " WHERE t.id OPERATOR(pg_catalog.=) $1 AND t.kind = 'queue'",
+							 1, types, &v, NULL, 1);
+		gone = (rc == SPI_OK_SELECT && SPI_processed == 0);
+		queue_spi_end(&st);
+		if (!gone)
+			continue;
+		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
+		if (s->dboid == MyDatabaseId && !s->filling)
+		{
+			int			k;
+			bool		held = false;
+
+			for (k = 0; k < s->count; k++)
+				if (slot_entry(i, k)->state == QE_CLAIMED)
+					held = true;
+			if (!held)
+			{
+				s->dboid = InvalidOid;
+				s->target_id = 0;
+				s->epoch++;
+				freed = i;
+			}
+		}
+		LWLockRelease(slot_lock(i));
+	}
+	return freed;
+}
+
+/* The slot of a queue, taken if it has none. */
+static int
+queue_slot(QueueInfo *qi)
+{
+	int			i;
+	int			free_slot = -1;
+
+	if (qi->slot >= 0 && QShared->slots[qi->slot].dboid == MyDatabaseId &&
+		QShared->slots[qi->slot].target_id == qi->target_id)
+		return qi->slot;
+
+	for (;;)
+	{
+		LWLockAcquire(&QShared->locks[0].lock, LW_EXCLUSIVE);
+		for (i = 0; i < QShared->nslots; i++)
+		{
+			QueueSlot  *s = &QShared->slots[i];
+
+			if (s->dboid == MyDatabaseId && s->target_id == qi->target_id)
+			{
+				LWLockRelease(&QShared->locks[0].lock);
+				qi->slot = i;
+				return i;
+			}
+			if (s->dboid == InvalidOid && free_slot < 0)
+				free_slot = i;
+		}
+		if (free_slot >= 0)
+		{
+			QueueSlot  *s = &QShared->slots[free_slot];
+
+			LWLockAcquire(slot_lock(free_slot), LW_EXCLUSIVE);
+			s->dboid = MyDatabaseId;
+			s->target_id = qi->target_id;
+			s->epoch++;
+			s->loaded = false;
+			s->filling = false;
+			s->count = 0;
+			s->head = 0;
+			s->received = s->acknowledged = s->rolled_back = s->dead_lettered = 0;
+			LWLockRelease(slot_lock(free_slot));
+			LWLockRelease(&QShared->locks[0].lock);
+			qi->slot = free_slot;
+			return free_slot;
+		}
+		LWLockRelease(&QShared->locks[0].lock);
+		if (slot_collect() < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("too many outbox queues in use"),
+					 errdetail("outbox.max_queues is %d, and each is in use.", QShared->nslots),
+					 errhint("Raise outbox.max_queues and restart the server, or drop queues no longer used.")));
+	}
+}
+
+/*---- filling the window ----*/
+
+/* Sorted ids acknowledged by receipts, while a window is rebuilt. */
+typedef struct AckedIds
+{
+	int64	   *ids;
+	int			n;
+	int			next;
+} AckedIds;
+
+static int
+cmp_int64(const void *a, const void *b)
+{
+	int64		x = *(const int64 *) a,
+				y = *(const int64 *) b;
+
+	return (x > y) - (x < y);
+}
+
+static bool
+acked_contains(AckedIds *acked, int64 id)
+{
+	if (acked == NULL)
+		return false;
+	while (acked->next < acked->n && acked->ids[acked->next] < id)
+		acked->next++;
+	return acked->next < acked->n && acked->ids[acked->next] == id;
+}
+
+/* A message read for the window, before it is placed. */
+typedef struct FillRow
+{
+	int64		id;
+	uint64		keyhash;
+	Oid			relid;
+	TransactionId group;
+	bool		has_key;
+} FillRow;
+
+/*
+ * Read messages after the slot's read_id up to the frontier into the
+ * window.  The caller set s->filling.  Returns whether read_id moved.
+ */
+static bool
+queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
+{
+	static SPIPlanPtr plan = NULL;
+	QueueSlot  *s = &QShared->slots[slot];
+	QueueSpiState st;
+	Datum		values[3];
+	int64		from;
+	int			room;
+	uint32		epoch;
+	int			rc;
+	uint64		n,
+				i;
+	int			nrows;
+	int			nfill = 0;
+	FillRow    *rows;
+	bool		moved = false;
+	int64		last_read;
+	TransactionId open_group = InvalidTransactionId;
+	Snapshot	snap;
+
+	LWLockAcquire(slot_lock(slot), LW_SHARED);
+	from = s->read_id;
+	room = QShared->window - s->count;
+	epoch = s->epoch;
+	LWLockRelease(slot_lock(slot));
+	if (room <= 0 || frontier <= from)
+		return false;
+	nrows = Min(room, QUEUE_FILL_ROWS);
+
+	values[0] = Int64GetDatum(from);
+	values[1] = Int64GetDatum(frontier);
+	values[2] = Int64GetDatum(nrows + 1);
+	queue_spi_begin(&st);
+	if (plan == NULL)
+	{
+		Oid			types[3] = {INT8OID, INT8OID, INT8OID};
+		SPIPlanPtr	p = SPI_prepare("SELECT m.id, m.xmin::text, m.topic, m.key, m.tableoid"
+									"  FROM outbox.messages m"
+									" WHERE m.id OPERATOR(pg_catalog.>) $1"
+									"   AND m.id OPERATOR(pg_catalog.<=) $2"
+									" ORDER BY m.id LIMIT $3",
+									3, types);
+
+		if (p == NULL || SPI_keepplan(p) != 0)
+			elog(ERROR, "outbox: could not prepare the queue read");
+		plan = p;
+	}
+	snap = RegisterSnapshot(GetLatestSnapshot());
+	rc = SPI_execute_snapshot(plan, values, NULL, snap, InvalidSnapshot, true, false, 0);
+	UnregisterSnapshot(snap);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.messages");
+	n = SPI_processed;
+	last_read = frontier;
+	if (n > (uint64) nrows)
+	{
+		/*
+		 * More to read: stop before the extra row, and note whether the
+		 * transaction of the last row read goes on past it.
+		 */
+		bool		isnull;
+		char	   *x1 = SPI_getvalue(SPI_tuptable->vals[nrows - 1], SPI_tuptable->tupdesc, 2);
+		char	   *x2 = SPI_getvalue(SPI_tuptable->vals[nrows], SPI_tuptable->tupdesc, 2);
+
+		last_read = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[nrows - 1],
+												SPI_tuptable->tupdesc, 1, &isnull));
+		if (strcmp(x1, x2) == 0)
+			open_group = (TransactionId) strtoul(x1, NULL, 10);
+		n = nrows;
+	}
+
+	/* Route and hash outside the lock. */
+	rows = palloc(sizeof(FillRow) * Max(n, 1));
+	for (i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		char	   *topic = SPI_getvalue(tup, desc, 3);
+		char	   *key;
+		FillRow    *r;
+
+		if (!queue_matches(qi, topic, id))
+			continue;
+		key = SPI_getvalue(tup, desc, 4);
+		r = &rows[nfill++];
+		r->id = id;
+		r->has_key = (key != NULL);
+		r->keyhash = key ? hash_bytes_extended((const unsigned char *) key, strlen(key), 0) : 0;
+		r->group = (TransactionId) strtoul(SPI_getvalue(tup, desc, 2), NULL, 10);
+		r->relid = DatumGetObjectId(SPI_getbinval(tup, desc, 5, &isnull));
+	}
+	queue_spi_end(&st);
+
+	LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+	if (s->epoch == epoch && s->read_id == from)
+	{
+		for (i = 0; i < (uint64) nfill; i++)
+		{
+			QueueEntry *e;
+
+			if (s->count >= QShared->window)
+			{
+				last_read = rows[i].id - 1;
+				open_group = InvalidTransactionId;
+				break;
+			}
+			e = &QEntries[(Size) slot * QShared->window + (s->head + s->count) % QShared->window];
+			memset(e, 0, sizeof(QueueEntry));
+			e->id = rows[i].id;
+			e->has_key = rows[i].has_key;
+			e->keyhash = rows[i].keyhash;
+			e->group = rows[i].group;
+			e->relid = rows[i].relid;
+			e->owner = -1;
+			e->state = acked_contains(acked, rows[i].id) ? QE_ACKED : QE_FREE;
+			s->count++;
+		}
+		if (last_read > s->read_id)
+		{
+			s->read_id = last_read;
+			moved = true;
+		}
+		s->open_group = open_group;
+		slot_trim(slot);
+	}
+	LWLockRelease(slot_lock(slot));
+	pfree(rows);
+	return moved;
+}
+
+/*
+ * Build a slot's window from the tables when it is not loaded, or when a
+ * configuration change may have replayed the queue.  The caller holds
+ * s->filling.
+ */
+static void
+queue_load(QueueInfo *qi, int slot, uint64 gen)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+	QueueSpiState st;
+	Oid			types[2] = {INT4OID, INT8OID};
+	Datum		values[2];
+	bool		isnull;
+	int64		done;
+	int			generation;
+	AckedIds	acked = {NULL, 0, 0};
+	uint64		i;
+	int			rc;
+	bool		reload;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	values[0] = Int32GetDatum(qi->target_id);
+	queue_spi_begin(&st);
+	rc = queue_spi_fresh("SELECT p.done_id, p.generation FROM outbox.progress p"
+						 " WHERE p.target_id OPERATOR(pg_catalog.=) $1 ORDER BY p.lane LIMIT 1",
+						 1, types, values, NULL, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox queue \"%s\" has no progress row", qi->name),
+				 errhint("Drop the queue and create it again.")));
+	done = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	generation = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+
+	LWLockAcquire(slot_lock(slot), LW_SHARED);
+	reload = !s->loaded || s->generation != generation;
+	LWLockRelease(slot_lock(slot));
+
+	if (reload)
+	{
+		values[1] = Int64GetDatum(done);
+		rc = queue_spi_fresh("SELECT u.id FROM outbox.receipts r, pg_catalog.unnest(r.ids) u(id)"
+							 " WHERE r.target_id OPERATOR(pg_catalog.=) $1"
+							 "   AND r.last_id OPERATOR(pg_catalog.>) $2"
+							 "   AND u.id OPERATOR(pg_catalog.>) $2",
+							 2, types, values, NULL, 0);
+		if (rc != SPI_OK_SELECT)
+			elog(ERROR, "outbox: could not read outbox.receipts");
+		acked.n = (int) SPI_processed;
+		acked.ids = MemoryContextAlloc(cxt, sizeof(int64) * Max(acked.n, 1));
+		for (i = 0; i < SPI_processed; i++)
+			acked.ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													   SPI_tuptable->tupdesc, 1, &isnull));
+		qsort(acked.ids, acked.n, sizeof(int64), cmp_int64);
+	}
+	queue_spi_end(&st);
+
+	LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+	if (reload)
+	{
+		s->epoch++;
+		s->count = 0;
+		s->head = 0;
+		s->done_id = done;
+		s->read_id = done;
+		s->open_group = InvalidTransactionId;
+		s->generation = generation;
+		s->loaded = true;
+	}
+	s->config_generation = gen;
+	LWLockRelease(slot_lock(slot));
+
+	if (reload)
+	{
+		/*
+		 * Acknowledged messages lie within a window's length of done_id:
+		 * fill until they are all placed (or the window is full).
+		 */
+		while (acked.next < acked.n)
+		{
+			int64		frontier = outbox_compute_frontier();
+
+			if (!queue_fill(qi, slot, frontier, &acked))
+				break;
+		}
+		pfree(acked.ids);
+	}
+}
+
+/*---- choosing messages ----*/
+
+/* A tiny set of key hashes. */
+typedef struct KeySet
+{
+	uint64	   *keys;
+	int			cap;
+	int			n;
+} KeySet;
+
+static bool
+keyset_has(KeySet *ks, uint64 h)
+{
+	int			i;
+
+	if (ks->n == 0)
+		return false;
+	for (i = (int) (h & (ks->cap - 1));; i = (i + 1) & (ks->cap - 1))
+	{
+		if (ks->keys[i] == 0)
+			return false;
+		if (ks->keys[i] == (h | 1))
+			return true;
+	}
+}
+
+static void
+keyset_add(KeySet *ks, uint64 h)
+{
+	int			i;
+
+	if (keyset_has(ks, h))
+		return;
+	if ((ks->n + 1) * 2 > ks->cap)
+	{
+		uint64	   *old = ks->keys;
+		int			oldcap = ks->cap;
+
+		ks->cap = ks->cap ? ks->cap * 2 : 64;
+		ks->keys = palloc0(sizeof(uint64) * ks->cap);
+		ks->n = 0;
+		for (i = 0; i < oldcap; i++)
+			if (old[i] != 0)
+			{
+				int			j;
+
+				for (j = (int) (old[i] & (ks->cap - 1)); ks->keys[j] != 0; j = (j + 1) & (ks->cap - 1))
+					;
+				ks->keys[j] = old[i];
+				ks->n++;
+			}
+		if (old)
+			pfree(old);
+	}
+	for (i = (int) (h & (ks->cap - 1)); ks->keys[i] != 0; i = (i + 1) & (ks->cap - 1))
+		;
+	ks->keys[i] = h | 1;
+	ks->n++;
+}
+
+/* Whether entry e may be taken by this backend, given the blocked keys. */
+static inline bool
+entry_takeable(QueueEntry *e, KeySet *blocked)
+{
+	if (e->state != QE_FREE)
+		return false;
+	return !e->has_key || !keyset_has(blocked, e->keyhash);
+}
+
+/* Block the key of an entry this backend may not take or pass. */
+static inline void
+entry_block(QueueEntry *e, KeySet *blocked)
+{
+	if (e->state == QE_ACKED)
+		return;
+	if (e->state == QE_CLAIMED && e->owner == OUTBOX_MY_PROC_INDEX())
+		return;
+	if (e->has_key)
+		keyset_add(blocked, e->keyhash);
+}
+
+typedef struct Taken
+{
+	int64		id;
+	Oid			relid;
+	uint32		receives;
+	bool		poison;
+} Taken;
+
+/*
+ * Claim up to max messages (poisoned ones besides) for this transaction.
+ * Under the slot lock; nothing here may fail after the first claim except
+ * through claims_reserve, which the caller ran before.
+ */
+static int
+queue_select(int slot, int max, bool whole, Taken *out, int *nreal)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+	KeySet		blocked = {NULL, 0, 0};
+	int			n = 0;
+	int			k;
+	int			me = OUTBOX_MY_PROC_INDEX();
+	SubTransactionId subid = GetCurrentSubTransactionId();
+
+	*nreal = 0;
+	for (k = 0; k < s->count && *nreal < max; k++)
+	{
+		QueueEntry *e = slot_entry(slot, k);
+		int			end = k + 1;
+		int			j;
+		bool		ok = true;
+
+		if (e->state == QE_ACKED || (e->state == QE_CLAIMED && e->owner == me))
+			continue;
+		if (whole)
+		{
+			while (end < s->count && slot_entry(slot, end)->group == e->group)
+				end++;
+			/* The newest transaction may go on past what was read. */
+			if (end == s->count && TransactionIdIsValid(s->open_group) &&
+				e->group == s->open_group && !(k == 0 && s->count == QShared->window))
+				ok = false;
+			for (j = k; j < end && ok; j++)
+				if (!entry_takeable(slot_entry(slot, j), &blocked))
+					ok = false;
+			if (ok && *nreal > 0 && *nreal + (end - k) > max)
+				break;			/* the next transaction does not fit */
+		}
+		else
+			ok = entry_takeable(e, &blocked);
+
+		if (!ok)
+		{
+			for (j = k; j < end; j++)
+				entry_block(slot_entry(slot, j), &blocked);
+			k = end - 1;
+			continue;
+		}
+		for (j = k; j < end; j++)
+		{
+			QueueEntry *x = slot_entry(slot, j);
+			LocalClaim *c = &claims[nclaims++];
+
+			x->state = QE_CLAIMED;
+			x->owner = me;
+			c->slot = slot;
+			c->epoch = s->epoch;
+			c->id = x->id;
+			c->subid = subid;
+			c->poison = x->poisoned;
+			out[n].id = x->id;
+			out[n].relid = x->relid;
+			out[n].poison = x->poisoned;
+			if (!x->poisoned)
+			{
+				x->receives++;
+				s->received++;
+				(*nreal)++;
+			}
+			out[n].receives = x->receives;
+			n++;
+		}
+		k = end - 1;
+	}
+	if (blocked.keys)
+		pfree(blocked.keys);
+	return n;
+}
+
+/*---- writing and reading rows ----*/
+
+static Oid
+outbox_relid(const char *name)
+{
+	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, false);
+	Oid			relid = get_relname_relid(name, nsp);
+
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("table outbox.%s does not exist", name),
+				 errhint("Update the extension with ALTER EXTENSION outbox UPDATE.")));
+	return relid;
+}
+
+/* The receipt: the ids this transaction acknowledges when it commits. */
+static void
+queue_write_receipt(int target_id, Taken *taken, int n)
+{
+	Relation	rel;
+	Datum	   *ids = palloc(sizeof(Datum) * n);
+	Datum		values[3];
+	bool		nulls[3] = {false, false, false};
+	HeapTuple	tup;
+	int			i;
+
+	if (!OidIsValid(receipts_relid) ||
+		!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(receipts_relid)))
+		receipts_relid = outbox_relid("receipts");
+	for (i = 0; i < n; i++)
+		ids[i] = Int64GetDatum(taken[i].id);
+	values[0] = Int32GetDatum(target_id);
+	values[1] = Int64GetDatum(taken[n - 1].id);
+	values[2] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	rel = table_open(receipts_relid, RowExclusiveLock);
+	tup = heap_form_tuple(RelationGetDescr(rel), values, nulls);
+	simple_heap_insert(rel, tup);
+	table_close(rel, RowExclusiveLock);
+	heap_freetuple(tup);
+	pfree(ids);
+}
+
+/* Dead-letter a poisoned message (as the owner). */
+static void
+queue_dead_letter(QueueInfo *qi, Taken *t)
+{
+	QueueSpiState st;
+	Oid			types[4] = {TEXTOID, INT8OID, INT4OID, TEXTOID};
+	Datum		values[4];
+	char		err[128];
+
+	snprintf(err, sizeof(err), "rolled back by %d receiving transactions (outbox.max_receives)",
+			 (int) t->receives);
+	values[0] = CStringGetTextDatum(qi->name);
+	values[1] = Int64GetDatum(t->id);
+	values[2] = Int32GetDatum((int) t->receives);
+	values[3] = CStringGetTextDatum(err);
+	queue_spi_begin(&st);
+	{
+		SPIPlanPtr	plan = SPI_prepare(
+									   "INSERT INTO outbox.dead_letters AS d (target, id, msg_id, topic, key, attempts,"
+									   "        last_status, last_error, payload, headers, emitted_at)"
+									   " SELECT $1, m.id, m.msg_id, m.topic, m.key, $3, NULL, $4,"
+									   "        m.payload, m.headers, m.emitted_at"
+									   "   FROM outbox.messages m WHERE m.id OPERATOR(pg_catalog.=) $2"
+									   " ON CONFLICT (target, id) DO UPDATE"
+									   "   SET attempts = excluded.attempts, last_error = excluded.last_error,"
+									   "       failed_at = pg_catalog.now(), retry_requested_at = NULL",
+									   4, types);
+		Snapshot	snap;
+
+		if (plan == NULL)
+			elog(ERROR, "outbox: could not prepare the dead letter insert");
+		snap = RegisterSnapshot(GetLatestSnapshot());
+		if (SPI_execute_snapshot(plan, values, NULL, snap, InvalidSnapshot,
+								 false, false, 0) != SPI_OK_INSERT)
+			elog(ERROR, "outbox: could not write a dead letter");
+		UnregisterSnapshot(snap);
+	}
+	queue_spi_end(&st);
+}
+
+/* Fetch one message by id from its chunk, with a fresh snapshot. */
+static bool
+queue_fetch(Oid relid, int64 id, Snapshot snap, Datum *values, bool *nulls)
+{
+	Relation	rel = table_open(relid, AccessShareLock);
+	Oid			indexid = outbox_primary_key_index(rel);
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	ScanKeyData key;
+	bool		found = false;
+
+	if (!OidIsValid(indexid))
+		elog(ERROR, "outbox: table \"%s\" has no primary key", RelationGetRelationName(rel));
+	index = index_open(indexid, AccessShareLock);
+	slot = table_slot_create(rel, NULL);
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
+	scan = outbox_index_beginscan_keys(rel, index, snap, 1);
+	index_rescan(scan, &key, 1, NULL, 0);
+	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	{
+		int			a;
+
+		slot_getallattrs(slot);
+		for (a = 0; a < Natts_outbox_messages; a++)
+		{
+			nulls[a] = slot->tts_isnull[a];
+			if (nulls[a])
+				values[a] = (Datum) 0;
+			else
+			{
+				Form_pg_attribute att = TupleDescAttr(slot->tts_tupleDescriptor, a);
+
+				values[a] = datumCopy(slot->tts_values[a], att->attbyval, att->attlen);
+			}
+		}
+		found = true;
+	}
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, AccessShareLock);
+	table_close(rel, AccessShareLock);
+	return found;
+}
+
+/*---- outbox.receive() ----*/
+
+/* Fill the window (and first build it, if load), then let others look. */
+static void
+queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 gen)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+
+	PG_TRY();
+	{
+		if (load)
+			queue_load(qi, slot, gen);
+		if (queue_fill(qi, slot, frontier, NULL))
+			outbox_queue_wake();
+	}
+	PG_CATCH();
+	{
+		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+		s->filling = false;
+		LWLockRelease(slot_lock(slot));
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+	s->filling = false;
+	LWLockRelease(slot_lock(slot));
+}
+
+/*
+ * Claim messages for this transaction, waiting up to wait_ms for some.
+ * Sets *ntakenp to how many were claimed (poisoned ones included, *nreal
+ * without);
+ * *waiting says whether the caller must cancel a condition variable sleep.
+ */
+static void
+queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool whole,
+		   int wait_ms, Taken *taken, int *ntakenp, int *nreal, volatile bool *waiting)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+	QueueInfo  *qi = *qip;
+	int			slot = *slotp;
+	int			ntaken = 0;
+	int			i;
+
+	for (;;)
+	{
+		QueueSlot  *s;
+		uint64		gen;
+		bool		fill = false;
+		bool		load = false;
+		int64		frontier;
+		long		left;
+
+		CHECK_FOR_INTERRUPTS();
+		qi = queue_info(name);	/* the configuration may have changed */
+		if (!qi->is_queue)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("outbox queue \"%s\" was dropped", name)));
+		slot = queue_slot(qi);
+		s = &QShared->slots[slot];
+		gen = outbox_config_generation();
+		frontier = outbox_compute_frontier();
+
+		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+		if (!s->filling)
+		{
+			load = !s->loaded || s->config_generation != gen;
+			fill = load || (frontier > s->read_id && s->count < QShared->window);
+			if (fill)
+				s->filling = true;
+		}
+		LWLockRelease(slot_lock(slot));
+
+		if (fill)
+			queue_fill_guarded(qi, slot, frontier, load, gen);
+
+		if (qi->active && s->loaded)
+		{
+			claims_reserve(QShared->window);
+			LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+			ntaken = queue_select(slot, max_messages, whole, taken, nreal);
+			LWLockRelease(slot_lock(slot));
+			if (ntaken > 0 && *nreal == 0)
+			{
+				/* Only poisoned messages: dead-letter them, look again. */
+				queue_write_receipt(qi->target_id, taken, ntaken);
+				for (i = 0; i < ntaken; i++)
+					queue_dead_letter(qi, &taken[i]);
+				ntaken = 0;
+				continue;
+			}
+			if (ntaken > 0)
+				break;
+		}
+
+		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
+		if (wait_ms == 0 || left <= 0)
+			break;
+		if (!*waiting)
+		{
+			/* Look once more after announcing the wait: no wake-up is lost. */
+			pg_atomic_fetch_add_u32(&QShared->waiters, 1);
+			ConditionVariablePrepareToSleep(&QShared->cv);
+			*waiting = true;
+			continue;
+		}
+		(void) ConditionVariableTimedSleep(&QShared->cv, Min(left, QUEUE_MAX_SLEEP_MS),
+										   PG_WAIT_EXTENSION);
+	}
+	*qip = qi;
+	*slotp = slot;
+	*ntakenp = ntaken;
+}
+
+Datum
+outbox_receive(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *name;
+	int			max_messages;
+	int			wait_ms;
+	bool		whole;
+	QueueInfo  *qi;
+	int			slot;
+	Taken	   *taken;
+	int			ntaken = 0;
+	int			nreal = 0;
+	volatile bool waiting = false;
+	int			i;
+
+	if (!outbox_preloaded || QShared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox.receive() requires the outbox library to be preloaded"),
+				 errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox queue name must not be null")));
+	name = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	max_messages = PG_ARGISNULL(1) ? -1 : PG_GETARG_INT32(1);
+	if (max_messages < 1 || max_messages > QUEUE_MAX_MESSAGES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("max_messages must be between 1 and %d", QUEUE_MAX_MESSAGES),
+				 errdetail("max_messages was %s.", PG_ARGISNULL(1) ? "null" : psprintf("%d", max_messages))));
+	wait_ms = PG_ARGISNULL(2) ? -1 : PG_GETARG_INT32(2);
+	if (wait_ms < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("wait_ms must be 0 or more"),
+				 errdetail("wait_ms was %s.", PG_ARGISNULL(2) ? "null" : psprintf("%d", wait_ms)),
+				 errhint("Pass 0 to return at once when nothing is available.")));
+	if (PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("whole_transactions must not be null")));
+	whole = PG_GETARG_BOOL(3);
+
+	if (IsInParallelMode())
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
+				 errmsg("cannot call outbox.receive() during a parallel operation")));
+	PreventCommandIfReadOnly("outbox.receive()");
+	PreventCommandDuringRecovery("outbox.receive()");
+	outbox_check_database("outbox.receive()");
+	outbox_queue_backend_init();
+
+	qi = queue_info(name);
+	if (!qi->is_queue)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("outbox target \"%s\" is not a queue", name),
+				 errdetail("Only targets created with outbox.create_queue() are received from; the relay delivers the others."),
+				 errhint("Receive from a queue, or create one with outbox.create_queue().")));
+	if (qi->checked_user != GetUserId())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to receive from outbox queue \"%s\"", name),
+				 errhint("The queue's owner can allow it with outbox.grant_receive('%s', role).", name)));
+
+	if (!outbox_counter_valid())
+	{
+		Relation	rel = outbox_open_messages(AccessShareLock);
+
+		outbox_ensure_counter(rel);
+		table_close(rel, AccessShareLock);
+	}
+
+	InitMaterializedSRF(fcinfo, 0);
+	slot = queue_slot(qi);
+	taken = palloc(sizeof(Taken) * QShared->window);
+
+	PG_TRY();
+	{
+		queue_take(name, &qi, &slot, max_messages, whole, wait_ms, taken,
+				   &ntaken, &nreal, &waiting);
+	}
+	PG_CATCH();
+	{
+		if (waiting)
+		{
+			ConditionVariableCancelSleep();
+			pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+		}
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	if (waiting)
+	{
+		ConditionVariableCancelSleep();
+		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+	}
+
+	if (ntaken > 0)
+	{
+		Snapshot	snap;
+
+		queue_write_receipt(qi->target_id, taken, ntaken);
+		for (i = 0; i < ntaken; i++)
+			if (taken[i].poison)
+				queue_dead_letter(qi, &taken[i]);
+
+		/* Messages handed out are durable (I7). */
+		outbox_flush_commits();
+
+		snap = RegisterSnapshot(GetLatestSnapshot());
+		for (i = 0; i < ntaken; i++)
+		{
+			Datum		m[Natts_outbox_messages];
+			bool		mnull[Natts_outbox_messages];
+			Datum		values[8];
+			bool		nulls[8];
+
+			if (taken[i].poison)
+				continue;
+			if (!queue_fetch(taken[i].relid, taken[i].id, snap, m, mnull))
+				ereport(ERROR,
+						(errcode(ERRCODE_DATA_CORRUPTED),
+						 errmsg("outbox message " INT64_FORMAT " of queue \"%s\" is missing", taken[i].id, name),
+						 errdetail("The message was removed before the queue acknowledged it."),
+						 errhint("Check outbox.retention and the queue's progress in outbox.lag.")));
+			values[0] = m[Anum_outbox_messages_id - 1];
+			nulls[0] = false;
+			values[1] = m[Anum_outbox_messages_msg_id - 1];
+			nulls[1] = false;
+			values[2] = m[Anum_outbox_messages_topic - 1];
+			nulls[2] = false;
+			values[3] = m[Anum_outbox_messages_key - 1];
+			nulls[3] = mnull[Anum_outbox_messages_key - 1];
+			values[4] = m[Anum_outbox_messages_headers - 1];
+			nulls[4] = mnull[Anum_outbox_messages_headers - 1];
+			values[5] = m[Anum_outbox_messages_payload - 1];
+			nulls[5] = false;
+			values[6] = m[Anum_outbox_messages_emitted_at - 1];
+			nulls[6] = false;
+			values[7] = Int32GetDatum((int32) Min(taken[i].receives, PG_INT32_MAX));
+			nulls[7] = false;
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+		UnregisterSnapshot(snap);
+	}
+	pfree(taken);
+	return (Datum) 0;
+}
+
+/*---- the relay: folding acknowledgements into done_id ----*/
+
+/*
+ * Move each queue's outbox.progress.done_id up to what is acknowledged in
+ * shared memory, and delete the receipts below it.  Run by the relay in its
+ * own transaction, with SPI connected.
+ */
+void
+outbox_queue_compact(void)
+{
+	int			i;
+
+	if (QShared == NULL)
+		return;
+	for (i = 0; i < QShared->nslots; i++)
+	{
+		QueueSlot  *s = &QShared->slots[i];
+		int			target_id;
+		int			generation;
+		int64		upto;
+		int64		done;
+		Datum		values[3];
+		Oid			types[3] = {INT4OID, INT8OID, INT4OID};
+
+		LWLockAcquire(slot_lock(i), LW_SHARED);
+		if (s->dboid != MyDatabaseId || !s->loaded)
+		{
+			LWLockRelease(slot_lock(i));
+			continue;
+		}
+		target_id = s->target_id;
+		generation = s->generation;
+		done = s->done_id;
+		upto = slot_acked_upto(i);
+		LWLockRelease(slot_lock(i));
+		if (upto <= done)
+			continue;
+
+		values[0] = Int32GetDatum(target_id);
+		values[1] = Int64GetDatum(upto);
+		values[2] = Int32GetDatum(generation);
+		if (SPI_execute_with_args("UPDATE outbox.progress p"
+								  "   SET done_id = $2, last_delivered_id = $2"
+								  " WHERE p.target_id OPERATOR(pg_catalog.=) $1"
+								  "   AND p.generation OPERATOR(pg_catalog.=) $3"
+								  "   AND p.done_id OPERATOR(pg_catalog.<) $2",
+								  3, types, values, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "outbox: could not update a queue's progress");
+		if (SPI_processed == 0)
+			continue;
+		if (SPI_execute_with_args("DELETE FROM outbox.receipts r"
+								  " WHERE r.target_id OPERATOR(pg_catalog.=) $1"
+								  "   AND r.last_id OPERATOR(pg_catalog.<=) $2",
+								  2, types, values, NULL, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "outbox: could not delete a queue's receipts");
+		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
+		if (s->dboid == MyDatabaseId && s->target_id == target_id &&
+			s->generation == generation && s->done_id < upto)
+			s->done_id = upto;
+		LWLockRelease(slot_lock(i));
+	}
+}
+
+/*---- outbox.queue_stats() ----*/
+
+Datum
+outbox_queue_stats(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (QShared == NULL)
+		return (Datum) 0;
+	for (i = 0; i < QShared->nslots; i++)
+	{
+		QueueSlot  *s = &QShared->slots[i];
+		Datum		values[11];
+		bool		nulls[11] = {0};
+		int			held = 0,
+					poisoned = 0,
+					nowners = 0,
+					k;
+		int		   *owners;
+
+		LWLockAcquire(slot_lock(i), LW_SHARED);
+		if (s->dboid != MyDatabaseId || !s->loaded)
+		{
+			LWLockRelease(slot_lock(i));
+			continue;
+		}
+		owners = palloc(sizeof(int) * Max(s->count, 1));
+		for (k = 0; k < s->count; k++)
+		{
+			QueueEntry *e = slot_entry(i, k);
+
+			if (e->poisoned && e->state == QE_FREE)
+				poisoned++;
+			if (e->state == QE_CLAIMED)
+			{
+				int			o;
+
+				held++;
+				for (o = 0; o < nowners && owners[o] != e->owner; o++)
+					;
+				if (o == nowners)
+					owners[nowners++] = e->owner;
+			}
+		}
+		values[0] = Int32GetDatum(s->target_id);
+		values[1] = Int32GetDatum(s->count);
+		values[2] = Int32GetDatum(held);
+		values[3] = Int32GetDatum(nowners);
+		values[4] = Int32GetDatum(poisoned);
+		values[5] = Int64GetDatum((int64) s->received);
+		values[6] = Int64GetDatum((int64) s->acknowledged);
+		values[7] = Int64GetDatum((int64) s->rolled_back);
+		values[8] = Int64GetDatum((int64) s->dead_lettered);
+		values[9] = Int64GetDatum(slot_acked_upto(i));
+		values[10] = Int64GetDatum(s->read_id);
+		LWLockRelease(slot_lock(i));
+		pfree(owners);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
