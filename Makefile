@@ -35,7 +35,7 @@ EXTENSION = outbox
 DATA = outbox--0.1.sql outbox--0.1--0.2.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors targets operations security
+REGRESS = emit savepoints triggers frontier errors targets operations security queue
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 

@@ -1463,16 +1463,18 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	tid int := outbox.queue_id(queue);
+	n int;
 BEGIN
 	IF role IS NULL THEN
 		RAISE EXCEPTION 'role must not be null' USING ERRCODE = 'null_value_not_allowed';
 	END IF;
-	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %I', role::text);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.receive(text, int, int, boolean) TO %I', role::text);
+	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %s', role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.receive(text, int, int, boolean) TO %s', role);
 	INSERT INTO outbox.queue_grants (target_id, role) VALUES (tid, role)
 	ON CONFLICT DO NOTHING;
+	GET DIAGNOSTICS n = ROW_COUNT;
 	PERFORM outbox.config_changed();
-	RETURN FOUND;
+	RETURN n > 0;
 END
 $$;
 COMMENT ON FUNCTION outbox.grant_receive(text, regrole) IS 'allow a role to receive from a queue';
@@ -1485,10 +1487,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	tid int := outbox.queue_id(queue);
+	n int;
 BEGIN
 	DELETE FROM outbox.queue_grants g WHERE g.target_id = tid AND g.role = revoke_receive.role;
+	GET DIAGNOSTICS n = ROW_COUNT;
 	PERFORM outbox.config_changed();
-	RETURN FOUND;
+	RETURN n > 0;
 END
 $$;
 COMMENT ON FUNCTION outbox.revoke_receive(text, regrole) IS 'take back outbox.grant_receive';

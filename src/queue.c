@@ -178,7 +178,8 @@ typedef struct QueueInfo
 	int			target_id;
 	bool		is_queue;
 	bool		active;			/* state = 'active' */
-	Oid			checked_user;	/* user allowed to receive, or InvalidOid */
+	Oid			checked_user;	/* user "allowed" is for */
+	bool		allowed;		/* whether checked_user may receive */
 	int			slot;			/* slot index, or -1 */
 	int			nsubs;
 	char	  **patterns;
@@ -577,6 +578,31 @@ queue_cache_check(void)
 	}
 }
 
+/*
+ * Whether a user may receive from a queue: superusers, the extension's
+ * owner (and roles with its privileges), and roles granted the queue with
+ * outbox.grant_receive.  SPI is connected, as the owner.
+ */
+static bool
+queue_user_allowed(int target_id, Oid user)
+{
+	Oid			types[2] = {INT4OID, OIDOID};
+	Datum		values[2];
+	int			rc;
+
+	if (superuser_arg(user) || has_privs_of_role(user, extension_owner()))
+		return true;
+	values[0] = Int32GetDatum(target_id);
+	values[1] = ObjectIdGetDatum(user);
+	rc = queue_spi_fresh("SELECT 1 FROM outbox.queue_grants g"
+						 " WHERE g.target_id OPERATOR(pg_catalog.=) $1"
+						 "   AND pg_catalog.pg_has_role($2, g.role, 'USAGE')",
+						 2, types, values, NULL, 1);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not read outbox.queue_grants");
+	return SPI_processed > 0;
+}
+
 /* Load a queue's row, subscriptions and grants (as the owner). */
 static QueueInfo *
 queue_info_load(const char *name)
@@ -614,7 +640,7 @@ queue_info_load(const char *name)
 
 	if (qi->is_queue)
 	{
-		Oid			user = GetUserId();
+		Oid			user = st.save_userid;	/* the caller, not the owner */
 
 		types[0] = INT4OID;
 		values[0] = Int32GetDatum(qi->target_id);
@@ -640,20 +666,8 @@ queue_info_load(const char *name)
 		}
 		MemoryContextSwitchTo(old);
 
-		if (superuser_arg(user) || has_privs_of_role(user, extension_owner()))
-			qi->checked_user = user;
-		else
-		{
-			values[1] = ObjectIdGetDatum(user);
-			rc = queue_spi_fresh("SELECT 1 FROM outbox.queue_grants g"
-								 " WHERE g.target_id OPERATOR(pg_catalog.=) $1"
-								 "   AND pg_catalog.pg_has_role($2, g.role, 'USAGE')",
-								 2, types, values, NULL, 1);
-			if (rc != SPI_OK_SELECT)
-				elog(ERROR, "outbox: could not read outbox.queue_grants");
-			if (SPI_processed > 0)
-				qi->checked_user = user;
-		}
+		qi->checked_user = user;
+		qi->allowed = queue_user_allowed(qi->target_id, user);
 	}
 	queue_spi_end(&st);
 
@@ -868,6 +882,7 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 	int64		last_read;
 	TransactionId open_group = InvalidTransactionId;
 	Snapshot	snap;
+	MemoryContext caller = CurrentMemoryContext;
 
 	LWLockAcquire(slot_lock(slot), LW_SHARED);
 	from = s->read_id;
@@ -920,8 +935,8 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 		n = nrows;
 	}
 
-	/* Route and hash outside the lock. */
-	rows = palloc(sizeof(FillRow) * Max(n, 1));
+	/* Route and hash outside the lock (rows outlive SPI's memory). */
+	rows = MemoryContextAlloc(caller, sizeof(FillRow) * Max(n, 1));
 	for (i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
@@ -1544,6 +1559,16 @@ outbox_receive(PG_FUNCTION_ARGS)
 				 errdetail("Only targets created with outbox.create_queue() are received from; the relay delivers the others."),
 				 errhint("Receive from a queue, or create one with outbox.create_queue().")));
 	if (qi->checked_user != GetUserId())
+	{
+		/* Checked for another role (SET ROLE, SECURITY DEFINER). */
+		QueueSpiState st;
+
+		queue_spi_begin(&st);
+		qi->allowed = queue_user_allowed(qi->target_id, GetUserId());
+		queue_spi_end(&st);
+		qi->checked_user = GetUserId();
+	}
+	if (!qi->allowed)
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to receive from outbox queue \"%s\"", name),

@@ -1,0 +1,171 @@
+-- Queues: outbox.receive() inside the caller's transaction.  Receiving
+-- needs no relay (outbox.enabled is off here); concurrency, killed
+-- sessions and waiting are covered by TAP 040-042.  Ids depend on the
+-- tests before this one, so rows show payloads and keys.
+\set SHOW_CONTEXT never
+\set VERBOSITY default
+
+SELECT outbox.create_queue('work');
+SELECT outbox.subscribe('work', 'job.*');
+SELECT outbox.create_queue('other');
+SELECT outbox.subscribe('other', 'other');
+
+-- Three emitting transactions: a, b (one transaction of three), c.
+SELECT outbox_emit('job.a', '{"n": 1}', 'k1') IS NOT NULL AS emitted;
+BEGIN;
+SELECT outbox_emit('job.b', '{"n": 2}', 'k2') IS NOT NULL AS emitted;
+SELECT outbox_emit('skipped', '{"n": 0}', 'k2') IS NOT NULL AS emitted;	-- no queue
+SELECT outbox_emit('job.b', '{"n": 3}', 'k1') IS NOT NULL AS emitted;
+SELECT outbox_emit('job.b', '{"n": 4}', NULL) IS NOT NULL AS emitted;
+COMMIT;
+SELECT outbox_emit('job.c', '{"n": 5}', 'k3', '{"h": "v"}') IS NOT NULL AS emitted;
+
+SELECT queue, pending, held, received FROM outbox.queues ORDER BY queue;
+
+-- Receive and roll back: the messages come back, in their order.
+BEGIN;
+SELECT topic, key, payload, receive_count FROM outbox.receive('work', 2);
+SELECT queue, held, receivers FROM outbox.queues WHERE queue = 'work';
+SELECT target, kind, state, held, receivers FROM outbox.lag WHERE target = 'work';
+ROLLBACK;
+BEGIN;
+SELECT topic, key, payload, receive_count FROM outbox.receive('work', 2);
+-- A second receive in the same transaction goes on after the first.
+SELECT topic, key, payload, receive_count FROM outbox.receive('work', 1);
+COMMIT;
+
+-- What was committed is gone; the rest follows.
+SELECT queue, pending, held, received, acknowledged, rolled_back FROM outbox.queues WHERE queue = 'work';
+
+-- A rolled-back savepoint returns what was received inside it.
+BEGIN;
+SAVEPOINT s;
+SELECT payload, receive_count FROM outbox.receive('work', 1);
+ROLLBACK TO SAVEPOINT s;
+SELECT payload, receive_count FROM outbox.receive('work', 1);
+-- An error inside a savepoint too.
+SAVEPOINT t;
+SELECT payload, (1 / 0) FROM outbox.receive('work', 1);
+ROLLBACK TO SAVEPOINT t;
+RELEASE SAVEPOINT s;
+ROLLBACK;
+
+-- An error rolls back the whole transaction: receive_count keeps counting.
+BEGIN;
+SELECT payload, receive_count, headers FROM outbox.receive('work', 5);
+SELECT 1 / 0;
+COMMIT;
+
+-- Nothing left after a committed receive; an empty queue returns no rows.
+SELECT payload, receive_count FROM outbox.receive('work', 5);
+SELECT count(*) FROM outbox.receive('work', 5);
+SELECT count(*) FROM outbox.receive('work', 1, 50);	-- waits 50 ms
+
+---------------------------------------------------------------------------
+-- whole_transactions: a transaction's messages are never split.
+---------------------------------------------------------------------------
+BEGIN;
+SELECT outbox_emit('job.g', jsonb_build_object('g', 1, 'i', i), 'g1-' || i) IS NOT NULL AS emitted
+  FROM generate_series(1, 3) i;
+COMMIT;
+BEGIN;
+SELECT outbox_emit('job.g', jsonb_build_object('g', 2, 'i', i), 'g2-' || i) IS NOT NULL AS emitted
+  FROM generate_series(1, 2) i;
+COMMIT;
+-- max_messages 4 takes the first transaction (3) but not half the second.
+BEGIN;
+SELECT payload FROM outbox.receive('work', 4, 0, whole_transactions => true);
+ROLLBACK;
+-- A transaction larger than max_messages comes whole.
+BEGIN;
+SELECT payload FROM outbox.receive('work', 2, 0, whole_transactions => true);
+ROLLBACK;
+-- Without it, max_messages cuts.
+BEGIN;
+SELECT payload FROM outbox.receive('work', 4);
+COMMIT;
+SELECT payload FROM outbox.receive('work', 4, 0, true);
+
+---------------------------------------------------------------------------
+-- A message rolled back outbox.max_receives times becomes a dead letter,
+-- and the messages after it flow.
+---------------------------------------------------------------------------
+SET outbox.max_receives = 2;
+SELECT outbox_emit('job.poison', '{"p": 1}', 'kp') IS NOT NULL AS emitted;
+SELECT outbox_emit('job.poison', '{"p": 2}', 'kp') IS NOT NULL AS emitted;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+ROLLBACK;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+ROLLBACK;
+SELECT queue, poisoned, rolled_back FROM outbox.queues WHERE queue = 'work';
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT target, topic, key, attempts, last_error, payload FROM outbox.dead_letters WHERE target = 'work';
+COMMIT;
+SELECT target, topic, key, attempts, payload FROM outbox.dead_letters WHERE target = 'work';
+SELECT outbox.retry_dead_letters('work');
+SELECT outbox.discard_dead_letters('work');
+RESET outbox.max_receives;
+
+---------------------------------------------------------------------------
+-- Rights: superusers and the extension's owner receive; others need
+-- outbox.grant_receive.
+---------------------------------------------------------------------------
+SELECT outbox_emit('job.r', '{"r": 1}', 'kr') IS NOT NULL AS emitted;
+CREATE ROLE queue_app;
+GRANT USAGE ON SCHEMA outbox TO queue_app;
+GRANT EXECUTE ON FUNCTION outbox.receive(text, int, int, boolean) TO queue_app;
+SET ROLE queue_app;
+SELECT * FROM outbox.receive('work');
+SELECT * FROM outbox.receipts;
+SELECT outbox.grant_receive('work', 'queue_app');
+RESET ROLE;
+SELECT outbox.grant_receive('work', 'queue_app');
+SELECT outbox.grant_receive('work', 'queue_app');	-- already granted
+SET ROLE queue_app;
+BEGIN;
+SELECT topic, payload FROM outbox.receive('work');
+ROLLBACK;
+SELECT * FROM outbox.receive('other');
+RESET ROLE;
+SELECT outbox.revoke_receive('work', 'queue_app');
+SELECT outbox.revoke_receive('work', 'queue_app');	-- not granted any more
+SET ROLE queue_app;
+SELECT * FROM outbox.receive('work');
+RESET ROLE;
+
+---------------------------------------------------------------------------
+-- Errors.
+---------------------------------------------------------------------------
+SELECT * FROM outbox.receive('nope');
+SELECT outbox.create_notify_target('a_notify', 'chan');
+SELECT * FROM outbox.receive('a_notify');
+SELECT outbox.grant_receive('a_notify', 'queue_app');
+SELECT * FROM outbox.receive(NULL);
+SELECT * FROM outbox.receive('work', 0);
+SELECT * FROM outbox.receive('work', 10001);
+SELECT * FROM outbox.receive('work', NULL);
+SELECT * FROM outbox.receive('work', 1, -1);
+SELECT * FROM outbox.receive('work', 1, 0, NULL);
+SELECT outbox.create_queue('work');
+SELECT outbox.create_queue('bad name');
+BEGIN READ ONLY;
+SELECT * FROM outbox.receive('work');
+ROLLBACK;
+BEGIN;
+SELECT topic FROM outbox.receive('work');
+PREPARE TRANSACTION 'q1';
+SELECT topic FROM outbox.receive('work');	-- came back
+-- A queue's dead letters are not retried one by one.
+SELECT outbox.retry_dead_letters('work');
+
+-- Dropping a queue takes its receipts along.
+SELECT outbox.drop_target('other');
+SELECT count(*) FROM outbox.receipts r
+ WHERE NOT EXISTS (SELECT 1 FROM outbox.targets t WHERE t.id = r.target_id);
+SELECT * FROM outbox.receive('other');
+SELECT outbox.drop_target('a_notify');
+DROP OWNED BY queue_app;
+DROP ROLE queue_app;
