@@ -47,6 +47,7 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
 #include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
@@ -74,7 +75,6 @@
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -262,7 +262,11 @@ slot_entry(int slot, int k)
 void
 outbox_queue_wake(void)
 {
-	if (QShared != NULL && pg_atomic_read_u32(&QShared->waiters) > 0)
+	if (QShared == NULL)
+		return;
+	/* What the caller changed must be visible to a waiter we do not wake. */
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&QShared->waiters) > 0)
 		ConditionVariableBroadcast(&QShared->cv);
 }
 
@@ -1337,49 +1341,73 @@ queue_dead_letter(QueueInfo *qi, Taken *t)
 	queue_spi_end(&st);
 }
 
-/* Fetch one message by id from its chunk, with a fresh snapshot. */
-static bool
-queue_fetch(Oid relid, int64 id, Snapshot snap, Datum *values, bool *nulls)
+/*
+ * Reads messages by id from their chunks with a fresh snapshot, keeping
+ * the chunk and its index open while consecutive messages share it.
+ */
+typedef struct QueueFetcher
 {
-	Relation	rel = table_open(relid, AccessShareLock);
-	Oid			indexid = outbox_primary_key_index(rel);
+	Oid			relid;
+	Relation	rel;
 	Relation	index;
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
+	Snapshot	snap;
+} QueueFetcher;
+
+static void
+fetcher_close(QueueFetcher *f)
+{
+	if (f->rel == NULL)
+		return;
+	index_endscan(f->scan);
+	ExecDropSingleTupleTableSlot(f->slot);
+	index_close(f->index, AccessShareLock);
+	table_close(f->rel, AccessShareLock);
+	f->rel = NULL;
+	f->relid = InvalidOid;
+}
+
+/* The message, in f->slot, or NULL when it is not there. */
+static TupleTableSlot *
+fetcher_get(QueueFetcher *f, Oid relid, int64 id)
+{
 	ScanKeyData key;
-	bool		found = false;
 
-	if (!OidIsValid(indexid))
-		elog(ERROR, "outbox: table \"%s\" has no primary key", RelationGetRelationName(rel));
-	index = index_open(indexid, AccessShareLock);
-	slot = table_slot_create(rel, NULL);
-	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
-	scan = outbox_index_beginscan_keys(rel, index, snap, 1);
-	index_rescan(scan, &key, 1, NULL, 0);
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	if (f->relid != relid)
 	{
-		int			a;
+		Oid			indexid;
 
-		slot_getallattrs(slot);
-		for (a = 0; a < Natts_outbox_messages; a++)
-		{
-			nulls[a] = slot->tts_isnull[a];
-			if (nulls[a])
-				values[a] = (Datum) 0;
-			else
-			{
-				Form_pg_attribute att = TupleDescAttr(slot->tts_tupleDescriptor, a);
-
-				values[a] = datumCopy(slot->tts_values[a], att->attbyval, att->attlen);
-			}
-		}
-		found = true;
+		fetcher_close(f);
+		f->rel = table_open(relid, AccessShareLock);
+		indexid = outbox_primary_key_index(f->rel);
+		if (!OidIsValid(indexid))
+			elog(ERROR, "outbox: table \"%s\" has no primary key", RelationGetRelationName(f->rel));
+		f->index = index_open(indexid, AccessShareLock);
+		f->slot = table_slot_create(f->rel, NULL);
+		f->scan = outbox_index_beginscan_keys(f->rel, f->index, f->snap, 1);
+		f->relid = relid;
 	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, AccessShareLock);
-	table_close(rel, AccessShareLock);
-	return found;
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_INT8EQ, Int64GetDatum(id));
+	index_rescan(f->scan, &key, 1, NULL, 0);
+	if (!index_getnext_slot(f->scan, ForwardScanDirection, f->slot))
+		return NULL;
+	slot_getallattrs(f->slot);
+	return f->slot;
+}
+
+/* A column of a fetched message, detoasted (the row may go after commit). */
+static Datum
+fetched_value(TupleTableSlot *slot, int attnum, bool *isnull)
+{
+	Datum		v = slot->tts_values[attnum - 1];
+
+	*isnull = slot->tts_isnull[attnum - 1];
+	if (*isnull)
+		return (Datum) 0;
+	if (TupleDescAttr(slot->tts_tupleDescriptor, attnum - 1)->attlen == -1)
+		v = PointerGetDatum(detoast_attr((struct varlena *) DatumGetPointer(v)));
+	return v;
 }
 
 /*---- outbox.receive() ----*/
@@ -1609,7 +1637,7 @@ outbox_receive(PG_FUNCTION_ARGS)
 
 	if (ntaken > 0)
 	{
-		Snapshot	snap;
+		QueueFetcher fetcher;
 
 		queue_write_receipt(qi->target_id, taken, ntaken);
 		for (i = 0; i < ntaken; i++)
@@ -1619,41 +1647,38 @@ outbox_receive(PG_FUNCTION_ARGS)
 		/* Messages handed out are durable (I7). */
 		outbox_flush_commits();
 
-		snap = RegisterSnapshot(GetLatestSnapshot());
+		memset(&fetcher, 0, sizeof(fetcher));
+		fetcher.snap = RegisterSnapshot(GetLatestSnapshot());
 		for (i = 0; i < ntaken; i++)
 		{
-			Datum		m[Natts_outbox_messages];
-			bool		mnull[Natts_outbox_messages];
+			static const int cols[7] = {
+				Anum_outbox_messages_id, Anum_outbox_messages_msg_id,
+				Anum_outbox_messages_topic, Anum_outbox_messages_key,
+				Anum_outbox_messages_headers, Anum_outbox_messages_payload,
+				Anum_outbox_messages_emitted_at
+			};
+			TupleTableSlot *row;
 			Datum		values[8];
 			bool		nulls[8];
+			int			c;
 
 			if (taken[i].poison)
 				continue;
-			if (!queue_fetch(taken[i].relid, taken[i].id, snap, m, mnull))
+			row = fetcher_get(&fetcher, taken[i].relid, taken[i].id);
+			if (row == NULL)
 				ereport(ERROR,
 						(errcode(ERRCODE_DATA_CORRUPTED),
 						 errmsg("outbox message " INT64_FORMAT " of queue \"%s\" is missing", taken[i].id, name),
 						 errdetail("The message was removed before the queue acknowledged it."),
 						 errhint("Check outbox.retention and the queue's progress in outbox.lag.")));
-			values[0] = m[Anum_outbox_messages_id - 1];
-			nulls[0] = false;
-			values[1] = m[Anum_outbox_messages_msg_id - 1];
-			nulls[1] = false;
-			values[2] = m[Anum_outbox_messages_topic - 1];
-			nulls[2] = false;
-			values[3] = m[Anum_outbox_messages_key - 1];
-			nulls[3] = mnull[Anum_outbox_messages_key - 1];
-			values[4] = m[Anum_outbox_messages_headers - 1];
-			nulls[4] = mnull[Anum_outbox_messages_headers - 1];
-			values[5] = m[Anum_outbox_messages_payload - 1];
-			nulls[5] = false;
-			values[6] = m[Anum_outbox_messages_emitted_at - 1];
-			nulls[6] = false;
+			for (c = 0; c < 7; c++)
+				values[c] = fetched_value(row, cols[c], &nulls[c]);
 			values[7] = Int32GetDatum((int32) Min(taken[i].receives, PG_INT32_MAX));
 			nulls[7] = false;
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 		}
-		UnregisterSnapshot(snap);
+		fetcher_close(&fetcher);
+		UnregisterSnapshot(fetcher.snap);
 	}
 	pfree(taken);
 	return (Datum) 0;
