@@ -1478,7 +1478,12 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		if (!s->filling)
 		{
 			load = !s->loaded || s->config_generation != gen;
-			fill = load || (frontier > s->read_id && s->count < QShared->window);
+			/*
+			 * Read more when there is room for a good part of a read, so
+			 * that a full window is not topped up one message at a time.
+			 */
+			fill = load || (frontier > s->read_id &&
+							QShared->window - s->count >= Min(QUEUE_FILL_ROWS, QShared->window / 2));
 			if (fill)
 				s->filling = true;
 		}
