@@ -1579,8 +1579,13 @@ outbox_receive(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_TRANSACTION_STATE),
 				 errmsg("cannot call outbox.receive() during a parallel operation")));
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot receive from outbox queues during recovery"),
+				 errdetail("Receiving writes the acknowledgement, which a standby cannot."),
+				 errhint("Receive on the primary server.")));
 	PreventCommandIfReadOnly("outbox.receive()");
-	PreventCommandDuringRecovery("outbox.receive()");
 	outbox_check_database("outbox.receive()");
 	outbox_queue_backend_init();
 
