@@ -1184,7 +1184,7 @@ typedef struct Taken
  * through claims_reserve, which the caller ran before.
  */
 static int
-queue_select(int slot, int max, bool whole, Taken *out, int *nreal)
+queue_select(int slot, int max, bool whole, Taken *out, int cap, int *nreal)
 {
 	QueueSlot  *s = &QShared->slots[slot];
 	KeySet		blocked = {NULL, 0, 0};
@@ -1194,7 +1194,7 @@ queue_select(int slot, int max, bool whole, Taken *out, int *nreal)
 	SubTransactionId subid = GetCurrentSubTransactionId();
 
 	*nreal = 0;
-	for (k = 0; k < s->count && *nreal < max; k++)
+	for (k = 0; k < s->count && *nreal < max && n < cap; k++)
 	{
 		QueueEntry *e = slot_entry(slot, k);
 		int			end = k + 1;
@@ -1216,6 +1216,8 @@ queue_select(int slot, int max, bool whole, Taken *out, int *nreal)
 					ok = false;
 			if (ok && *nreal > 0 && *nreal + (end - k) > max)
 				break;			/* the next transaction does not fit */
+			if (ok && n + (end - k) > cap)
+				break;			/* room for poisoned ones ran out */
 		}
 		else
 			ok = entry_takeable(e, &blocked);
@@ -1446,7 +1448,8 @@ queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 ge
  */
 static void
 queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool whole,
-		   int wait_ms, Taken *taken, int *ntakenp, int *nreal, volatile bool *waiting)
+		   int wait_ms, Taken *taken, int cap, int *ntakenp, int *nreal,
+		   volatile bool *waiting)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
 	QueueInfo  *qi = *qip;
@@ -1494,9 +1497,9 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 
 		if (qi->active && s->loaded)
 		{
-			claims_reserve(QShared->window);
+			claims_reserve(cap);
 			LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
-			ntaken = queue_select(slot, max_messages, whole, taken, nreal);
+			ntaken = queue_select(slot, max_messages, whole, taken, cap, nreal);
 			LWLockRelease(slot_lock(slot));
 			if (ntaken > 0 && *nreal == 0)
 			{
@@ -1541,6 +1544,7 @@ outbox_receive(PG_FUNCTION_ARGS)
 	QueueInfo  *qi;
 	int			slot;
 	Taken	   *taken;
+	int			cap;
 	int			ntaken = 0;
 	int			nreal = 0;
 	volatile bool waiting = false;
@@ -1622,11 +1626,16 @@ outbox_receive(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 	slot = queue_slot(qi);
-	taken = palloc(sizeof(Taken) * QShared->window);
+	/*
+	 * Room for max_messages and some poisoned ones; a whole transaction may
+	 * be as large as the window.
+	 */
+	cap = whole ? QShared->window : Min(QShared->window, max_messages + 16);
+	taken = palloc(sizeof(Taken) * cap);
 
 	PG_TRY();
 	{
-		queue_take(name, &qi, &slot, max_messages, whole, wait_ms, taken,
+		queue_take(name, &qi, &slot, max_messages, whole, wait_ms, taken, cap,
 				   &ntaken, &nreal, &waiting);
 	}
 	PG_CATCH();
