@@ -1616,7 +1616,7 @@ SELECT t.name AS target,
 	   err.last_error_at,
 	   CASE WHEN t.state <> 'active' THEN t.state
 			WHEN st.state IS NOT NULL THEN st.state
-			WHEN q.held > 0 THEN 'receiving'
+			WHEN q.held > 0 THEN 'delivering'
 			WHEN pend.pending > 0 THEN 'delivering'
 			ELSE 'idle' END AS state,
 	   coalesce(st.in_flight, q.held, 0) AS in_flight,
