@@ -1389,13 +1389,15 @@ CREATE TABLE outbox.receipts (
 	ids			bigint[]	NOT NULL
 );
 COMMENT ON TABLE outbox.receipts IS 'queue messages acknowledged above outbox.progress.done_id';
+-- Rows come and go all the time: vacuum it by the number of dead rows.
+ALTER TABLE outbox.receipts SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000);
 REVOKE ALL ON TABLE outbox.receipts FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('outbox.receipts', '');
 
 -- Who may receive from a queue besides superusers and the extension's owner.
 CREATE TABLE outbox.queue_grants (
 	target_id	int			NOT NULL REFERENCES outbox.targets (id) ON DELETE CASCADE,
-	role		oid			NOT NULL,
+	role		regrole		NOT NULL,	-- dumped by name, restored to the role of that name
 	granted_at	timestamptz	NOT NULL DEFAULT now(),
 	PRIMARY KEY (target_id, role)
 );

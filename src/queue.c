@@ -600,7 +600,7 @@ queue_user_allowed(int target_id, Oid user)
 	values[1] = ObjectIdGetDatum(user);
 	rc = queue_spi_fresh("SELECT 1 FROM outbox.queue_grants g"
 						 " WHERE g.target_id OPERATOR(pg_catalog.=) $1"
-						 "   AND pg_catalog.pg_has_role($2, g.role, 'USAGE')",
+						 "   AND pg_catalog.pg_has_role($2, g.role::pg_catalog.oid, 'USAGE')",
 						 2, types, values, NULL, 1);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.queue_grants");
