@@ -1475,7 +1475,6 @@ BEGIN
 	INSERT INTO outbox.queue_grants (target_id, role) VALUES (tid, role)
 	ON CONFLICT DO NOTHING;
 	GET DIAGNOSTICS n = ROW_COUNT;
-	PERFORM outbox.config_changed();
 	RETURN n > 0;
 END
 $$;
@@ -1493,24 +1492,32 @@ DECLARE
 BEGIN
 	DELETE FROM outbox.queue_grants g WHERE g.target_id = tid AND g.role = revoke_receive.role;
 	GET DIAGNOSTICS n = ROW_COUNT;
-	PERFORM outbox.config_changed();
 	RETURN n > 0;
 END
 $$;
 COMMENT ON FUNCTION outbox.revoke_receive(text, regrole) IS 'take back outbox.grant_receive';
 REVOKE ALL ON FUNCTION outbox.revoke_receive(text, regrole) FROM PUBLIC;
 
--- A row changed by hand takes effect at once too.
+-- Receivers keep the grants in memory; any change of the table (by the
+-- functions above or by hand) makes them read the grants again once it
+-- commits, through a relcache invalidation of outbox.queue_grants (which
+-- does not wake the relay, so a restore does not either).
+CREATE FUNCTION outbox.queue_grants_changed()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_queue_grants_changed'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION outbox.queue_grants_changed() FROM PUBLIC;
 CREATE FUNCTION outbox.queue_grants_trigger()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	PERFORM outbox.config_changed();
+	PERFORM outbox.queue_grants_changed();
 	RETURN NULL;
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.queue_grants_trigger() FROM PUBLIC;
 CREATE TRIGGER queue_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
 	ON outbox.queue_grants FOR EACH STATEMENT EXECUTE FUNCTION outbox.queue_grants_trigger();
 

@@ -135,6 +135,17 @@ SELECT outbox.revoke_receive('work', 'queue_app');	-- not granted any more
 SET ROLE queue_app;
 SELECT * FROM outbox.receive('work');
 RESET ROLE;
+-- A grant deleted by hand is gone at once too.
+SELECT outbox.grant_receive('work', 'queue_app');
+SET ROLE queue_app;
+BEGIN;
+SELECT topic FROM outbox.receive('work');
+ROLLBACK;
+RESET ROLE;
+DELETE FROM outbox.queue_grants;
+SET ROLE queue_app;
+SELECT * FROM outbox.receive('work');
+RESET ROLE;
 
 ---------------------------------------------------------------------------
 -- Errors.

@@ -77,6 +77,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -89,6 +90,7 @@
 
 PG_FUNCTION_INFO_V1(outbox_receive);
 PG_FUNCTION_INFO_V1(outbox_queue_stats);
+PG_FUNCTION_INFO_V1(outbox_queue_grants_changed);
 
 /* GUCs */
 int			outbox_max_receives = 5;
@@ -179,6 +181,7 @@ typedef struct QueueInfo
 	bool		is_queue;
 	bool		active;			/* state = 'active' */
 	Oid			checked_user;	/* user "allowed" is for */
+	uint64		checked_grants; /* grants_invalidations when checked */
 	bool		allowed;		/* whether checked_user may receive */
 	int			slot;			/* slot index, or -1 */
 	int			nsubs;
@@ -191,8 +194,12 @@ static MemoryContext queue_cache_cxt = NULL;
 static List *queue_cache = NIL;
 static uint64 queue_cache_generation = 0;
 static Oid	receipts_relid = InvalidOid;
+static Oid	grants_relid = InvalidOid;
+static uint64 grants_invalidations = 1;
+static bool grants_callback = false;
 
 static void queue_xact_callback(XactEvent event, void *arg);
+static void queue_grants_invalidate(Datum arg, Oid relid);
 static void queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								   SubTransactionId parentSubid, void *arg);
 
@@ -574,12 +581,42 @@ queue_cache_check(void)
 	if (queue_cache_cxt == NULL)
 		queue_cache_cxt = AllocSetContextCreate(TopMemoryContext, "outbox queues",
 												ALLOCSET_SMALL_SIZES);
+	if (!grants_callback)
+	{
+		CacheRegisterRelcacheCallback(queue_grants_invalidate, (Datum) 0);
+		grants_callback = true;
+	}
+	if (!OidIsValid(grants_relid))
+		grants_relid = get_relname_relid("queue_grants", get_namespace_oid(OUTBOX_SCHEMA, false));
 	if (gen != queue_cache_generation)
 	{
 		MemoryContextReset(queue_cache_cxt);
 		queue_cache = NIL;
 		queue_cache_generation = gen;
 	}
+}
+
+/* A change of outbox.queue_grants committed: check rights again. */
+static void
+queue_grants_invalidate(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == grants_relid)
+		grants_invalidations++;
+}
+
+/*
+ * outbox.queue_grants_changed() -> void: every receiver checks its rights
+ * again once the calling transaction commits.
+ */
+Datum
+outbox_queue_grants_changed(PG_FUNCTION_ARGS)
+{
+	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, false);
+	Oid			relid = get_relname_relid("queue_grants", nsp);
+
+	if (OidIsValid(relid))
+		CacheInvalidateRelcacheByRelid(relid);
+	PG_RETURN_VOID();
 }
 
 /*
@@ -671,6 +708,7 @@ queue_info_load(const char *name)
 		MemoryContextSwitchTo(old);
 
 		qi->checked_user = user;
+		qi->checked_grants = grants_invalidations;
 		qi->allowed = queue_user_allowed(qi->target_id, user);
 	}
 	queue_spi_end(&st);
@@ -1600,15 +1638,20 @@ outbox_receive(PG_FUNCTION_ARGS)
 				 errmsg("outbox target \"%s\" is not a queue", name),
 				 errdetail("Only targets created with outbox.create_queue() are received from; the relay delivers the others."),
 				 errhint("Receive from a queue, or create one with outbox.create_queue().")));
-	if (qi->checked_user != GetUserId())
+	if (qi->checked_user != GetUserId() || qi->checked_grants != grants_invalidations)
 	{
-		/* Checked for another role (SET ROLE, SECURITY DEFINER). */
+		/* Checked for another role (SET ROLE, SECURITY DEFINER), or before
+		 * the grants changed. */
 		QueueSpiState st;
+		uint64		seen = grants_invalidations;
+
+		Oid			user = GetUserId();
 
 		queue_spi_begin(&st);
-		qi->allowed = queue_user_allowed(qi->target_id, GetUserId());
+		qi->allowed = queue_user_allowed(qi->target_id, user);
 		queue_spi_end(&st);
-		qi->checked_user = GetUserId();
+		qi->checked_user = user;
+		qi->checked_grants = seen;
 	}
 	if (!qi->allowed)
 		ereport(ERROR,

@@ -227,6 +227,7 @@ typedef struct RelayDeadLetter
 extern MemoryContext relay_cxt;	/* targets, dead letters */
 extern List *relay_targets;		/* RelayTarget *, by id */
 extern bool relay_progress_has_batch_end;	/* schema 0.2 or later */
+extern bool relay_config_incomplete;	/* a target waits for its progress rows */
 extern bool relay_dead_letters_keep_payload;	/* schema 0.2 or later */
 extern bool relay_schema_operations;	/* states, replay: 0.2 or later */
 extern TimestampTz relay_last_progress_write;

@@ -58,6 +58,7 @@
 MemoryContext relay_cxt = NULL;
 List	   *relay_targets = NIL;
 bool		relay_progress_has_batch_end = false;
+bool		relay_config_incomplete = false;
 bool		relay_dead_letters_keep_payload = false;
 bool		relay_schema_operations = false;
 
@@ -673,22 +674,53 @@ relay_load_config(void)
 		t->lanes[lane].last_delivered_id = relay_spi_int(tup, desc, 4, &isnull);
 		t->lanes[lane].batch_end = relay_spi_int(tup, desc, 5, &isnull);
 	}
-	foreach(lc, relay_targets)
+	/*
+	 * A new target with a lane that has no progress row is not taken yet:
+	 * its rows are being written by something other than add_target (a
+	 * restore copies outbox.targets before outbox.progress, in separate
+	 * transactions).  Taking it would deliver it everything from id 0 again.
+	 * The next load, soon, takes it once its progress is there.
+	 */
+	relay_config_incomplete = false;
 	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		int			j;
+		List	   *complete = NIL;
 
-		if (t->read_id >= 0)
-			continue;
-		for (j = 0; j < t->nlanes; j++)
+		foreach(lc, relay_targets)
 		{
-			if (t->lanes[j].done_id < 0)
-				t->lanes[j].done_id = 0;
-			if (t->read_id < 0 || t->lanes[j].done_id < t->read_id)
-				t->read_id = t->lanes[j].done_id;
+			RelayTarget *t = (RelayTarget *) lfirst(lc);
+			int			j;
+			bool		missing = false;
+
+			if (t->read_id < 0)
+			{
+				for (j = 0; j < t->nlanes; j++)
+					if (t->lanes[j].done_id < 0)
+						missing = true;
+			}
+			if (missing)
+			{
+				relay_config_incomplete = true;
+				relay_free_target(t);
+				continue;
+			}
+			{
+				MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
+
+				complete = lappend(complete, t);
+				MemoryContextSwitchTo(oldcxt);
+			}
+			if (t->read_id >= 0)
+				continue;
+			for (j = 0; j < t->nlanes; j++)
+			{
+				if (t->read_id < 0 || t->lanes[j].done_id < t->read_id)
+					t->read_id = t->lanes[j].done_id;
+			}
+			if (t->read_id < 0)
+				t->read_id = 0;
 		}
-		if (t->read_id < 0)
-			t->read_id = 0;
+		list_free(relay_targets);
+		relay_targets = complete;
 	}
 
 	PopActiveSnapshot();

@@ -72,6 +72,8 @@
  * high commit rates; adds at most this much latency.
  */
 #define RELAY_READ_PAUSE_MS			1
+/* How soon to load the configuration again while a target waits for its progress rows. */
+#define RELAY_INCOMPLETE_RELOAD_MS	200
 
 PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
@@ -667,6 +669,12 @@ outbox_worker_main(Datum main_arg)
 		}
 		if (force_reload)
 			timeout = 0;
+		else if (relay_config_incomplete)
+		{
+			/* Load again soon: a target waits for its progress rows. */
+			timeout = Min(timeout, RELAY_INCOMPLETE_RELOAD_MS);
+			force_reload = true;
+		}
 		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0 &&
 			(event.events & WL_LATCH_SET))
 			ResetLatch(MyLatch);
