@@ -1787,6 +1787,18 @@ outbox_queue_compact(void)
 		values[0] = Int32GetDatum(target_id);
 		values[1] = Int64GetDatum(upto);
 		values[2] = Int32GetDatum(generation);
+
+		/*
+		 * Never wait for a lock on the progress row (an admin's open
+		 * transaction would stall the relay): try again next time.
+		 */
+		if (SPI_execute_with_args("SELECT 1 FROM outbox.progress p"
+								  " WHERE p.target_id OPERATOR(pg_catalog.=) $1"
+								  " FOR UPDATE SKIP LOCKED",
+								  1, types, values, NULL, false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox: could not lock a queue's progress");
+		if (SPI_processed == 0)
+			continue;
 		if (SPI_execute_with_args("UPDATE outbox.progress p"
 								  "   SET done_id = $2, last_delivered_id = $2"
 								  " WHERE p.target_id OPERATOR(pg_catalog.=) $1"
