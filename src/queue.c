@@ -108,6 +108,9 @@ int			outbox_queue_window = 4096;
 /* Longest single sleep of a waiting receiver (it re-checks after). */
 #define QUEUE_MAX_SLEEP_MS	1000
 
+/* Longest wait for another backend's fill before looking again. */
+#define QUEUE_FILL_WAIT_MS	10
+
 /* Largest max_messages. */
 #define QUEUE_MAX_MESSAGES	10000
 
@@ -130,8 +133,11 @@ typedef struct QueueSlot
 	Oid			dboid;			/* database, InvalidOid for a free slot */
 	int			target_id;		/* outbox.targets.id */
 	uint32		epoch;			/* bumped whenever the window is rebuilt */
+	Oid			targets_relid;	/* outbox.targets of the extension it is of */
 	bool		loaded;			/* window built from the tables */
 	bool		filling;		/* a backend is reading into the window */
+	int32		filler;			/* its proc index, -1 */
+	bool		reload_wanted;	/* replayed: rebuild once nothing is held */
 	uint64		config_generation;	/* configuration the window checked */
 	int			generation;		/* outbox.progress.generation loaded */
 	int64		done_id;		/* durable position (outbox.progress) */
@@ -180,9 +186,9 @@ typedef struct QueueInfo
 	int			target_id;
 	bool		is_queue;
 	bool		active;			/* state = 'active' */
-	Oid			checked_user;	/* user "allowed" is for */
-	uint64		checked_grants; /* grants_invalidations when checked */
-	bool		allowed;		/* whether checked_user may receive */
+	uint64		checked_grants; /* grants_invalidations when read */
+	Oid		   *grant_roles;	/* roles granted the queue */
+	int			ngrants;
 	int			slot;			/* slot index, or -1 */
 	int			nsubs;
 	char	  **patterns;
@@ -195,6 +201,8 @@ static List *queue_cache = NIL;
 static uint64 queue_cache_generation = 0;
 static Oid	receipts_relid = InvalidOid;
 static Oid	grants_relid = InvalidOid;
+static Oid	targets_relid = InvalidOid;
+static bool waiting_registered = false;	/* counted in QShared->waiters */
 static uint64 grants_invalidations = 1;
 static bool grants_callback = false;
 
@@ -247,6 +255,7 @@ outbox_queue_shmem_init(void)
 		{
 			memset(&QShared->slots[i], 0, sizeof(QueueSlot));
 			QShared->slots[i].dboid = InvalidOid;
+			QShared->slots[i].filler = -1;
 		}
 	}
 }
@@ -473,8 +482,37 @@ queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 static void
 queue_shmem_exit(int code, Datum arg)
 {
-	if (nclaims > 0 && QShared != NULL)
+	int			i;
+
+	if (QShared == NULL)
+		return;
+	if (nclaims > 0)
 		claims_finish(0, false);
+
+	/*
+	 * A FATAL error (pg_terminate_backend, say) does not pass through the
+	 * error handling of a fill or a wait: undo what they announced.
+	 */
+	for (i = 0; i < QShared->nslots; i++)
+	{
+		QueueSlot  *s = &QShared->slots[i];
+
+		if (s->filler != OUTBOX_MY_PROC_INDEX())
+			continue;
+		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
+		if (s->filler == OUTBOX_MY_PROC_INDEX())
+		{
+			s->filling = false;
+			s->filler = -1;
+		}
+		LWLockRelease(slot_lock(i));
+	}
+	if (waiting_registered)
+	{
+		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+		waiting_registered = false;
+	}
+	outbox_queue_wake();
 }
 
 void
@@ -586,13 +624,22 @@ queue_cache_check(void)
 		CacheRegisterRelcacheCallback(queue_grants_invalidate, (Datum) 0);
 		grants_callback = true;
 	}
-	if (!OidIsValid(grants_relid))
-		grants_relid = get_relname_relid("queue_grants", get_namespace_oid(OUTBOX_SCHEMA, false));
 	if (gen != queue_cache_generation)
 	{
 		MemoryContextReset(queue_cache_cxt);
 		queue_cache = NIL;
 		queue_cache_generation = gen;
+		/* The extension may have been dropped and created again. */
+		grants_relid = InvalidOid;
+		targets_relid = InvalidOid;
+	}
+	if (!OidIsValid(grants_relid) || !OidIsValid(targets_relid))
+	{
+		Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, false);
+
+		grants_relid = get_relname_relid("queue_grants", nsp);
+		targets_relid = get_relname_relid("targets", nsp);
+		receipts_relid = InvalidOid;
 	}
 }
 
@@ -619,29 +666,70 @@ outbox_queue_grants_changed(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/*
- * Whether a user may receive from a queue: superusers, the extension's
- * owner (and roles with its privileges), and roles granted the queue with
- * outbox.grant_receive.  SPI is connected, as the owner.
- */
-static bool
-queue_user_allowed(int target_id, Oid user)
+/* Read the roles granted a queue (SPI connected, as the owner). */
+static void
+queue_read_grants(QueueInfo *qi)
 {
-	Oid			types[2] = {INT4OID, OIDOID};
-	Datum		values[2];
+	Oid			types[1] = {INT4OID};
+	Datum		values[1];
 	int			rc;
+	uint64		i;
+	uint64		seen = grants_invalidations;
+	MemoryContext old;
 
-	if (superuser_arg(user) || has_privs_of_role(user, extension_owner()))
-		return true;
-	values[0] = Int32GetDatum(target_id);
-	values[1] = ObjectIdGetDatum(user);
-	rc = queue_spi_fresh("SELECT 1 FROM outbox.queue_grants g"
-						 " WHERE g.target_id OPERATOR(pg_catalog.=) $1"
-						 "   AND pg_catalog.pg_has_role($2, g.role::pg_catalog.oid, 'USAGE')",
-						 2, types, values, NULL, 1);
+	values[0] = Int32GetDatum(qi->target_id);
+	rc = queue_spi_fresh("SELECT g.role::pg_catalog.oid FROM outbox.queue_grants g"
+						 " WHERE g.target_id OPERATOR(pg_catalog.=) $1",
+						 1, types, values, NULL, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.queue_grants");
-	return SPI_processed > 0;
+	old = MemoryContextSwitchTo(queue_cache_cxt);
+	if (qi->grant_roles)
+		pfree(qi->grant_roles);
+	qi->ngrants = (int) SPI_processed;
+	qi->grant_roles = palloc(sizeof(Oid) * Max(qi->ngrants, 1));
+	MemoryContextSwitchTo(old);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		qi->grant_roles[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
+															SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	qi->checked_grants = seen;
+}
+
+/*
+ * Refuse unless the current user may receive from the queue: superusers,
+ * roles with the privileges of the extension's owner, and roles with the
+ * privileges of a role granted the queue (outbox.grant_receive).  Checked
+ * at every call and every wake-up, against the session's current
+ * memberships (PostgreSQL caches those); the grants themselves are read
+ * again after any change of outbox.queue_grants.
+ */
+static void
+queue_check_allowed(QueueInfo *qi)
+{
+	Oid			user = GetUserId();
+	int			i;
+
+	if (qi->checked_grants != grants_invalidations)
+	{
+		QueueSpiState st;
+
+		queue_spi_begin(&st);
+		queue_read_grants(qi);
+		queue_spi_end(&st);
+	}
+	if (superuser_arg(user) || has_privs_of_role(user, extension_owner()))
+		return;
+	for (i = 0; i < qi->ngrants; i++)
+		if (has_privs_of_role(user, qi->grant_roles[i]))
+			return;
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied to receive from outbox queue \"%s\"", qi->name),
+			 errhint("The queue's owner can allow it with outbox.grant_receive('%s', role).", qi->name)));
 }
 
 /* Load a queue's row, subscriptions and grants (as the owner). */
@@ -681,8 +769,6 @@ queue_info_load(const char *name)
 
 	if (qi->is_queue)
 	{
-		Oid			user = st.save_userid;	/* the caller, not the owner */
-
 		types[0] = INT4OID;
 		values[0] = Int32GetDatum(qi->target_id);
 		rc = queue_spi_fresh("SELECT s.pattern, s.start_id FROM outbox.subscriptions s"
@@ -707,9 +793,7 @@ queue_info_load(const char *name)
 		}
 		MemoryContextSwitchTo(old);
 
-		qi->checked_user = user;
-		qi->checked_grants = grants_invalidations;
-		qi->allowed = queue_user_allowed(qi->target_id, user);
+		queue_read_grants(qi);
 	}
 	queue_spi_end(&st);
 
@@ -775,13 +859,18 @@ slot_collect(void)
 
 		if (s->dboid != MyDatabaseId)
 			continue;
-		v = Int32GetDatum(s->target_id);
-		queue_spi_begin(&st);
-		rc = queue_spi_fresh("SELECT 1 FROM outbox.targets t"
-							 " WHERE t.id OPERATOR(pg_catalog.=) $1 AND t.kind = 'queue'",
-							 1, types, &v, NULL, 1);
-		gone = (rc == SPI_OK_SELECT && SPI_processed == 0);
-		queue_spi_end(&st);
+		if (s->targets_relid != targets_relid)
+			gone = true;		/* of an extension dropped since */
+		else
+		{
+			v = Int32GetDatum(s->target_id);
+			queue_spi_begin(&st);
+			rc = queue_spi_fresh("SELECT 1 FROM outbox.targets t"
+								 " WHERE t.id OPERATOR(pg_catalog.=) $1 AND t.kind = 'queue'",
+								 1, types, &v, NULL, 1);
+			gone = (rc == SPI_OK_SELECT && SPI_processed == 0);
+			queue_spi_end(&st);
+		}
 		if (!gone)
 			continue;
 		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
@@ -806,6 +895,16 @@ slot_collect(void)
 	return freed;
 }
 
+/* Whether slot i holds this queue (of this installation of the extension). */
+static inline bool
+slot_is(int i, QueueInfo *qi)
+{
+	QueueSlot  *s = &QShared->slots[i];
+
+	return s->dboid == MyDatabaseId && s->target_id == qi->target_id &&
+		s->targets_relid == targets_relid;
+}
+
 /* The slot of a queue, taken if it has none. */
 static int
 queue_slot(QueueInfo *qi)
@@ -813,8 +912,7 @@ queue_slot(QueueInfo *qi)
 	int			i;
 	int			free_slot = -1;
 
-	if (qi->slot >= 0 && QShared->slots[qi->slot].dboid == MyDatabaseId &&
-		QShared->slots[qi->slot].target_id == qi->target_id)
+	if (qi->slot >= 0 && slot_is(qi->slot, qi))
 		return qi->slot;
 
 	for (;;)
@@ -824,7 +922,7 @@ queue_slot(QueueInfo *qi)
 		{
 			QueueSlot  *s = &QShared->slots[i];
 
-			if (s->dboid == MyDatabaseId && s->target_id == qi->target_id)
+			if (slot_is(i, qi))
 			{
 				LWLockRelease(&QShared->locks[0].lock);
 				qi->slot = i;
@@ -840,6 +938,9 @@ queue_slot(QueueInfo *qi)
 			LWLockAcquire(slot_lock(free_slot), LW_EXCLUSIVE);
 			s->dboid = MyDatabaseId;
 			s->target_id = qi->target_id;
+			s->targets_relid = targets_relid;
+			s->reload_wanted = false;
+			s->filler = -1;
 			s->epoch++;
 			s->loaded = false;
 			s->filling = false;
@@ -1072,8 +1173,45 @@ queue_load(QueueInfo *qi, int slot, uint64 gen)
 	done = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	generation = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 
-	LWLockAcquire(slot_lock(slot), LW_SHARED);
+	/*
+	 * Rebuild the window when it was never built, or when outbox.replay()
+	 * moved the queue back (a new generation).  A rebuild waits until no
+	 * transaction holds a message of the queue (meanwhile nothing is handed
+	 * out), so no claim is lost and none is handed out twice.  The
+	 * receipts are read after the window was emptied: every transaction
+	 * that acknowledged in the old window is visible to that snapshot.
+	 */
+	LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
 	reload = !s->loaded || s->generation != generation;
+	if (reload && s->loaded)
+	{
+		int			k;
+
+		for (k = 0; k < s->count; k++)
+			if (slot_entry(slot, k)->state == QE_CLAIMED)
+				break;
+		if (k < s->count)
+		{
+			s->reload_wanted = true;
+			s->config_generation = gen;
+			LWLockRelease(slot_lock(slot));
+			queue_spi_end(&st);
+			return;
+		}
+	}
+	if (reload)
+	{
+		s->epoch++;
+		s->count = 0;
+		s->head = 0;
+		s->done_id = done;
+		s->read_id = done;
+		s->open_group = InvalidTransactionId;
+		s->generation = generation;
+		s->loaded = true;
+		s->reload_wanted = false;
+	}
+	s->config_generation = gen;
 	LWLockRelease(slot_lock(slot));
 
 	if (reload)
@@ -1094,21 +1232,6 @@ queue_load(QueueInfo *qi, int slot, uint64 gen)
 		qsort(acked.ids, acked.n, sizeof(int64), cmp_int64);
 	}
 	queue_spi_end(&st);
-
-	LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
-	if (reload)
-	{
-		s->epoch++;
-		s->count = 0;
-		s->head = 0;
-		s->done_id = done;
-		s->read_id = done;
-		s->open_group = InvalidTransactionId;
-		s->generation = generation;
-		s->loaded = true;
-	}
-	s->config_generation = gen;
-	LWLockRelease(slot_lock(slot));
 
 	if (reload)
 	{
@@ -1462,20 +1585,24 @@ queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 ge
 	{
 		if (load)
 			queue_load(qi, slot, gen);
-		if (queue_fill(qi, slot, frontier, NULL))
-			outbox_queue_wake();
+		(void) queue_fill(qi, slot, frontier, NULL);
 	}
 	PG_CATCH();
 	{
 		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
 		s->filling = false;
+		s->filler = -1;
 		LWLockRelease(slot_lock(slot));
+		outbox_queue_wake();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
 	s->filling = false;
+	s->filler = -1;
 	LWLockRelease(slot_lock(slot));
+	/* Receivers that found the fill under way look again. */
+	outbox_queue_wake();
 }
 
 /*
@@ -1491,8 +1618,10 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
 	QueueInfo  *qi = *qip;
+	int			target_id = qi->target_id;
 	int			slot = *slotp;
 	int			ntaken = 0;
+	bool		starved = false;
 	int			i;
 
 	for (;;)
@@ -1501,33 +1630,53 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		uint64		gen;
 		bool		fill = false;
 		bool		load = false;
+		bool		other_filling = false;
 		int64		frontier;
 		long		left;
+		long		sleep_ms;
 
 		CHECK_FOR_INTERRUPTS();
 		qi = queue_info(name);	/* the configuration may have changed */
-		if (!qi->is_queue)
+		if (!qi->is_queue || qi->target_id != target_id)
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
 					 errmsg("outbox queue \"%s\" was dropped", name)));
+		queue_check_allowed(qi);	/* a grant may have gone meanwhile */
 		slot = queue_slot(qi);
 		s = &QShared->slots[slot];
 		gen = outbox_config_generation();
 		frontier = outbox_compute_frontier();
 
 		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+		if (!slot_is(slot, qi))
+		{
+			/* Given to another queue meanwhile (ours was dropped). */
+			LWLockRelease(slot_lock(slot));
+			qi->slot = -1;
+			continue;
+		}
 		if (!s->filling)
 		{
-			load = !s->loaded || s->config_generation != gen;
+			int			room = QShared->window - s->count;
+
+			load = !s->loaded || s->config_generation != gen || s->reload_wanted;
+
 			/*
 			 * Read more when there is room for a good part of a read, so
-			 * that a full window is not topped up one message at a time.
+			 * that a full window is not topped up one message at a time;
+			 * or when the last look found nothing to take.
 			 */
 			fill = load || (frontier > s->read_id &&
-							QShared->window - s->count >= Min(QUEUE_FILL_ROWS, QShared->window / 2));
+							(room >= Min(QUEUE_FILL_ROWS, QShared->window / 2) ||
+							 (starved && room > 0)));
 			if (fill)
+			{
 				s->filling = true;
+				s->filler = OUTBOX_MY_PROC_INDEX();
+			}
 		}
+		else
+			other_filling = true;
 		LWLockRelease(slot_lock(slot));
 
 		if (fill)
@@ -1537,7 +1686,8 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		{
 			claims_reserve(cap);
 			LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
-			ntaken = queue_select(slot, max_messages, whole, taken, cap, nreal);
+			ntaken = (slot_is(slot, qi) && !s->reload_wanted) ?
+				queue_select(slot, max_messages, whole, taken, cap, nreal) : 0;
 			LWLockRelease(slot_lock(slot));
 			if (ntaken > 0 && *nreal == 0)
 			{
@@ -1550,21 +1700,30 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 			}
 			if (ntaken > 0)
 				break;
+			starved = true;
 		}
 
+		/*
+		 * Another backend is reading messages into the window: what it reads
+		 * may be for us, so wait for it even when not asked to wait.
+		 */
 		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
-		if (wait_ms == 0 || left <= 0)
+		if (other_filling)
+			sleep_ms = Max(1, Min(left, QUEUE_FILL_WAIT_MS));
+		else if (wait_ms == 0 || left <= 0)
 			break;
+		else
+			sleep_ms = Min(left, QUEUE_MAX_SLEEP_MS);
 		if (!*waiting)
 		{
 			/* Look once more after announcing the wait: no wake-up is lost. */
 			pg_atomic_fetch_add_u32(&QShared->waiters, 1);
+			waiting_registered = true;
 			ConditionVariablePrepareToSleep(&QShared->cv);
 			*waiting = true;
 			continue;
 		}
-		(void) ConditionVariableTimedSleep(&QShared->cv, Min(left, QUEUE_MAX_SLEEP_MS),
-										   PG_WAIT_EXTENSION);
+		(void) ConditionVariableTimedSleep(&QShared->cv, sleep_ms, PG_WAIT_EXTENSION);
 	}
 	*qip = qi;
 	*slotp = slot;
@@ -1638,26 +1797,7 @@ outbox_receive(PG_FUNCTION_ARGS)
 				 errmsg("outbox target \"%s\" is not a queue", name),
 				 errdetail("Only targets created with outbox.create_queue() are received from; the relay delivers the others."),
 				 errhint("Receive from a queue, or create one with outbox.create_queue().")));
-	if (qi->checked_user != GetUserId() || qi->checked_grants != grants_invalidations)
-	{
-		/* Checked for another role (SET ROLE, SECURITY DEFINER), or before
-		 * the grants changed. */
-		QueueSpiState st;
-		uint64		seen = grants_invalidations;
-
-		Oid			user = GetUserId();
-
-		queue_spi_begin(&st);
-		qi->allowed = queue_user_allowed(qi->target_id, user);
-		queue_spi_end(&st);
-		qi->checked_user = user;
-		qi->checked_grants = seen;
-	}
-	if (!qi->allowed)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to receive from outbox queue \"%s\"", name),
-				 errhint("The queue's owner can allow it with outbox.grant_receive('%s', role).", name)));
+	queue_check_allowed(qi);
 
 	if (!outbox_counter_valid())
 	{
@@ -1687,6 +1827,7 @@ outbox_receive(PG_FUNCTION_ARGS)
 		{
 			ConditionVariableCancelSleep();
 			pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+			waiting_registered = false;
 		}
 		PG_RE_THROW();
 	}
@@ -1695,6 +1836,7 @@ outbox_receive(PG_FUNCTION_ARGS)
 	{
 		ConditionVariableCancelSleep();
 		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+		waiting_registered = false;
 	}
 
 	if (ntaken > 0)
@@ -1756,10 +1898,26 @@ outbox_receive(PG_FUNCTION_ARGS)
 void
 outbox_queue_compact(void)
 {
+	static int	calls = 0;
 	int			i;
+	bool		any = false;
 
 	if (QShared == NULL)
 		return;
+
+	/*
+	 * Now and then, delete receipts of queues dropped while a transaction
+	 * held their messages (drop_target could not see its receipt).
+	 */
+	for (i = 0; i < QShared->nslots; i++)
+		if (QShared->slots[i].dboid == MyDatabaseId)
+			any = true;
+	if (any && ++calls % 10 == 0 &&
+		SPI_execute("DELETE FROM outbox.receipts r WHERE NOT EXISTS"
+					" (SELECT 1 FROM outbox.targets t"
+					"   WHERE t.id OPERATOR(pg_catalog.=) r.target_id AND t.kind = 'queue')",
+					false, 0) != SPI_OK_DELETE)
+		elog(ERROR, "outbox: could not delete receipts of dropped queues");
 	for (i = 0; i < QShared->nslots; i++)
 	{
 		QueueSlot  *s = &QShared->slots[i];
