@@ -1575,17 +1575,21 @@ fetched_value(TupleTableSlot *slot, int attnum, bool *isnull)
 
 /*---- outbox.receive() ----*/
 
-/* Fill the window (and first build it, if load), then let others look. */
-static void
+/*
+ * Fill the window (and first build it, if load), then let others look.
+ * Returns whether the window's read position moved.
+ */
+static bool
 queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 gen)
 {
 	QueueSlot  *s = &QShared->slots[slot];
+	bool		moved = false;
 
 	PG_TRY();
 	{
 		if (load)
 			queue_load(qi, slot, gen);
-		(void) queue_fill(qi, slot, frontier, NULL);
+		moved = queue_fill(qi, slot, frontier, NULL);
 	}
 	PG_CATCH();
 	{
@@ -1603,6 +1607,7 @@ queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 ge
 	LWLockRelease(slot_lock(slot));
 	/* Receivers that found the fill under way look again. */
 	outbox_queue_wake();
+	return moved;
 }
 
 /*
@@ -1631,6 +1636,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		bool		fill = false;
 		bool		load = false;
 		bool		other_filling = false;
+		bool		moved = false;
 		int64		frontier;
 		long		left;
 		long		sleep_ms;
@@ -1680,7 +1686,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		LWLockRelease(slot_lock(slot));
 
 		if (fill)
-			queue_fill_guarded(qi, slot, frontier, load, gen);
+			moved = queue_fill_guarded(qi, slot, frontier, load, gen);
 
 		if (qi->active && s->loaded)
 		{
@@ -1701,6 +1707,13 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 			if (ntaken > 0)
 				break;
 			starved = true;
+
+			/*
+			 * The read passed only messages of other topics: read on at
+			 * once while there is more up to the frontier.
+			 */
+			if (moved && frontier > s->read_id)
+				continue;
 		}
 
 		/*

@@ -1,0 +1,224 @@
+# Queues under attack, each case a bug found in review and fixed: a fill
+# ended by pg_terminate_backend does not stop the queue; a receive waiting
+# while its queue is dropped and made again (with other topics) does not
+# hand out what its role was never granted; a revoked role membership
+# takes effect in an open session; replay while a message is held does not
+# hand it to a second receiver; whole_transactions does not starve on a
+# large transaction at the front of the window; a receive with wait_ms 0
+# reads past other topics' messages; a queue of a dropped and
+# re-created extension does not inherit the old window; receipts of a
+# queue dropped while a transaction held its messages are deleted.
+use strict;
+use warnings;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep time);
+use OutboxRelayTest;
+
+# A psql session kept open: query() sends one statement and returns its
+# output (unaligned, tuples only), or the error text.
+{
+
+	package Session;
+
+	sub new
+	{
+		my ($class, $node) = @_;
+		my $self = { in => '', out => '', err => '' };
+		$self->{h} = IPC::Run::start(
+			[ 'psql', '-X', '-A', '-t', '-q', '-d', $node->connstr('postgres') ],
+			'<', \$self->{in}, '>', \$self->{out}, '2>', \$self->{err},
+			IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+		return bless $self, $class;
+	}
+
+	sub query
+	{
+		my ($self, $sql) = @_;
+		$self->{out} = '';
+		$self->{err} = '';
+		$self->{in} .= "$sql;\n\\echo __done__\n";
+		$self->{h}->pump until $self->{out} =~ /__done__\n/;
+		my $out = $self->{out};
+		$out =~ s/__done__\n//;
+		chomp $out;
+		return $self->{err} ne '' ? "ERROR: $self->{err}" : $out;
+	}
+
+	sub pid { return $_[0]->query('SELECT pg_backend_pid()'); }
+
+	sub close
+	{
+		my ($self) = @_;
+		$self->{in} .= "\\q\n";
+		$self->{h}->finish;
+	}
+}
+
+
+# A statement sent without waiting for its end; result() collects it.
+sub Session::send
+{
+	my ($self, $sql) = @_;
+	$self->{out} = '';
+	$self->{err} = '';
+	$self->{in} .= "$sql;\n\\echo __done__\n";
+	$self->{h}->pump_nb;
+}
+
+sub Session::result
+{
+	my ($self) = @_;
+	$self->{h}->pump until $self->{out} =~ /__done__\n/ || $self->{err} ne '';
+	$self->{h}->pump until $self->{out} =~ /__done__\n/;
+	my $out = $self->{out};
+	$out =~ s/__done__\n//;
+	chomp $out;
+	return $self->{err} ne '' ? "ERROR: $self->{err}" : $out;
+}
+
+my $node = relay_node('recv_attack', conf => "outbox.queue_window = 64\n");
+$node->safe_psql('postgres', q{
+SELECT outbox.create_queue('w');
+SELECT outbox.subscribe('w', 'w.*');
+CREATE ROLE alice LOGIN;
+CREATE ROLE grp;
+GRANT grp TO alice;
+});
+
+sub ids
+{
+	my ($session, $q, $n, $extra) = @_;
+	$extra //= '';
+	return $session->query("SELECT string_agg(payload->>'n', ',' ORDER BY id) FROM outbox.receive('$q', $n$extra)");
+}
+
+# ---- a fill ended by FATAL --------------------------------------------------
+my $a = Session->new($node);
+is(ids($a, 'w', 1), '', 'queue w is loaded and empty');
+$node->safe_psql('postgres', q{SELECT outbox_emit('w.z', '{"n": "after"}')});
+my $l = Session->new($node);
+$l->query('BEGIN');
+$l->query('LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE');
+my $r = Session->new($node);
+my $rpid = $r->pid;
+$r->send(q{SELECT count(*) FROM outbox.receive('w', 1)});
+ok( $node->poll_query_until('postgres',
+		qq{SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $rpid}),
+	'a receiver blocks inside its fill');
+$node->safe_psql('postgres', "SELECT pg_terminate_backend($rpid)");
+eval { $r->{h}->finish; };    # its psql ends with the connection
+$l->query('COMMIT');
+is(ids($a, 'w', 5, ', 3000'), 'after', 'the next receiver fills the window: the queue goes on');
+
+# ---- a waiting receive and a queue dropped and made again -----------------
+$node->safe_psql('postgres', q{
+SELECT outbox.create_queue('jobs');
+SELECT outbox.subscribe('jobs', 'j.*');
+SELECT outbox.grant_receive('jobs', 'alice');
+});
+my $alice = Session->new($node);
+$alice->query('SET ROLE alice');
+$alice->send(q{SELECT string_agg(topic, ',') FROM outbox.receive('jobs', 5, 8000)});
+usleep(300_000);
+$node->safe_psql('postgres', q{
+BEGIN;
+SELECT outbox.drop_target('jobs');
+SELECT outbox.create_queue('jobs');
+SELECT outbox.subscribe('jobs', 'secret.*');
+COMMIT;
+SELECT outbox_emit('secret.payroll', '{"salary": 1000000}');
+});
+like($alice->result, qr/ERROR: .*(was dropped|permission denied)/,
+	'a receive waiting while its queue is replaced errs instead of handing out the new queue\'s messages');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters}), '0', '... nothing dead-lettered either');
+
+# ---- a revoked membership takes effect in an open session ------------------
+$node->safe_psql('postgres', q{SELECT outbox.grant_receive('w', 'grp'); SELECT outbox_emit('w.m', '{"n": "m"}')});
+$alice->query('BEGIN');
+is(ids($alice, 'w', 1), 'm', 'alice receives through her membership in grp');
+$alice->query('ROLLBACK');
+$node->safe_psql('postgres', q{REVOKE grp FROM alice});
+like(ids($alice, 'w', 1), qr/permission denied to receive from outbox queue "w"/,
+	'... and not after the membership is revoked, in the same session');
+is(ids($a, 'w', 1), 'm', 'the message is still there');
+
+# ---- replay while a message is held ----------------------------------------
+$node->safe_psql('postgres', q{
+SELECT outbox.create_queue('rq');
+SELECT outbox.subscribe('rq', 'r.*');
+SELECT outbox_emit('r.a', jsonb_build_object('n', i), 'K') FROM generate_series(1, 3) i;
+});
+my $holder = Session->new($node);
+$holder->query('BEGIN');
+is(ids($holder, 'rq', 1), '1', 'A holds 1 (key K)');
+my $id3 = $node->safe_psql('postgres', q{SELECT id FROM outbox.messages WHERE topic = 'r.a' AND payload->>'n' = '3'});
+$node->safe_psql('postgres', "SELECT outbox.replay('rq', $id3)");
+my $b = Session->new($node);
+$b->query('BEGIN');
+is(ids($b, 'rq', 3), '', 'after a replay B gets nothing while A holds a message');
+$b->query('ROLLBACK');
+$holder->query('COMMIT');
+is(ids($b, 'rq', 3, ', 3000'), '2,3', 'once A committed, B gets the rest, once each, in order');
+is(ids($b, 'rq', 3), '', '... and nothing twice');
+
+# ---- whole_transactions and a large transaction at the front ---------------
+$node->safe_psql('postgres', q{
+SELECT outbox.create_queue('g');
+SELECT outbox.subscribe('g', 'g.*');
+});
+$node->safe_psql('postgres', "SELECT outbox_emit('g.s', jsonb_build_object('n', 's$_'))") for 1 .. 30;
+$node->safe_psql('postgres',
+	q{SELECT count(outbox_emit('g.big', jsonb_build_object('n', i))) FROM generate_series(1, 100) i});
+is($a->query(q{SELECT count(*) FROM outbox.receive('g', 30, 0, true)}), '30', 'whole: the 30 small transactions');
+my $got = 0;
+for (1 .. 5)
+{
+	$got += $a->query(q{SELECT count(*) FROM outbox.receive('g', 100, 200, true)});
+	last if $got >= 100;
+}
+is($got, 100, 'whole: the transaction of 100 (larger than the window) follows, in window-sized parts');
+
+# ---- receipts of a queue dropped while its messages were held ---------------
+$node->safe_psql('postgres', q{
+SELECT outbox.create_queue('dq');
+SELECT outbox.subscribe('dq', 'd.*');
+SELECT outbox_emit('d.x', '{"n": 1}');
+});
+$holder->query('BEGIN');
+is(ids($holder, 'dq', 5), '1', 'a transaction holds a message of dq');
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('dq')});
+$holder->query('COMMIT');
+ok( $node->poll_query_until(
+		'postgres', q{SELECT count(*) = 0 FROM outbox.receipts r
+					 WHERE NOT EXISTS (SELECT 1 FROM outbox.targets t WHERE t.id = r.target_id)}),
+	'its receipt, committed after the drop, is deleted by the relay');
+
+# ---- a re-created extension does not inherit old windows --------------------
+$node->safe_psql('postgres', q{SELECT outbox_emit('w.old', jsonb_build_object('n', i)) FROM generate_series(1, 20) i});
+# 130 messages of other queues lie between: a receive with wait_ms 0 reads
+# past them at once (it used to return nothing after the first read).
+is($a->query(q{SELECT count(*) FROM outbox.receive('w', 5)}), '5',
+	'queue w (target 1) has a window; a receive reads past other topics at once');
+$a->close;
+$node->safe_psql('postgres', q{
+DROP EXTENSION outbox CASCADE;
+CREATE EXTENSION outbox;
+SELECT outbox.create_queue('fresh');
+SELECT outbox.subscribe('fresh', 'f');
+SELECT outbox_emit('f', '{"n": "new"}');
+});
+is($node->safe_psql('postgres', q{SELECT id FROM outbox.targets WHERE name = 'fresh'}), '1',
+	'the new queue has the old one\'s target id');
+is( $node->safe_psql('postgres', q{SELECT string_agg(payload->>'n', ',') FROM outbox.receive('fresh', 10)}),
+	'new', '... and receives its own messages, not the old window');
+
+$holder->close;
+$b->close;
+$l->close;
+$alice->close;
+relay_no_crash($node);
+$node->stop;
+done_testing();
