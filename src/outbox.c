@@ -157,8 +157,8 @@ _PG_init(void)
 							   NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.max_queues",
-							"Queues that can be received from at the same time.",
-							"Each takes outbox.queue_window entries of shared memory.",
+							"Queues that can be received from.",
+							"Each takes outbox.queue_window entries of shared memory from its first receive until it is dropped.",
 							&outbox_max_queues,
 							16, 1, 1024,
 							PGC_POSTMASTER,
