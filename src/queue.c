@@ -37,11 +37,19 @@
  *	  (outbox_queue_compact) and deletes the receipts below it, so receipts
  *	  stay as few as the messages between done_id and the newest
  *	  acknowledged one, and retention frees chunks as for other targets.
- *	  After a restart the window is rebuilt from done_id and the receipts.
+ *	  After a restart the window is rebuilt from done_id and the receipts;
+ *	  after outbox.replay() too, once no transaction holds a message of the
+ *	  queue (until then nothing is handed out).
  *
  * Waiting receivers sleep on one condition variable, broadcast when a
- * transaction that emitted commits (emit.c), and when claims are released
- * or acknowledged.
+ * transaction that emitted commits (emit.c), when claims are released or
+ * acknowledged, and when a fill ends.  A fill and a wait are announced in
+ * shared memory (filling/filler, waiters); a backend that ends by FATAL
+ * takes them back in its exit callback.
+ *
+ * Locking: QShared->locks[0] guards taking and freeing slots; each slot's
+ * own lock guards its fields and entries.  No SQL runs under either: a
+ * fill reads with the slot's filling flag set and the lock released.
  *
  *-------------------------------------------------------------------------
  */
