@@ -29,86 +29,8 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
+use OutboxSession;
 
-# A psql process that runs one step (some SQL and psql meta-commands) at a
-# time without blocking the caller: send() a step, poll() until it is done,
-# then read its stdout and stderr.  Each step ends with a marker echoed to
-# both streams.
-package FilterClient
-{
-	use Time::HiRes qw(time usleep);
-
-	sub new
-	{
-		my ($class, $node, $name) = @_;
-		my $self = bless { name => $name, in => '', out => '', err => '', n => 0 }, $class;
-		$self->{h} = IPC::Run::start(
-			[
-				'psql', '-XAtq', '-v', 'ON_ERROR_STOP=0', '-v', 'VERBOSITY=verbose',
-				'-d', $node->connstr('postgres')
-			],
-			'<', \$self->{in}, '>', \$self->{out}, '2>', \$self->{err});
-		$self->run("SET application_name = '$name';");
-		return $self;
-	}
-
-	sub send
-	{
-		my ($self, $step) = @_;
-		die "$self->{name}: a step is still running" if $self->{busy};
-		my $m = "__step_$self->{name}_" . ++$self->{n} . '__';
-		$self->{marker} = $m;
-		$self->{busy} = 1;
-		$self->{in} .= "$step\n\\echo $m\n\\warn $m\n";
-		# IPC::Run writes to psql only while pumped: hand the step over
-		# now, so that it runs while the caller does something else.
-		my $deadline = time + 60;
-		while (length($self->{in}) > 0)
-		{
-			$self->{h}->pump_nb;
-			die "$self->{name}: psql does not read its input" if time > $deadline;
-		}
-		return;
-	}
-
-	# Whether the step sent last is done; then $self->{step_out} and
-	# $self->{step_err} hold what it printed.
-	sub poll
-	{
-		my ($self) = @_;
-		return 1 unless $self->{busy};
-		$self->{h}->pump_nb;
-		my $m = $self->{marker};
-		return 0 unless $self->{out} =~ /^\Q$m\E\n/m && $self->{err} =~ /^\Q$m\E\n/m;
-		($self->{step_out}, $self->{out}) = $self->{out} =~ /\A(.*?)^\Q$m\E\n(.*)\z/ms;
-		($self->{step_err}, $self->{err}) = $self->{err} =~ /\A(.*?)^\Q$m\E\n(.*)\z/ms;
-		chomp $self->{step_out};
-		$self->{busy} = 0;
-		return 1;
-	}
-
-	sub run
-	{
-		my ($self, $step, $timeout) = @_;
-		$self->send($step);
-		my $deadline = time + ($timeout // 60);
-		until ($self->poll)
-		{
-			die "$self->{name}: step timed out: $step\nstdout: $self->{out}\nstderr: $self->{err}"
-			  if time > $deadline;
-			usleep(1000);
-		}
-		return $self->{step_out};
-	}
-
-	sub quit
-	{
-		my ($self) = @_;
-		$self->{in} .= "\\q\n";
-		eval { $self->{h}->finish; };
-		return;
-	}
-}
 
 package main;
 
@@ -243,15 +165,15 @@ sub distinct_lines
 sub run_variant
 {
 	my ($variant, $label) = @_;
-	my $admin = FilterClient->new($node, "${variant}_admin");
+	my $admin = OutboxSession->new($node, "${variant}_admin");
 	for my $b (0 .. 3)
 	{
 		$admin->run(emit_step($variant, $b));
 		is($admin->{step_err}, '', "$label: input batch $b emitted");
 	}
-	my @filters = map { FilterClient->new($node, "${variant}_filter$_") } 1 .. $n_filters;
-	my $emitter = FilterClient->new($node, "${variant}_emitter");
-	my $consumer = $variant eq 'outbox' ? FilterClient->new($node, "${variant}_consumer") : undef;
+	my @filters = map { OutboxSession->new($node, "${variant}_filter$_") } 1 .. $n_filters;
+	my $emitter = OutboxSession->new($node, "${variant}_emitter");
+	my $consumer = $variant eq 'outbox' ? OutboxSession->new($node, "${variant}_consumer") : undef;
 	my $passed_sql =
 	  $variant eq 'outbox'
 	  ? q{SELECT count(*) FROM outbox.messages WHERE topic = 'out'}

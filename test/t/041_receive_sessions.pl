@@ -33,112 +33,8 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
+use OutboxSession;
 
-# A psql session that runs one step at a time without blocking the caller:
-# send() a step, poll() until it is done, then read step_out / step_err.
-# Each step ends with a marker echoed to both streams.
-package Session
-{
-	use Time::HiRes qw(time usleep);
-
-	sub new
-	{
-		my ($class, $node, $name) = @_;
-		my $self = bless { name => $name, in => '', out => '', err => '', n => 0 }, $class;
-		$self->{h} = IPC::Run::start(
-			[
-				'psql', '-XAtq', '-v', 'ON_ERROR_STOP=0', '-v', 'VERBOSITY=verbose',
-				'-d', $node->connstr('postgres')
-			],
-			'<', \$self->{in}, '>', \$self->{out}, '2>', \$self->{err});
-		$self->{pid} = $self->run("SET application_name = '$name'; SELECT pg_backend_pid();");
-		return $self;
-	}
-
-	sub send
-	{
-		my ($self, $step) = @_;
-		die "$self->{name}: a step is still running" if $self->{busy};
-		my $m = "__step_$self->{name}_" . ++$self->{n} . '__';
-		$self->{marker} = $m;
-		$self->{busy} = 1;
-		$self->{sent_at} = time;
-		$self->{in} .= "$step\n\\echo $m\n\\warn $m\n";
-		# IPC::Run writes to psql only while pumped: hand the step over
-		# now, so that it runs while the caller does something else.
-		my $deadline = time + 60;
-		while (length($self->{in}) > 0)
-		{
-			$self->{h}->pump_nb;
-			die "$self->{name}: psql does not read its input" if time > $deadline;
-		}
-		return;
-	}
-
-	sub poll
-	{
-		my ($self) = @_;
-		return 1 unless $self->{busy};
-		eval { $self->{h}->pump_nb; };
-		my $m = $self->{marker};
-		return 0 unless $self->{out} =~ /^\Q$m\E\n/m && $self->{err} =~ /^\Q$m\E\n/m;
-		$self->{done_at} = time;
-		($self->{step_out}, $self->{out}) = $self->{out} =~ /\A(.*?)^\Q$m\E\n(.*)\z/ms;
-		($self->{step_err}, $self->{err}) = $self->{err} =~ /\A(.*?)^\Q$m\E\n(.*)\z/ms;
-		chomp $self->{step_out};
-		$self->{busy} = 0;
-		return 1;
-	}
-
-	# Wait for the running step to finish, at most $timeout seconds;
-	# returns whether it did.
-	sub wait_done
-	{
-		my ($self, $timeout) = @_;
-		my $deadline = time + ($timeout // 60);
-		until ($self->poll)
-		{
-			return 0 if time > $deadline;
-			usleep(1000);
-		}
-		return 1;
-	}
-
-	# Run a step and return its stdout (without the last newline).
-	sub run
-	{
-		my ($self, $step, $timeout) = @_;
-		$self->send($step);
-		$self->wait_done($timeout)
-		  or die "$self->{name}: step timed out: $step\nstdout: $self->{out}\nstderr: $self->{err}";
-		return $self->{step_out};
-	}
-
-	# Like run(), dying when the step printed anything on stderr.
-	sub run_ok
-	{
-		my ($self, $step, $timeout) = @_;
-		my $out = $self->run($step, $timeout);
-		die "$self->{name}: step failed: $step\n$self->{step_err}" if $self->{step_err} ne '';
-		return $out;
-	}
-
-	# Close stdin: psql exits, disconnecting (mid-transaction, if one is open).
-	sub quit
-	{
-		my ($self) = @_;
-		$self->{in} .= "\\q\n";
-		eval { $self->{h}->finish; };
-		return;
-	}
-
-	sub kill
-	{
-		my ($self) = @_;
-		eval { $self->{h}->kill_kill; };
-		return;
-	}
-}
 
 package main;
 
@@ -157,7 +53,7 @@ SELECT outbox.subscribe('qb', 'b');
 SELECT outbox.create_queue('qc');
 SELECT outbox.subscribe('qc', 'c');
 });
-my $admin = Session->new($node, 'admin');
+my $admin = OutboxSession->new($node, 'admin');
 
 # Emit, in one transaction, messages of topic $topic: each "key:n" gives
 # key and payload {"n": n}.
@@ -223,11 +119,11 @@ sub is_waiting
 my @a_msgs = qw(k1:1 k2:1 k1:2 k3:1 k2:2 k3:2);
 emit('a', @a_msgs);
 
-my $a1 = Session->new($node, 'a1');
+my $a1 = OutboxSession->new($node, 'a1');
 $a1->run_ok('BEGIN;');
 is_deeply(receive($a1, 'qa', 4), [qw(k1:1/1 k2:1/1 k1:2/1 k3:1/1)],
 	'(a) a batch of 4 over three keys, in id order, receive_count 1');
-my $b = Session->new($node, 'b');
+my $b = OutboxSession->new($node, 'b');
 is_deeply(receive($b, 'qa', 10), [],
 	'(a) another session receives nothing while the first one holds an earlier message of every key');
 ok($admin->run_ok("SELECT pg_terminate_backend($a1->{pid});") eq 't', '(a) pg_terminate_backend');
@@ -239,7 +135,7 @@ is_deeply(receive($b, 'qa', 10), [qw(k1:1/2 k2:1/2 k1:2/2 k3:1/2 k2:2/1 k3:2/1)]
 $b->run_ok('ROLLBACK;');
 
 # The client goes away mid-transaction.
-my $a2 = Session->new($node, 'a2');
+my $a2 = OutboxSession->new($node, 'a2');
 $a2->run_ok('BEGIN;');
 is_deeply(receive($a2, 'qa', 3), [qw(k1:1/3 k2:1/3 k1:2/3)], '(a) a second session receives the first three');
 $a2->quit;
@@ -250,7 +146,7 @@ is_deeply(receive($b, 'qa', 2), [qw(k1:1/4 k2:1/4)],
 $b->run_ok('ROLLBACK;');
 
 # A FATAL error ends the session mid-transaction.
-my $a3 = Session->new($node, 'a3');
+my $a3 = OutboxSession->new($node, 'a3');
 $a3->run_ok(q{SET idle_in_transaction_session_timeout = '200ms'; BEGIN;});
 is_deeply(receive($a3, 'qa', 1), [qw(k1:1/5)], '(a) a third session receives the first message');
 ok(backend_gone($a3->{pid}), '(a) idle_in_transaction_session_timeout ended the session (FATAL)');
@@ -269,7 +165,7 @@ is_deeply(receive($b, 'qa', 1), [qw(k1:1/7)], '(a) savepoint: first receive befo
 $b->run_ok('SAVEPOINT s;');
 is_deeply(receive($b, 'qa', 2), [qw(k2:1/6 k1:2/5)], '(a) savepoint: two more after it');
 $b->run_ok('ROLLBACK TO SAVEPOINT s;');
-my $c = Session->new($node, 'c');
+my $c = OutboxSession->new($node, 'c');
 is_deeply(receive($c, 'qa', 2), [qw(k2:1/7 k3:1/4)],
 	'(a) after ROLLBACK TO SAVEPOINT, another session receives the first message of the keys the rolled-back part held, not k1 (still held)');
 is_deeply(receive($b, 'qa', 10), [qw(k1:2/6 k2:2/3 k3:2/3)],
@@ -281,7 +177,7 @@ is($admin->run_ok(q{SELECT count(*) FROM outbox.dead_letters;}), '0', '(a) no de
 # ---------------------------------------------------------------------
 # (b) wait_ms
 # ---------------------------------------------------------------------
-my $w = Session->new($node, 'w');
+my $w = OutboxSession->new($node, 'w');
 
 # Start a receive with wait_ms = 10000 in $w, check that it waits, run
 # $trigger, and check that the receive returns $expect soon after: within
@@ -345,7 +241,7 @@ like($w->{step_err}, qr/ERROR:  57014: canceling statement due to statement time
 cmp_ok($ms, '<', 2000, '(b) ... promptly');
 
 # A waiting receiver that is terminated leaves the others working.
-my $w2 = Session->new($node, 'w2');
+my $w2 = OutboxSession->new($node, 'w2');
 $w2->send(receive_sql('qb', 1, 60000));
 usleep(200_000);
 ok(is_waiting($w2), '(b) a second session waits in a receive');
@@ -356,7 +252,7 @@ $w2->kill;
 # Woken when the session holding a key's message rolls back, and when it
 # commits and so frees the key's next message.
 emit('b', qw(y:1 y:2 y:3));
-my $h = Session->new($node, 'h');
+my $h = OutboxSession->new($node, 'h');
 $h->run_ok('BEGIN;');
 is_deeply(receive($h, 'qb', 1), [qw(y:1/1)], '(b) a session holds y:1');
 check_wakeup("the holder's ROLLBACK", sub { $h->run_ok('ROLLBACK;') },
@@ -371,8 +267,8 @@ is_deeply(receive($w, 'qb', 10), [], '(b) queue qb is empty');
 # ---------------------------------------------------------------------
 # (c) competing consumers
 # ---------------------------------------------------------------------
-my $sa = Session->new($node, 'sa');
-my $sb = Session->new($node, 'sb');
+my $sa = OutboxSession->new($node, 'sa');
+my $sb = OutboxSession->new($node, 'sb');
 emit('c', qw(k1:1 k1:2 k2:1));
 $sa->run_ok('BEGIN;');
 $sb->run_ok('BEGIN;');
@@ -404,7 +300,7 @@ is($admin->run_ok(q{SELECT count(*) FROM outbox.dead_letters;}), '0', '(c) no de
 # a polling consumer that the queue is drained).
 # ---------------------------------------------------------------------
 $admin->run_ok(q{SELECT outbox.create_queue('qe'); SELECT outbox.subscribe('qe', 'e');});
-my @rs = map { Session->new($node, "e$_") } 1 .. 3;
+my @rs = map { OutboxSession->new($node, "e$_") } 1 .. 3;
 for my $wait (1000, 0)
 {
 	my ($short, $rounds, $example) = (0, 100, '');
@@ -429,7 +325,7 @@ $_->quit for @rs;
 # (e) a backend crash
 # ---------------------------------------------------------------------
 emit('c', qw(k5:1 k6:1 k5:2));
-my $d = Session->new($node, 'd');
+my $d = OutboxSession->new($node, 'd');
 $d->run_ok('BEGIN;');
 is_deeply(receive($d, 'qc', 2), [qw(k5:1/1 k6:1/1)], '(e) a session receives two messages');
 kill 'KILL', $d->{pid};
@@ -438,8 +334,8 @@ ok( $node->poll_query_until('postgres', 'SELECT 1', '1'),
 	'(e) the server accepts connections again after the crash of a backend');
 like(slurp_file($node->logfile), qr/\(PID $d->{pid}\) was terminated by signal 9/,
 	'(e) the server reinitialized after the backend was killed');
-$admin = Session->new($node, 'admin');
-my $e = Session->new($node, 'e');
+$admin = OutboxSession->new($node, 'admin');
+my $e = OutboxSession->new($node, 'e');
 $e->run_ok('BEGIN;');
 my $got = receive($e, 'qc', 10);
 is_deeply([ map { s{/\d+$}{}r } @$got ], [qw(k5:1 k6:1 k5:2)],

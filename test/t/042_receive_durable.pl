@@ -14,46 +14,8 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep);
 use OutboxRelayTest;
+use OutboxSession;
 
-# A psql session kept open: query() sends one statement and returns its
-# output (unaligned, tuples only), or the error text.
-{
-
-	package Session;
-
-	sub new
-	{
-		my ($class, $node) = @_;
-		my $self = { in => '', out => '', err => '' };
-		$self->{h} = IPC::Run::start(
-			[ 'psql', '-X', '-A', '-t', '-q', '-d', $node->connstr('postgres') ],
-			'<', \$self->{in}, '>', \$self->{out}, '2>', \$self->{err},
-			IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
-		return bless $self, $class;
-	}
-
-	sub query
-	{
-		my ($self, $sql) = @_;
-		$self->{out} = '';
-		$self->{err} = '';
-		$self->{in} .= "$sql;\n\\echo __done__\n";
-		$self->{h}->pump until $self->{out} =~ /__done__\n/;
-		my $out = $self->{out};
-		$out =~ s/__done__\n//;
-		chomp $out;
-		return $self->{err} ne '' ? "ERROR: $self->{err}" : $out;
-	}
-
-	sub pid { return $_[0]->query('SELECT pg_backend_pid()'); }
-
-	sub close
-	{
-		my ($self) = @_;
-		$self->{in} .= "\\q\n";
-		$self->{h}->finish;
-	}
-}
 
 my $node = relay_node('recv_durable', init => { allows_streaming => 1 },
 	conf => "outbox.max_queues = 4\noutbox.queue_window = 64\n");
@@ -80,7 +42,7 @@ sub received
 }
 
 # ---- isolation levels -----------------------------------------------------
-my $a = Session->new($node);
+my $a = OutboxSession->new($node, 's1');
 my $n = 1;
 for my $level ('REPEATABLE READ', 'SERIALIZABLE')
 {
@@ -122,7 +84,7 @@ SELECT p.done_id >= (SELECT max(id) FROM outbox.messages WHERE topic = 'q')
 # ---- committed receives survive a crash; held ones come back --------------
 emit(61, 68);
 is(received($a, 3), '61,62,63', 'three received and committed');
-my $b = Session->new($node);
+my $b = OutboxSession->new($node, 's2');
 $b->query('BEGIN');
 is(received($b, 2), '64,65', 'two held by an open transaction');
 is($node->safe_psql('postgres', q{SELECT held || '/' || receivers FROM outbox.lag WHERE target = 'q'}),
@@ -133,7 +95,7 @@ $node->stop('immediate');
 $a->close;
 $b->close;
 $node->start;
-$a = Session->new($node);
+$a = OutboxSession->new($node, 's3');
 is(received($a, 10, ", 5000"), '64,65,66,67,68',
 	'after a crash the held messages come back first, in order; the committed ones do not');
 
@@ -143,7 +105,7 @@ $node->safe_psql('postgres', q{
 SELECT outbox.create_notify_target('n', 'recv_other');
 SELECT outbox.subscribe('n', 'other.topic');
 });
-my $l = Session->new($node);
+my $l = OutboxSession->new($node, 's4');
 $l->query('BEGIN');
 $l->query(q{SELECT 1 FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id WHERE t.name = 'q' FOR UPDATE});
 emit(71, 76);
@@ -159,7 +121,7 @@ $node->stop('immediate');
 $a->close;
 $l->close;
 $node->start;
-$a = Session->new($node);
+$a = OutboxSession->new($node, 's5');
 is($a->query($receipt72), '1', 'after a crash the receipt is there');
 is(received($a, 10), '73,74,75,76', '... and only the others come');
 
@@ -190,7 +152,7 @@ ok( $node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.receip
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.retention = 0});
 $node->reload;
 emit(5001, 5003);
-$b = Session->new($node);
+$b = OutboxSession->new($node, 's6');
 $b->query('BEGIN');
 is(received($b, 1), '5001', 'one message held');
 is(received($a, 5), '5002,5003', 'the others received and committed');

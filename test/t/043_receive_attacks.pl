@@ -16,68 +16,9 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(usleep time);
 use OutboxRelayTest;
-
-# A psql session kept open: query() sends one statement and returns its
-# output (unaligned, tuples only), or the error text.
-{
-
-	package Session;
-
-	sub new
-	{
-		my ($class, $node) = @_;
-		my $self = { in => '', out => '', err => '' };
-		$self->{h} = IPC::Run::start(
-			[ 'psql', '-X', '-A', '-t', '-q', '-d', $node->connstr('postgres') ],
-			'<', \$self->{in}, '>', \$self->{out}, '2>', \$self->{err},
-			IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
-		return bless $self, $class;
-	}
-
-	sub query
-	{
-		my ($self, $sql) = @_;
-		$self->{out} = '';
-		$self->{err} = '';
-		$self->{in} .= "$sql;\n\\echo __done__\n";
-		$self->{h}->pump until $self->{out} =~ /__done__\n/;
-		my $out = $self->{out};
-		$out =~ s/__done__\n//;
-		chomp $out;
-		return $self->{err} ne '' ? "ERROR: $self->{err}" : $out;
-	}
-
-	sub pid { return $_[0]->query('SELECT pg_backend_pid()'); }
-
-	sub close
-	{
-		my ($self) = @_;
-		$self->{in} .= "\\q\n";
-		$self->{h}->finish;
-	}
-}
+use OutboxSession;
 
 
-# A statement sent without waiting for its end; result() collects it.
-sub Session::send
-{
-	my ($self, $sql) = @_;
-	$self->{out} = '';
-	$self->{err} = '';
-	$self->{in} .= "$sql;\n\\echo __done__\n";
-	$self->{h}->pump_nb;
-}
-
-sub Session::result
-{
-	my ($self) = @_;
-	$self->{h}->pump until $self->{out} =~ /__done__\n/ || $self->{err} ne '';
-	$self->{h}->pump until $self->{out} =~ /__done__\n/;
-	my $out = $self->{out};
-	$out =~ s/__done__\n//;
-	chomp $out;
-	return $self->{err} ne '' ? "ERROR: $self->{err}" : $out;
-}
 
 my $node = relay_node('recv_attack', conf => "outbox.queue_window = 64\n");
 $node->safe_psql('postgres', q{
@@ -96,20 +37,20 @@ sub ids
 }
 
 # ---- a fill ended by FATAL --------------------------------------------------
-my $a = Session->new($node);
+my $a = OutboxSession->new($node, 's1');
 is(ids($a, 'w', 1), '', 'queue w is loaded and empty');
 $node->safe_psql('postgres', q{SELECT outbox_emit('w.z', '{"n": "after"}')});
-my $l = Session->new($node);
+my $l = OutboxSession->new($node, 's2');
 $l->query('BEGIN');
 $l->query('LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE');
-my $r = Session->new($node);
+my $r = OutboxSession->new($node, 's3');
 my $rpid = $r->pid;
-$r->send(q{SELECT count(*) FROM outbox.receive('w', 1)});
+$r->send(q{SELECT count(*) FROM outbox.receive('w', 1);});
 ok( $node->poll_query_until('postgres',
 		qq{SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $rpid}),
 	'a receiver blocks inside its fill');
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($rpid)");
-eval { $r->{h}->finish; };    # its psql ends with the connection
+$r->quit;    # its psql ends with the connection
 $l->query('COMMIT');
 is(ids($a, 'w', 5, ', 3000'), 'after', 'the next receiver fills the window: the queue goes on');
 
@@ -119,9 +60,9 @@ SELECT outbox.create_queue('jobs');
 SELECT outbox.subscribe('jobs', 'j.*');
 SELECT outbox.grant_receive('jobs', 'alice');
 });
-my $alice = Session->new($node);
+my $alice = OutboxSession->new($node, 's4');
 $alice->query('SET ROLE alice');
-$alice->send(q{SELECT string_agg(topic, ',') FROM outbox.receive('jobs', 5, 8000)});
+$alice->send(q{SELECT string_agg(topic, ',') FROM outbox.receive('jobs', 5, 8000);});
 usleep(300_000);
 $node->safe_psql('postgres', q{
 BEGIN;
@@ -151,12 +92,12 @@ SELECT outbox.create_queue('rq');
 SELECT outbox.subscribe('rq', 'r.*');
 SELECT outbox_emit('r.a', jsonb_build_object('n', i), 'K') FROM generate_series(1, 3) i;
 });
-my $holder = Session->new($node);
+my $holder = OutboxSession->new($node, 's5');
 $holder->query('BEGIN');
 is(ids($holder, 'rq', 1), '1', 'A holds 1 (key K)');
 my $id3 = $node->safe_psql('postgres', q{SELECT id FROM outbox.messages WHERE topic = 'r.a' AND payload->>'n' = '3'});
 $node->safe_psql('postgres', "SELECT outbox.replay('rq', $id3)");
-my $b = Session->new($node);
+my $b = OutboxSession->new($node, 's6');
 $b->query('BEGIN');
 is(ids($b, 'rq', 3), '', 'after a replay B gets nothing while A holds a message');
 $b->query('ROLLBACK');
