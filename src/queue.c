@@ -1260,33 +1260,42 @@ queue_load(QueueInfo *qi, int slot, uint64 gen)
 
 /*---- choosing messages ----*/
 
-/* A tiny set of key hashes. */
+/*
+ * A small open-addressing set of key hashes.  Slots hold h | 1 (0 marks an
+ * empty slot), and every probe, on insert, lookup and rehash, starts from
+ * that stored value.
+ */
 typedef struct KeySet
 {
 	uint64	   *keys;
-	int			cap;
+	int			cap;			/* a power of two, or 0 */
 	int			n;
 } KeySet;
+
+static inline int
+keyset_slot(KeySet *ks, uint64 v)
+{
+	int			i = (int) (v & (uint64) (ks->cap - 1));
+
+	while (ks->keys[i] != 0 && ks->keys[i] != v)
+		i = (i + 1) & (ks->cap - 1);
+	return i;
+}
 
 static bool
 keyset_has(KeySet *ks, uint64 h)
 {
-	int			i;
+	uint64		v = h | 1;
 
 	if (ks->n == 0)
 		return false;
-	for (i = (int) (h & (ks->cap - 1));; i = (i + 1) & (ks->cap - 1))
-	{
-		if (ks->keys[i] == 0)
-			return false;
-		if (ks->keys[i] == (h | 1))
-			return true;
-	}
+	return ks->keys[keyset_slot(ks, v)] == v;
 }
 
 static void
 keyset_add(KeySet *ks, uint64 h)
 {
+	uint64		v = h | 1;
 	int			i;
 
 	if (keyset_has(ks, h))
@@ -1298,23 +1307,13 @@ keyset_add(KeySet *ks, uint64 h)
 
 		ks->cap = ks->cap ? ks->cap * 2 : 64;
 		ks->keys = palloc0(sizeof(uint64) * ks->cap);
-		ks->n = 0;
 		for (i = 0; i < oldcap; i++)
 			if (old[i] != 0)
-			{
-				int			j;
-
-				for (j = (int) (old[i] & (ks->cap - 1)); ks->keys[j] != 0; j = (j + 1) & (ks->cap - 1))
-					;
-				ks->keys[j] = old[i];
-				ks->n++;
-			}
+				ks->keys[keyset_slot(ks, old[i])] = old[i];
 		if (old)
 			pfree(old);
 	}
-	for (i = (int) (h & (ks->cap - 1)); ks->keys[i] != 0; i = (i + 1) & (ks->cap - 1))
-		;
-	ks->keys[i] = h | 1;
+	ks->keys[keyset_slot(ks, v)] = v;
 	ks->n++;
 }
 
@@ -1584,11 +1583,12 @@ fetched_value(TupleTableSlot *slot, int attnum, bool *isnull)
 /*---- outbox.receive() ----*/
 
 /*
- * Fill the window (and first build it, if load), then let others look.
+ * Fill the window (and first build it, if load) until it holds want
+ * messages or everything up to the frontier, then let others look.
  * Returns whether the window's read position moved.
  */
 static bool
-queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 gen)
+queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 gen, int want)
 {
 	QueueSlot  *s = &QShared->slots[slot];
 	bool		moved = false;
@@ -1597,7 +1597,22 @@ queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier, bool load, uint64 ge
 	{
 		if (load)
 			queue_load(qi, slot, gen);
-		moved = queue_fill(qi, slot, frontier, NULL);
+		/*
+		 * Read on while the window holds fewer than the caller wants and
+		 * there is more: messages of other topics may come first.
+		 */
+		while (queue_fill(qi, slot, frontier, NULL))
+		{
+			bool		more;
+
+			moved = true;
+			LWLockAcquire(slot_lock(slot), LW_SHARED);
+			more = s->count < Min(want, QShared->window) && s->read_id < frontier;
+			LWLockRelease(slot_lock(slot));
+			if (!more)
+				break;
+			CHECK_FOR_INTERRUPTS();
+		}
 	}
 	PG_CATCH();
 	{
@@ -1694,7 +1709,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		LWLockRelease(slot_lock(slot));
 
 		if (fill)
-			moved = queue_fill_guarded(qi, slot, frontier, load, gen);
+			moved = queue_fill_guarded(qi, slot, frontier, load, gen, max_messages);
 
 		if (qi->active && s->loaded)
 		{

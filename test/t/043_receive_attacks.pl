@@ -5,7 +5,8 @@
 # takes effect in an open session; replay while a message is held does not
 # hand it to a second receiver; whole_transactions does not starve on a
 # large transaction at the front of the window; a receive with wait_ms 0
-# reads past other topics' messages; a queue of a dropped and
+# reads past other topics' messages; more than 32 keys held at once keep
+# their order; a queue of a dropped and
 # re-created extension does not inherit the old window; receipts of a
 # queue dropped while a transaction held its messages are deleted.
 use strict;
@@ -105,6 +106,22 @@ $holder->query('COMMIT');
 is(ids($b, 'rq', 3, ', 3000'), '2,3', 'once A committed, B gets the rest, once each, in order');
 is(ids($b, 'rq', 3), '', '... and nothing twice');
 
+# ---- many keys held at once ------------------------------------------------
+# The set of keys a receive may not pass grows past its first size (32).
+$node->safe_psql('postgres', q{
+SELECT outbox.create_queue('many');
+SELECT outbox.subscribe('many', 'mk');
+SELECT count(outbox_emit('mk', jsonb_build_object('n', r || ':' || k), 'k' || k))
+  FROM generate_series(1, 2) r, generate_series(1, 40) k;
+});
+$holder->query('BEGIN');
+is($holder->query(q{SELECT count(*) FROM outbox.receive('many', 40)}), '40', 'A holds the first message of 40 keys');
+$b->query('BEGIN');
+is(ids($b, 'many', 40), '', 'B gets no second message of any of them');
+$b->query('ROLLBACK');
+$holder->query('COMMIT');
+is($b->query(q{SELECT count(*) FROM outbox.receive('many', 40)}), '40', '... until A committed');
+
 # ---- whole_transactions and a large transaction at the front ---------------
 $node->safe_psql('postgres', q{
 SELECT outbox.create_queue('g');
@@ -139,8 +156,9 @@ ok( $node->poll_query_until(
 
 # ---- a re-created extension does not inherit old windows --------------------
 $node->safe_psql('postgres', q{SELECT outbox_emit('w.old', jsonb_build_object('n', i)) FROM generate_series(1, 20) i});
-# 130 messages of other queues lie between: a receive with wait_ms 0 reads
-# past them at once (it used to return nothing after the first read).
+# 210 messages of other queues lie between: a receive with wait_ms 0 reads
+# past them at once, up to max_messages (it used to return nothing after
+# the first read).
 is($a->query(q{SELECT count(*) FROM outbox.receive('w', 5)}), '5',
 	'queue w (target 1) has a window; a receive reads past other topics at once');
 $a->close;
