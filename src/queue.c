@@ -119,6 +119,9 @@ int			outbox_queue_window = 4096;
 /* Longest wait for another backend's fill before looking again. */
 #define QUEUE_FILL_WAIT_MS	10
 
+/* How long past wait_ms a receive waits for another backend's fill. */
+#define QUEUE_FILL_GRACE_MS	200
+
 /* Largest max_messages. */
 #define QUEUE_MAX_MESSAGES	10000
 
@@ -1645,6 +1648,10 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		   volatile bool *waiting)
 {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+
+	/* How long past the deadline a fill under way in another backend is
+	 * waited for (it may itself wait for a lock). */
+	TimestampTz fill_deadline = TimestampTzPlusMilliseconds(deadline, QUEUE_FILL_GRACE_MS);
 	QueueInfo  *qi = *qip;
 	int			target_id = qi->target_id;
 	int			slot = *slotp;
@@ -1744,8 +1751,8 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		 * may be for us, so wait for it even when not asked to wait.
 		 */
 		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
-		if (other_filling)
-			sleep_ms = Max(1, Min(left, QUEUE_FILL_WAIT_MS));
+		if (other_filling && GetCurrentTimestamp() < fill_deadline)
+			sleep_ms = left > 0 ? Min(left, QUEUE_FILL_WAIT_MS) : 1;
 		else if (wait_ms == 0 || left <= 0)
 			break;
 		else

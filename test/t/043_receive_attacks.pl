@@ -50,6 +50,11 @@ $r->send(q{SELECT count(*) FROM outbox.receive('w', 1);});
 ok( $node->poll_query_until('postgres',
 		qq{SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $rpid}),
 	'a receiver blocks inside its fill');
+# Another receiver, not asked to wait, does not wait long for that fill.
+my $t0 = time;
+$a->send(q{SELECT count(*) FROM outbox.receive('w', 1);});
+ok($a->wait_done(10), 'a receive with wait_ms 0 returns while another fill is stuck behind a lock');
+cmp_ok(time - $t0, '<', 5, sprintf('... after %.0f ms', 1000 * (time - $t0)));
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($rpid)");
 $r->quit;    # its psql ends with the connection
 $l->query('COMMIT');
