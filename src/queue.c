@@ -1122,8 +1122,15 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 
 			if (s->count >= QShared->window)
 			{
+				/*
+				 * Full: read again from this message later.  The newest
+				 * entry's transaction goes on past what was read if this
+				 * message is of it.
+				 */
+				TransactionId tail = slot_entry(slot, s->count - 1)->group;
+
 				last_read = rows[i].id - 1;
-				open_group = InvalidTransactionId;
+				open_group = (rows[i].group == tail) ? tail : InvalidTransactionId;
 				break;
 			}
 			e = &QEntries[(Size) slot * QShared->window + (s->head + s->count) % QShared->window];
