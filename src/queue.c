@@ -686,7 +686,7 @@ queue_read_grants(QueueInfo *qi)
 	int			rc;
 	uint64		i;
 	uint64		seen = grants_invalidations;
-	MemoryContext old;
+	Oid		   *roles;
 
 	values[0] = Int32GetDatum(qi->target_id);
 	rc = queue_spi_fresh("SELECT g.role::pg_catalog.oid FROM outbox.queue_grants g"
@@ -694,19 +694,18 @@ queue_read_grants(QueueInfo *qi)
 						 1, types, values, NULL, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.queue_grants");
-	old = MemoryContextSwitchTo(queue_cache_cxt);
-	if (qi->grant_roles)
-		pfree(qi->grant_roles);
-	qi->ngrants = (int) SPI_processed;
-	qi->grant_roles = palloc(sizeof(Oid) * Max(qi->ngrants, 1));
-	MemoryContextSwitchTo(old);
+	roles = MemoryContextAlloc(queue_cache_cxt, sizeof(Oid) * Max(SPI_processed, 1));
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
 
-		qi->grant_roles[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
-															SPI_tuptable->tupdesc, 1, &isnull));
+		roles[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
+												  SPI_tuptable->tupdesc, 1, &isnull));
 	}
+	if (qi->grant_roles)
+		pfree(qi->grant_roles);
+	qi->grant_roles = roles;
+	qi->ngrants = (int) SPI_processed;
 	qi->checked_grants = seen;
 }
 
@@ -904,6 +903,18 @@ slot_collect(void)
 		LWLockRelease(slot_lock(i));
 	}
 	return freed;
+}
+
+/*
+ * outbox.targets of the extension installed in this database now, or
+ * InvalidOid: slots of an installation dropped since are not its queues.
+ */
+static Oid
+current_targets_relid(void)
+{
+	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, true);
+
+	return OidIsValid(nsp) ? get_relname_relid("targets", nsp) : InvalidOid;
 }
 
 /* Whether slot i holds this queue (of this installation of the extension). */
@@ -1679,6 +1690,8 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		long		sleep_ms;
 
 		CHECK_FOR_INTERRUPTS();
+		/* A sleeping backend saw no invalidations: grants, memberships. */
+		AcceptInvalidationMessages();
 		qi = queue_info(name);	/* the configuration may have changed */
 		if (!qi->is_queue || qi->target_id != target_id)
 			ereport(ERROR,
@@ -1759,7 +1772,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		 */
 		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
 		if (other_filling && GetCurrentTimestamp() < fill_deadline)
-			sleep_ms = left > 0 ? Min(left, QUEUE_FILL_WAIT_MS) : 1;
+			sleep_ms = left > 0 ? Min(left, QUEUE_FILL_WAIT_MS) : 5;
 		else if (wait_ms == 0 || left <= 0)
 			break;
 		else
@@ -1951,9 +1964,11 @@ outbox_queue_compact(void)
 	static int	calls = 0;
 	int			i;
 	bool		any = false;
+	Oid			current;
 
 	if (QShared == NULL)
 		return;
+	current = current_targets_relid();
 
 	/*
 	 * Now and then, delete receipts of queues dropped while a transaction
@@ -1979,7 +1994,7 @@ outbox_queue_compact(void)
 		Oid			types[3] = {INT4OID, INT8OID, INT4OID};
 
 		LWLockAcquire(slot_lock(i), LW_SHARED);
-		if (s->dboid != MyDatabaseId || !s->loaded)
+		if (s->dboid != MyDatabaseId || !s->loaded || s->targets_relid != current)
 		{
 			LWLockRelease(slot_lock(i));
 			continue;
@@ -2023,7 +2038,7 @@ outbox_queue_compact(void)
 			elog(ERROR, "outbox: could not delete a queue's receipts");
 		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
 		if (s->dboid == MyDatabaseId && s->target_id == target_id &&
-			s->generation == generation && s->done_id < upto)
+			s->targets_relid == current && s->generation == generation && s->done_id < upto)
 			s->done_id = upto;
 		LWLockRelease(slot_lock(i));
 	}
@@ -2036,10 +2051,12 @@ outbox_queue_stats(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	int			i;
+	Oid			current;
 
 	InitMaterializedSRF(fcinfo, 0);
 	if (QShared == NULL)
 		return (Datum) 0;
+	current = current_targets_relid();
 	for (i = 0; i < QShared->nslots; i++)
 	{
 		QueueSlot  *s = &QShared->slots[i];
@@ -2052,7 +2069,7 @@ outbox_queue_stats(PG_FUNCTION_ARGS)
 		int		   *owners;
 
 		LWLockAcquire(slot_lock(i), LW_SHARED);
-		if (s->dboid != MyDatabaseId || !s->loaded)
+		if (s->dboid != MyDatabaseId || !s->loaded || s->targets_relid != current)
 		{
 			LWLockRelease(slot_lock(i));
 			continue;

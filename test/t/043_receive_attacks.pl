@@ -91,6 +91,15 @@ $node->safe_psql('postgres', q{REVOKE grp FROM alice});
 like(ids($alice, 'w', 1), qr/permission denied to receive from outbox queue "w"/,
 	'... and not after the membership is revoked, in the same session');
 is(ids($a, 'w', 1), 'm', 'the message is still there');
+# A receive already waiting when its right is revoked.
+$node->safe_psql('postgres', q{SELECT outbox.grant_receive('w', 'alice')});
+$alice->send(q{SELECT string_agg(payload->>'n', ',') FROM outbox.receive('w', 5, 8000);});
+usleep(300_000);
+$node->safe_psql('postgres', q{SELECT outbox.revoke_receive('w', 'alice')});
+$node->safe_psql('postgres', q{SELECT outbox_emit('w.late', '{"n": "late"}')});
+like($alice->result, qr/permission denied to receive from outbox queue "w"/,
+	'a receive waiting when its grant is revoked does not get the next message');
+is(ids($a, 'w', 1), 'late', '... which stays for others');
 
 # ---- replay while a message is held ----------------------------------------
 $node->safe_psql('postgres', q{
@@ -178,6 +187,10 @@ is($node->safe_psql('postgres', q{SELECT id FROM outbox.targets WHERE name = 'fr
 	'the new queue has the old one\'s target id');
 is( $node->safe_psql('postgres', q{SELECT string_agg(payload->>'n', ',') FROM outbox.receive('fresh', 10)}),
 	'new', '... and receives its own messages, not the old window');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.queue_stats() WHERE target_id = 1}), '1',
+	'... and outbox.queue_stats() shows only its own slot');
+my $newid = $node->safe_psql('postgres', q{SELECT min(id) FROM outbox.messages WHERE topic = 'f'});
+is($node->safe_psql('postgres', "SELECT outbox.replay('fresh', $newid)"), '1', '... and it can be replayed');
 
 $holder->close;
 $b->close;
