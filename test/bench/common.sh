@@ -19,7 +19,8 @@
 #
 # It leaves: work PGDATA SOCK SERVERLOG BIN PG_CONFIG PY RESULTS build_rev
 # build_md5 pkglibdir NGINX_URL nginx_pid nginx_worker; and the functions
-# log as_pg psqlq sql tool nginx_requests worker_pid rss_of jmerge record.
+# log as_pg psqlq sql tool nginx_requests worker_pid rss_of jmerge record
+# machine_busy.
 
 bench_setup() {
 	if [ "$(id -u)" -ne 0 ]; then
@@ -209,3 +210,15 @@ for a in sys.argv[1:]:
     d.update(json.loads(a))
 print(json.dumps(d))' "$@"; }
 record() { jmerge "$@" >>"$RESULTS"; }
+
+# CPUs busy (all processes) over $1 seconds, from /proc/stat
+machine_busy() {
+	local a b
+	a=$(head -1 /proc/stat)
+	sleep "$1"
+	b=$(head -1 /proc/stat)
+	awk -v a="$a" -v b="$b" -v n="$(nproc)" 'BEGIN {
+		split(a, x, " "); split(b, y, " "); busy = 0; total = 0
+		for (i = 2; i <= 9; i++) { d = y[i] - x[i]; total += d; if (i != 5 && i != 6) busy += d }
+		printf "%.2f", total ? busy / total * n : 0 }'
+}

@@ -154,17 +154,7 @@ EOF
 
 # ---- helpers ------------------------------------------------------------------
 
-# CPUs busy (all processes) over $1 seconds, from /proc/stat
-machine_busy() {
-	local a b
-	a=$(head -1 /proc/stat)
-	sleep "$1"
-	b=$(head -1 /proc/stat)
-	awk -v a="$a" -v b="$b" -v n="$(nproc)" 'BEGIN {
-		split(a, x, " "); split(b, y, " "); busy = 0; total = 0
-		for (i = 2; i <= 9; i++) { d = y[i] - x[i]; total += d; if (i != 5 && i != 6) busy += d }
-		printf "%.2f", total ? busy / total * n : 0 }'
-}
+# machine_busy: common.sh
 # Before a measurement: wait (up to QUIET_WAIT s) until the machine is quiet,
 # our own processes being idle then; sets BUSY to the last figure.
 wait_quiet() {
