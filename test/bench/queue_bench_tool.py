@@ -113,21 +113,8 @@ def own_cpu():
     return r.ru_utime + r.ru_stime
 
 
-def pct(sorted_vals, p):
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_vals:
-        return None
-    k = max(0, min(len(sorted_vals) - 1, int(-(-p * len(sorted_vals) // 100)) - 1))
-    return sorted_vals[k]
-
-
-def summary_ms(vals):
-    v = sorted(vals)
-    if not v:
-        return None
-    return {"n": len(v), "min": round(1000 * v[0], 2), "p50": round(1000 * pct(v, 50), 2),
-            "p90": round(1000 * pct(v, 90), 2), "p99": round(1000 * pct(v, 99), 2),
-            "max": round(1000 * v[-1], 2), "mean": round(1000 * sum(v) / len(v), 2)}
+# pct() and summary_ms() are the relay benchmark's (same directory).
+from relay_bench_tool import pct, summary_ms  # noqa: E402
 
 
 # ---- the consumers' receive step, per system ----------------------------------------

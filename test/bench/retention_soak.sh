@@ -334,17 +334,8 @@ PYEOF
 monitor() { "$PY" "$work/monitor.py" "$SOCK" "$PORT" "$DB" "$@"; }
 
 # ---- is the machine quiet? ----------------------------------------------------------
-busy() {	# CPUs busy (all processes) over $1 seconds, from /proc/stat
-	local a b
-	a=$(head -1 /proc/stat)
-	sleep "$1"
-	b=$(head -1 /proc/stat)
-	awk -v a="$a" -v b="$b" -v n="$(nproc)" 'BEGIN {
-		split(a, x, " "); split(b, y, " "); busy = 0; total = 0
-		for (i = 2; i <= 9; i++) { d = y[i] - x[i]; total += d; if (i != 5 && i != 6) busy += d }
-		printf "%.2f", total ? busy / total * n : 0 }'
-}
-busy_before=$(busy 2)
+# machine_busy: common.sh
+busy_before=$(machine_busy 2)
 log "outbox $build_rev (outbox.so $build_md5); outbox.retention = $retention_shown; relay pid $wpid;" \
 	"machine busy before the runs: $busy_before of $(nproc) CPUs"
 record "{\"kind\": \"start\", \"rev\": \"$build_rev\", \"md5\": \"$build_md5\", \"retention\": \"$retention_shown\",
