@@ -235,6 +235,50 @@ extern void outbox_writer_store(OutboxWriter *writer, int64 first_id,
 								void *next_state);
 extern void outbox_writer_end(OutboxWriter *writer);
 
+/*
+ * A subscription of a target (outbox.subscriptions): messages above
+ * start_id whose topic is pattern, or starts with its first prefix_len
+ * bytes when it ends in '*'.  Matched by the relay and by queues alike.
+ */
+typedef struct OutboxSubscription
+{
+	char	   *pattern;		/* topic, prefix* or * */
+	int			prefix_len;		/* bytes before '*', -1 for an exact topic */
+	int64		start_id;		/* only ids above this */
+} OutboxSubscription;
+
+/* prefix_len of a pattern. */
+static inline int
+outbox_pattern_prefix_len(const char *pattern)
+{
+	size_t		len = strlen(pattern);
+
+	return (len > 0 && pattern[len - 1] == '*') ? (int) len - 1 : -1;
+}
+
+static inline bool
+outbox_subscriptions_match(const OutboxSubscription *subs, int nsubs,
+						   const char *topic, int64 id)
+{
+	int			i;
+
+	for (i = 0; i < nsubs; i++)
+	{
+		const OutboxSubscription *s = &subs[i];
+
+		if (id <= s->start_id)
+			continue;
+		if (s->prefix_len < 0)
+		{
+			if (strcmp(topic, s->pattern) == 0)
+				return true;
+		}
+		else if (strncmp(topic, s->pattern, s->prefix_len) == 0)
+			return true;
+	}
+	return false;
+}
+
 /*---- queue.c: queues received from in SQL transactions ----*/
 extern int	outbox_max_receives;
 extern int	outbox_max_queues;

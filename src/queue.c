@@ -202,9 +202,7 @@ typedef struct QueueInfo
 	int			ngrants;
 	int			slot;			/* slot index, or -1 */
 	int			nsubs;
-	char	  **patterns;
-	int		   *prefix_len;		/* bytes before '*', -1 for a topic */
-	int64	   *start_id;
+	OutboxSubscription *subs;
 } QueueInfo;
 
 static MemoryContext queue_cache_cxt = NULL;
@@ -788,18 +786,15 @@ queue_info_load(const char *name)
 			elog(ERROR, "outbox: could not read outbox.subscriptions");
 		old = MemoryContextSwitchTo(queue_cache_cxt);
 		qi->nsubs = (int) SPI_processed;
-		qi->patterns = palloc0(sizeof(char *) * Max(qi->nsubs, 1));
-		qi->prefix_len = palloc0(sizeof(int) * Max(qi->nsubs, 1));
-		qi->start_id = palloc0(sizeof(int64) * Max(qi->nsubs, 1));
+		qi->subs = palloc0(sizeof(OutboxSubscription) * Max(qi->nsubs, 1));
 		for (i = 0; i < SPI_processed; i++)
 		{
 			char	   *p = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-			size_t		len = strlen(p);
 
-			qi->patterns[i] = pstrdup(p);
-			qi->prefix_len[i] = (len > 0 && p[len - 1] == '*') ? (int) len - 1 : -1;
-			qi->start_id[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-														  SPI_tuptable->tupdesc, 2, &isnull));
+			qi->subs[i].pattern = pstrdup(p);
+			qi->subs[i].prefix_len = outbox_pattern_prefix_len(p);
+			qi->subs[i].start_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+															   SPI_tuptable->tupdesc, 2, &isnull));
 		}
 		MemoryContextSwitchTo(old);
 
@@ -829,24 +824,10 @@ queue_info(const char *name)
 	return queue_info_load(name);
 }
 
-static bool
+static inline bool
 queue_matches(QueueInfo *qi, const char *topic, int64 id)
 {
-	int			i;
-
-	for (i = 0; i < qi->nsubs; i++)
-	{
-		if (id <= qi->start_id[i])
-			continue;
-		if (qi->prefix_len[i] < 0)
-		{
-			if (strcmp(qi->patterns[i], topic) == 0)
-				return true;
-		}
-		else if (strncmp(qi->patterns[i], topic, qi->prefix_len[i]) == 0)
-			return true;
-	}
-	return false;
+	return outbox_subscriptions_match(qi->subs, qi->nsubs, topic, id);
 }
 
 /*---- slots ----*/

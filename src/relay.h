@@ -54,12 +54,7 @@ typedef struct RelayMessage
 								 * its dead letter goes once delivered */
 } RelayMessage;
 
-typedef struct RelaySubscription
-{
-	char	   *pattern;		/* topic, prefix* or * */
-	int			prefix_len;		/* bytes before '*', -1 for an exact topic */
-	int64		start_id;		/* deliver only ids above this */
-} RelaySubscription;
+typedef OutboxSubscription RelaySubscription;
 
 struct RelayTarget;
 struct RelayHttpLane;

@@ -609,15 +609,13 @@ relay_load_config(void)
 			bool		isnull;
 			RelaySubscription *sub;
 			char	   *pattern;
-			int			len;
 
 			if ((int) relay_spi_int(tup, desc, 1, &isnull) != t->id)
 				continue;
 			sub = &t->subs[t->nsubs++];
 			pattern = relay_spi_text(tup, desc, 2);
 			sub->pattern = MemoryContextStrdup(t->cxt, pattern);
-			len = strlen(pattern);
-			sub->prefix_len = (len > 0 && pattern[len - 1] == '*') ? len - 1 : -1;
+			sub->prefix_len = outbox_pattern_prefix_len(pattern);
 			sub->start_id = relay_spi_int(tup, desc, 3, &isnull);
 			if (t->read_id >= 0)
 			{

@@ -77,26 +77,10 @@ static int64 building_id = 0;
 
 static bool relay_condemned(RelayTarget *t, int64 id);
 
-static bool
+static inline bool
 relay_subscribed(RelayTarget *t, const char *topic, int64 id)
 {
-	int			i;
-
-	for (i = 0; i < t->nsubs; i++)
-	{
-		RelaySubscription *s = &t->subs[i];
-
-		if (id <= s->start_id)
-			continue;
-		if (s->prefix_len < 0)
-		{
-			if (strcmp(topic, s->pattern) == 0)
-				return true;
-		}
-		else if (strncmp(topic, s->pattern, s->prefix_len) == 0)
-			return true;
-	}
-	return false;
+	return outbox_subscriptions_match(t->subs, t->nsubs, topic, id);
 }
 
 static void relay_read_retries(RelayTarget *t, MemoryContext rowcxt);
