@@ -1524,8 +1524,8 @@ CREATE TRIGGER queue_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
 CREATE FUNCTION outbox.queue_stats(OUT target_id int, OUT window_messages int, OUT held int,
 								   OUT receivers int, OUT poisoned int, OUT received bigint,
 								   OUT acknowledged bigint, OUT rolled_back bigint,
-								   OUT dead_lettered bigint, OUT acknowledged_up_to_id bigint,
-								   OUT read_up_to_id bigint)
+								   OUT rolled_back_counted bigint, OUT dead_lettered bigint,
+								   OUT acknowledged_up_to_id bigint, OUT read_up_to_id bigint)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'outbox_queue_stats'
 LANGUAGE C VOLATILE;
@@ -1596,6 +1596,7 @@ SELECT t.name AS queue,
 	   coalesce(q.received, 0) AS received,
 	   coalesce(q.acknowledged, 0) AS acknowledged,
 	   coalesce(q.rolled_back, 0) AS rolled_back,
+	   coalesce(q.rolled_back_counted, 0) AS rolled_back_counted,
 	   (SELECT count(*) FROM outbox.dead_letters d WHERE d.target = t.name) AS dead_letters,
 	   coalesce(q.window_messages, 0) AS window_messages,
 	   greatest(p.done_id, q.acknowledged_up_to_id) AS done_up_to_id

@@ -110,6 +110,147 @@ SELECT outbox.discard_dead_letters('work');
 RESET outbox.max_receives;
 
 ---------------------------------------------------------------------------
+-- Which rollbacks count toward outbox.max_receives (the table in
+-- docs/queues.md).  Each case rolls message kr1 back; the view shows
+-- rolled_back growing and rolled_back_counted only for the cases that
+-- count.
+---------------------------------------------------------------------------
+SET outbox.max_receives = 3;
+SELECT outbox_emit('job.rule', '{"r": 1}', 'kr1') IS NOT NULL AS emitted;
+CREATE TEMP TABLE rb_before AS
+  SELECT rolled_back, rolled_back_counted FROM outbox.queues WHERE queue = 'work';
+CREATE FUNCTION pg_temp.rb() RETURNS TABLE (rolled_back bigint, counted bigint, poisoned int)
+LANGUAGE sql AS $$
+  SELECT q.rolled_back - b.rolled_back, q.rolled_back_counted - b.rolled_back_counted, q.poisoned
+    FROM outbox.queues q, rb_before b WHERE q.queue = 'work' $$;
+CREATE FUNCTION pg_temp.fail(code text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'consumer failed' USING ERRCODE = code; END $$;
+-- Transaction-rollback errors (class 40), however often: do not count.
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('serialization_failure');
+ROLLBACK;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('deadlock_detected');
+ROLLBACK;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('40000');
+ROLLBACK;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('serialization_failure');
+ROLLBACK;
+-- lock_timeout, disk full, out of memory, an I/O error: do not count.
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('lock_not_available');
+ROLLBACK;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('disk_full');
+ROLLBACK;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('out_of_memory');
+ROLLBACK;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('io_error');
+ROLLBACK;
+SELECT * FROM pg_temp.rb();
+-- A serialization failure inside a savepoint, then the client's ROLLBACK
+-- (its retry): does not count.
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SAVEPOINT s1;
+SELECT pg_temp.fail('serialization_failure');
+ROLLBACK TO s1;
+ROLLBACK;
+SELECT * FROM pg_temp.rb();
+-- The consumer's own error: counts.
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('P0001');
+ROLLBACK;
+SELECT * FROM pg_temp.rb();
+-- An error inside a savepoint the client rolls back to: counts for the
+-- messages received in it; the transaction goes on and commits nothing.
+BEGIN;
+SAVEPOINT s1;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('unique_violation');
+ROLLBACK TO s1;
+COMMIT;
+SELECT * FROM pg_temp.rb();
+-- statement_timeout: counts.  The third counted rollback poisons kr1.
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SET LOCAL statement_timeout = '20ms';
+SELECT pg_sleep(5);
+ROLLBACK;
+SELECT * FROM pg_temp.rb();
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT topic, key, attempts, last_error FROM outbox.dead_letters WHERE target = 'work';
+COMMIT;
+-- An explicit ROLLBACK counts, and so does an error caught by a PL/pgSQL
+-- EXCEPTION block around the receive (its cause is not reported).
+SELECT outbox_emit('job.rule', '{"r": 2}', 'kr2') IS NOT NULL AS emitted;
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+ROLLBACK;
+DO $$
+BEGIN
+	BEGIN
+		PERFORM outbox.receive('work');
+		PERFORM pg_temp.fail('serialization_failure');
+	EXCEPTION WHEN serialization_failure THEN
+		RAISE NOTICE 'caught';
+	END;
+END $$;
+SELECT * FROM pg_temp.rb();
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+COMMIT;
+
+---------------------------------------------------------------------------
+-- Real poison: processing that always fails (here, a payload that is not
+-- a number) becomes a dead letter after max_receives rollbacks, under
+-- READ COMMITTED and under SERIALIZABLE.
+---------------------------------------------------------------------------
+SET outbox.max_receives = 2;
+CREATE TEMP TABLE processed (n int);
+SELECT outbox_emit('job.rule', '{"n": "x"}', 'kn') IS NOT NULL AS emitted;
+SELECT outbox_emit('job.rule', '{"n": "1"}', 'kn') IS NOT NULL AS emitted;
+BEGIN ISOLATION LEVEL READ COMMITTED;
+INSERT INTO processed SELECT (payload->>'n')::int FROM outbox.receive('work');
+ROLLBACK;
+BEGIN ISOLATION LEVEL READ COMMITTED;
+INSERT INTO processed SELECT (payload->>'n')::int FROM outbox.receive('work');
+ROLLBACK;
+BEGIN ISOLATION LEVEL READ COMMITTED;
+INSERT INTO processed SELECT (payload->>'n')::int FROM outbox.receive('work');
+COMMIT;
+SELECT outbox_emit('job.rule', '{"n": "y"}', 'ks') IS NOT NULL AS emitted;
+SELECT outbox_emit('job.rule', '{"n": "2"}', 'ks') IS NOT NULL AS emitted;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+INSERT INTO processed SELECT (payload->>'n')::int FROM outbox.receive('work');
+ROLLBACK;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+INSERT INTO processed SELECT (payload->>'n')::int FROM outbox.receive('work');
+ROLLBACK;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+INSERT INTO processed SELECT (payload->>'n')::int FROM outbox.receive('work');
+COMMIT;
+SELECT n FROM processed ORDER BY n;
+SELECT key, payload, attempts, last_error FROM outbox.dead_letters
+ WHERE target = 'work' AND topic = 'job.rule' ORDER BY id;
+SELECT outbox.discard_dead_letters('work');
+RESET outbox.max_receives;
+
+---------------------------------------------------------------------------
 -- Rights: superusers and the extension's owner receive; others need
 -- outbox.grant_receive.
 ---------------------------------------------------------------------------

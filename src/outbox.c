@@ -134,7 +134,7 @@ _PG_init(void)
 
 	DefineCustomIntVariable("outbox.max_receives",
 							"Rolled-back receives after which a queue message becomes a dead letter.",
-							"0 means a message is received again however often its receivers roll back.",
+							"Serialization failures, deadlocks, lock timeouts and terminated sessions do not count; 0 means a message is received again however often its receivers roll back.",
 							&outbox_max_receives,
 							5, 0, 1000000,
 							PGC_SUSET,

@@ -32,6 +32,13 @@
  *	- A message whose receiving transactions rolled back outbox.max_receives
  *	  times is poisoned: the next receive writes it to outbox.dead_letters
  *	  and acknowledges it in its own transaction, instead of returning it.
+ *	  Only rollbacks that say something about the messages count: one
+ *	  caused by an error of class 40 (serialization failure, deadlock), 53
+ *	  or 58 (the server ran short of resources, an I/O error), by a
+ *	  lock_timeout or by an administrator ending the session does not
+ *	  (rollback_counts()).  Why a transaction failed is taken from the
+ *	  error report that precedes its abort (emit_log_hook): the last ERROR
+ *	  or FATAL of the transaction reported while it held messages.
  *
  *	- The relay folds acknowledgements into done_id about once a second
  *	  (outbox_queue_compact) and deletes the receipts below it, so receipts
@@ -133,7 +140,7 @@ typedef struct QueueEntry
 	TransactionId group;		/* xmin: the emitting transaction */
 	int32		owner;			/* proc index of the claiming backend, -1 */
 	uint32		receives;		/* times handed out */
-	uint16		rollbacks;		/* receiving transactions rolled back */
+	uint16		rollbacks;		/* rollbacks that counted (max_receives) */
 	uint8		state;			/* QE_* */
 	bool		has_key;
 	bool		poisoned;		/* to be dead-lettered by the next receive */
@@ -160,6 +167,7 @@ typedef struct QueueSlot
 	uint64		received;		/* messages handed out */
 	uint64		acknowledged;	/* committed */
 	uint64		rolled_back;	/* returned by a rollback */
+	uint64		rolled_back_counted;	/* ... that counted (max_receives) */
 	uint64		dead_lettered;	/* poisoned and dead-lettered */
 } QueueSlot;
 
@@ -214,6 +222,14 @@ static Oid	targets_relid = InvalidOid;
 static bool waiting_registered = false;	/* counted in QShared->waiters */
 static uint64 grants_invalidations = 1;
 static bool grants_callback = false;
+
+/*
+ * The last error (ERROR or worse) reported in this transaction while it
+ * held messages, 0 if none: what its abort, or the abort of one of its
+ * subtransactions, is classified by.
+ */
+static int	xact_error_code = 0;
+static emit_log_hook_type prev_emit_log_hook = NULL;
 
 static void queue_xact_callback(XactEvent event, void *arg);
 static void queue_grants_invalidate(Datum arg, Oid relid);
@@ -365,11 +381,62 @@ claims_reserve(int more)
 }
 
 /*
- * Acknowledge (commit) or release the claims from index "from" on; a
- * release of claims that were not poison handling counts a rollback.
+ * An error report.  Remember its SQLSTATE when it may end a transaction
+ * that holds messages: the abort that follows is classified by it.  Runs
+ * for every report of the backend, so it only compares and stores.
+ *
+ * An error caught by a PL/pgSQL EXCEPTION block is not reported, and an
+ * ERROR is reported here only while log_min_messages lets it reach the
+ * server log (it does unless set to fatal or panic); a rollback whose
+ * cause was not seen counts.
  */
 static void
-claims_finish(int from, bool commit)
+queue_emit_log(ErrorData *edata)
+{
+	if (edata->elevel >= ERROR && nclaims > 0)
+		xact_error_code = edata->sqlerrcode;
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
+}
+
+/*
+ * Whether a rollback caused by an error with this SQLSTATE (0: no error,
+ * as for ROLLBACK or a lost client) counts toward outbox.max_receives:
+ * whether it says something about the messages the transaction held.
+ * The table of docs/queues.md.
+ */
+static bool
+rollback_counts(int sqlerrcode)
+{
+	switch (ERRCODE_TO_CATEGORY(sqlerrcode))
+	{
+		case ERRCODE_TRANSACTION_ROLLBACK:	/* 40001, 40P01, ... */
+		case ERRCODE_INSUFFICIENT_RESOURCES:	/* disk full, out of memory */
+		case ERRCODE_SYSTEM_ERROR:	/* I/O error */
+			return false;
+		default:
+			break;
+	}
+	switch (sqlerrcode)
+	{
+		case ERRCODE_LOCK_NOT_AVAILABLE:	/* lock_timeout, NOWAIT */
+		case ERRCODE_ADMIN_SHUTDOWN:	/* pg_terminate_backend, shutdown */
+		case ERRCODE_CRASH_SHUTDOWN:	/* another backend crashed */
+		case ERRCODE_CANNOT_CONNECT_NOW:
+		case ERRCODE_DATABASE_DROPPED:
+			return false;
+		default:
+			return true;
+	}
+}
+
+/*
+ * Acknowledge (commit) or release the claims from index "from" on.  A
+ * release is a rollback of each message that was not poison handling;
+ * those rollbacks that "counts" count toward outbox.max_receives.
+ */
+static void
+claims_finish(int from, bool commit, bool counts)
 {
 	int			i = from;
 	bool		any = false;
@@ -409,10 +476,14 @@ claims_finish(int from, bool commit)
 				if (!c->poison)
 				{
 					s->rolled_back++;
-					if (e->rollbacks < PG_UINT16_MAX)
-						e->rollbacks++;
-					if (outbox_max_receives > 0 && e->rollbacks >= outbox_max_receives)
-						e->poisoned = true;
+					if (counts)
+					{
+						s->rolled_back_counted++;
+						if (e->rollbacks < PG_UINT16_MAX)
+							e->rollbacks++;
+						if (outbox_max_receives > 0 && e->rollbacks >= outbox_max_receives)
+							e->poisoned = true;
+					}
 				}
 			}
 			any = true;
@@ -441,12 +512,14 @@ queue_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_COMMIT:
 			if (nclaims > 0)
-				claims_finish(0, true);
+				claims_finish(0, true, false);
+			xact_error_code = 0;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PREPARE:
 			if (nclaims > 0)
-				claims_finish(0, false);
+				claims_finish(0, false, rollback_counts(xact_error_code));
+			xact_error_code = 0;
 			break;
 		default:
 			break;
@@ -475,7 +548,7 @@ queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 				while (from > 0 && claims[from - 1].subid == mySubid)
 					from--;
 				if (from < nclaims)
-					claims_finish(from, false);
+					claims_finish(from, false, rollback_counts(xact_error_code));
 			}
 			break;
 		case SUBXACT_EVENT_COMMIT_SUB:
@@ -496,7 +569,7 @@ queue_shmem_exit(int code, Datum arg)
 	if (QShared == NULL)
 		return;
 	if (nclaims > 0)
-		claims_finish(0, false);
+		claims_finish(0, false, rollback_counts(xact_error_code));
 
 	/*
 	 * A FATAL error (pg_terminate_backend, say) does not pass through the
@@ -529,6 +602,8 @@ outbox_queue_init(void)
 {
 	RegisterXactCallback(queue_xact_callback, NULL);
 	RegisterSubXactCallback(queue_subxact_callback, NULL);
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = queue_emit_log;
 }
 
 void
@@ -949,7 +1024,8 @@ queue_slot(QueueInfo *qi)
 			s->filling = false;
 			s->count = 0;
 			s->head = 0;
-			s->received = s->acknowledged = s->rolled_back = s->dead_lettered = 0;
+			s->received = s->acknowledged = s->rolled_back = s->rolled_back_counted =
+				s->dead_lettered = 0;
 			LWLockRelease(slot_lock(free_slot));
 			LWLockRelease(&QShared->locks[0].lock);
 			qi->slot = free_slot;
@@ -1345,6 +1421,7 @@ typedef struct Taken
 	int64		id;
 	Oid			relid;
 	uint32		receives;
+	uint16		rollbacks;		/* that counted toward max_receives */
 	bool		poison;
 } Taken;
 
@@ -1421,6 +1498,7 @@ queue_select(int slot, int max, bool whole, Taken *out, int cap, int *nreal)
 				(*nreal)++;
 			}
 			out[n].receives = x->receives;
+			out[n].rollbacks = x->rollbacks;
 			n++;
 		}
 		k = end - 1;
@@ -1480,10 +1558,11 @@ queue_dead_letter(QueueInfo *qi, Taken *t)
 	QueueSpiState st;
 	Oid			types[4] = {TEXTOID, INT8OID, INT4OID, TEXTOID};
 	Datum		values[4];
-	char		err[128];
+	char		err[160];
 
-	snprintf(err, sizeof(err), "rolled back by %d receiving transactions (outbox.max_receives)",
-			 (int) t->receives);
+	snprintf(err, sizeof(err),
+			 "rolled back by %d receiving transactions (outbox.max_receives); received %d times",
+			 (int) t->rollbacks, (int) t->receives);
 	values[0] = CStringGetTextDatum(qi->name);
 	values[1] = Int64GetDatum(t->id);
 	values[2] = Int32GetDatum((int) t->receives);
@@ -2041,8 +2120,8 @@ outbox_queue_stats(PG_FUNCTION_ARGS)
 	for (i = 0; i < QShared->nslots; i++)
 	{
 		QueueSlot  *s = &QShared->slots[i];
-		Datum		values[11];
-		bool		nulls[11] = {0};
+		Datum		values[12];
+		bool		nulls[12] = {0};
 		int			held = 0,
 					poisoned = 0,
 					nowners = 0,
@@ -2081,9 +2160,10 @@ outbox_queue_stats(PG_FUNCTION_ARGS)
 		values[5] = Int64GetDatum((int64) s->received);
 		values[6] = Int64GetDatum((int64) s->acknowledged);
 		values[7] = Int64GetDatum((int64) s->rolled_back);
-		values[8] = Int64GetDatum((int64) s->dead_lettered);
-		values[9] = Int64GetDatum(slot_acked_upto(i));
-		values[10] = Int64GetDatum(s->read_id);
+		values[8] = Int64GetDatum((int64) s->rolled_back_counted);
+		values[9] = Int64GetDatum((int64) s->dead_lettered);
+		values[10] = Int64GetDatum(slot_acked_upto(i));
+		values[11] = Int64GetDatum(s->read_id);
 		LWLockRelease(slot_lock(i));
 		pfree(owners);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);

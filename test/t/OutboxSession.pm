@@ -130,6 +130,15 @@ use IPC::Run;
 
 	sub pid { return $_[0]->{pid}; }
 
+	# Whether psql has exited (as it does when its connection is lost or
+	# its backend is terminated).
+	sub gone
+	{
+		my ($self) = @_;
+		eval { $self->{h}->pump_nb; };
+		return !$self->{h}->pumpable;
+	}
+
 	sub close { $_[0]->quit; }
 }
 
