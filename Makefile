@@ -32,7 +32,7 @@ OBJS = \
 	src/topic_grants.o
 
 EXTENSION = outbox
-DATA = outbox--0.1.sql outbox--0.1--0.2.sql
+DATA = outbox--0.1.sql outbox--0.1--0.2.sql outbox--0.2.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
 REGRESS = emit savepoints triggers frontier errors targets operations security queue
