@@ -6,6 +6,9 @@
 #                     against its own throwaway server (works as root), on
 #                     PostgreSQL 15; PG=18 on 18, PG=all on both (CI)
 #   make demo         install packages, build, and show messages flowing
+#   make dist         the PGXN archive outbox-<version>.zip of HEAD (META.json)
+#   make deb          the Debian package(s) postgresql-<v>-outbox (debian/),
+#                     built with pg_buildext in a scratch copy, into pkg/
 
 MODULE_big = outbox
 OBJS = \
@@ -51,14 +54,14 @@ PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	$(if $(WERROR),-Werror)
 SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lcrypto
 
-EXTRA_CLEAN = tmp_check_regress test-output
+EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 
 # The two commands work on a fresh machine: the scripts install the Debian
 # packages they need (pg_config among them) before building.
-.PHONY: all test demo lint
+.PHONY: all test demo lint dist deb
 all:
 
 PG ?= 15
@@ -67,6 +70,19 @@ test:
 
 demo:
 	test/demo.sh
+
+# The PGXN distribution: HEAD as a zip whose version is META.json's, which
+# must be the control file's default_version (0.2 is 0.2.0).
+DISTVERSION = $(shell sed -n 's/^   "version": "\([^"]*\)".*/\1/p' $(dir $(firstword $(MAKEFILE_LIST)))META.json)
+dist:
+	@control=$$(sed -n "s/^default_version = '\(.*\)'/\1/p" outbox.control); \
+	case "$(DISTVERSION)" in "$$control" | "$$control".0) ;; \
+	*) echo "META.json version $(DISTVERSION) is not outbox.control's $$control" >&2; exit 1 ;; esac
+	git archive --format zip --prefix=outbox-$(DISTVERSION)/ -o outbox-$(DISTVERSION).zip HEAD
+	@echo "outbox-$(DISTVERSION).zip"
+
+deb:
+	test/build-deb.sh pkg
 
 ifneq ($(PGXS),)
 include $(PGXS)
