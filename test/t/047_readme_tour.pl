@@ -1,0 +1,51 @@
+# The README's tour works as written.  Every ```sql block between
+# "<!-- tour:start -->" and "<!-- tour:end -->" in README.md runs, in order,
+# in one psql session (ON_ERROR_STOP) against a fresh server with the
+# library preloaded and the extension not yet created; the tour's webhook
+# URL http://127.0.0.1:8080 is pointed at the test receiver.  Then every
+# message the tour emitted and committed reaches the receiver or its other
+# targets, none of the rolled-back ones does, and nothing is pending.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use OutboxRelayTest;
+
+my $root = $ENV{TESTDIR} // '.';
+my $readme = slurp_file("$root/README.md");
+my ($tour) = $readme =~ /^<!-- tour:start -->\n(.*?)^<!-- tour:end -->$/ms;
+ok(defined $tour, 'README.md has a tour between the markers');
+$tour //= '';
+my @blocks = $tour =~ /^```sql\n(.*?)^```$/msg;
+cmp_ok(scalar(@blocks), '>=', 4, 'the tour has SQL blocks (' . scalar(@blocks) . ')');
+my $sql = join("\n", @blocks);
+like($sql, qr/CREATE EXTENSION outbox/, 'the tour creates the extension');
+like($sql, qr{'http://127\.0\.0\.1:8080/}, 'the tour names the webhook URL the test replaces');
+unlike($sql, qr/^\s*\\/m, 'the tour has no psql meta-commands');
+
+my $node = relay_node('tour', create_extension => 0);
+my $sink = start_sink('tour');
+(my $run = $sql) =~ s{http://127\.0\.0\.1:8080}{$sink->{url}}g;
+
+my ($stdout, $stderr);
+my $ok = $node->psql('postgres', $run, stdout => \$stdout, stderr => \$stderr,
+	extra_params => [ '-v', 'ON_ERROR_STOP=1' ]);
+is($ok, 0, 'the tour runs without an error') or diag("stderr:\n$stderr\nstdout:\n$stdout");
+
+ok( wait_until(
+		sub {
+			$node->safe_psql('postgres',
+				q{SELECT coalesce(sum(pending), 0) FROM outbox.lag WHERE kind <> 'queue'}) eq '0';
+		},
+		60),
+	'the relay delivered everything the tour emitted');
+my @records = @{ sink_records($sink) };
+cmp_ok(scalar(@records), '>', 0, 'the receiver got the tour\'s webhooks (' . scalar(@records) . ')');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'), '0', 'no dead letter');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.lag WHERE last_error IS NOT NULL}),
+	'0', 'no target reports an error');
+stop_sink($sink);
+relay_no_crash($node);
+$node->stop;
+done_testing();
