@@ -214,6 +214,58 @@ SELECT * FROM pg_temp.rb();
 BEGIN;
 SELECT payload, receive_count FROM outbox.receive('work');
 COMMIT;
+-- Errors that abort the transaction before they are reported: a failed
+-- COMMIT inside a procedure, and an error a PL/pgSQL block with EXCEPTION
+-- does not catch.  Classified by the error when it is reported.
+SET outbox.max_receives = 100;
+SELECT outbox_emit('job.rule', '{"r": 3}', 'kr3') IS NOT NULL AS emitted;
+CREATE TABLE rb_defer (code text);
+CREATE FUNCTION rb_defer_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'failed at commit' USING ERRCODE = NEW.code; END $$;
+CREATE CONSTRAINT TRIGGER rb_defer_fail AFTER INSERT ON rb_defer
+	DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION rb_defer_fail();
+CREATE PROCEDURE rb_consume(code text) LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM outbox.receive('work');
+	INSERT INTO rb_defer VALUES (code);
+	COMMIT;
+END $$;
+CALL rb_consume('serialization_failure');
+SELECT * FROM pg_temp.rb();
+CALL rb_consume('P0001');
+SELECT * FROM pg_temp.rb();
+DO $$
+BEGIN
+	PERFORM outbox.receive('work');
+	PERFORM pg_temp.fail('serialization_failure');
+EXCEPTION WHEN unique_violation THEN
+	RAISE NOTICE 'not this one';
+END $$;
+SELECT * FROM pg_temp.rb();
+-- An error recovered from (ROLLBACK TO) does not decide later rollbacks:
+-- while kr3 is held, a deadlock inside a savepoint is rolled back to; a
+-- receive after it (kr4) whose block catches its own error counts.
+SELECT outbox_emit('job.rule', '{"r": 4}', 'kr4') IS NOT NULL AS emitted;
+BEGIN;
+SELECT payload FROM outbox.receive('work');
+SAVEPOINT s1;
+SELECT pg_temp.fail('deadlock_detected');
+ROLLBACK TO s1;
+DO $$
+BEGIN
+	PERFORM outbox.receive('work');
+	PERFORM pg_temp.fail('P0001');
+EXCEPTION WHEN raise_exception THEN
+	RAISE NOTICE 'caught';
+END $$;
+COMMIT;
+SELECT * FROM pg_temp.rb();
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+COMMIT;
+DROP PROCEDURE rb_consume(text);
+DROP TABLE rb_defer;
+DROP FUNCTION rb_defer_fail();
 
 ---------------------------------------------------------------------------
 -- Real poison: processing that always fails (here, a payload that is not

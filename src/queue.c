@@ -36,9 +36,15 @@
  *	  caused by an error of class 40 (serialization failure, deadlock), 53
  *	  or 58 (the server ran short of resources, an I/O error), by a
  *	  lock_timeout or by an administrator ending the session does not
- *	  (rollback_counts()).  Why a transaction failed is taken from the
- *	  error report that precedes its abort (emit_log_hook): the last ERROR
- *	  or FATAL of the transaction reported while it held messages.
+ *	  (rollback_counts()).  The cause comes from the error report
+ *	  (emit_log_hook).  Usually it precedes the abort, which then decides
+ *	  at once; but a failed COMMIT in a procedure, or an error passing
+ *	  through a PL/pgSQL block with EXCEPTION, aborts first and is
+ *	  reported after.  So a release that no error at its nesting level
+ *	  explains is pending: the next error report decides it, or, if the
+ *	  session reaches its next statement, receive or transaction end
+ *	  first, it counts (unless an earlier error of the transaction, raised
+ *	  while the message was held, says otherwise).
  *
  *	- The relay folds acknowledgements into done_id about once a second
  *	  (outbox_queue_compact) and deletes the receipts below it, so receipts
@@ -80,6 +86,7 @@
 #include "executor/tuptable.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "parser/analyze.h"
 #include "pgstat.h"
 #include "storage/condition_variable.h"
 #include "storage/ipc.h"
@@ -191,12 +198,32 @@ typedef struct LocalClaim
 	uint32		epoch;
 	int64		id;
 	SubTransactionId subid;
+	uint64		seq;			/* claim_seq when claimed */
 	bool		poison;			/* claimed to be dead-lettered */
 } LocalClaim;
 
 static LocalClaim *claims = NULL;
 static int	nclaims = 0;
 static int	maxclaims = 0;
+static uint64 claim_seq = 0;	/* claims made by this backend */
+
+/*
+ * A rollback of a message whose cause is not known yet (see
+ * rollback_counts()): its abort came before the error that caused it was
+ * reported, or without an error.  Room for maxclaims of them.
+ */
+typedef struct PendingRollback
+{
+	int			slot;
+	uint32		epoch;
+	int64		id;
+	bool		decided;		/* an error reported since decided it */
+	bool		counts;			/* if decided: whether it counts */
+	bool		fallback;		/* whether it counts if no error comes */
+} PendingRollback;
+
+static PendingRollback *pending = NULL;
+static int	npending = 0;
 
 /* What this backend knows of one queue, valid for one configuration. */
 typedef struct QueueInfo
@@ -225,12 +252,21 @@ static bool grants_callback = false;
 
 /*
  * The last error (ERROR or worse) reported in this transaction while it
- * held messages, 0 if none: what its abort, or the abort of one of its
- * subtransactions, is classified by.
+ * held messages or had rollbacks pending, 0 if none.  The abort it causes
+ * (at the nesting level it was reported at) is classified by it and uses
+ * it up; claims held when it was reported (seq below err_claimseq) and
+ * released later without an error of their own fall back to it.
  */
-static int	xact_error_code = 0;
-static emit_log_hook_type prev_emit_log_hook = NULL;
+static int	err_code = 0;
+static int	err_level = 0;		/* transaction nesting level */
+static bool err_fatal = false;	/* FATAL or PANIC: the session ends */
+static bool err_used = true;	/* the abort it caused classified by it */
+static uint64 err_claimseq = 0;
 
+static emit_log_hook_type prev_emit_log_hook = NULL;
+static post_parse_analyze_hook_type prev_post_parse_analyze_hook = NULL;
+
+static bool rollback_counts(int sqlerrcode);
 static void queue_xact_callback(XactEvent event, void *arg);
 static void queue_grants_invalidate(Datum arg, Oid relid);
 static void queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
@@ -363,6 +399,10 @@ slot_acked_upto(int slot)
 
 /*---- the end of a transaction ----*/
 
+/*
+ * Room for "more" claims, and for as many pending rollbacks as there can
+ * be claims: pending ones are settled at every receive, before it claims.
+ */
 static void
 claims_reserve(int more)
 {
@@ -372,11 +412,13 @@ claims_reserve(int more)
 	{
 		maxclaims = Max(64, nclaims + more);
 		claims = MemoryContextAlloc(TopMemoryContext, maxclaims * sizeof(LocalClaim));
+		pending = MemoryContextAlloc(TopMemoryContext, maxclaims * sizeof(PendingRollback));
 	}
 	else
 	{
 		maxclaims = Max(maxclaims * 2, nclaims + more);
 		claims = repalloc(claims, maxclaims * sizeof(LocalClaim));
+		pending = repalloc(pending, maxclaims * sizeof(PendingRollback));
 	}
 }
 
@@ -386,15 +428,36 @@ claims_reserve(int more)
  * for every report of the backend, so it only compares and stores.
  *
  * An error caught by a PL/pgSQL EXCEPTION block is not reported, and an
- * ERROR is reported here only while log_min_messages lets it reach the
- * server log (it does unless set to fatal or panic); a rollback whose
- * cause was not seen counts.
+ * error is reported here only while log_min_messages lets it reach the
+ * server log (an ERROR unless it is set to fatal or panic, a FATAL unless
+ * panic); a rollback whose cause was not seen counts.
  */
 static void
 queue_emit_log(ErrorData *edata)
 {
-	if (edata->elevel >= ERROR && nclaims > 0)
-		xact_error_code = edata->sqlerrcode;
+	if (edata->elevel >= ERROR && (nclaims > 0 || npending > 0))
+	{
+		int			i;
+
+		/*
+		 * Rollbacks still undecided were caused by this error, which was
+		 * caught, the transaction aborted, and thrown again (a failed
+		 * COMMIT in a procedure, a PL/pgSQL block whose handlers do not
+		 * take it).  Shared memory is not touched here: the next
+		 * transaction event or statement applies them.
+		 */
+		for (i = 0; i < npending; i++)
+			if (!pending[i].decided)
+			{
+				pending[i].decided = true;
+				pending[i].counts = rollback_counts(edata->sqlerrcode);
+			}
+		err_code = edata->sqlerrcode;
+		err_level = GetCurrentTransactionNestLevel();
+		err_fatal = edata->elevel >= FATAL;
+		err_used = false;
+		err_claimseq = claim_seq;
+	}
 	if (prev_emit_log_hook)
 		prev_emit_log_hook(edata);
 }
@@ -403,7 +466,7 @@ queue_emit_log(ErrorData *edata)
  * Whether a rollback caused by an error with this SQLSTATE (0: no error,
  * as for ROLLBACK or a lost client) counts toward outbox.max_receives:
  * whether it says something about the messages the transaction held.
- * The table of docs/queues.md.
+ * The table of docs/queues.md, "Which rollbacks count".
  */
 static bool
 rollback_counts(int sqlerrcode)
@@ -430,16 +493,72 @@ rollback_counts(int sqlerrcode)
 	}
 }
 
+/* A rollback of entry e (under its slot's lock) counts. */
+static void
+entry_count_rollback(QueueSlot *s, QueueEntry *e)
+{
+	s->rolled_back_counted++;
+	if (e->rollbacks < PG_UINT16_MAX)
+		e->rollbacks++;
+	if (outbox_max_receives > 0 && e->rollbacks >= outbox_max_receives)
+		e->poisoned = true;
+}
+
 /*
- * Acknowledge (commit) or release the claims from index "from" on.  A
- * release is a rollback of each message that was not poison handling;
- * those rollbacks that "counts" count toward outbox.max_receives.
+ * Apply the pending rollbacks that an error decided, and with "all" the
+ * undecided ones too, as their fallback says: no error came for them.
  */
 static void
-claims_finish(int from, bool commit, bool counts)
+pending_apply(bool all)
+{
+	int			i,
+				kept = 0;
+
+	for (i = 0; i < npending; i++)
+	{
+		PendingRollback *r = &pending[i];
+		QueueSlot  *s;
+		int			k;
+
+		if (!r->decided && !all)
+		{
+			pending[kept++] = *r;
+			continue;
+		}
+		if (!(r->decided ? r->counts : r->fallback))
+			continue;
+		s = &QShared->slots[r->slot];
+		LWLockAcquire(slot_lock(r->slot), LW_EXCLUSIVE);
+		if (s->epoch == r->epoch && s->dboid == MyDatabaseId &&
+			(k = slot_find(r->slot, r->id)) >= 0)
+			entry_count_rollback(s, slot_entry(r->slot, k));
+		LWLockRelease(slot_lock(r->slot));
+	}
+	npending = kept;
+}
+
+/*
+ * Acknowledge (commit) or release the claims from index "from" on.  A
+ * release is a rollback of each message that was not poison handling.
+ * Whether it counts toward outbox.max_receives: by the error reported
+ * before this abort at this nesting level if there is one (a FATAL one
+ * at any level), else it is pending until an error or the next statement
+ * decides it (rollback_counts()).
+ */
+static void
+claims_finish(int from, bool commit)
 {
 	int			i = from;
 	bool		any = false;
+	bool		decided = false;
+	bool		counts = false;
+
+	if (!commit && err_code != 0 &&
+		(err_fatal || (!err_used && err_level == GetCurrentTransactionNestLevel())))
+	{
+		decided = true;
+		counts = rollback_counts(err_code);
+	}
 
 	while (i < nclaims)
 	{
@@ -476,13 +595,23 @@ claims_finish(int from, bool commit, bool counts)
 				if (!c->poison)
 				{
 					s->rolled_back++;
-					if (counts)
+					if (decided)
 					{
-						s->rolled_back_counted++;
-						if (e->rollbacks < PG_UINT16_MAX)
-							e->rollbacks++;
-						if (outbox_max_receives > 0 && e->rollbacks >= outbox_max_receives)
-							e->poisoned = true;
+						if (counts)
+							entry_count_rollback(s, e);
+					}
+					else
+					{
+						PendingRollback *r = &pending[npending++];
+
+						r->slot = slot;
+						r->epoch = c->epoch;
+						r->id = c->id;
+						r->decided = false;
+						r->counts = false;
+						/* Held when the transaction's last error came. */
+						r->fallback = (err_code != 0 && c->seq < err_claimseq) ?
+							rollback_counts(err_code) : true;
 					}
 				}
 			}
@@ -493,8 +622,21 @@ claims_finish(int from, bool commit, bool counts)
 		LWLockRelease(slot_lock(slot));
 	}
 	nclaims = from;
+	if (!commit && decided && !err_fatal)
+		err_used = true;
 	if (any)
 		outbox_queue_wake();
+}
+
+/* The transaction ended: forget its errors (not a FATAL one). */
+static void
+xact_errors_reset(void)
+{
+	if (err_fatal)
+		return;
+	err_code = 0;
+	err_used = true;
+	err_claimseq = 0;
 }
 
 static void
@@ -511,19 +653,37 @@ queue_xact_callback(XactEvent event, void *arg)
 						 errhint("Receive outbox messages in transactions that commit directly.")));
 			break;
 		case XACT_EVENT_COMMIT:
+			/* Rollbacks pending from earlier events had no error. */
+			if (npending > 0)
+				pending_apply(true);
 			if (nclaims > 0)
-				claims_finish(0, true, false);
-			xact_error_code = 0;
+				claims_finish(0, true);
+			xact_errors_reset();
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PREPARE:
+			if (npending > 0)
+				pending_apply(true);
 			if (nclaims > 0)
-				claims_finish(0, false, rollback_counts(xact_error_code));
-			xact_error_code = 0;
+				claims_finish(0, false);
+			xact_errors_reset();
 			break;
 		default:
 			break;
 	}
+}
+
+/*
+ * A new statement: the rollbacks still pending had no error thrown after
+ * them (an explicit ROLLBACK, an error caught by PL/pgSQL).
+ */
+static void
+queue_post_parse_analyze(ParseState *pstate, Query *query, JumbleState *jstate)
+{
+	if (npending > 0 && IsTransactionState())
+		pending_apply(true);
+	if (prev_post_parse_analyze_hook)
+		prev_post_parse_analyze_hook(pstate, query, jstate);
 }
 
 static void
@@ -532,8 +692,16 @@ queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 {
 	int			i;
 
+	if (npending > 0)
+		pending_apply(false);
 	if (nclaims == 0)
+	{
+		/* An error reported at this level is used up by this abort. */
+		if (event == SUBXACT_EVENT_ABORT_SUB && !err_fatal &&
+			err_level == GetCurrentTransactionNestLevel())
+			err_used = true;
 		return;
+	}
 	switch (event)
 	{
 		case SUBXACT_EVENT_ABORT_SUB:
@@ -548,7 +716,9 @@ queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 				while (from > 0 && claims[from - 1].subid == mySubid)
 					from--;
 				if (from < nclaims)
-					claims_finish(from, false, rollback_counts(xact_error_code));
+					claims_finish(from, false);
+				if (!err_fatal && err_level == GetCurrentTransactionNestLevel())
+					err_used = true;
 			}
 			break;
 		case SUBXACT_EVENT_COMMIT_SUB:
@@ -560,7 +730,12 @@ queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	}
 }
 
-/* A backend that ends with claims (it cannot, normally: abort ran first). */
+/*
+ * The backend ends.  This runs before ShutdownPostgres aborts an open
+ * transaction, so claims may still be held: release them here, as that
+ * abort would, and settle every pending rollback (by the FATAL error that
+ * ends the session, if one was reported, else as counting).
+ */
 static void
 queue_shmem_exit(int code, Datum arg)
 {
@@ -569,7 +744,9 @@ queue_shmem_exit(int code, Datum arg)
 	if (QShared == NULL)
 		return;
 	if (nclaims > 0)
-		claims_finish(0, false, rollback_counts(xact_error_code));
+		claims_finish(0, false);
+	if (npending > 0)
+		pending_apply(true);
 
 	/*
 	 * A FATAL error (pg_terminate_backend, say) does not pass through the
@@ -604,6 +781,8 @@ outbox_queue_init(void)
 	RegisterSubXactCallback(queue_subxact_callback, NULL);
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = queue_emit_log;
+	prev_post_parse_analyze_hook = post_parse_analyze_hook;
+	post_parse_analyze_hook = queue_post_parse_analyze;
 }
 
 void
@@ -1488,6 +1667,7 @@ queue_select(int slot, int max, bool whole, Taken *out, int cap, int *nreal)
 			c->id = x->id;
 			c->subid = subid;
 			c->poison = x->poisoned;
+			c->seq = claim_seq++;
 			out[n].id = x->id;
 			out[n].relid = x->relid;
 			out[n].poison = x->poisoned;
@@ -1912,6 +2092,9 @@ outbox_receive(PG_FUNCTION_ARGS)
 	PreventCommandIfReadOnly("outbox.receive()");
 	outbox_check_database("outbox.receive()");
 	outbox_queue_backend_init();
+	/* Earlier rollbacks of this session are settled before it claims. */
+	if (npending > 0)
+		pending_apply(true);
 
 	qi = queue_info(name);
 	if (!qi->is_queue)

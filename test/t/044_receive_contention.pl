@@ -205,10 +205,10 @@ is(qstat('acknowledged'), $acked + 1500, '(a) with terminations: 1,500 more ackn
 
 # ---- (b) deadlocks between two consumers ---------------------------------
 # Consumer a holds the one message of key x, b a message of key y; a
-# locks row 1, b row 2, then each wants the other's row.  a's
-# deadlock_timeout is short, so a finds the deadlock and fails with 40P01
-# (its message returns); b then gets its row and commits.  Eight rounds,
-# with max_receives 3.
+# locks row 1, b row 2; b waits for row 1, and once it does, a asks for
+# row 2.  a's deadlock_timeout is short and b's long, so a finds the
+# deadlock and fails with 40P01 (its message returns); b then gets its row
+# and commits.  Eight rounds, with max_receives 3.
 $node->safe_psql('postgres', q{
 ALTER SYSTEM SET outbox.max_receives = 3;
 SELECT pg_reload_conf();
@@ -233,9 +233,14 @@ for my $round (1 .. 8)
 	is($got_b, 'y', "(b) round $round: consumer b holds the next message of y");
 	$ca->query('UPDATE locks SET v = v + 1 WHERE id = 1');
 	$cb->query('UPDATE locks SET v = v + 1 WHERE id = 2');
-	$ca->send('UPDATE locks SET v = v + 1 WHERE id = 2;');
-	usleep(20_000);
 	$cb->send('UPDATE locks SET v = v + 1 WHERE id = 1;');
+	wait_until(
+		sub {
+			$node->safe_psql('postgres',
+				"SELECT wait_event_type FROM pg_stat_activity WHERE pid = $cb->{pid}") eq 'Lock';
+		},
+		30, 0.01) or die 'consumer b does not wait for row 1';
+	$ca->send('UPDATE locks SET v = v + 1 WHERE id = 2;');
 	my $ra = $ca->result(30);
 	my $rb = $cb->result(30);
 	$deadlocks++ if $ra =~ /40P01/;
@@ -309,9 +314,9 @@ is($node->safe_psql('postgres', "SELECT count(*) FROM outbox.dead_letters WHERE 
 # idle_in_transaction_session_timeout counts too: a second message, w.
 my $w_id = $node->safe_psql('postgres', q{SELECT outbox_emit('q', '{"w": 1}', 'w')});
 $c = OutboxSession->new($node, 'idle');
-$c->query(q{SET idle_in_transaction_session_timeout = '100ms'});
-$c->query('BEGIN');
-is($c->query(q{SELECT msg_id FROM outbox.receive('q')}), $w_id, '(c) idle timeout: received w');
+$c->query(q{SET idle_in_transaction_session_timeout = '300ms'});
+# BEGIN and the receive in one step: the timeout cannot fall between them.
+is($c->query(q{BEGIN; SELECT msg_id FROM outbox.receive('q')}), $w_id, '(c) idle timeout: received w');
 wait_until(sub { qstat('held') eq '0' }, 30) or die 'the idle session still holds w';
 $c->kill;
 is(counted(), $base + 4, '(c) idle_in_transaction_session_timeout counted');
