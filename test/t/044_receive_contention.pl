@@ -104,7 +104,8 @@ COMMIT;
 # number of terminations done.
 sub run_consumers
 {
-	my ($nconsumers, $total, $limit, $kills) = @_;
+	my ($nconsumers, $total, $limit, $kills, $step_sql) = @_;
+	my $step = $step_sql // $step;
 	my @c = map { OutboxSession->new($node, "c$_") } 1 .. $nconsumers;
 	my ($failures, $other, $killed, $steps) = (0, 0, 0, 0);
 	my $deadline = time + $limit;
@@ -202,6 +203,37 @@ is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'),
 check_effects('(a) with terminations', 1500);
 is(qstat('rolled_back_counted'), '0', '(a) with terminations: no rollback counted toward max_receives');
 is(qstat('acknowledged'), $acked + 1500, '(a) with terminations: 1,500 more acknowledged');
+
+# ... and with consumers that are procedures committing inside (CALL): a
+# serialization failure at that COMMIT aborts the transaction before it is
+# reported.
+$node->safe_psql('postgres', q{
+TRUNCATE effects;
+CREATE PROCEDURE consume() LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM count(*) FROM effects;
+	INSERT INTO effects (id, k, n, receive_count)
+	SELECT id, key, (payload->>'n')::int, receive_count FROM outbox.receive('q', 5) ORDER BY id;
+	COMMIT;
+END $$;
+ALTER SYSTEM SET default_transaction_isolation = 'serializable';
+SELECT pg_reload_conf();
+});
+$acked = qstat('acknowledged');
+emit_keyed(1500, 12, {});
+($failures) = run_consumers(4, 1500, 240, 0, q{CALL consume();
+\echo ok});
+note "(a) procedures: serialization failures $failures";
+cmp_ok($failures, '>', 5, '(a) procedures: serialization failures happened');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'),
+	'0', '(a) procedures: no message became a dead letter');
+check_effects('(a) procedures', 1500);
+is(qstat('rolled_back_counted'), '0', '(a) procedures: no rollback counted toward max_receives');
+is(qstat('acknowledged'), $acked + 1500, '(a) procedures: 1,500 more acknowledged');
+$node->safe_psql('postgres', q{
+ALTER SYSTEM RESET default_transaction_isolation;
+SELECT pg_reload_conf();
+});
 
 # ---- (b) deadlocks between two consumers ---------------------------------
 # Consumer a holds the one message of key x, b a message of key y; a
