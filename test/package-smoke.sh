@@ -86,7 +86,7 @@ sink_port=$(cat "$work/sink.port")
 psql_smoke() {
 	as_user "$bindir/psql" -X -q -At -v ON_ERROR_STOP=1 -h "$work" -p "$port" -U postgres -d postgres "$@"
 }
-psql_smoke <<SQL
+psql_smoke >/dev/null <<SQL
 CREATE EXTENSION outbox;
 SELECT outbox.create_http_target('smoke', 'http://127.0.0.1:$sink_port/smoke', secret => '$secret');
 SELECT outbox.subscribe('smoke', 'smoke.*');
