@@ -21,6 +21,7 @@ GRANT SELECT ON outbox.subscriptions, outbox.messages TO outbox_relay;
 GRANT SELECT, UPDATE ON outbox.targets TO outbox_relay;
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.progress, outbox.dead_letters TO outbox_relay;
 GRANT EXECUTE ON FUNCTION outbox.retention_step(interval) TO outbox_relay;
+GRANT SELECT, DELETE ON outbox.receipts TO outbox_relay;
 });
 $node->append_conf('postgresql.conf', "outbox.relay_role = 'outbox_relay'\noutbox.retention = 0\n");
 $node->restart;
@@ -65,6 +66,23 @@ $node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
 $node->safe_psql('postgres', q{SELECT outbox_emit('t.b', '{}')});
 ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbox.lag WHERE target <> 'rej'}),
 	'a new relay, as the same role, delivers what came next');
+
+# Queues: the relay folds acknowledgements into progress and deletes the
+# receipts it folded, as that role too.
+$node->safe_psql('postgres', q{
+SELECT outbox.create_queue('rq');
+SELECT outbox.subscribe('rq', 'q.*');
+SELECT count(outbox_emit('q.x', jsonb_build_object('g', g), 'k')) FROM generate_series(1, 5) g;
+});
+is($node->safe_psql('postgres', q{
+BEGIN;
+SELECT count(*) FROM outbox.receive('rq', 10);
+COMMIT;
+}), '5', 'a consumer received the queue\'s 5 messages');
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.receipts}),
+	'the relay folded the receipts into progress and deleted them');
+is($node->safe_psql('postgres', q{SELECT pending FROM outbox.queues WHERE queue = 'rq'}), '0',
+	'nothing of the queue is pending');
 unlike(slurp_file($node->logfile), qr/ERROR|FATAL|WARNING/, 'no error or warning in the log');
 
 relay_no_crash($node);
