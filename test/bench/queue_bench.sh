@@ -77,8 +77,17 @@
 #                       polling next_batch every LAT_POLL_MS (for information)
 #             OUT=DIR keeps every message's times (latency-SYSTEM-*.jsonl, clock
 #             CLOCK_MONOTONIC seconds; outbox: also every receive call's).
+#
+# Charts: after the report, test/bench/bench_charts.py draws the report's
+# figures with gnuplot (Debian: gnuplot-nox) as SVG into the results
+# directory (OUT=DIR), each next to the .dat file of its figures and the .gp
+# script that plotted it (cd DIR && gnuplot NAME.gp draws it again):
+#   queue-receive.svg  receive-and-commit throughput (medians) per batch (a
+#                      panel each) and consumers: outbox, PgQ, hand-rolled, ceiling
+#   queue-latency.svg  p50/p90/p99 of the latency runs (when LAT_SYSTEMS is set)
 # Packages: common.sh's (curl, nginx, python3-psycopg2; nginx is not started)
-# plus postgresql-15-pgq3, through test/install-deps.sh.
+# plus postgresql-15-pgq3 and gnuplot-nox (the charts), through
+# test/install-deps.sh.
 #
 # Settings (environment):
 #   ROUNDS=3 MESSAGES=100000 MESSAGES_B1=10000 KEYS=20 CHUNK=10000
@@ -91,7 +100,8 @@
 #   LAT_RATE=200 LAT_SECS=15 LAT_SYSTEMS="outbox hand pgq" ('' = none)
 #   LAT_TICK_MS=10 LAT_POLL_MS=10
 #   KEEP=0 OUT=DIR              keep the throwaway directory / copy the raw
-#                               results (JSON lines) and the server log to DIR
+#                               results (JSON lines), the charts and the server
+#                               log to DIR
 #   REV=                        build this git revision instead of the working tree
 #   PORT=54351                  non-default port, 127.0.0.1 (and a private socket) only
 #   WAIT_FOR='relay_bench.sh|emit_bench.sh|soak.sh'  wait (polling every 30 s)
@@ -149,7 +159,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
 BENCH_NAME=queue-bench
-BENCH_PACKAGES=(postgresql-15-pgq3)
+BENCH_PACKAGES=(postgresql-15-pgq3 gnuplot-nox)
 BENCH_CONF="max_connections = 30"
 . "$here/common.sh"
 bench_setup
@@ -465,3 +475,15 @@ print()
 print("ANOMALIES:\n  " + anom.replace("\n", "\n  ") if anom else "sanity: no duplicates, every fully drained system empty afterwards, nothing measured on a busy machine")
 print(slog.rstrip())
 PYEOF
+
+# ---- charts -------------------------------------------------------------------------------
+# The figures above as SVG charts (header comment), into $work/out, which
+# OUT=DIR receives; a chart that fails is reported and does not fail the run.
+if charts=$("$PY" "$here/bench_charts.py" queue "$RESULTS" "$work/out" --systems "$SYSTEMS" \
+	--lat-tick-ms "$LAT_TICK_MS" --lat-poll-ms "$LAT_POLL_MS" \
+	--note "built from $build_rev; $(nproc) cores; $(date -u '+%Y-%m-%d %H:%M UTC')"); then
+	log "charts: $(echo "$charts" | sed "s|^$work/out/|${OUT:-$work/out}/|" | paste -sd' ' -)"
+else
+	log "charts: not all made (see above): $(echo "$charts" | paste -sd' ' -)"
+fi
+[ -n "$OUT" ] || [ "$KEEP" = 1 ] || log "charts: removed with $work on exit; OUT=DIR keeps them"

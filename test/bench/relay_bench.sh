@@ -38,6 +38,14 @@
 #   profile   (PERF=1) perf record of the relay worker while a 1:32 and a
 #             100:8 backlog drain (not timed: perf slows the worker)
 #
+# Charts: after the report, test/bench/bench_charts.py draws the report's
+# figures with gnuplot (Debian: gnuplot-nox) as SVG into the results
+# directory (OUT=DIR), each next to the .dat file of its figures and the .gp
+# script that plotted it (cd DIR && gnuplot NAME.gp draws it again):
+#   relay-drain.svg    drain throughput (medians) by batch_size:lanes against
+#                      the ceiling, the libcurl client and the hand-rolled relay
+#   relay-latency.svg  p50/p90/p99 of the latency run
+#
 # The runs of the different drain configurations alternate over RUNS rounds
 # (the order rotates), with a wrk run of the ceiling and a libcurl client run
 # at the start of every round; medians are reported.  Before each run the outbox table is emptied
@@ -57,7 +65,8 @@
 #                                 without REV; 0 with REV); the server itself
 #                                 always runs on its private copy
 #   OUT=DIR                       copy the raw results (JSON lines, sink
-#                                 records, wrk output, server log) there
+#                                 records, wrk output, server log) and the
+#                                 charts there
 #   PORT=54339 NGINX_PORT=18089   non-default ports, 127.0.0.1 only
 #   WAIT_FOR=emit_bench.sh        wait (polling every 30 s) while a process
 #                                 whose command line matches runs ('' = no)
@@ -96,7 +105,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
 BENCH_NAME=relay-bench
-BENCH_PACKAGES=(wrk gcc libcurl4-openssl-dev)
+BENCH_PACKAGES=(wrk gcc libcurl4-openssl-dev gnuplot-nox)
 if [ "$PERF" = 1 ]; then BENCH_PACKAGES+=(linux-perf); fi
 sink_pid=
 perf_pid=
@@ -552,3 +561,15 @@ if perf:
     print()
     print(perf.rstrip())
 PYEOF
+
+# ---- charts -------------------------------------------------------------------------------
+# The figures above as SVG charts (header comment), into $work/out, which
+# OUT=DIR receives; a chart that fails is reported and does not fail the run.
+if charts=$("$PY" "$here/bench_charts.py" relay "$RESULTS" "$work/out" --configs "$CONFIGS" \
+	--lat-lanes "$LAT_LANES" --lat-secs "$LAT_SECS" \
+	--note "built from $build_rev; $(nproc) cores; $(date -u '+%Y-%m-%d %H:%M UTC')"); then
+	log "charts: $(echo "$charts" | sed "s|^$work/out/|${OUT:-$work/out}/|" | paste -sd' ' -)"
+else
+	log "charts: not all made (see above): $(echo "$charts" | paste -sd' ' -)"
+fi
+[ -n "$OUT" ] || [ "$KEEP" = 1 ] || log "charts: removed with $work on exit; OUT=DIR keeps them"
