@@ -13,6 +13,7 @@
 MODULE_big = outbox
 OBJS = \
 	src/api.o \
+	src/base.o \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \
@@ -87,7 +88,7 @@ deb:
 ifneq ($(PGXS),)
 include $(PGXS)
 
-$(OBJS): src/outbox.h src/compat.h src/relay.h
+$(OBJS): src/base.h src/outbox.h src/compat.h src/relay.h
 
 # Set after PGXS, whose Makefile.global empties it.
 PROVE_FLAGS = -I $(srcdir)/test/t

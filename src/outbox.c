@@ -22,20 +22,10 @@
 
 PG_MODULE_MAGIC;
 
-/*---- GUC variables ----*/
-char	   *outbox_database = NULL;
-char	   *outbox_relay_role = NULL;
-int			outbox_max_payload_size = 1024 * 1024;
-bool		outbox_enabled = true;
-int			outbox_poll_interval = 1000;
-int			outbox_retry_base_delay = 500;
-int			outbox_retry_max_delay = 300000;
-int			outbox_relay_memory = 64 * 1024;	/* kB */
-int			outbox_retention = 3600;	/* seconds */
-char	   *outbox_test_fault = NULL;
-
-/* Whether _PG_init ran from shared_preload_libraries. */
-bool		outbox_preloaded = false;
+/*
+ * The GUC variables live in base.c, so that every file may read them without
+ * depending on this one, which calls everyone's init.
+ */
 
 void		_PG_init(void);
 

@@ -114,11 +114,6 @@ PG_FUNCTION_INFO_V1(outbox_receive);
 PG_FUNCTION_INFO_V1(outbox_queue_stats);
 PG_FUNCTION_INFO_V1(outbox_queue_grants_changed);
 
-/* GUCs */
-int			outbox_max_receives = 5;
-int			outbox_max_queues = 16;
-int			outbox_queue_window = 4096;
-
 /* Entry states */
 #define QE_FREE		0
 #define QE_CLAIMED	1
