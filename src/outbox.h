@@ -60,7 +60,8 @@ extern void outbox_register_launcher(void);
 struct Latch;
 
 
-extern void outbox_shmem_init_hooks(void);
+extern void outbox_shmem_request(void);
+extern void outbox_shmem_init(void);
 extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);
 extern void outbox_counter_initialize(int64 highest_used);
