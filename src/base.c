@@ -5,12 +5,14 @@
  *	  other file of the extension.
  *
  * It holds the storage of the settings that _PG_init (outbox.c) defines,
- * whether the library was preloaded, and the check that refuses SQL
- * functions in a database the relay does not serve.  Module load sits at
- * the top of the extension and calls everyone's init; everyone sits above
- * this file.  Keeping these here, and not in the file that defines the
- * settings or in one SQL entry point, is what lets dependencies point one
- * way (docs/internals.md, "Source layout").
+ * whether the library was preloaded, the check that refuses SQL functions
+ * in a database the relay does not serve, and the hook through which the
+ * commit path (emit.c) wakes queue receivers without depending on the
+ * queues, which set it.  Module load sits at the top of the extension and
+ * calls everyone's init; everyone sits above this file.  Keeping these
+ * here, and not in the file that defines the settings, in one SQL entry
+ * point or in the queues, is what lets dependencies point one way
+ * (docs/internals.md, "Source layout").
  *
  *-------------------------------------------------------------------------
  */
@@ -38,6 +40,9 @@ int			outbox_queue_window = 4096;
 
 /* Whether _PG_init ran from shared_preload_libraries. */
 bool		outbox_preloaded = false;
+
+/* Set by the queues when the library is preloaded (outbox_queue_init). */
+OutboxWakeReceivers outbox_receivers_wake = NULL;
 
 /* Whether this backend's database is outbox.database: 0 unknown, 1 yes, -1 no. */
 static int	database_matches = 0;

@@ -2,8 +2,8 @@
  *
  * base.h
  *	  What every file of the extension may use: the names and columns of
- *	  the extension's objects, the settings _PG_init defines and the
- *	  database check.
+ *	  the extension's objects, the settings _PG_init defines, the database
+ *	  check, and the hook through which a commit wakes queue receivers.
  *
  * base.c defines these and calls no other file of the extension, so using
  * them never makes a dependency circle (test/check-layering.sh checks it).
@@ -53,5 +53,23 @@ extern bool outbox_preloaded;
 
 /*---- the database check ----*/
 extern void outbox_check_database(const char *what);
+
+/*---- waking queue receivers ----*/
+
+/*
+ * Wakes receivers waiting in outbox.receive(), or NULL.  The queues set it
+ * (outbox_queue_init) when the library is preloaded; the commit path calls
+ * outbox_wake_receivers() after a transaction that stored messages ended,
+ * without knowing who listens.
+ */
+typedef void (*OutboxWakeReceivers) (void);
+extern OutboxWakeReceivers outbox_receivers_wake;
+
+static inline void
+outbox_wake_receivers(void)
+{
+	if (outbox_receivers_wake != NULL)
+		outbox_receivers_wake();
+}
 
 #endif							/* OUTBOX_BASE_H */

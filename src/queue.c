@@ -772,6 +772,7 @@ queue_shmem_exit(int code, Datum arg)
 void
 outbox_queue_init(void)
 {
+	outbox_receivers_wake = outbox_queue_wake;
 	RegisterXactCallback(queue_xact_callback, NULL);
 	RegisterSubXactCallback(queue_subxact_callback, NULL);
 	prev_emit_log_hook = emit_log_hook;
