@@ -20,6 +20,7 @@ OBJS = \
 	src/launcher.o \
 	src/outbox.o \
 	src/relay_config.o \
+	src/relay_dead_letters.o \
 	src/relay_envelope.o \
 	src/relay_http.o \
 	src/relay_lane.o \

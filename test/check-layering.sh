@@ -58,7 +58,7 @@ END {
 		for (a = 1; a <= n; a++)
 			if ((f SUBSEP names[a]) in edge)
 				line = line " " names[a]
-		printf "%-18s ->%s\n", f ".c", (line == "" ? " (none)" : line)
+		printf "%-22s ->%s\n", f ".c", (line == "" ? " (none)" : line)
 	}
 	if (base in files) {
 		for (a = 1; a <= n; a++)
