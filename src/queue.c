@@ -342,9 +342,62 @@ outbox_queue_wake(void)
 		ConditionVariableBroadcast(&QShared->cv);
 }
 
+/*
+ * Announce that this backend is about to sleep on the condition variable:
+ * it is counted in QShared->waiters, so commits broadcast to it.
+ */
+static void
+queue_wait_announce(void)
+{
+	pg_atomic_fetch_add_u32(&QShared->waiters, 1);
+	waiting_registered = true;
+	ConditionVariablePrepareToSleep(&QShared->cv);
+}
+
+/* The wait announced by queue_wait_announce() is over. */
+static void
+queue_wait_cancel(void)
+{
+	ConditionVariableCancelSleep();
+	pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+	waiting_registered = false;
+}
+
+/*
+ * The backend ends, its claims released (queue_shmem_exit).  A FATAL error
+ * (pg_terminate_backend, say) does not pass through the error handling of a
+ * fill or a wait: undo what they announced.
+ */
+static void
+queue_shmem_backend_exit(void)
+{
+	int			i;
+
+	for (i = 0; i < QShared->nslots; i++)
+	{
+		QueueSlot  *s = &QShared->slots[i];
+
+		if (s->filler != OUTBOX_MY_PROC_INDEX())
+			continue;
+		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
+		if (s->filler == OUTBOX_MY_PROC_INDEX())
+		{
+			s->filling = false;
+			s->filler = -1;
+		}
+		LWLockRelease(slot_lock(i));
+	}
+	if (waiting_registered)
+	{
+		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+		waiting_registered = false;
+	}
+	outbox_queue_wake();
+}
+
 /* The position in the window of message id, or -1. Under the slot lock. */
 static int
-slot_find(int slot, int64 id)
+queue_slot_find(int slot, int64 id)
 {
 	QueueSlot  *s = &QShared->slots[slot];
 	int			lo = 0,
@@ -367,7 +420,7 @@ slot_find(int slot, int64 id)
 
 /* Drop acknowledged entries from the front of the window. */
 static void
-slot_trim(int slot)
+queue_slot_trim(int slot)
 {
 	QueueSlot  *s = &QShared->slots[slot];
 
@@ -383,7 +436,7 @@ slot_trim(int slot)
  * the slot lock).
  */
 static int64
-slot_acked_upto(int slot)
+queue_slot_acked_upto(int slot)
 {
 	QueueSlot  *s = &QShared->slots[slot];
 
@@ -399,7 +452,7 @@ slot_acked_upto(int slot)
  * be claims: pending ones are settled at every receive, before it claims.
  */
 static void
-claims_reserve(int more)
+queue_claims_reserve(int more)
 {
 	if (nclaims + more <= maxclaims)
 		return;
@@ -415,6 +468,25 @@ claims_reserve(int more)
 		claims = repalloc(claims, maxclaims * sizeof(LocalClaim));
 		pending = repalloc(pending, maxclaims * sizeof(PendingRollback));
 	}
+}
+
+/*
+ * Note a claim of this transaction, made under the slot's lock
+ * (queue_select): queue_claims_reserve() made room for it, so this cannot
+ * fail.
+ */
+static void
+queue_claim_add(int slot, uint32 epoch, int64 id, SubTransactionId subid,
+				bool poison)
+{
+	LocalClaim *c = &claims[nclaims++];
+
+	c->slot = slot;
+	c->epoch = epoch;
+	c->id = id;
+	c->subid = subid;
+	c->poison = poison;
+	c->seq = claim_seq++;
 }
 
 /*
@@ -490,7 +562,7 @@ rollback_counts(int sqlerrcode)
 
 /* A rollback of entry e (under its slot's lock) counts. */
 static void
-entry_count_rollback(QueueSlot *s, QueueEntry *e)
+queue_count_rollback(QueueSlot *s, QueueEntry *e)
 {
 	s->rolled_back_counted++;
 	if (e->rollbacks < PG_UINT16_MAX)
@@ -525,11 +597,22 @@ pending_apply(bool all)
 		s = &QShared->slots[r->slot];
 		LWLockAcquire(slot_lock(r->slot), LW_EXCLUSIVE);
 		if (s->epoch == r->epoch && s->dboid == MyDatabaseId &&
-			(k = slot_find(r->slot, r->id)) >= 0)
-			entry_count_rollback(s, slot_entry(r->slot, k));
+			(k = queue_slot_find(r->slot, r->id)) >= 0)
+			queue_count_rollback(s, slot_entry(r->slot, k));
 		LWLockRelease(slot_lock(r->slot));
 	}
 	npending = kept;
+}
+
+/*
+ * Settle the rollbacks still pending from earlier transactions of this
+ * session (outbox.receive(), before it claims): no error came for them.
+ */
+static void
+queue_settle_rollbacks(void)
+{
+	if (npending > 0)
+		pending_apply(true);
 }
 
 /*
@@ -569,7 +652,7 @@ claims_finish(int from, bool commit)
 
 			if (s->epoch != c->epoch || s->dboid != MyDatabaseId)
 				continue;		/* the window was rebuilt meanwhile */
-			k = slot_find(slot, c->id);
+			k = queue_slot_find(slot, c->id);
 			if (k < 0)
 				continue;
 			e = slot_entry(slot, k);
@@ -593,7 +676,7 @@ claims_finish(int from, bool commit)
 					if (decided)
 					{
 						if (counts)
-							entry_count_rollback(s, e);
+							queue_count_rollback(s, e);
 					}
 					else
 					{
@@ -613,7 +696,7 @@ claims_finish(int from, bool commit)
 			any = true;
 		}
 		if (commit)
-			slot_trim(slot);
+			queue_slot_trim(slot);
 		LWLockRelease(slot_lock(slot));
 	}
 	nclaims = from;
@@ -734,39 +817,13 @@ queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 static void
 queue_shmem_exit(int code, Datum arg)
 {
-	int			i;
-
 	if (QShared == NULL)
 		return;
 	if (nclaims > 0)
 		claims_finish(0, false);
 	if (npending > 0)
 		pending_apply(true);
-
-	/*
-	 * A FATAL error (pg_terminate_backend, say) does not pass through the
-	 * error handling of a fill or a wait: undo what they announced.
-	 */
-	for (i = 0; i < QShared->nslots; i++)
-	{
-		QueueSlot  *s = &QShared->slots[i];
-
-		if (s->filler != OUTBOX_MY_PROC_INDEX())
-			continue;
-		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
-		if (s->filler == OUTBOX_MY_PROC_INDEX())
-		{
-			s->filling = false;
-			s->filler = -1;
-		}
-		LWLockRelease(slot_lock(i));
-	}
-	if (waiting_registered)
-	{
-		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
-		waiting_registered = false;
-	}
-	outbox_queue_wake();
+	queue_shmem_backend_exit();
 }
 
 void
@@ -900,6 +957,30 @@ queue_cache_check(void)
 		targets_relid = get_relname_relid("targets", nsp);
 		receipts_relid = InvalidOid;
 	}
+}
+
+static Oid
+outbox_relid(const char *name)
+{
+	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, false);
+	Oid			relid = get_relname_relid(name, nsp);
+
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("table outbox.%s does not exist", name),
+				 errhint("Update the extension with ALTER EXTENSION outbox UPDATE.")));
+	return relid;
+}
+
+/* outbox.receipts, looked up again when the cached one went away. */
+static Oid
+queue_receipts_relid(void)
+{
+	if (!OidIsValid(receipts_relid) ||
+		!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(receipts_relid)))
+		receipts_relid = outbox_relid("receipts");
+	return receipts_relid;
 }
 
 /* A change of outbox.queue_grants committed: check rights again. */
@@ -1141,7 +1222,7 @@ slot_collect(void)
  * InvalidOid: slots of an installation dropped since are not its queues.
  */
 static Oid
-current_targets_relid(void)
+queue_current_targets_relid(void)
 {
 	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, true);
 
@@ -1150,7 +1231,7 @@ current_targets_relid(void)
 
 /* Whether slot i holds this queue (of this installation of the extension). */
 static inline bool
-slot_is(int i, QueueInfo *qi)
+queue_slot_is(int i, QueueInfo *qi)
 {
 	QueueSlot  *s = &QShared->slots[i];
 
@@ -1165,7 +1246,7 @@ queue_slot(QueueInfo *qi)
 	int			i;
 	int			free_slot = -1;
 
-	if (qi->slot >= 0 && slot_is(qi->slot, qi))
+	if (qi->slot >= 0 && queue_slot_is(qi->slot, qi))
 		return qi->slot;
 
 	for (;;)
@@ -1175,7 +1256,7 @@ queue_slot(QueueInfo *qi)
 		{
 			QueueSlot  *s = &QShared->slots[i];
 
-			if (slot_is(i, qi))
+			if (queue_slot_is(i, qi))
 			{
 				LWLockRelease(&QShared->locks[0].lock);
 				qi->slot = i;
@@ -1393,7 +1474,7 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 			moved = true;
 		}
 		s->open_group = open_group;
-		slot_trim(slot);
+		queue_slot_trim(slot);
 	}
 	LWLockRelease(slot_lock(slot));
 	pfree(rows);
@@ -1603,7 +1684,7 @@ typedef struct Taken
 /*
  * Claim up to max messages (poisoned ones besides) for this transaction.
  * Under the slot lock; nothing here may fail after the first claim except
- * through claims_reserve, which the caller ran before.
+ * through queue_claims_reserve, which the caller ran before.
  */
 static int
 queue_select(int slot, int max, bool whole, Taken *out, int cap, int *nreal)
@@ -1654,16 +1735,10 @@ queue_select(int slot, int max, bool whole, Taken *out, int cap, int *nreal)
 		for (j = k; j < end; j++)
 		{
 			QueueEntry *x = slot_entry(slot, j);
-			LocalClaim *c = &claims[nclaims++];
 
 			x->state = QE_CLAIMED;
 			x->owner = me;
-			c->slot = slot;
-			c->epoch = s->epoch;
-			c->id = x->id;
-			c->subid = subid;
-			c->poison = x->poisoned;
-			c->seq = claim_seq++;
+			queue_claim_add(slot, s->epoch, x->id, subid, x->poisoned);
 			out[n].id = x->id;
 			out[n].relid = x->relid;
 			out[n].poison = x->poisoned;
@@ -1686,20 +1761,6 @@ queue_select(int slot, int max, bool whole, Taken *out, int cap, int *nreal)
 
 /*---- writing and reading rows ----*/
 
-static Oid
-outbox_relid(const char *name)
-{
-	Oid			nsp = get_namespace_oid(OUTBOX_SCHEMA, false);
-	Oid			relid = get_relname_relid(name, nsp);
-
-	if (!OidIsValid(relid))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("table outbox.%s does not exist", name),
-				 errhint("Update the extension with ALTER EXTENSION outbox UPDATE.")));
-	return relid;
-}
-
 /* The receipt: the ids this transaction acknowledges when it commits. */
 static void
 queue_write_receipt(int target_id, Taken *taken, int n)
@@ -1710,16 +1771,14 @@ queue_write_receipt(int target_id, Taken *taken, int n)
 	bool		nulls[3] = {false, false, false};
 	HeapTuple	tup;
 	int			i;
+	Oid			receipts = queue_receipts_relid();
 
-	if (!OidIsValid(receipts_relid) ||
-		!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(receipts_relid)))
-		receipts_relid = outbox_relid("receipts");
 	for (i = 0; i < n; i++)
 		ids[i] = Int64GetDatum(taken[i].id);
 	values[0] = Int32GetDatum(target_id);
 	values[1] = Int64GetDatum(taken[n - 1].id);
 	values[2] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	rel = table_open(receipts_relid, RowExclusiveLock);
+	rel = table_open(receipts, RowExclusiveLock);
 	tup = heap_form_tuple(RelationGetDescr(rel), values, nulls);
 	simple_heap_insert(rel, tup);
 	table_close(rel, RowExclusiveLock);
@@ -1940,7 +1999,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		frontier = outbox_compute_frontier();
 
 		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
-		if (!slot_is(slot, qi))
+		if (!queue_slot_is(slot, qi))
 		{
 			/* Given to another queue meanwhile (ours was dropped). */
 			LWLockRelease(slot_lock(slot));
@@ -1976,9 +2035,9 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 
 		if (qi->active && s->loaded)
 		{
-			claims_reserve(cap);
+			queue_claims_reserve(cap);
 			LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
-			ntaken = (slot_is(slot, qi) && !s->reload_wanted) ?
+			ntaken = (queue_slot_is(slot, qi) && !s->reload_wanted) ?
 				queue_select(slot, max_messages, whole, taken, cap, nreal) : 0;
 			LWLockRelease(slot_lock(slot));
 			if (ntaken > 0 && *nreal == 0)
@@ -2016,9 +2075,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		if (!*waiting)
 		{
 			/* Look once more after announcing the wait: no wake-up is lost. */
-			pg_atomic_fetch_add_u32(&QShared->waiters, 1);
-			waiting_registered = true;
-			ConditionVariablePrepareToSleep(&QShared->cv);
+			queue_wait_announce();
 			*waiting = true;
 			continue;
 		}
@@ -2089,8 +2146,7 @@ outbox_receive(PG_FUNCTION_ARGS)
 	outbox_check_database("outbox.receive()");
 	outbox_queue_backend_init();
 	/* Earlier rollbacks of this session are settled before it claims. */
-	if (npending > 0)
-		pending_apply(true);
+	queue_settle_rollbacks();
 
 	qi = queue_info(name);
 	if (!qi->is_queue)
@@ -2126,20 +2182,12 @@ outbox_receive(PG_FUNCTION_ARGS)
 	PG_CATCH();
 	{
 		if (waiting)
-		{
-			ConditionVariableCancelSleep();
-			pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
-			waiting_registered = false;
-		}
+			queue_wait_cancel();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	if (waiting)
-	{
-		ConditionVariableCancelSleep();
-		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
-		waiting_registered = false;
-	}
+		queue_wait_cancel();
 
 	if (ntaken > 0)
 	{
@@ -2207,7 +2255,7 @@ outbox_queue_compact(void)
 
 	if (QShared == NULL)
 		return;
-	current = current_targets_relid();
+	current = queue_current_targets_relid();
 
 	/*
 	 * Now and then, delete receipts of queues dropped while a transaction
@@ -2241,7 +2289,7 @@ outbox_queue_compact(void)
 		target_id = s->target_id;
 		generation = s->generation;
 		done = s->done_id;
-		upto = slot_acked_upto(i);
+		upto = queue_slot_acked_upto(i);
 		LWLockRelease(slot_lock(i));
 		if (upto <= done)
 			continue;
@@ -2295,7 +2343,7 @@ outbox_queue_stats(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	if (QShared == NULL)
 		return (Datum) 0;
-	current = current_targets_relid();
+	current = queue_current_targets_relid();
 	for (i = 0; i < QShared->nslots; i++)
 	{
 		QueueSlot  *s = &QShared->slots[i];
@@ -2341,7 +2389,7 @@ outbox_queue_stats(PG_FUNCTION_ARGS)
 		values[7] = Int64GetDatum((int64) s->rolled_back);
 		values[8] = Int64GetDatum((int64) s->rolled_back_counted);
 		values[9] = Int64GetDatum((int64) s->dead_lettered);
-		values[10] = Int64GetDatum(slot_acked_upto(i));
+		values[10] = Int64GetDatum(queue_slot_acked_upto(i));
 		values[11] = Int64GetDatum(s->read_id);
 		LWLockRelease(slot_lock(i));
 		pfree(owners);
