@@ -34,6 +34,7 @@ OBJS = \
 	src/stats.o \
 	src/storage.o \
 	src/queue.o \
+	src/queue_shmem.o \
 	src/topic_grants.o
 
 EXTENSION = outbox
@@ -89,7 +90,7 @@ deb:
 ifneq ($(PGXS),)
 include $(PGXS)
 
-$(OBJS): src/base.h src/outbox.h src/compat.h src/relay.h
+$(OBJS): src/base.h src/outbox.h src/compat.h src/relay.h src/queue.h
 
 # Set after PGXS, whose Makefile.global empties it.
 PROVE_FLAGS = -I $(srcdir)/test/t

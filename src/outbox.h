@@ -252,12 +252,10 @@ outbox_subscriptions_match(const OutboxSubscription *subs, int nsubs,
 }
 
 /*---- queue.c: queues received from in SQL transactions ----*/
-extern Size outbox_queue_shmem_size(void);
 extern void outbox_queue_shmem_request(void);
 extern void outbox_queue_shmem_init(void);
 extern void outbox_queue_init(void);
 extern void outbox_queue_backend_init(void);
-extern void outbox_queue_wake(void);
 extern void outbox_queue_compact(void);
 
 #endif							/* OUTBOX_H */

@@ -4,6 +4,9 @@
  *	  Queue targets: messages received by SQL clients inside their own
  *	  transactions (outbox.receive), the Transactional Client.
  *
+ * Being split by job into queue_*.c (queue_shmem.c so far), one file
+ * at a time; queue.h declares what the queue files share.
+ *
  * A queue is a target of kind 'queue'.  Its messages are those of its
  * subscriptions, in id order, as for any target.  What is special is who
  * takes them and when they count as done:
@@ -108,19 +111,11 @@
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
-#include "outbox.h"
+#include "queue.h"
 
 PG_FUNCTION_INFO_V1(outbox_receive);
 PG_FUNCTION_INFO_V1(outbox_queue_stats);
 PG_FUNCTION_INFO_V1(outbox_queue_grants_changed);
-
-/* Entry states */
-#define QE_FREE		0
-#define QE_CLAIMED	1
-#define QE_ACKED	2
-
-/* Most rows one fill reads from outbox.messages. */
-#define QUEUE_FILL_ROWS		2048
 
 /* Longest single sleep of a waiting receiver (it re-checks after). */
 #define QUEUE_MAX_SLEEP_MS	1000
@@ -133,58 +128,6 @@ PG_FUNCTION_INFO_V1(outbox_queue_grants_changed);
 
 /* Largest max_messages. */
 #define QUEUE_MAX_MESSAGES	10000
-
-typedef struct QueueEntry
-{
-	int64		id;				/* message id */
-	uint64		keyhash;		/* hash of the key, if has_key */
-	Oid			relid;			/* chunk table the message is stored in */
-	TransactionId group;		/* xmin: the emitting transaction */
-	int32		owner;			/* proc index of the claiming backend, -1 */
-	uint32		receives;		/* times handed out */
-	uint16		rollbacks;		/* rollbacks that counted (max_receives) */
-	uint8		state;			/* QE_* */
-	bool		has_key;
-	bool		poisoned;		/* to be dead-lettered by the next receive */
-} QueueEntry;
-
-typedef struct QueueSlot
-{
-	Oid			dboid;			/* database, InvalidOid for a free slot */
-	int			target_id;		/* outbox.targets.id */
-	uint32		epoch;			/* bumped whenever the window is rebuilt */
-	Oid			targets_relid;	/* outbox.targets of the extension it is of */
-	bool		loaded;			/* window built from the tables */
-	bool		filling;		/* a backend is reading into the window */
-	int32		filler;			/* its proc index, -1 */
-	bool		reload_wanted;	/* replayed: rebuild once nothing is held */
-	uint64		config_generation;	/* configuration the window checked */
-	int			generation;		/* outbox.progress.generation loaded */
-	int64		done_id;		/* durable position (outbox.progress) */
-	int64		read_id;		/* every id <= read_id was read */
-	TransactionId open_group;	/* the newest entries' transaction may go on
-								 * past read_id: InvalidTransactionId if not */
-	int			head;			/* ring index of the oldest entry */
-	int			count;			/* entries in the window */
-	uint64		received;		/* messages handed out */
-	uint64		acknowledged;	/* committed */
-	uint64		rolled_back;	/* returned by a rollback */
-	uint64		rolled_back_counted;	/* ... that counted (max_receives) */
-	uint64		dead_lettered;	/* poisoned and dead-lettered */
-} QueueSlot;
-
-typedef struct QueueShared
-{
-	ConditionVariable cv;		/* messages may be available */
-	pg_atomic_uint32 waiters;	/* receivers waiting on cv */
-	int			nslots;
-	int			window;
-	LWLockPadded *locks;		/* [0] slot allocation, [i + 1] slot i */
-	QueueSlot	slots[FLEXIBLE_ARRAY_MEMBER];
-} QueueShared;
-
-static QueueShared *QShared = NULL;
-static QueueEntry *QEntries = NULL;
 
 /* A message this backend's transaction holds. */
 typedef struct LocalClaim
@@ -220,28 +163,12 @@ typedef struct PendingRollback
 static PendingRollback *pending = NULL;
 static int	npending = 0;
 
-/* What this backend knows of one queue, valid for one configuration. */
-typedef struct QueueInfo
-{
-	char	   *name;
-	int			target_id;
-	bool		is_queue;
-	bool		active;			/* state = 'active' */
-	uint64		checked_grants; /* grants_invalidations when read */
-	Oid		   *grant_roles;	/* roles granted the queue */
-	int			ngrants;
-	int			slot;			/* slot index, or -1 */
-	int			nsubs;
-	OutboxSubscription *subs;
-} QueueInfo;
-
 static MemoryContext queue_cache_cxt = NULL;
 static List *queue_cache = NIL;
 static uint64 queue_cache_generation = 0;
 static Oid	receipts_relid = InvalidOid;
 static Oid	grants_relid = InvalidOid;
 static Oid	targets_relid = InvalidOid;
-static bool waiting_registered = false;	/* counted in QShared->waiters */
 static uint64 grants_invalidations = 1;
 static bool grants_callback = false;
 
@@ -263,187 +190,10 @@ static post_parse_analyze_hook_type prev_post_parse_analyze_hook = NULL;
 
 static bool rollback_counts(int sqlerrcode);
 static void queue_xact_callback(XactEvent event, void *arg);
-static void queue_grants_invalidate(Datum arg, Oid relid);
 static void queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								   SubTransactionId parentSubid, void *arg);
 
-/*---- shared memory ----*/
-
-Size
-outbox_queue_shmem_size(void)
-{
-	Size		size = offsetof(QueueShared, slots);
-
-	size = add_size(size, mul_size(outbox_max_queues, sizeof(QueueSlot)));
-	size = MAXALIGN(size);
-	size = add_size(size, mul_size(mul_size(outbox_max_queues, outbox_queue_window),
-								   sizeof(QueueEntry)));
-	return size;
-}
-
-void
-outbox_queue_shmem_request(void)
-{
-	RequestAddinShmemSpace(outbox_queue_shmem_size());
-	RequestNamedLWLockTranche("outbox queues", outbox_max_queues + 1);
-}
-
-/* Called from the shmem startup hook, under AddinShmemInitLock. */
-void
-outbox_queue_shmem_init(void)
-{
-	bool		found;
-	Size		off;
-
-	QShared = ShmemInitStruct("outbox queues", outbox_queue_shmem_size(), &found);
-	off = MAXALIGN(offsetof(QueueShared, slots) + outbox_max_queues * sizeof(QueueSlot));
-	QEntries = (QueueEntry *) ((char *) QShared + off);
-	if (!found)
-	{
-		int			i;
-
-		ConditionVariableInit(&QShared->cv);
-		pg_atomic_init_u32(&QShared->waiters, 0);
-		QShared->nslots = outbox_max_queues;
-		QShared->window = outbox_queue_window;
-		QShared->locks = GetNamedLWLockTranche("outbox queues");
-		for (i = 0; i < QShared->nslots; i++)
-		{
-			memset(&QShared->slots[i], 0, sizeof(QueueSlot));
-			QShared->slots[i].dboid = InvalidOid;
-			QShared->slots[i].filler = -1;
-		}
-	}
-}
-
-static inline LWLock *
-slot_lock(int i)
-{
-	return &QShared->locks[i + 1].lock;
-}
-
-static inline QueueEntry *
-slot_entry(int slot, int k)
-{
-	QueueSlot  *s = &QShared->slots[slot];
-
-	return &QEntries[(Size) slot * QShared->window + (s->head + k) % QShared->window];
-}
-
-/* Wake waiting receivers; cheap when none waits. */
-void
-outbox_queue_wake(void)
-{
-	if (QShared == NULL)
-		return;
-	/* What the caller changed must be visible to a waiter we do not wake. */
-	pg_memory_barrier();
-	if (pg_atomic_read_u32(&QShared->waiters) > 0)
-		ConditionVariableBroadcast(&QShared->cv);
-}
-
-/*
- * Announce that this backend is about to sleep on the condition variable:
- * it is counted in QShared->waiters, so commits broadcast to it.
- */
-static void
-queue_wait_announce(void)
-{
-	pg_atomic_fetch_add_u32(&QShared->waiters, 1);
-	waiting_registered = true;
-	ConditionVariablePrepareToSleep(&QShared->cv);
-}
-
-/* The wait announced by queue_wait_announce() is over. */
-static void
-queue_wait_cancel(void)
-{
-	ConditionVariableCancelSleep();
-	pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
-	waiting_registered = false;
-}
-
-/*
- * The backend ends, its claims released (queue_shmem_exit).  A FATAL error
- * (pg_terminate_backend, say) does not pass through the error handling of a
- * fill or a wait: undo what they announced.
- */
-static void
-queue_shmem_backend_exit(void)
-{
-	int			i;
-
-	for (i = 0; i < QShared->nslots; i++)
-	{
-		QueueSlot  *s = &QShared->slots[i];
-
-		if (s->filler != OUTBOX_MY_PROC_INDEX())
-			continue;
-		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
-		if (s->filler == OUTBOX_MY_PROC_INDEX())
-		{
-			s->filling = false;
-			s->filler = -1;
-		}
-		LWLockRelease(slot_lock(i));
-	}
-	if (waiting_registered)
-	{
-		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
-		waiting_registered = false;
-	}
-	outbox_queue_wake();
-}
-
-/* The position in the window of message id, or -1. Under the slot lock. */
-static int
-queue_slot_find(int slot, int64 id)
-{
-	QueueSlot  *s = &QShared->slots[slot];
-	int			lo = 0,
-				hi = s->count - 1;
-
-	while (lo <= hi)
-	{
-		int			mid = lo + (hi - lo) / 2;
-		int64		v = slot_entry(slot, mid)->id;
-
-		if (v == id)
-			return mid;
-		if (v < id)
-			lo = mid + 1;
-		else
-			hi = mid - 1;
-	}
-	return -1;
-}
-
-/* Drop acknowledged entries from the front of the window. */
-static void
-queue_slot_trim(int slot)
-{
-	QueueSlot  *s = &QShared->slots[slot];
-
-	while (s->count > 0 && slot_entry(slot, 0)->state == QE_ACKED)
-	{
-		s->head = (s->head + 1) % QShared->window;
-		s->count--;
-	}
-}
-
-/*
- * Every message of the queue at or below this id is acknowledged (under
- * the slot lock).
- */
-static int64
-queue_slot_acked_upto(int slot)
-{
-	QueueSlot  *s = &QShared->slots[slot];
-
-	if (s->count > 0)
-		return slot_entry(slot, 0)->id - 1;
-	return s->read_id;
-}
+static void queue_grants_invalidate(Datum arg, Oid relid);
 
 /*---- the end of a transaction ----*/
 
@@ -851,13 +601,6 @@ outbox_queue_backend_init(void)
 }
 
 /*---- running SQL as the extension's owner ----*/
-
-typedef struct QueueSpiState
-{
-	Oid			save_userid;
-	int			save_sec;
-	int			nestlevel;
-} QueueSpiState;
 
 static Oid
 extension_owner(void)
@@ -1671,15 +1414,6 @@ entry_block(QueueEntry *e, KeySet *blocked)
 	if (e->has_key)
 		keyset_add(blocked, e->keyhash);
 }
-
-typedef struct Taken
-{
-	int64		id;
-	Oid			relid;
-	uint32		receives;
-	uint16		rollbacks;		/* that counted toward max_receives */
-	bool		poison;
-} Taken;
 
 /*
  * Claim up to max messages (poisoned ones besides) for this transaction.

@@ -1,0 +1,139 @@
+/*-------------------------------------------------------------------------
+ *
+ * queue.h
+ *	  Declarations the queue files (queue_*.c) share; the rest of the
+ *	  extension sees only outbox.h.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_QUEUE_H
+#define OUTBOX_QUEUE_H
+
+#include "postgres.h"
+
+#include "port/atomics.h"
+#include "storage/condition_variable.h"
+#include "storage/lwlock.h"
+
+#include "outbox.h"
+
+/* Entry states */
+#define QE_FREE		0
+#define QE_CLAIMED	1
+#define QE_ACKED	2
+
+/* Most rows one fill reads from outbox.messages. */
+#define QUEUE_FILL_ROWS		2048
+
+/* One message of a window. */
+typedef struct QueueEntry
+{
+	int64		id;				/* message id */
+	uint64		keyhash;		/* hash of the key, if has_key */
+	Oid			relid;			/* chunk table the message is stored in */
+	TransactionId group;		/* xmin: the emitting transaction */
+	int32		owner;			/* proc index of the claiming backend, -1 */
+	uint32		receives;		/* times handed out */
+	uint16		rollbacks;		/* rollbacks that counted (max_receives) */
+	uint8		state;			/* QE_* */
+	bool		has_key;
+	bool		poisoned;		/* to be dead-lettered by the next receive */
+} QueueEntry;
+
+/* A queue's slot: its window, positions and counters. */
+typedef struct QueueSlot
+{
+	Oid			dboid;			/* database, InvalidOid for a free slot */
+	int			target_id;		/* outbox.targets.id */
+	uint32		epoch;			/* bumped whenever the window is rebuilt */
+	Oid			targets_relid;	/* outbox.targets of the extension it is of */
+	bool		loaded;			/* window built from the tables */
+	bool		filling;		/* a backend is reading into the window */
+	int32		filler;			/* its proc index, -1 */
+	bool		reload_wanted;	/* replayed: rebuild once nothing is held */
+	uint64		config_generation;	/* configuration the window checked */
+	int			generation;		/* outbox.progress.generation loaded */
+	int64		done_id;		/* durable position (outbox.progress) */
+	int64		read_id;		/* every id <= read_id was read */
+	TransactionId open_group;	/* the newest entries' transaction may go on
+								 * past read_id: InvalidTransactionId if not */
+	int			head;			/* ring index of the oldest entry */
+	int			count;			/* entries in the window */
+	uint64		received;		/* messages handed out */
+	uint64		acknowledged;	/* committed */
+	uint64		rolled_back;	/* returned by a rollback */
+	uint64		rolled_back_counted;	/* ... that counted (max_receives) */
+	uint64		dead_lettered;	/* poisoned and dead-lettered */
+} QueueSlot;
+
+/* The queues' shared memory; the slots' entries follow the slots. */
+typedef struct QueueShared
+{
+	ConditionVariable cv;		/* messages may be available */
+	pg_atomic_uint32 waiters;	/* receivers waiting on cv */
+	int			nslots;
+	int			window;
+	LWLockPadded *locks;		/* [0] slot allocation, [i + 1] slot i */
+	QueueSlot	slots[FLEXIBLE_ARRAY_MEMBER];
+} QueueShared;
+
+/* What this backend knows of one queue, valid for one configuration. */
+typedef struct QueueInfo
+{
+	char	   *name;
+	int			target_id;
+	bool		is_queue;
+	bool		active;			/* state = 'active' */
+	uint64		checked_grants; /* grants_invalidations when read */
+	Oid		   *grant_roles;	/* roles granted the queue */
+	int			ngrants;
+	int			slot;			/* slot index, or -1 */
+	int			nsubs;
+	OutboxSubscription *subs;
+} QueueInfo;
+
+/* What queue_spi_begin() changed, for queue_spi_end() to restore. */
+typedef struct QueueSpiState
+{
+	Oid			save_userid;
+	int			save_sec;
+	int			nestlevel;
+} QueueSpiState;
+
+/* A message a receive claimed, to return or to dead-letter. */
+typedef struct Taken
+{
+	int64		id;
+	Oid			relid;
+	uint32		receives;
+	uint16		rollbacks;		/* that counted toward max_receives */
+	bool		poison;
+} Taken;
+
+/*---- queue_shmem.c: the shared memory of the queues ----*/
+extern QueueShared *QShared;
+extern QueueEntry *QEntries;
+
+static inline LWLock *
+slot_lock(int i)
+{
+	return &QShared->locks[i + 1].lock;
+}
+
+static inline QueueEntry *
+slot_entry(int slot, int k)
+{
+	QueueSlot  *s = &QShared->slots[slot];
+
+	return &QEntries[(Size) slot * QShared->window + (s->head + k) % QShared->window];
+}
+
+extern void outbox_queue_wake(void);
+extern void queue_wait_announce(void);
+extern void queue_wait_cancel(void);
+extern void queue_shmem_backend_exit(void);
+extern int	queue_slot_find(int slot, int64 id);
+extern void queue_slot_trim(int slot);
+extern int64 queue_slot_acked_upto(int slot);
+
+#endif							/* OUTBOX_QUEUE_H */
