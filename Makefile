@@ -34,6 +34,7 @@ OBJS = \
 	src/stats.o \
 	src/storage.o \
 	src/queue.o \
+	src/queue_config.o \
 	src/queue_shmem.o \
 	src/topic_grants.o
 

@@ -136,4 +136,16 @@ extern int	queue_slot_find(int slot, int64 id);
 extern void queue_slot_trim(int slot);
 extern int64 queue_slot_acked_upto(int slot);
 
+/*---- queue_config.c: queues as configured, and their slots ----*/
+extern void queue_spi_begin(QueueSpiState *st);
+extern void queue_spi_end(QueueSpiState *st);
+extern int	queue_spi_fresh(const char *sql, int nargs, Oid *types, Datum *values,
+							const char *nulls, long limit);
+extern QueueInfo *queue_info(const char *name);
+extern void queue_check_allowed(QueueInfo *qi);
+extern Oid	queue_receipts_relid(void);
+extern Oid	queue_current_targets_relid(void);
+extern bool queue_slot_is(int i, QueueInfo *qi);
+extern int	queue_slot(QueueInfo *qi);
+
 #endif							/* OUTBOX_QUEUE_H */
