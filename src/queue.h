@@ -148,4 +148,8 @@ extern Oid	queue_current_targets_relid(void);
 extern bool queue_slot_is(int i, QueueInfo *qi);
 extern int	queue_slot(QueueInfo *qi);
 
+/*---- queue_poison.c: poison messages and their dead letters ----*/
+extern void queue_count_rollback(QueueSlot *s, QueueEntry *e);
+extern void queue_dead_letter(QueueInfo *qi, Taken *t);
+
 #endif							/* OUTBOX_QUEUE_H */
