@@ -37,6 +37,7 @@ OBJS = \
 	src/queue_config.o \
 	src/queue_poison.o \
 	src/queue_shmem.o \
+	src/queue_xact.o \
 	src/topic_grants.o
 
 EXTENSION = outbox

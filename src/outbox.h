@@ -255,7 +255,6 @@ outbox_subscriptions_match(const OutboxSubscription *subs, int nsubs,
 extern void outbox_queue_shmem_request(void);
 extern void outbox_queue_shmem_init(void);
 extern void outbox_queue_init(void);
-extern void outbox_queue_backend_init(void);
 extern void outbox_queue_compact(void);
 
 #endif							/* OUTBOX_H */

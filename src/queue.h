@@ -152,4 +152,11 @@ extern int	queue_slot(QueueInfo *qi);
 extern void queue_count_rollback(QueueSlot *s, QueueEntry *e);
 extern void queue_dead_letter(QueueInfo *qi, Taken *t);
 
+/*---- queue_xact.c: the claims of this backend's transaction ----*/
+extern void queue_claims_reserve(int more);
+extern void queue_claim_add(int slot, uint32 epoch, int64 id,
+							SubTransactionId subid, bool poison);
+extern void queue_settle_rollbacks(void);
+extern void outbox_queue_backend_init(void);
+
 #endif							/* OUTBOX_QUEUE_H */
