@@ -35,6 +35,7 @@ OBJS = \
 	src/storage.o \
 	src/queue.o \
 	src/queue_config.o \
+	src/queue_fill.o \
 	src/queue_poison.o \
 	src/queue_shmem.o \
 	src/queue_xact.o \

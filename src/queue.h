@@ -159,4 +159,8 @@ extern void queue_claim_add(int slot, uint32 epoch, int64 id,
 extern void queue_settle_rollbacks(void);
 extern void outbox_queue_backend_init(void);
 
+/*---- queue_fill.c: filling and building windows ----*/
+extern bool queue_fill_guarded(QueueInfo *qi, int slot, int64 frontier,
+							   bool load, uint64 gen, int want);
+
 #endif							/* OUTBOX_QUEUE_H */
