@@ -34,6 +34,7 @@ OBJS = \
 	src/stats.o \
 	src/storage.o \
 	src/queue.o \
+	src/queue_compact.o \
 	src/queue_config.o \
 	src/queue_fill.o \
 	src/queue_poison.o \

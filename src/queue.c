@@ -4,7 +4,7 @@
  *	  Queue targets: messages received by SQL clients inside their own
  *	  transactions (outbox.receive), the Transactional Client.
  *
- * Being split by job into queue_*.c (queue_shmem.c, queue_config.c, queue_poison.c, queue_xact.c, queue_fill.c so far), one file
+ * Being split by job into queue_*.c (queue_shmem.c, queue_config.c, queue_poison.c, queue_xact.c, queue_fill.c, queue_compact.c so far), one file
  * at a time; queue.h declares what the queue files share.
  *
  * A queue is a target of kind 'queue'.  Its messages are those of its
@@ -671,99 +671,6 @@ outbox_receive(PG_FUNCTION_ARGS)
 	}
 	pfree(taken);
 	return (Datum) 0;
-}
-
-/*---- the relay: folding acknowledgements into done_id ----*/
-
-/*
- * Move each queue's outbox.progress.done_id up to what is acknowledged in
- * shared memory, and delete the receipts below it.  Run by the relay in its
- * own transaction, with SPI connected.
- */
-void
-outbox_queue_compact(void)
-{
-	static int	calls = 0;
-	int			i;
-	bool		any = false;
-	Oid			current;
-
-	if (QShared == NULL)
-		return;
-	current = queue_current_targets_relid();
-
-	/*
-	 * Now and then, delete receipts of queues dropped while a transaction
-	 * held their messages (drop_target could not see its receipt).
-	 */
-	for (i = 0; i < QShared->nslots; i++)
-		if (QShared->slots[i].dboid == MyDatabaseId)
-			any = true;
-	if (any && ++calls % 10 == 0 &&
-		SPI_execute("DELETE FROM outbox.receipts r WHERE NOT EXISTS"
-					" (SELECT 1 FROM outbox.targets t"
-					"   WHERE t.id OPERATOR(pg_catalog.=) r.target_id AND t.kind = 'queue')",
-					false, 0) != SPI_OK_DELETE)
-		elog(ERROR, "outbox: could not delete receipts of dropped queues");
-	for (i = 0; i < QShared->nslots; i++)
-	{
-		QueueSlot  *s = &QShared->slots[i];
-		int			target_id;
-		int			generation;
-		int64		upto;
-		int64		done;
-		Datum		values[3];
-		Oid			types[3] = {INT4OID, INT8OID, INT4OID};
-
-		LWLockAcquire(slot_lock(i), LW_SHARED);
-		if (s->dboid != MyDatabaseId || !s->loaded || s->targets_relid != current)
-		{
-			LWLockRelease(slot_lock(i));
-			continue;
-		}
-		target_id = s->target_id;
-		generation = s->generation;
-		done = s->done_id;
-		upto = queue_slot_acked_upto(i);
-		LWLockRelease(slot_lock(i));
-		if (upto <= done)
-			continue;
-
-		values[0] = Int32GetDatum(target_id);
-		values[1] = Int64GetDatum(upto);
-		values[2] = Int32GetDatum(generation);
-
-		/*
-		 * Never wait for a lock on the progress row (an admin's open
-		 * transaction would stall the relay): try again next time.
-		 */
-		if (SPI_execute_with_args("SELECT 1 FROM outbox.progress p"
-								  " WHERE p.target_id OPERATOR(pg_catalog.=) $1"
-								  " FOR UPDATE SKIP LOCKED",
-								  1, types, values, NULL, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "outbox: could not lock a queue's progress");
-		if (SPI_processed == 0)
-			continue;
-		if (SPI_execute_with_args("UPDATE outbox.progress p"
-								  "   SET done_id = $2, last_delivered_id = $2"
-								  " WHERE p.target_id OPERATOR(pg_catalog.=) $1"
-								  "   AND p.generation OPERATOR(pg_catalog.=) $3"
-								  "   AND p.done_id OPERATOR(pg_catalog.<) $2",
-								  3, types, values, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "outbox: could not update a queue's progress");
-		if (SPI_processed == 0)
-			continue;
-		if (SPI_execute_with_args("DELETE FROM outbox.receipts r"
-								  " WHERE r.target_id OPERATOR(pg_catalog.=) $1"
-								  "   AND r.last_id OPERATOR(pg_catalog.<=) $2",
-								  2, types, values, NULL, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "outbox: could not delete a queue's receipts");
-		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
-		if (s->dboid == MyDatabaseId && s->target_id == target_id &&
-			s->targets_relid == current && s->generation == generation && s->done_id < upto)
-			s->done_id = upto;
-		LWLockRelease(slot_lock(i));
-	}
 }
 
 /*---- outbox.queue_stats() ----*/
