@@ -39,6 +39,7 @@ OBJS = \
 	src/queue_fill.o \
 	src/queue_poison.o \
 	src/queue_shmem.o \
+	src/queue_stats.o \
 	src/queue_xact.o \
 	src/topic_grants.o
 
