@@ -19,6 +19,14 @@ OBJS = \
 	src/emit.o \
 	src/launcher.o \
 	src/outbox.o \
+	src/queue_compact.o \
+	src/queue_config.o \
+	src/queue_fill.o \
+	src/queue_poison.o \
+	src/queue_receive.o \
+	src/queue_shmem.o \
+	src/queue_stats.o \
+	src/queue_xact.o \
 	src/relay_config.o \
 	src/relay_dead_letters.o \
 	src/relay_envelope.o \
@@ -33,14 +41,6 @@ OBJS = \
 	src/signing.o \
 	src/stats.o \
 	src/storage.o \
-	src/queue.o \
-	src/queue_compact.o \
-	src/queue_config.o \
-	src/queue_fill.o \
-	src/queue_poison.o \
-	src/queue_shmem.o \
-	src/queue_stats.o \
-	src/queue_xact.o \
 	src/topic_grants.o
 
 EXTENSION = outbox

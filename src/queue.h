@@ -1,8 +1,31 @@
 /*-------------------------------------------------------------------------
  *
  * queue.h
- *	  Declarations the queue files (queue_*.c) share; the rest of the
- *	  extension sees only outbox.h.
+ *	  Queue targets: messages received by SQL clients inside their own
+ *	  transactions (outbox.receive), the Transactional Client.  This header
+ *	  declares what the queue files share; the rest of the extension sees
+ *	  only outbox.h.
+ *
+ * A queue is a target of kind 'queue'.  Its messages are those of its
+ * subscriptions, in id order, as for any target.  What is special is who
+ * takes them and when they count as done: a receiving transaction claims
+ * them in a window of shared memory, the receipt it writes acknowledges
+ * them when it commits, and a rollback gives them back in their place.
+ *
+ * The queue files, one job each; each uses only files listed after it:
+ *	  queue_receive.c	outbox.receive(): wait, choose, write the receipt,
+ *						return the messages
+ *	  queue_compact.c	the relay's folding of receipts into done_id
+ *	  queue_stats.c		outbox.queue_stats(), for the view outbox.queues
+ *	  queue_fill.c		filling a window up to the frontier, building it
+ *						from the tables
+ *	  queue_xact.c		the claims' end at commit and abort, which
+ *						rollbacks count, the callbacks
+ *	  queue_poison.c	poison messages and their dead letters
+ *	  queue_config.c	queues as configured, and the slot each has
+ *	  queue_shmem.c		slots and their windows, the locks, waiting
+ * Module load (outbox.c) calls queue_shmem.c and queue_xact.c to set them
+ * up; the relay calls queue_compact.c.
  *
  *-------------------------------------------------------------------------
  */

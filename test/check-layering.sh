@@ -3,7 +3,7 @@
 #
 #   test/check-layering.sh [DIR]      DIR holds the built src/*.o (default: src)
 #
-# For each DIR/NAME.o, the files whose extern functions and variables it
+# For each DIR/NAME.c, built as DIR/NAME.o, the files whose extern functions and variables it
 # uses: its undefined symbols (nm -u) matched to the global symbols other
 # objects define (nm --defined-only -g).  Prints that graph, one line a file,
 # then fails if the graph has a cycle (a file that calls, through any chain,
@@ -15,14 +15,15 @@
 set -euo pipefail
 dir=${1:-src}
 shopt -s nullglob
-objs=("$dir"/*.o)
-if [ ${#objs[@]} -eq 0 ]; then
-	echo "check-layering: no objects in $dir/ (build first)" >&2
-	exit 2
-fi
+objs=()
 for c in "$dir"/*.c; do
 	[ -f "${c%.c}.o" ] || { echo "check-layering: ${c%.c}.o is missing (build first)" >&2; exit 2; }
+	objs+=("${c%.c}.o")		# an object left from a removed file is not ours
 done
+if [ ${#objs[@]} -eq 0 ]; then
+	echo "check-layering: no sources in $dir/" >&2
+	exit 2
+fi
 
 # "def FILE SYMBOL" and "use FILE SYMBOL" lines, then the graph and its
 # checks in awk.

@@ -1,71 +1,26 @@
 /*-------------------------------------------------------------------------
  *
- * queue.c
- *	  Queue targets: messages received by SQL clients inside their own
- *	  transactions (outbox.receive), the Transactional Client.
+ * queue_receive.c
+ *	  outbox.receive(): claiming messages of a queue for the calling
+ *	  transaction.
  *
- * Being split by job into queue_*.c (queue_shmem.c, queue_config.c, queue_poison.c, queue_xact.c, queue_fill.c, queue_compact.c, queue_stats.c so far), one file
- * at a time; queue.h declares what the queue files share.
+ * outbox.receive() claims messages in the window for the calling
+ * transaction and writes one row into outbox.receipts naming them.  The
+ * receipt is the acknowledgement: it is durable exactly when the
+ * transaction commits, together with everything else the transaction did
+ * (tables it changed, messages it emitted).  What becomes of the claims at
+ * commit and abort is queue_xact.c's.
  *
- * A queue is a target of kind 'queue'.  Its messages are those of its
- * subscriptions, in id order, as for any target.  What is special is who
- * takes them and when they count as done:
+ * Per key, a message is handed out only when every earlier message of its
+ * key in the window is acknowledged or held by the same backend (which is
+ * then the same transaction).  Keyless messages are unordered.
  *
- *	- Shared memory holds, per queue, a window: the queue's messages above
- *	  its durable position (outbox.progress.done_id), in id order, each
- *	  free, claimed by one backend's transaction, or acknowledged.  The
- *	  window is filled by whichever receiver finds it short, reading
- *	  outbox.messages up to the frontier (I3) with a fresh snapshot, so a
- *	  REPEATABLE READ caller sees messages committed after its snapshot.
- *
- *	- outbox.receive() claims messages in the window for the calling
- *	  transaction and writes one row into outbox.receipts naming them.  The
- *	  receipt is the acknowledgement: it is durable exactly when the
- *	  transaction commits, together with everything else the transaction
- *	  did (tables it changed, messages it emitted).  At XACT_EVENT_COMMIT
- *	  the claims become "acknowledged" in shared memory; at abort (ROLLBACK,
- *	  an error, the session ending) or at the rollback of the savepoint
- *	  that contained the receive, they become free again, in their place.
- *	  So a claim lives exactly as long as the transaction.
- *
- *	- Per key, a message is handed out only when every earlier message of
- *	  its key in the window is acknowledged or held by the same backend
- *	  (which is then the same transaction).  Keyless messages are unordered.
- *
- *	- A message whose receiving transactions rolled back outbox.max_receives
- *	  times is poisoned: the next receive writes it to outbox.dead_letters
- *	  and acknowledges it in its own transaction, instead of returning it.
- *	  Only rollbacks that say something about the messages count: one
- *	  caused by an error of class 40 (serialization failure, deadlock), 53
- *	  or 58 (the server ran short of resources, an I/O error), by a
- *	  lock_timeout or by an administrator ending the session does not
- *	  (rollback_counts()).  The cause comes from the error report
- *	  (emit_log_hook).  Usually it precedes the abort, which then decides
- *	  at once; but a failed COMMIT in a procedure, or an error passing
- *	  through a PL/pgSQL block with EXCEPTION, aborts first and is
- *	  reported after.  So a release that no error at its nesting level
- *	  explains is pending: the next error report decides it, or, if the
- *	  session reaches its next statement, receive or transaction end
- *	  first, it counts (unless an earlier error of the transaction, raised
- *	  while the message was held, says otherwise).
- *
- *	- The relay folds acknowledgements into done_id about once a second
- *	  (outbox_queue_compact) and deletes the receipts below it, so receipts
- *	  stay as few as the messages between done_id and the newest
- *	  acknowledged one, and retention frees chunks as for other targets.
- *	  After a restart the window is rebuilt from done_id and the receipts;
- *	  after outbox.replay() too, once no transaction holds a message of the
- *	  queue (until then nothing is handed out).
- *
- * Waiting receivers sleep on one condition variable, broadcast when a
- * transaction that emitted commits (emit.c), when claims are released or
- * acknowledged, and when a fill ends.  A fill and a wait are announced in
- * shared memory (filling/filler, waiters); a backend that ends by FATAL
- * takes them back in its exit callback.
- *
- * Locking: QShared->locks[0] guards taking and freeing slots; each slot's
- * own lock guards its fields and entries.  No SQL runs under either: a
- * fill reads with the slot's filling flag set and the lock released.
+ * A receive fills the window when it finds it short (queue_fill.c); with
+ * nothing to take it waits up to wait_ms on the queues' condition variable
+ * (queue_shmem.c), and for a fill under way in another backend even when
+ * not asked to wait.  Poisoned messages it comes upon are dead-lettered
+ * (queue_poison.c), not returned.  The messages it returns are durable
+ * (I7) and read from their chunks with a fresh snapshot.
  *
  *-------------------------------------------------------------------------
  */
@@ -81,33 +36,21 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
-#include "common/hashfn.h"
-#include "executor/spi.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "parser/analyze.h"
 #include "pgstat.h"
 #include "storage/condition_variable.h"
-#include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
-#include "storage/shmem.h"
-#include "tcop/utility.h"
-#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
-#include "utils/guc.h"
 #include "utils/inval.h"
-#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
-#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
