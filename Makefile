@@ -101,10 +101,13 @@ $(OBJS): src/base.h src/outbox.h src/compat.h src/relay.h src/queue.h
 # Set after PGXS, whose Makefile.global empties it.
 PROVE_FLAGS = -I $(srcdir)/test/t
 
-# Static analysis of our own code (warnings in PostgreSQL's headers are not ours).
-lint:
+# Static analysis of our own code (warnings in PostgreSQL's headers are not ours),
+# then the layering check on the built objects: no file calls, through any
+# chain, back into itself (test/check-layering.sh).
+lint: $(OBJS)
 	cppcheck -q --error-exitcode=1 --enable=warning,performance,portability \
 		--inline-suppr --suppress=missingIncludeSystem --suppress=toomanyconfigs \
 		--suppress='*:$(includedir_server)/*' --max-configs=1 \
 		-I$(srcdir)/src -I$(includedir_server) $(srcdir)/src/*.c
+	$(srcdir)/test/check-layering.sh src
 endif
