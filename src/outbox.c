@@ -41,7 +41,7 @@ void		_PG_init(void);
 
 /*
  * Shared memory of every part: the commit sequence (shmem.c), the delivery
- * statistics (stats.c) and the queues (queue.c).
+ * statistics (stats.c) and the queues (queue_shmem.c).
  */
 static void
 outbox_shmem_request_hook(void)

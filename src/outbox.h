@@ -3,12 +3,15 @@
  * outbox.h
  *	  Declarations shared by the files of the outbox extension.
  *
- * The extension is split by job (see DESIGN.md):
- *	  outbox.c	- module load: GUCs, hook and callback registration
- *	  shmem.c	- shared state: the commit sequence, in-flight slots, frontier
- *	  emit.c	- the per-transaction message buffer and the xact callbacks
- *	  storage.c	- everything that reads or writes outbox tables directly
- *	  api.c		- SQL-callable entry points and their input checks
+ * The extension is split by job, one file each, every file opening with
+ * its design; docs/internals.md ("Source layout") describes them and the
+ * order of their dependencies, which test/check-layering.sh (make lint)
+ * keeps pointing one way.  What every file may use, the base module, is
+ * declared in base.h, included here.  The relay's files share relay.h and
+ * the queue's files queue.h besides; this header has what other files
+ * need: the shared state of the commit sequence (shmem.c), storage, the
+ * emit buffer, statistics, the checks of text and destinations, signing,
+ * and the entry points of the queues that module load and the relay call.
  *
  *-------------------------------------------------------------------------
  */
@@ -251,10 +254,13 @@ outbox_subscriptions_match(const OutboxSubscription *subs, int nsubs,
 	return false;
 }
 
-/*---- queue.c: queues received from in SQL transactions ----*/
+/*---- queues received from in SQL transactions (the rest: queue.h) ----*/
+/* queue_shmem.c */
 extern void outbox_queue_shmem_request(void);
 extern void outbox_queue_shmem_init(void);
+/* queue_xact.c */
 extern void outbox_queue_init(void);
+/* queue_compact.c, run by the relay */
 extern void outbox_queue_compact(void);
 
 #endif							/* OUTBOX_H */

@@ -137,12 +137,14 @@ typedef struct Taken
 extern QueueShared *QShared;
 extern QueueEntry *QEntries;
 
+/* The lock of slot i, guarding its fields and entries. */
 static inline LWLock *
 slot_lock(int i)
 {
 	return &QShared->locks[i + 1].lock;
 }
 
+/* Entry k of a slot's window, 0 being the oldest (under the slot lock). */
 static inline QueueEntry *
 slot_entry(int slot, int k)
 {

@@ -63,7 +63,8 @@ struct RelayHttpLane;
 
 /*
  * What a transport says of one request (a message or a batch); the lane
- * decides what follows (worker.c).  See the README's failure classes.
+ * decides what follows (relay_lane.c).  See the failure classes in
+ * docs/sql-reference.md.
  */
 typedef enum RelayOutcomeKind
 {
