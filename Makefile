@@ -109,5 +109,5 @@ lint: $(OBJS)
 		--inline-suppr --suppress=missingIncludeSystem --suppress=toomanyconfigs \
 		--suppress='*:$(includedir_server)/*' --max-configs=1 \
 		-I$(srcdir)/src -I$(includedir_server) $(srcdir)/src/*.c
-	$(srcdir)/test/check-layering.sh src
+	$(srcdir)/test/check-layering.sh src $(srcdir)/src
 endif

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Dependencies between the extension's C files point one way.
 #
-#   test/check-layering.sh [DIR]      DIR holds the built src/*.o (default: src)
+#   test/check-layering.sh [DIR [SRCDIR]]
 #
-# For each DIR/NAME.c, built as DIR/NAME.o, the files whose extern functions and variables it
-# uses: its undefined symbols (nm -u) matched to the global symbols other
-# objects define (nm --defined-only -g).  Prints that graph, one line a file,
-# then fails if the graph has a cycle (a file that calls, through any chain,
+# DIR holds the built objects (default: src), SRCDIR the sources (default:
+# DIR; they differ in a VPATH build).  For each SRCDIR/NAME.c, built as
+# DIR/NAME.o, the files whose extern functions and variables it uses: its
+# undefined symbols (nm -u) matched to the global symbols other objects
+# define (nm --defined-only -g).  Prints that graph, one line a file, then
+# fails if the graph has a cycle (a file that calls, through any chain,
 # back into itself), if the base module (base.o) uses any other file, or if
 # any file uses outbox.o (module load, _PG_init: it calls everyone's init,
 # so nothing may call back into it).  Run by `make lint`, after the build.
@@ -14,14 +16,16 @@
 # seen: they are the header's, not a file's.
 set -euo pipefail
 dir=${1:-src}
+srcdir=${2:-$dir}
 shopt -s nullglob
 objs=()
-for c in "$dir"/*.c; do
-	[ -f "${c%.c}.o" ] || { echo "check-layering: ${c%.c}.o is missing (build first)" >&2; exit 2; }
-	objs+=("${c%.c}.o")		# an object left from a removed file is not ours
+for c in "$srcdir"/*.c; do
+	o="$dir/$(basename "$c" .c).o"
+	[ -f "$o" ] || { echo "check-layering: $o is missing (build first)" >&2; exit 2; }
+	objs+=("$o")		# an object left from a removed file is not ours
 done
 if [ ${#objs[@]} -eq 0 ]; then
-	echo "check-layering: no sources in $dir/" >&2
+	echo "check-layering: no sources in $srcdir/" >&2
 	exit 2
 fi
 
