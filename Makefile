@@ -13,12 +13,22 @@
 MODULE_big = outbox
 OBJS = \
 	src/api.o \
+	src/base.o \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \
 	src/launcher.o \
 	src/outbox.o \
+	src/queue_compact.o \
+	src/queue_config.o \
+	src/queue_fill.o \
+	src/queue_poison.o \
+	src/queue_receive.o \
+	src/queue_shmem.o \
+	src/queue_stats.o \
+	src/queue_xact.o \
 	src/relay_config.o \
+	src/relay_dead_letters.o \
 	src/relay_envelope.o \
 	src/relay_http.o \
 	src/relay_lane.o \
@@ -31,7 +41,6 @@ OBJS = \
 	src/signing.o \
 	src/stats.o \
 	src/storage.o \
-	src/queue.o \
 	src/topic_grants.o
 
 EXTENSION = outbox
@@ -87,15 +96,18 @@ deb:
 ifneq ($(PGXS),)
 include $(PGXS)
 
-$(OBJS): src/outbox.h src/compat.h src/relay.h
+$(OBJS): src/base.h src/outbox.h src/compat.h src/relay.h src/queue.h
 
 # Set after PGXS, whose Makefile.global empties it.
 PROVE_FLAGS = -I $(srcdir)/test/t
 
-# Static analysis of our own code (warnings in PostgreSQL's headers are not ours).
-lint:
+# Static analysis of our own code (warnings in PostgreSQL's headers are not ours),
+# then the layering check on the built objects: no file calls, through any
+# chain, back into itself (test/check-layering.sh).
+lint: $(OBJS)
 	cppcheck -q --error-exitcode=1 --enable=warning,performance,portability \
 		--inline-suppr --suppress=missingIncludeSystem --suppress=toomanyconfigs \
 		--suppress='*:$(includedir_server)/*' --max-configs=1 \
 		-I$(srcdir)/src -I$(includedir_server) $(srcdir)/src/*.c
+	$(srcdir)/test/check-layering.sh src $(srcdir)/src
 endif

@@ -17,7 +17,6 @@
 #include "access/table.h"
 #include "access/xact.h"
 #include "access/xlog.h"
-#include "commands/dbcommands.h"
 #include "common/pg_prng.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -32,9 +31,6 @@ PG_FUNCTION_INFO_V1(outbox_frontier);
 PG_FUNCTION_INFO_V1(outbox_config_changed);
 PG_FUNCTION_INFO_V1(outbox_advance_sequence);
 
-/* Whether this backend's database is outbox.database: 0 unknown, 1 yes, -1 no. */
-static int	database_matches = 0;
-
 /* Refuse to run unless the library was loaded by shared_preload_libraries. */
 static void
 outbox_check_preloaded(const char *what)
@@ -45,30 +41,6 @@ outbox_check_preloaded(const char *what)
 				 errmsg("%s requires the outbox library to be preloaded", what),
 				 errdetail("The commit sequence lives in shared memory, which only a preloaded library can set up."),
 				 errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
-}
-
-/*
- * Refuse to run in a database other than outbox.database: the relay worker
- * serves only that one, so messages stored elsewhere would never leave.
- */
-void
-outbox_check_database(const char *what)
-{
-	if (database_matches == 0)
-	{
-		char	   *dbname = get_database_name(MyDatabaseId);
-
-		database_matches = (dbname && strcmp(dbname, outbox_database) == 0) ? 1 : -1;
-	}
-	if (database_matches < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("%s cannot be used in database \"%s\"", what,
-						get_database_name(MyDatabaseId)),
-				 errdetail("The outbox relay serves database \"%s\" (outbox.database).",
-						   outbox_database),
-				 errhint("Connect to database \"%s\", or set outbox.database to \"%s\" and restart the server.",
-						 outbox_database, get_database_name(MyDatabaseId))));
 }
 
 /* Refuse to emit where the message could not be stored at commit. */
@@ -133,20 +105,6 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 	outbox_check_text(s, len, OUTBOX_TEXT_KEY, "outbox key");
 	*key = s;
 	*key_len = len;
-}
-
-/*
- * RFC 9110 token characters, the only ones allowed in a header name (also
- * checked by the relay as it loads targets).
- */
-bool
-outbox_is_token_char(unsigned char c)
-{
-	if (c >= '0' && c <= '9')
-		return true;
-	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
-		return true;
-	return strchr("!#$%&'*+-.^_`|~", c) != NULL && c != '\0';
 }
 
 /* Headers the relay sets itself, which a message may not override. */

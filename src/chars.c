@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * chars.c
- *	  Which characters topics, keys, header values and channel names may
- *	  hold: checked by character, not by byte.
+ *	  Which characters topics, keys, header names and values and channel
+ *	  names may hold: checked by character, not by byte.
  *
  * Text is decoded from the database encoding to Unicode code points (in a
  * SQL_ASCII database a byte above 0x7f has no known meaning: it is allowed
@@ -17,6 +17,7 @@
  *	  key, channel		no line or paragraph separator (U+2028, U+2029)
  *	  header value		printable ASCII and tab only: values travel raw in
  *						HTTP request headers
+ * Header names are RFC 9110 tokens (outbox_is_token_char).
  *
  *-------------------------------------------------------------------------
  */
@@ -202,6 +203,20 @@ outbox_check_text(const char *s, int len, OutboxTextKind kind, const char *what)
 				 kind == OUTBOX_TEXT_HEADER_VALUE ?
 				 errhint("Percent-encode or base64-encode other text, or move it into the payload.") :
 				 errhint("Remove the character.")));
+}
+
+/*
+ * RFC 9110 token characters, the only ones allowed in a header name
+ * (checked by outbox_emit() and by the relay as it loads targets).
+ */
+bool
+outbox_is_token_char(unsigned char c)
+{
+	if (c >= '0' && c <= '9')
+		return true;
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+		return true;
+	return strchr("!#$%&'*+-.^_`|~", c) != NULL && c != '\0';
 }
 
 PG_FUNCTION_INFO_V1(outbox_check_text_sql);

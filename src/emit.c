@@ -20,8 +20,10 @@
  * the table and its indexes, then ids are reserved from the shared commit
  * sequence (publishing our in-flight slot), then the rows are written in
  * batches.  At XACT_EVENT_COMMIT, after the transaction became visible, the
- * slot is cleared and the relay worker is woken; at XACT_EVENT_ABORT the
- * slot is cleared and the ids become a gap.  PREPARE TRANSACTION is refused
+ * slot is cleared and the relay worker and waiting queue receivers are woken
+ * (the latter through base.h's outbox_wake_receivers, so this file does not
+ * depend on the queues); at XACT_EVENT_ABORT the slot is cleared and the ids
+ * become a gap.  PREPARE TRANSACTION is refused
  * for a transaction that emitted, since COMMIT PREPARED would run in another
  * process without our callbacks.
  *
@@ -491,7 +493,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 				if (emitted)
 				{
 					outbox_wake_worker(true);
-					outbox_queue_wake();
+					outbox_wake_receivers();
 				}
 				if (config_changed)
 				{
@@ -516,7 +518,7 @@ outbox_xact_callback(XactEvent event, void *arg)
 			if (outbox_release_slot(InvalidXLogRecPtr))
 			{
 				outbox_wake_worker(true);
-				outbox_queue_wake();
+				outbox_wake_receivers();
 			}
 			break;
 

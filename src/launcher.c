@@ -76,7 +76,10 @@ outbox_register_launcher(void)
 	RegisterBackgroundWorker(&worker);
 }
 
-/* Start the relay (worker.c) as a dynamic worker; NULL if no slot is free. */
+/*
+ * Start the relay (relay_main.c) as a dynamic worker; NULL if no slot is
+ * free.
+ */
 static BackgroundWorkerHandle *
 launcher_start_relay(void)
 {

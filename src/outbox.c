@@ -9,12 +9,19 @@
  * transaction.  Loaded any other way, it defines its settings and nothing
  * else, and the SQL functions explain what to change.
  *
+ * This file is the top of the extension: it calls every part's init and
+ * owns the shared memory hooks, which size and set up each part's shared
+ * state in turn; no other file calls into it (test/check-layering.sh).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
@@ -22,22 +29,42 @@
 
 PG_MODULE_MAGIC;
 
-/*---- GUC variables ----*/
-char	   *outbox_database = NULL;
-char	   *outbox_relay_role = NULL;
-int			outbox_max_payload_size = 1024 * 1024;
-bool		outbox_enabled = true;
-int			outbox_poll_interval = 1000;
-int			outbox_retry_base_delay = 500;
-int			outbox_retry_max_delay = 300000;
-int			outbox_relay_memory = 64 * 1024;	/* kB */
-int			outbox_retention = 3600;	/* seconds */
-char	   *outbox_test_fault = NULL;
+/*
+ * The GUC variables live in base.c, so that every file may read them without
+ * depending on this one, which calls everyone's init.
+ */
 
-/* Whether _PG_init ran from shared_preload_libraries. */
-bool		outbox_preloaded = false;
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 void		_PG_init(void);
+
+/*
+ * Shared memory of every part: the commit sequence (shmem.c), the delivery
+ * statistics (stats.c) and the queues (queue_shmem.c).
+ */
+static void
+outbox_shmem_request_hook(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	outbox_shmem_request();
+	RequestAddinShmemSpace(outbox_stats_shmem_size());
+	outbox_queue_shmem_request();
+}
+
+static void
+outbox_shmem_startup_hook(void)
+{
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	outbox_shmem_init();
+	outbox_stats_shmem_init();
+	outbox_queue_shmem_init();
+	LWLockRelease(AddinShmemInitLock);
+}
 
 void
 _PG_init(void)
@@ -185,7 +212,10 @@ _PG_init(void)
 
 	MarkGUCPrefixReserved("outbox");
 
-	outbox_shmem_init_hooks();
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_shmem_request_hook;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_shmem_startup_hook;
 	outbox_emit_init();
 	outbox_queue_init();
 	outbox_register_launcher();

@@ -3,12 +3,15 @@
  * outbox.h
  *	  Declarations shared by the files of the outbox extension.
  *
- * The extension is split by job (see DESIGN.md):
- *	  outbox.c	- module load: GUCs, hook and callback registration
- *	  shmem.c	- shared state: the commit sequence, in-flight slots, frontier
- *	  emit.c	- the per-transaction message buffer and the xact callbacks
- *	  storage.c	- everything that reads or writes outbox tables directly
- *	  api.c		- SQL-callable entry points and their input checks
+ * The extension is split by job, one file each, every file opening with
+ * its design; docs/internals.md ("Source layout") describes them and the
+ * order of their dependencies, which test/check-layering.sh (make lint)
+ * keeps pointing one way.  What every file may use, the base module, is
+ * declared in base.h, included here.  The relay's files share relay.h and
+ * the queue's files queue.h besides; this header has what other files
+ * need: the shared state of the commit sequence (shmem.c), storage, the
+ * emit buffer, statistics, the checks of text and destinations, signing,
+ * and the entry points of the queues that module load and the relay call.
  *
  *-------------------------------------------------------------------------
  */
@@ -25,25 +28,8 @@
 #include "utils/relcache.h"
 #include "utils/uuid.h"
 
+#include "base.h"
 #include "compat.h"
-
-/*---- names of the extension's objects ----*/
-#define OUTBOX_SCHEMA			"outbox"
-#define OUTBOX_MESSAGES_TABLE	"messages"
-#define OUTBOX_STATE_TABLE		"state"
-#define OUTBOX_MARK_SEQUENCE	"id_mark"
-/* Messages are stored in chunks outbox.messages_1 .. _N (schema 0.2). */
-#define OUTBOX_NUM_CHUNKS		4
-
-/*---- columns of outbox.messages, in table order ----*/
-#define Anum_outbox_messages_id			1
-#define Anum_outbox_messages_msg_id		2
-#define Anum_outbox_messages_topic		3
-#define Anum_outbox_messages_key		4
-#define Anum_outbox_messages_payload	5
-#define Anum_outbox_messages_headers	6
-#define Anum_outbox_messages_emitted_at	7
-#define Natts_outbox_messages			7
 
 /*---- input limits ----*/
 #define OUTBOX_MAX_TOPIC_LEN		255 /* bytes */
@@ -70,19 +56,6 @@ typedef struct OutboxMessage
 /* Iterator over the buffered messages of the transaction (emit.c). */
 typedef bool (*OutboxNextMessage) (void *state, OutboxMessage *msg);
 
-/*---- outbox.c ----*/
-extern char *outbox_database;
-extern char *outbox_relay_role;
-extern int	outbox_max_payload_size;
-extern bool outbox_enabled;
-extern int	outbox_poll_interval;
-extern int	outbox_retry_base_delay;
-extern int	outbox_retry_max_delay;
-extern int	outbox_relay_memory;
-extern int	outbox_retention;
-extern char *outbox_test_fault;
-extern bool outbox_preloaded;
-
 /*---- launcher.c ----*/
 extern void outbox_register_launcher(void);
 
@@ -90,7 +63,8 @@ extern void outbox_register_launcher(void);
 struct Latch;
 
 
-extern void outbox_shmem_init_hooks(void);
+extern void outbox_shmem_request(void);
+extern void outbox_shmem_init(void);
 extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);
 extern void outbox_counter_initialize(int64 highest_used);
@@ -191,6 +165,7 @@ typedef enum OutboxTextKind
 
 extern int	outbox_bad_char(const char *s, int len, OutboxTextKind kind, pg_wchar *bad);
 extern void outbox_check_text(const char *s, int len, OutboxTextKind kind, const char *what);
+extern bool outbox_is_token_char(unsigned char c);
 
 /* destinations.c: where requests may go */
 extern char *outbox_denied_destinations;
@@ -279,20 +254,13 @@ outbox_subscriptions_match(const OutboxSubscription *subs, int nsubs,
 	return false;
 }
 
-/*---- queue.c: queues received from in SQL transactions ----*/
-extern int	outbox_max_receives;
-extern int	outbox_max_queues;
-extern int	outbox_queue_window;
-extern Size outbox_queue_shmem_size(void);
+/*---- queues received from in SQL transactions (the rest: queue.h) ----*/
+/* queue_shmem.c */
 extern void outbox_queue_shmem_request(void);
 extern void outbox_queue_shmem_init(void);
+/* queue_xact.c */
 extern void outbox_queue_init(void);
-extern void outbox_queue_backend_init(void);
-extern void outbox_queue_wake(void);
+/* queue_compact.c, run by the relay */
 extern void outbox_queue_compact(void);
-
-/*---- api.c ----*/
-extern void outbox_check_database(const char *what);
-extern bool outbox_is_token_char(unsigned char c);
 
 #endif							/* OUTBOX_H */

@@ -8,10 +8,12 @@
  *	   +- relay_config.c	targets and subscriptions loaded from the tables
  *	   +- relay_read.c		frontier -> read -> route to lanes
  *	   +- relay_progress.c	progress and dead-letter writes
+ *	   +- relay_retention.c	retention step, current chunk
  *	   +- relay_http.c, relay_notify.c	transports: send, then report an
  *								outcome; they know nothing of dead letters
- *	   +- all use: relay_lane.c (FIFO, caps, backoff, what an outcome does)
- *				   and relay_envelope.c (formats)
+ *	   +- all use: relay_lane.c (FIFO, caps, backoff, what an outcome does),
+ *				   relay_dead_letters.c (dead letters waiting to be
+ *				   written) and relay_envelope.c (formats)
  *	  launcher.c starts relay_main.c's worker.
  *
  * All of it lives in the worker's process memory; nothing here is in shared
@@ -61,7 +63,8 @@ struct RelayHttpLane;
 
 /*
  * What a transport says of one request (a message or a batch); the lane
- * decides what follows (worker.c).  See the README's failure classes.
+ * decides what follows (relay_lane.c).  See the failure classes in
+ * docs/sql-reference.md.
  */
 typedef enum RelayOutcomeKind
 {
@@ -203,6 +206,13 @@ typedef struct RelayDeadLetter
 	char	   *last_error;
 } RelayDeadLetter;
 
+/* A dead letter delivered again, to remove with the next progress write. */
+typedef struct RelayRetried
+{
+	char	   *target;
+	int64		id;
+} RelayRetried;
+
 /*
  * Largest body of one batch request: a batch is cut before it grows past
  * this (a message larger than this goes alone).  Fixed, so a re-read cuts
@@ -269,17 +279,22 @@ extern bool relay_target_wants_read(RelayTarget *t, int64 frontier);
 extern bool relay_read_messages(int64 frontier);
 extern int	relay_lane_of(RelayTarget *t, const char *key, int64 id);
 
-/*---- relay_progress.c: progress and dead-letter writes ----*/
+/*---- relay_dead_letters.c: dead letters waiting to be written ----*/
 extern void relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id, const char *topic, const char *key, int attempts, int status, const char *error);
 extern void *relay_dead_letters_mark(void);
 extern void relay_dead_letters_discard(void *mark);
+extern void relay_retry_delivered(RelayTarget *t, int64 id);
+extern bool relay_dead_letter_writes_pending(void);
+extern RelayDeadLetter *relay_dead_letters_queued(void);
+extern List *relay_retried_queued(void);
+extern void relay_dead_letters_written(void);
+
+/*---- relay_progress.c: progress and dead-letter writes ----*/
 extern bool relay_progress_pending(void);
 extern void relay_write_progress(void);
 extern void relay_record_cuts(RelayLane **cut, int n);
 extern void relay_progress_notified(RelayTarget *t, int n, int64 last_id,
 									int64 done);
-extern void relay_retry_delivered(RelayTarget *t, int64 id);
-extern bool relay_dead_letter_writes_pending(void);
 extern void relay_resize_target(RelayTarget *t);
 
 /*

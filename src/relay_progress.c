@@ -5,12 +5,13 @@
  *
  * Per lane, outbox.progress records the id up to which everything of the
  * lane is finished (delivered or dead-lettered), with counters and the last
- * error; dead letters go to outbox.dead_letters.  Both are written together
- * in one short transaction, batched over all lanes, at most every few
- * milliseconds while requests are in flight: a crash can only make the
- * relay send again what it may not have recorded (I5).  Batches cut short
- * of batch_size are recorded, durably, before they are sent, so a restart
- * cuts them the same way.
+ * error; dead letters (queued by relay_dead_letters.c) go to
+ * outbox.dead_letters.  Both are written together in one short
+ * transaction, batched over all lanes, at most every few milliseconds
+ * while requests are in flight: a crash can only make the relay send again
+ * what it may not have recorded (I5).  Batches cut short of batch_size are
+ * recorded, durably, before they are sent, so a restart cuts them the same
+ * way.
  *
  *-------------------------------------------------------------------------
  */
@@ -54,7 +55,6 @@
 
 TimestampTz relay_last_progress_write = 0;
 
-static RelayDeadLetter *dead_letters = NULL;	/* not yet written */
 static SPIPlanPtr progress_plan = NULL;
 
 /* The relay's progress write; schema 0.2 adds the replay generation check. */
@@ -78,90 +78,12 @@ static SPIPlanPtr dead_letter_plan = NULL;
 static bool dead_letter_plan_keeps = false;	/* prepared to keep payloads */
 static bool progress_plan_generation = false;	/* prepared with the check */
 
-/* A dead letter delivered again, to remove with the next progress write. */
-typedef struct RelayRetried
-{
-	char	   *target;
-	int64		id;
-} RelayRetried;
-
-static List *retried_done = NIL;	/* RelayRetried *, in relay_cxt */
-
-/* The newest dead letter not yet written, to take back later ones with. */
-void *
-relay_dead_letters_mark(void)
-{
-	return dead_letters;
-}
-
-/* Forget the newest queued dead letters, down to (not including) mark. */
-void
-relay_dead_letters_discard(void *mark)
-{
-	while (dead_letters != NULL && (void *) dead_letters != mark)
-	{
-		RelayDeadLetter *d = dead_letters;
-
-		dead_letters = d->next;
-		pfree(d->target);
-		pfree(d->topic);
-		if (d->key)
-			pfree(d->key);
-		pfree(d->last_error);
-		pfree(d);
-	}
-}
-
-/* Queue a dead letter, written with the next progress update. */
-void
-relay_add_dead_letter(RelayTarget *t, int64 id, const char *msg_id,
-					  const char *topic, const char *key, int attempts,
-					  int status, const char *error)
-{
-	RelayDeadLetter *d = MemoryContextAllocZero(relay_cxt, sizeof(RelayDeadLetter));
-
-	d->target = MemoryContextStrdup(relay_cxt, t->name);
-	d->id = id;
-	strlcpy(d->msg_id, msg_id, sizeof(d->msg_id));
-	d->topic = MemoryContextStrdup(relay_cxt, topic);
-	d->key = key ? MemoryContextStrdup(relay_cxt, key) : NULL;
-	d->attempts = attempts;
-	d->last_status = status;
-	d->last_error = MemoryContextStrdup(relay_cxt, error);
-	d->next = dead_letters;
-	dead_letters = d;
-}
-
-/*
- * Whether dead-letter rows are about to change (written or removed at the
- * next progress write): dead letters to deliver again are read only after,
- * so that none is read, and sent, twice.
- */
-bool
-relay_dead_letter_writes_pending(void)
-{
-	return dead_letters != NULL || retried_done != NIL;
-}
-
-/* A dead letter delivered again was acknowledged: it is no longer dead. */
-void
-relay_retry_delivered(RelayTarget *t, int64 id)
-{
-	MemoryContext oldcxt = MemoryContextSwitchTo(relay_cxt);
-	RelayRetried *r = palloc(sizeof(RelayRetried));
-
-	r->target = pstrdup(t->name);
-	r->id = id;
-	retried_done = lappend(retried_done, r);
-	MemoryContextSwitchTo(oldcxt);
-}
-
 bool
 relay_progress_pending(void)
 {
 	ListCell   *lc;
 
-	if (dead_letters != NULL || retried_done != NIL)
+	if (relay_dead_letter_writes_pending())
 		return true;
 	foreach(lc, relay_targets)
 	{
@@ -306,7 +228,7 @@ relay_write_progress_once(void)
 		SPI_keepplan(dead_letter_plan);
 	}
 
-	for (d = dead_letters; d != NULL; d = d->next)
+	for (d = relay_dead_letters_queued(); d != NULL; d = d->next)
 	{
 		Datum		args[8];
 		char		nulls[8] = "        ";
@@ -373,7 +295,7 @@ relay_write_progress_once(void)
 	}
 
 	/* Dead letters delivered again are gone. */
-	foreach(lc, retried_done)
+	foreach(lc, relay_retried_queued())
 	{
 		RelayRetried *r = (RelayRetried *) lfirst(lc);
 		Datum		args[2];
@@ -426,11 +348,7 @@ relay_write_progress_once(void)
 			lane->error_dirty = false;
 		}
 	}
-	relay_dead_letters_discard(NULL);	/* written: forget them all */
-	foreach(lc, retried_done)
-		pfree(((RelayRetried *) lfirst(lc))->target);
-	list_free_deep(retried_done);
-	retried_done = NIL;
+	relay_dead_letters_written();
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);

@@ -87,9 +87,6 @@ static OutboxSharedState *OutboxShared = NULL;
 /* Whether this backend has published its slot and must clear it. */
 static bool slot_published = false;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
-
 /*
  * Number of PGPROC entries, so any backend or background worker can index
  * its slot by its PGPROC number.
@@ -107,26 +104,20 @@ outbox_shmem_size(void)
 					mul_size(outbox_slot_count(), sizeof(pg_atomic_uint64)));
 }
 
-static void
+/* Called from the shmem request hook (outbox.c). */
+void
 outbox_shmem_request(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
 	RequestAddinShmemSpace(outbox_shmem_size());
-	RequestAddinShmemSpace(outbox_stats_shmem_size());
 	RequestNamedLWLockTranche("outbox", 1);
-	outbox_queue_shmem_request();
 }
 
-static void
-outbox_shmem_startup(void)
+/* Called from the shmem startup hook (outbox.c), under AddinShmemInitLock. */
+void
+outbox_shmem_init(void)
 {
 	bool		found;
 
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	OutboxShared = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
 	if (!found)
 	{
@@ -150,9 +141,6 @@ outbox_shmem_startup(void)
 		for (i = 0; i < OutboxShared->nslots; i++)
 			pg_atomic_init_u64(&OutboxShared->inflight[i], 0);
 	}
-	outbox_stats_shmem_init();
-	outbox_queue_shmem_init();
-	LWLockRelease(AddinShmemInitLock);
 }
 
 /*
@@ -164,19 +152,6 @@ outbox_shmem_exit(int code, Datum arg)
 {
 	if (outbox_release_slot(InvalidXLogRecPtr))
 		outbox_wake_worker(true);
-}
-
-/*
- * Install the shared memory hooks.  Called from _PG_init while
- * shared_preload_libraries is being processed.
- */
-void
-outbox_shmem_init_hooks(void)
-{
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = outbox_shmem_request;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = outbox_shmem_startup;
 }
 
 /* True when the shared state exists (the library was preloaded). */

@@ -1,0 +1,75 @@
+/*-------------------------------------------------------------------------
+ *
+ * base.h
+ *	  What every file of the extension may use: the names and columns of
+ *	  the extension's objects, the settings _PG_init defines, the database
+ *	  check, and the hook through which a commit wakes queue receivers.
+ *
+ * base.c defines these and calls no other file of the extension, so using
+ * them never makes a dependency circle (test/check-layering.sh checks it).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_BASE_H
+#define OUTBOX_BASE_H
+
+#include "postgres.h"
+
+/*---- names of the extension's objects ----*/
+#define OUTBOX_SCHEMA			"outbox"
+#define OUTBOX_MESSAGES_TABLE	"messages"
+#define OUTBOX_STATE_TABLE		"state"
+#define OUTBOX_MARK_SEQUENCE	"id_mark"
+/* Messages are stored in chunks outbox.messages_1 .. _N (schema 0.2). */
+#define OUTBOX_NUM_CHUNKS		4
+
+/*---- columns of outbox.messages, in table order ----*/
+#define Anum_outbox_messages_id			1
+#define Anum_outbox_messages_msg_id		2
+#define Anum_outbox_messages_topic		3
+#define Anum_outbox_messages_key		4
+#define Anum_outbox_messages_payload	5
+#define Anum_outbox_messages_headers	6
+#define Anum_outbox_messages_emitted_at	7
+#define Natts_outbox_messages			7
+
+/*---- settings: defined by _PG_init (outbox.c), stored in base.c ----*/
+extern char *outbox_database;
+extern char *outbox_relay_role;
+extern int	outbox_max_payload_size;
+extern bool outbox_enabled;
+extern int	outbox_poll_interval;
+extern int	outbox_retry_base_delay;
+extern int	outbox_retry_max_delay;
+extern int	outbox_relay_memory;
+extern int	outbox_retention;
+extern char *outbox_test_fault;
+extern int	outbox_max_receives;
+extern int	outbox_max_queues;
+extern int	outbox_queue_window;
+
+/* Whether _PG_init ran from shared_preload_libraries. */
+extern bool outbox_preloaded;
+
+/*---- the database check ----*/
+extern void outbox_check_database(const char *what);
+
+/*---- waking queue receivers ----*/
+
+/*
+ * Wakes receivers waiting in outbox.receive(), or NULL.  The queues set it
+ * (outbox_queue_init) when the library is preloaded; the commit path calls
+ * outbox_wake_receivers() after a transaction that stored messages ended,
+ * without knowing who listens.
+ */
+typedef void (*OutboxWakeReceivers) (void);
+extern OutboxWakeReceivers outbox_receivers_wake;
+
+static inline void
+outbox_wake_receivers(void)
+{
+	if (outbox_receivers_wake != NULL)
+		outbox_receivers_wake();
+}
+
+#endif							/* OUTBOX_BASE_H */

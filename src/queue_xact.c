@@ -1,0 +1,487 @@
+/*-------------------------------------------------------------------------
+ *
+ * queue_xact.c
+ *	  The claims of this backend's transaction: how they end at commit, at
+ *	  abort and at a savepoint's rollback, and which rollbacks count.
+ *
+ * At XACT_EVENT_COMMIT the claims become "acknowledged" in shared memory;
+ * at abort (ROLLBACK, an error, the session ending) or at the rollback of
+ * the savepoint that contained the receive, they become free again, in
+ * their place.  So a claim lives exactly as long as the transaction.  A
+ * backend that ends with claims releases them in its exit callback.
+ *
+ * Only rollbacks that say something about the messages count toward
+ * outbox.max_receives (queue_poison.c): one caused by an error of class 40
+ * (serialization failure, deadlock), 53 or 58 (the server ran short of
+ * resources, an I/O error), by a lock_timeout or by an administrator
+ * ending the session does not (rollback_counts()).  The cause comes from
+ * the error report (emit_log_hook).  Usually it precedes the abort, which
+ * then decides at once; but a failed COMMIT in a procedure, or an error
+ * passing through a PL/pgSQL block with EXCEPTION, aborts first and is
+ * reported after.  So a release that no error at its nesting level
+ * explains is pending: the next error report decides it, or, if the
+ * session reaches its next statement (post_parse_analyze_hook), receive or
+ * transaction end first, it counts (unless an earlier error of the
+ * transaction, raised while the message was held, says otherwise).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "miscadmin.h"
+#include "parser/analyze.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "utils/elog.h"
+#include "utils/memutils.h"
+
+#include "queue.h"
+
+/* A message this backend's transaction holds. */
+typedef struct LocalClaim
+{
+	int			slot;
+	uint32		epoch;
+	int64		id;
+	SubTransactionId subid;
+	uint64		seq;			/* claim_seq when claimed */
+	bool		poison;			/* claimed to be dead-lettered */
+} LocalClaim;
+
+static LocalClaim *claims = NULL;
+static int	nclaims = 0;
+static int	maxclaims = 0;
+static uint64 claim_seq = 0;	/* claims made by this backend */
+
+/*
+ * A rollback of a message whose cause is not known yet (see
+ * rollback_counts()): its abort came before the error that caused it was
+ * reported, or without an error.  Room for maxclaims of them.
+ */
+typedef struct PendingRollback
+{
+	int			slot;
+	uint32		epoch;
+	int64		id;
+	bool		decided;		/* an error reported since decided it */
+	bool		counts;			/* if decided: whether it counts */
+	bool		fallback;		/* whether it counts if no error comes */
+} PendingRollback;
+
+static PendingRollback *pending = NULL;
+static int	npending = 0;
+
+/*
+ * The last error (ERROR or worse) reported in this transaction while it
+ * held messages or had rollbacks pending, 0 if none.  The abort it causes
+ * (at the nesting level it was reported at) is classified by it and uses
+ * it up; claims held when it was reported (seq below err_claimseq) and
+ * released later without an error of their own fall back to it.
+ */
+static int	err_code = 0;
+static int	err_level = 0;		/* transaction nesting level */
+static bool err_fatal = false;	/* FATAL or PANIC: the session ends */
+static bool err_used = true;	/* the abort it caused classified by it */
+static uint64 err_claimseq = 0;
+
+static emit_log_hook_type prev_emit_log_hook = NULL;
+static post_parse_analyze_hook_type prev_post_parse_analyze_hook = NULL;
+
+static bool rollback_counts(int sqlerrcode);
+static void queue_xact_callback(XactEvent event, void *arg);
+static void queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+								   SubTransactionId parentSubid, void *arg);
+
+/*
+ * Room for "more" claims, and for as many pending rollbacks as there can
+ * be claims: pending ones are settled at every receive, before it claims.
+ */
+void
+queue_claims_reserve(int more)
+{
+	if (nclaims + more <= maxclaims)
+		return;
+	if (claims == NULL)
+	{
+		maxclaims = Max(64, nclaims + more);
+		claims = MemoryContextAlloc(TopMemoryContext, maxclaims * sizeof(LocalClaim));
+		pending = MemoryContextAlloc(TopMemoryContext, maxclaims * sizeof(PendingRollback));
+	}
+	else
+	{
+		maxclaims = Max(maxclaims * 2, nclaims + more);
+		claims = repalloc(claims, maxclaims * sizeof(LocalClaim));
+		pending = repalloc(pending, maxclaims * sizeof(PendingRollback));
+	}
+}
+
+/*
+ * Note a claim of this transaction, made under the slot's lock
+ * (queue_select): queue_claims_reserve() made room for it, so this cannot
+ * fail.
+ */
+void
+queue_claim_add(int slot, uint32 epoch, int64 id, SubTransactionId subid,
+				bool poison)
+{
+	LocalClaim *c = &claims[nclaims++];
+
+	c->slot = slot;
+	c->epoch = epoch;
+	c->id = id;
+	c->subid = subid;
+	c->poison = poison;
+	c->seq = claim_seq++;
+}
+
+/*
+ * An error report.  Remember its SQLSTATE when it may end a transaction
+ * that holds messages: the abort that follows is classified by it.  Runs
+ * for every report of the backend, so it only compares and stores.
+ *
+ * An error caught by a PL/pgSQL EXCEPTION block is not reported, and an
+ * error is reported here only while log_min_messages lets it reach the
+ * server log (an ERROR unless it is set to fatal or panic, a FATAL unless
+ * panic); a rollback whose cause was not seen counts.
+ */
+static void
+queue_emit_log(ErrorData *edata)
+{
+	if (edata->elevel >= ERROR && (nclaims > 0 || npending > 0))
+	{
+		int			i;
+
+		/*
+		 * Rollbacks still undecided were caused by this error, which was
+		 * caught, the transaction aborted, and thrown again (a failed
+		 * COMMIT in a procedure, a PL/pgSQL block whose handlers do not
+		 * take it).  Shared memory is not touched here: the next
+		 * transaction event or statement applies them.
+		 */
+		for (i = 0; i < npending; i++)
+			if (!pending[i].decided)
+			{
+				pending[i].decided = true;
+				pending[i].counts = rollback_counts(edata->sqlerrcode);
+			}
+		err_code = edata->sqlerrcode;
+		err_level = GetCurrentTransactionNestLevel();
+		err_fatal = edata->elevel >= FATAL;
+		err_used = false;
+		err_claimseq = claim_seq;
+	}
+	if (prev_emit_log_hook)
+		prev_emit_log_hook(edata);
+}
+
+/*
+ * Whether a rollback caused by an error with this SQLSTATE (0: no error,
+ * as for ROLLBACK or a lost client) counts toward outbox.max_receives:
+ * whether it says something about the messages the transaction held.
+ * The table of docs/queues.md, "Which rollbacks count".
+ */
+static bool
+rollback_counts(int sqlerrcode)
+{
+	switch (ERRCODE_TO_CATEGORY(sqlerrcode))
+	{
+		case ERRCODE_TRANSACTION_ROLLBACK:	/* 40001, 40P01, ... */
+		case ERRCODE_INSUFFICIENT_RESOURCES:	/* disk full, out of memory */
+		case ERRCODE_SYSTEM_ERROR:	/* I/O error */
+			return false;
+		default:
+			break;
+	}
+	switch (sqlerrcode)
+	{
+		case ERRCODE_LOCK_NOT_AVAILABLE:	/* lock_timeout, NOWAIT */
+		case ERRCODE_ADMIN_SHUTDOWN:	/* pg_terminate_backend, shutdown */
+		case ERRCODE_CRASH_SHUTDOWN:	/* another backend crashed */
+		case ERRCODE_CANNOT_CONNECT_NOW:
+		case ERRCODE_DATABASE_DROPPED:
+			return false;
+		default:
+			return true;
+	}
+}
+
+/*
+ * Apply the pending rollbacks that an error decided, and with "all" the
+ * undecided ones too, as their fallback says: no error came for them.
+ */
+static void
+pending_apply(bool all)
+{
+	int			i,
+				kept = 0;
+
+	for (i = 0; i < npending; i++)
+	{
+		PendingRollback *r = &pending[i];
+		QueueSlot  *s;
+		int			k;
+
+		if (!r->decided && !all)
+		{
+			pending[kept++] = *r;
+			continue;
+		}
+		if (!(r->decided ? r->counts : r->fallback))
+			continue;
+		s = &QShared->slots[r->slot];
+		LWLockAcquire(slot_lock(r->slot), LW_EXCLUSIVE);
+		if (s->epoch == r->epoch && s->dboid == MyDatabaseId &&
+			(k = queue_slot_find(r->slot, r->id)) >= 0)
+			queue_count_rollback(s, slot_entry(r->slot, k));
+		LWLockRelease(slot_lock(r->slot));
+	}
+	npending = kept;
+}
+
+/*
+ * Settle the rollbacks still pending from earlier transactions of this
+ * session (outbox.receive(), before it claims): no error came for them.
+ */
+void
+queue_settle_rollbacks(void)
+{
+	if (npending > 0)
+		pending_apply(true);
+}
+
+/*
+ * Acknowledge (commit) or release the claims from index "from" on.  A
+ * release is a rollback of each message that was not poison handling.
+ * Whether it counts toward outbox.max_receives: by the error reported
+ * before this abort at this nesting level if there is one (a FATAL one
+ * at any level), else it is pending until an error or the next statement
+ * decides it (rollback_counts()).
+ */
+static void
+claims_finish(int from, bool commit)
+{
+	int			i = from;
+	bool		any = false;
+	bool		decided = false;
+	bool		counts = false;
+
+	if (!commit && err_code != 0 &&
+		(err_fatal || (!err_used && err_level == GetCurrentTransactionNestLevel())))
+	{
+		decided = true;
+		counts = rollback_counts(err_code);
+	}
+
+	while (i < nclaims)
+	{
+		int			slot = claims[i].slot;
+		QueueSlot  *s = &QShared->slots[slot];
+
+		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
+		for (; i < nclaims && claims[i].slot == slot; i++)
+		{
+			LocalClaim *c = &claims[i];
+			int			k;
+			QueueEntry *e;
+
+			if (s->epoch != c->epoch || s->dboid != MyDatabaseId)
+				continue;		/* the window was rebuilt meanwhile */
+			k = queue_slot_find(slot, c->id);
+			if (k < 0)
+				continue;
+			e = slot_entry(slot, k);
+			if (e->state != QE_CLAIMED || e->owner != OUTBOX_MY_PROC_INDEX())
+				continue;
+			e->owner = -1;
+			if (commit)
+			{
+				e->state = QE_ACKED;
+				if (c->poison)
+					s->dead_lettered++;
+				else
+					s->acknowledged++;
+			}
+			else
+			{
+				e->state = QE_FREE;
+				if (!c->poison)
+				{
+					s->rolled_back++;
+					if (decided)
+					{
+						if (counts)
+							queue_count_rollback(s, e);
+					}
+					else
+					{
+						PendingRollback *r = &pending[npending++];
+
+						r->slot = slot;
+						r->epoch = c->epoch;
+						r->id = c->id;
+						r->decided = false;
+						r->counts = false;
+						/* Held when the transaction's last error came. */
+						r->fallback = (err_code != 0 && c->seq < err_claimseq) ?
+							rollback_counts(err_code) : true;
+					}
+				}
+			}
+			any = true;
+		}
+		if (commit)
+			queue_slot_trim(slot);
+		LWLockRelease(slot_lock(slot));
+	}
+	nclaims = from;
+	if (!commit && decided && !err_fatal)
+		err_used = true;
+	if (any)
+		outbox_queue_wake();
+}
+
+/* The transaction ended: forget its errors (not a FATAL one). */
+static void
+xact_errors_reset(void)
+{
+	if (err_fatal)
+		return;
+	err_code = 0;
+	err_used = true;
+	err_claimseq = 0;
+}
+
+static void
+queue_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_PREPARE:
+			if (nclaims > 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+						 errmsg("cannot prepare a transaction that received outbox messages"),
+						 errdetail("The transaction holds %d message(s) from outbox.receive(); a prepared transaction would hold them, and their keys, with no session to finish it.", nclaims),
+						 errhint("Receive outbox messages in transactions that commit directly.")));
+			break;
+		case XACT_EVENT_COMMIT:
+			/* Rollbacks pending from earlier events had no error. */
+			if (npending > 0)
+				pending_apply(true);
+			if (nclaims > 0)
+				claims_finish(0, true);
+			xact_errors_reset();
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+			if (npending > 0)
+				pending_apply(true);
+			if (nclaims > 0)
+				claims_finish(0, false);
+			xact_errors_reset();
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * A new statement: the rollbacks still pending had no error thrown after
+ * them (an explicit ROLLBACK, an error caught by PL/pgSQL).
+ */
+static void
+queue_post_parse_analyze(ParseState *pstate, Query *query, JumbleState *jstate)
+{
+	if (npending > 0 && IsTransactionState())
+		pending_apply(true);
+	if (prev_post_parse_analyze_hook)
+		prev_post_parse_analyze_hook(pstate, query, jstate);
+}
+
+static void
+queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	int			i;
+
+	if (npending > 0)
+		pending_apply(false);
+	if (nclaims == 0)
+	{
+		/* An error reported at this level is used up by this abort. */
+		if (event == SUBXACT_EVENT_ABORT_SUB && !err_fatal &&
+			err_level == GetCurrentTransactionNestLevel())
+			err_used = true;
+		return;
+	}
+	switch (event)
+	{
+		case SUBXACT_EVENT_ABORT_SUB:
+			{
+				/*
+				 * Claims of a subtransaction follow those of its parent:
+				 * they are a suffix, since a parent cannot receive while a
+				 * child is open.
+				 */
+				int			from = nclaims;
+
+				while (from > 0 && claims[from - 1].subid == mySubid)
+					from--;
+				if (from < nclaims)
+					claims_finish(from, false);
+				if (!err_fatal && err_level == GetCurrentTransactionNestLevel())
+					err_used = true;
+			}
+			break;
+		case SUBXACT_EVENT_COMMIT_SUB:
+			for (i = nclaims - 1; i >= 0 && claims[i].subid == mySubid; i--)
+				claims[i].subid = parentSubid;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * The backend ends.  This runs before ShutdownPostgres aborts an open
+ * transaction, so claims may still be held: release them here, as that
+ * abort would, and settle every pending rollback (by the FATAL error that
+ * ends the session, if one was reported, else as counting).
+ */
+static void
+queue_shmem_exit(int code, Datum arg)
+{
+	if (QShared == NULL)
+		return;
+	if (nclaims > 0)
+		claims_finish(0, false);
+	if (npending > 0)
+		pending_apply(true);
+	queue_shmem_backend_exit();
+}
+
+void
+outbox_queue_init(void)
+{
+	outbox_receivers_wake = outbox_queue_wake;
+	RegisterXactCallback(queue_xact_callback, NULL);
+	RegisterSubXactCallback(queue_subxact_callback, NULL);
+	prev_emit_log_hook = emit_log_hook;
+	emit_log_hook = queue_emit_log;
+	prev_post_parse_analyze_hook = post_parse_analyze_hook;
+	post_parse_analyze_hook = queue_post_parse_analyze;
+}
+
+void
+outbox_queue_backend_init(void)
+{
+	static bool done = false;
+
+	if (!done)
+	{
+		before_shmem_exit(queue_shmem_exit, (Datum) 0);
+		done = true;
+	}
+}
