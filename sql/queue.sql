@@ -266,6 +266,48 @@ COMMIT;
 DROP PROCEDURE rb_consume(text);
 DROP TABLE rb_defer;
 DROP FUNCTION rb_defer_fail();
+-- A handler that runs statements and then raises again: decided by the
+-- error raised again, whether its statements were planned before or not.
+SELECT outbox_emit('job.rule', '{"r": 5}', 'kr5') IS NOT NULL AS emitted;
+CREATE TABLE rb_log (code text);
+CREATE FUNCTION rb_reraise() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+	BEGIN
+		PERFORM outbox.receive('work');
+		PERFORM pg_temp.fail('serialization_failure');
+	EXCEPTION WHEN others THEN
+		INSERT INTO rb_log VALUES (SQLSTATE);
+		RAISE NOTICE 'consumer failed: %', SQLERRM;
+		RAISE;
+	END;
+END $$;
+SELECT rb_reraise();
+SELECT * FROM pg_temp.rb();
+SELECT rb_reraise();
+SELECT * FROM pg_temp.rb();
+-- An explicit ROLLBACK is not decided by an error of a later statement,
+-- nor, in a procedure, by an error after its ROLLBACK.
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+ROLLBACK;
+SELECT pg_temp.fail('serialization_failure');
+SELECT * FROM pg_temp.rb();
+CREATE PROCEDURE rb_rollback_then_fail() LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM outbox.receive('work');
+	ROLLBACK;
+	PERFORM pg_temp.fail('serialization_failure');
+END $$;
+CALL rb_rollback_then_fail();
+SELECT * FROM pg_temp.rb();
+CALL rb_rollback_then_fail();
+SELECT * FROM pg_temp.rb();
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+COMMIT;
+DROP PROCEDURE rb_rollback_then_fail();
+DROP FUNCTION rb_reraise();
+DROP TABLE rb_log;
 
 ---------------------------------------------------------------------------
 -- Real poison: processing that always fails (here, a payload that is not

@@ -19,21 +19,27 @@
  * then decides at once; but a failed COMMIT in a procedure, or an error
  * passing through a PL/pgSQL block with EXCEPTION, aborts first and is
  * reported after.  So a release that no error at its nesting level
- * explains is pending: the next error report decides it, or, if the
- * session reaches its next statement (post_parse_analyze_hook), receive or
- * transaction end first, it counts (unless an earlier error of the
- * transaction, raised while the message was held, says otherwise).
+ * explains is pending.  An error reported later in the same transaction
+ * decides it, and so does one reported in the next transaction before it
+ * ran any statement (the rethrow of a failed COMMIT in a procedure).
+ * Otherwise it counts (unless an earlier error of the transaction, raised
+ * while the message was held, says otherwise) once the transaction ends,
+ * or once a statement of a later transaction starts (ExecutorStart_hook,
+ * ProcessUtility_hook), a receive starts or the backend exits.  Statements
+ * of the same transaction do not settle it: a PL/pgSQL handler may run
+ * some before it raises the error again.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "executor/executor.h"
 #include "miscadmin.h"
-#include "parser/analyze.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/proc.h"
+#include "tcop/utility.h"
 #include "utils/elog.h"
 #include "utils/memutils.h"
 
@@ -65,6 +71,7 @@ typedef struct PendingRollback
 	int			slot;
 	uint32		epoch;
 	int64		id;
+	uint64		xact;			/* xact_count when released */
 	bool		decided;		/* an error reported since decided it */
 	bool		counts;			/* if decided: whether it counts */
 	bool		fallback;		/* whether it counts if no error comes */
@@ -72,6 +79,19 @@ typedef struct PendingRollback
 
 static PendingRollback *pending = NULL;
 static int	npending = 0;
+
+/* Top-level transactions this backend ended, and whether the current one
+ * has started a statement. */
+static uint64 xact_count = 0;
+static bool stmt_started = false;
+
+/* Which pending rollbacks pending_apply() applies. */
+typedef enum PendingScope
+{
+	PENDING_DECIDED,			/* those an error decided */
+	PENDING_EARLIER,			/* ... and those of earlier transactions */
+	PENDING_ALL					/* all, undecided ones by their fallback */
+} PendingScope;
 
 /*
  * The last error (ERROR or worse) reported in this transaction while it
@@ -87,7 +107,8 @@ static bool err_used = true;	/* the abort it caused classified by it */
 static uint64 err_claimseq = 0;
 
 static emit_log_hook_type prev_emit_log_hook = NULL;
-static post_parse_analyze_hook_type prev_post_parse_analyze_hook = NULL;
+static ExecutorStart_hook_type prev_ExecutorStart_hook = NULL;
+static ProcessUtility_hook_type prev_ProcessUtility_hook = NULL;
 
 static bool rollback_counts(int sqlerrcode);
 static void queue_xact_callback(XactEvent event, void *arg);
@@ -101,20 +122,24 @@ static void queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 void
 queue_claims_reserve(int more)
 {
+	int			n;
+
 	if (nclaims + more <= maxclaims)
 		return;
+	/* maxclaims grows only once both arrays did (an allocation may fail). */
 	if (claims == NULL)
 	{
-		maxclaims = Max(64, nclaims + more);
-		claims = MemoryContextAlloc(TopMemoryContext, maxclaims * sizeof(LocalClaim));
-		pending = MemoryContextAlloc(TopMemoryContext, maxclaims * sizeof(PendingRollback));
+		n = Max(64, nclaims + more);
+		claims = MemoryContextAlloc(TopMemoryContext, n * sizeof(LocalClaim));
+		pending = MemoryContextAlloc(TopMemoryContext, n * sizeof(PendingRollback));
 	}
 	else
 	{
-		maxclaims = Max(maxclaims * 2, nclaims + more);
-		claims = repalloc(claims, maxclaims * sizeof(LocalClaim));
-		pending = repalloc(pending, maxclaims * sizeof(PendingRollback));
+		n = Max(maxclaims * 2, nclaims + more);
+		claims = repalloc(claims, n * sizeof(LocalClaim));
+		pending = repalloc(pending, n * sizeof(PendingRollback));
 	}
+	maxclaims = n;
 }
 
 /*
@@ -153,15 +178,22 @@ queue_emit_log(ErrorData *edata)
 	{
 		int			i;
 
+		bool		rethrow = IsTransactionState() && !stmt_started;
+
 		/*
-		 * Rollbacks still undecided were caused by this error, which was
-		 * caught, the transaction aborted, and thrown again (a failed
-		 * COMMIT in a procedure, a PL/pgSQL block whose handlers do not
-		 * take it).  Shared memory is not touched here: the next
-		 * transaction event or statement applies them.
+		 * Rollbacks still undecided of this transaction were caused by this
+		 * error, which was caught, the (sub)transaction aborted, and thrown
+		 * again: a PL/pgSQL block whose handlers do not take it, or do and
+		 * raise it again.  So were those of the previous transaction if
+		 * this one has run no statement yet: a failed COMMIT in a
+		 * procedure, thrown again in the transaction that follows it.
+		 * Shared memory is not touched here: the next transaction event or
+		 * statement applies them.
 		 */
 		for (i = 0; i < npending; i++)
-			if (!pending[i].decided)
+			if (!pending[i].decided &&
+				(pending[i].xact == xact_count ||
+				 (rethrow && pending[i].xact + 1 == xact_count)))
 			{
 				pending[i].decided = true;
 				pending[i].counts = rollback_counts(edata->sqlerrcode);
@@ -208,11 +240,11 @@ rollback_counts(int sqlerrcode)
 }
 
 /*
- * Apply the pending rollbacks that an error decided, and with "all" the
- * undecided ones too, as their fallback says: no error came for them.
+ * Apply the pending rollbacks of "scope"; undecided ones as their fallback
+ * says: no error came for them.
  */
 static void
-pending_apply(bool all)
+pending_apply(PendingScope scope)
 {
 	int			i,
 				kept = 0;
@@ -223,7 +255,9 @@ pending_apply(bool all)
 		QueueSlot  *s;
 		int			k;
 
-		if (!r->decided && !all)
+		if (!r->decided &&
+			(scope == PENDING_DECIDED ||
+			 (scope == PENDING_EARLIER && r->xact == xact_count)))
 		{
 			pending[kept++] = *r;
 			continue;
@@ -248,7 +282,7 @@ void
 queue_settle_rollbacks(void)
 {
 	if (npending > 0)
-		pending_apply(true);
+		pending_apply(PENDING_ALL);
 }
 
 /*
@@ -321,6 +355,7 @@ claims_finish(int from, bool commit)
 						r->slot = slot;
 						r->epoch = c->epoch;
 						r->id = c->id;
+						r->xact = xact_count;
 						r->decided = false;
 						r->counts = false;
 						/* Held when the transaction's last error came. */
@@ -369,18 +404,22 @@ queue_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 			/* Rollbacks pending from earlier events had no error. */
 			if (npending > 0)
-				pending_apply(true);
+				pending_apply(PENDING_ALL);
 			if (nclaims > 0)
 				claims_finish(0, true);
 			xact_errors_reset();
+			xact_count++;
+			stmt_started = false;
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PREPARE:
 			if (npending > 0)
-				pending_apply(true);
+				pending_apply(PENDING_ALL);
 			if (nclaims > 0)
 				claims_finish(0, false);
 			xact_errors_reset();
+			xact_count++;
+			stmt_started = false;
 			break;
 		default:
 			break;
@@ -388,16 +427,40 @@ queue_xact_callback(XactEvent event, void *arg)
 }
 
 /*
- * A new statement: the rollbacks still pending had no error thrown after
- * them (an explicit ROLLBACK, an error caught by PL/pgSQL).
+ * A statement starts: the rollbacks still pending from earlier
+ * transactions had no error thrown after them (an explicit ROLLBACK).
  */
-static void
-queue_post_parse_analyze(ParseState *pstate, Query *query, JumbleState *jstate)
+static inline void
+statement_start(void)
 {
-	if (npending > 0 && IsTransactionState())
-		pending_apply(true);
-	if (prev_post_parse_analyze_hook)
-		prev_post_parse_analyze_hook(pstate, query, jstate);
+	if (npending > 0)
+		pending_apply(PENDING_EARLIER);
+	stmt_started = true;
+}
+
+static void
+queue_ExecutorStart(QueryDesc *queryDesc, int eflags)
+{
+	statement_start();
+	if (prev_ExecutorStart_hook)
+		prev_ExecutorStart_hook(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+static void
+queue_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
+					 bool readOnlyTree, ProcessUtilityContext context,
+					 ParamListInfo params, QueryEnvironment *queryEnv,
+					 DestReceiver *dest, QueryCompletion *qc)
+{
+	statement_start();
+	if (prev_ProcessUtility_hook)
+		prev_ProcessUtility_hook(pstmt, queryString, readOnlyTree, context,
+								 params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
 }
 
 static void
@@ -407,7 +470,7 @@ queue_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	int			i;
 
 	if (npending > 0)
-		pending_apply(false);
+		pending_apply(PENDING_DECIDED);
 	if (nclaims == 0)
 	{
 		/* An error reported at this level is used up by this abort. */
@@ -458,7 +521,7 @@ queue_shmem_exit(int code, Datum arg)
 	if (nclaims > 0)
 		claims_finish(0, false);
 	if (npending > 0)
-		pending_apply(true);
+		pending_apply(PENDING_ALL);
 	queue_shmem_backend_exit();
 }
 
@@ -470,8 +533,10 @@ outbox_queue_init(void)
 	RegisterSubXactCallback(queue_subxact_callback, NULL);
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = queue_emit_log;
-	prev_post_parse_analyze_hook = post_parse_analyze_hook;
-	post_parse_analyze_hook = queue_post_parse_analyze;
+	prev_ExecutorStart_hook = ExecutorStart_hook;
+	ExecutorStart_hook = queue_ExecutorStart;
+	prev_ProcessUtility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = queue_ProcessUtility;
 }
 
 void

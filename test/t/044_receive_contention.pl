@@ -330,7 +330,7 @@ for my $i (1 .. 3)
 	$c->query('BEGIN');
 	is($c->query(q{SELECT msg_id FROM outbox.receive('q')}), $z_id, "(c) lost client $i: received z");
 	$c->quit;
-	wait_until(sub { qstat('held') eq '0' }, 30) or die 'the lost client still holds z';
+	wait_until(sub { qstat('held') eq '0' && counted() == $base + $i }, 30);
 	is(counted(), $base + $i, "(c) lost client $i: counted");
 }
 is(qstat('poisoned'), '1', '(c) after three lost clients z is poisoned');
@@ -352,6 +352,16 @@ is($c->query(q{BEGIN; SELECT msg_id FROM outbox.receive('q')}), $w_id, '(c) idle
 wait_until(sub { qstat('held') eq '0' }, 30) or die 'the idle session still holds w';
 $c->kill;
 is(counted(), $base + 4, '(c) idle_in_transaction_session_timeout counted');
+
+# An explicit ROLLBACK counts, also when the session then sits idle and is
+# terminated (the FATAL error that ends it says nothing of that rollback).
+$c = OutboxSession->new($node, 'rollback_idle');
+is($c->query(q{BEGIN; SELECT msg_id FROM outbox.receive('q')}), $w_id, '(c) rollback, idle: received w');
+$c->query('ROLLBACK');
+$admin->query("SELECT pg_terminate_backend($c->{pid})");
+wait_until(sub { counted() == $base + 5 }, 30);
+$c->kill;
+is(counted(), $base + 5, '(c) a ROLLBACK of a session terminated afterwards counted');
 $holder->close;
 $admin->close;
 
