@@ -305,6 +305,40 @@ SELECT * FROM pg_temp.rb();
 BEGIN;
 SELECT payload, receive_count FROM outbox.receive('work');
 COMMIT;
+-- A procedure whose block catches an error around a receive, then fails
+-- at COMMIT with a serialization failure: the caught error's rollback is
+-- decided by that failure, as it would be for a client's COMMIT.
+SELECT outbox_emit('job.rule', '{"r": 6}', 'kr6') IS NOT NULL AS emitted;
+CREATE TABLE rb_defer (code text);
+CREATE FUNCTION rb_defer_fail() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'failed at commit' USING ERRCODE = NEW.code; END $$;
+CREATE CONSTRAINT TRIGGER rb_defer_fail AFTER INSERT ON rb_defer
+	DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION rb_defer_fail();
+CREATE PROCEDURE rb_caught_then_commit_fails() LANGUAGE plpgsql AS $$
+BEGIN
+	BEGIN
+		PERFORM outbox.receive('work');
+		PERFORM pg_temp.fail('P0001');
+	EXCEPTION WHEN raise_exception THEN
+		NULL;
+	END;
+	INSERT INTO rb_defer VALUES ('serialization_failure');
+	COMMIT;
+END $$;
+CALL rb_caught_then_commit_fails();
+SELECT * FROM pg_temp.rb();
+-- A file the message names that does not exist (58P01) counts.
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+SELECT pg_temp.fail('undefined_file');
+ROLLBACK;
+SELECT * FROM pg_temp.rb();
+BEGIN;
+SELECT payload, receive_count FROM outbox.receive('work');
+COMMIT;
+DROP PROCEDURE rb_caught_then_commit_fails();
+DROP TABLE rb_defer;
+DROP FUNCTION rb_defer_fail();
 DROP PROCEDURE rb_rollback_then_fail();
 DROP FUNCTION rb_reraise();
 DROP TABLE rb_log;

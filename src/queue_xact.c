@@ -12,8 +12,8 @@
  *
  * Only rollbacks that say something about the messages count toward
  * outbox.max_receives (queue_poison.c): one caused by an error of class 40
- * (serialization failure, deadlock), 53 or 58 (the server ran short of
- * resources, an I/O error), by a lock_timeout or by an administrator
+ * (serialization failure, deadlock) or 53 (the server ran short of
+ * resources), by an I/O error, a lock_timeout or an administrator
  * ending the session does not (rollback_counts()).  The cause comes from
  * the error report (emit_log_hook).  Usually it precedes the abort, which
  * then decides at once; but a failed COMMIT in a procedure, or an error
@@ -23,11 +23,12 @@
  * decides it, and so does one reported in the next transaction before it
  * ran any statement (the rethrow of a failed COMMIT in a procedure).
  * Otherwise it counts (unless an earlier error of the transaction, raised
- * while the message was held, says otherwise) once the transaction ends,
- * or once a statement of a later transaction starts (ExecutorStart_hook,
- * ProcessUtility_hook), a receive starts or the backend exits.  Statements
- * of the same transaction do not settle it: a PL/pgSQL handler may run
- * some before it raises the error again.
+ * while the message was held, says otherwise) once the transaction
+ * commits, or once a statement of a later transaction starts
+ * (post_parse_analyze_hook, ExecutorStart_hook, ProcessUtility_hook), a
+ * receive starts or the backend exits.  Statements of the same transaction
+ * do not settle it: a PL/pgSQL handler may run some before it raises the
+ * error again.
  *
  *-------------------------------------------------------------------------
  */
@@ -35,6 +36,7 @@
 
 #include "access/xact.h"
 #include "executor/executor.h"
+#include "parser/analyze.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -107,6 +109,7 @@ static bool err_used = true;	/* the abort it caused classified by it */
 static uint64 err_claimseq = 0;
 
 static emit_log_hook_type prev_emit_log_hook = NULL;
+static post_parse_analyze_hook_type prev_post_parse_analyze_hook = NULL;
 static ExecutorStart_hook_type prev_ExecutorStart_hook = NULL;
 static ProcessUtility_hook_type prev_ProcessUtility_hook = NULL;
 
@@ -123,22 +126,38 @@ void
 queue_claims_reserve(int more)
 {
 	int			n;
+	LocalClaim *c;
+	PendingRollback *p;
 
 	if (nclaims + more <= maxclaims)
 		return;
-	/* maxclaims grows only once both arrays did (an allocation may fail). */
-	if (claims == NULL)
+	n = Max(Max(64, maxclaims * 2), nclaims + more);
+
+	/*
+	 * New arrays first, then the copy: an allocation that fails leaves
+	 * both arrays and maxclaims as they were.
+	 */
+	c = MemoryContextAlloc(TopMemoryContext, n * sizeof(LocalClaim));
+	p = MemoryContextAllocExtended(TopMemoryContext, n * sizeof(PendingRollback),
+								   MCXT_ALLOC_NO_OOM);
+	if (p == NULL)
 	{
-		n = Max(64, nclaims + more);
-		claims = MemoryContextAlloc(TopMemoryContext, n * sizeof(LocalClaim));
-		pending = MemoryContextAlloc(TopMemoryContext, n * sizeof(PendingRollback));
+		pfree(c);
+		ereport(ERROR,
+				(errcode(ERRCODE_OUT_OF_MEMORY),
+				 errmsg("out of memory"),
+				 errdetail("Failed on a request of size %zu for outbox.receive().",
+						   n * sizeof(PendingRollback))));
 	}
-	else
+	if (claims != NULL)
 	{
-		n = Max(maxclaims * 2, nclaims + more);
-		claims = repalloc(claims, n * sizeof(LocalClaim));
-		pending = repalloc(pending, n * sizeof(PendingRollback));
+		memcpy(c, claims, nclaims * sizeof(LocalClaim));
+		memcpy(p, pending, npending * sizeof(PendingRollback));
+		pfree(claims);
+		pfree(pending);
 	}
+	claims = c;
+	pending = p;
 	maxclaims = n;
 }
 
@@ -221,13 +240,14 @@ rollback_counts(int sqlerrcode)
 	{
 		case ERRCODE_TRANSACTION_ROLLBACK:	/* 40001, 40P01, ... */
 		case ERRCODE_INSUFFICIENT_RESOURCES:	/* disk full, out of memory */
-		case ERRCODE_SYSTEM_ERROR:	/* I/O error */
 			return false;
 		default:
 			break;
 	}
 	switch (sqlerrcode)
 	{
+		case ERRCODE_SYSTEM_ERROR:	/* 58000 */
+		case ERRCODE_IO_ERROR:	/* 58030; not 58P01, a file a message names */
 		case ERRCODE_LOCK_NOT_AVAILABLE:	/* lock_timeout, NOWAIT */
 		case ERRCODE_ADMIN_SHUTDOWN:	/* pg_terminate_backend, shutdown */
 		case ERRCODE_CRASH_SHUTDOWN:	/* another backend crashed */
@@ -413,8 +433,13 @@ queue_xact_callback(XactEvent event, void *arg)
 			break;
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PREPARE:
+
+			/*
+			 * Not those of this transaction: its error may yet be thrown
+			 * again (a failed COMMIT in a procedure).
+			 */
 			if (npending > 0)
-				pending_apply(PENDING_ALL);
+				pending_apply(PENDING_EARLIER);
 			if (nclaims > 0)
 				claims_finish(0, false);
 			xact_errors_reset();
@@ -436,6 +461,14 @@ statement_start(void)
 	if (npending > 0)
 		pending_apply(PENDING_EARLIER);
 	stmt_started = true;
+}
+
+static void
+queue_post_parse_analyze(ParseState *pstate, Query *query, JumbleState *jstate)
+{
+	statement_start();
+	if (prev_post_parse_analyze_hook)
+		prev_post_parse_analyze_hook(pstate, query, jstate);
 }
 
 static void
@@ -533,6 +566,8 @@ outbox_queue_init(void)
 	RegisterSubXactCallback(queue_subxact_callback, NULL);
 	prev_emit_log_hook = emit_log_hook;
 	emit_log_hook = queue_emit_log;
+	prev_post_parse_analyze_hook = post_parse_analyze_hook;
+	post_parse_analyze_hook = queue_post_parse_analyze;
 	prev_ExecutorStart_hook = ExecutorStart_hook;
 	ExecutorStart_hook = queue_ExecutorStart;
 	prev_ProcessUtility_hook = ProcessUtility_hook;

@@ -41,7 +41,8 @@ if [ -n "$deb" ]; then
 		fail "package $deb is not installed"
 	for f in "$pkglibdir/outbox.so" "$sharedir/extension/outbox.control" \
 		"$sharedir/extension/outbox--0.2.sql"; do
-		dpkg -S "$f" | grep -q "^$deb:" || fail "$f does not belong to $deb"
+		owner=$(dpkg -S "$f" 2>/dev/null || true)
+		case "$owner" in "$deb: "*) ;; *) fail "$f does not belong to $deb ($owner)" ;; esac
 	done
 	# dpkg --verify prints a line for each file that differs from the package.
 	changed=$(dpkg --verify "$deb" || true)
