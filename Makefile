@@ -55,7 +55,10 @@ TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
 
 CURL_CONFIG ?= curl-config
-PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags)
+# The extension's version (outbox.control's default_version), for the
+# relay's User-Agent.
+OUTBOX_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(dir $(firstword $(MAKEFILE_LIST)))outbox.control)
+PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags) -DOUTBOX_VERSION='"$(OUTBOX_VERSION)"'
 # Extra warnings PostgreSQL's own headers build clean with; WERROR=1 (CI)
 # turns every warning into an error.
 PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
@@ -82,9 +85,9 @@ demo:
 
 # The PGXN distribution: HEAD as a zip whose version is META.json's, which
 # must be the control file's default_version (0.2 is 0.2.0).
-DISTVERSION = $(shell sed -n 's/^   "version": "\([^"]*\)".*/\1/p' $(dir $(firstword $(MAKEFILE_LIST)))META.json)
+DISTVERSION = $(shell git -C $(dir $(firstword $(MAKEFILE_LIST))). show HEAD:META.json 2>/dev/null | sed -n 's/^   "version": "\([^"]*\)".*/\1/p')
 dist:
-	@control=$$(sed -n "s/^default_version = '\(.*\)'/\1/p" outbox.control); \
+	@control=$$(git show HEAD:outbox.control | sed -n "s/^default_version = '\(.*\)'/\1/p"); \
 	case "$(DISTVERSION)" in "$$control" | "$$control".0) ;; \
 	*) echo "META.json version $(DISTVERSION) is not outbox.control's $$control" >&2; exit 1 ;; esac
 	git archive --format zip --prefix=outbox-$(DISTVERSION)/ -o outbox-$(DISTVERSION).zip HEAD

@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * http.c
+ * relay_http.c
  *	  HTTP delivery with libcurl's multi interface.  All libcurl use is here.
  *
  * Each HTTP lane owns one easy handle, reused for every request, so
@@ -490,7 +490,7 @@ relay_http_lane_init(RelayLane *lane)
 	curl_easy_setopt(easy, CURLOPT_POST, 1L);
 	curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
 	curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
-	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox/0.1");
+	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox/" OUTBOX_VERSION);
 	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, h->errbuf);
 	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, relay_write_cb);
 	curl_easy_setopt(easy, CURLOPT_WRITEDATA, h);

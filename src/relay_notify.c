@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * notify.c
+ * relay_notify.c
  *	  Delivery to PostgreSQL NOTIFY channels.
  *
  * A NOTIFY target is a single lane.  Its queued messages are notified and

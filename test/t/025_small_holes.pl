@@ -90,7 +90,8 @@ is($h[0]{headers}{authorization}, 'Bearer target',
 is($h[0]{headers}{'x-mine'}, '1', '... other message headers are sent');
 is($h[0]{headers}{'x-blank'}, '', '... an empty message header is sent empty');
 is($h[0]{headers}{'x-empty'}, '', '... and so is an empty target header');
-like($h[0]{headers}{'user-agent'} // '', qr/^outbox\//, '... the user agent is the relay\'s');
+my ($version) = slurp_file(($ENV{TESTDIR} // '.') . '/outbox.control') =~ /default_version\s*=\s*'([^']+)'/;
+is($h[0]{headers}{'user-agent'} // '', "outbox/$version", '... the user agent is the relay\'s, with the version');
 ($ret, $out, $err) = $node->psql('postgres', q{SELECT outbox_emit('hdr', '{}', NULL, '{"user-agent": ""}')});
 like($err, qr/outbox header name "user-agent" is reserved/, 'a message may not set user-agent');
 
