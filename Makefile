@@ -14,6 +14,7 @@ MODULE_big = outbox
 OBJS = \
 	src/api.o \
 	src/base.o \
+	src/capture.o \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \
@@ -44,10 +45,11 @@ OBJS = \
 	src/topic_grants.o
 
 EXTENSION = outbox
-DATA = outbox--0.1.sql outbox--0.1--0.2.sql outbox--0.2.sql
+DATA = outbox--0.1.sql outbox--0.1--0.2.sql outbox--0.2.sql \
+	outbox--0.2--0.3.sql outbox--0.3.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors targets operations security queue
+REGRESS = emit savepoints triggers frontier errors targets operations security queue capture
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 

@@ -32,7 +32,7 @@ PG_FUNCTION_INFO_V1(outbox_config_changed);
 PG_FUNCTION_INFO_V1(outbox_advance_sequence);
 
 /* Refuse to run unless the library was loaded by shared_preload_libraries. */
-static void
+void
 outbox_check_preloaded(const char *what)
 {
 	if (!outbox_preloaded || !outbox_shmem_ready())
@@ -65,7 +65,7 @@ outbox_check_writable(void)
 				 errhint("Emit messages from a read-write transaction.")));
 }
 
-static void
+void
 outbox_check_topic(text *topic_t, const char **topic, int *topic_len)
 {
 	int			len = VARSIZE_ANY_EXHDR(topic_t);
@@ -89,7 +89,7 @@ outbox_check_topic(text *topic_t, const char **topic, int *topic_len)
 	*topic_len = len;
 }
 
-static void
+void
 outbox_check_key(text *key_t, const char **key, int *key_len)
 {
 	int			len = VARSIZE_ANY_EXHDR(key_t);
@@ -130,7 +130,7 @@ outbox_is_reserved_header(const char *name, int len)
 }
 
 /* headers must be a flat JSON object of string values usable as HTTP headers. */
-static void
+void
 outbox_check_headers(Jsonb *headers)
 {
 	JsonbIterator *it;
@@ -203,8 +203,23 @@ outbox_check_headers(Jsonb *headers)
 	}
 }
 
+/* A jsonb payload must fit outbox.max_payload_size; checked before detoasting. */
+void
+outbox_check_payload_size(Datum payload)
+{
+	Size		payload_size = toast_raw_datum_size(payload) - VARHDRSZ;
+
+	if (payload_size > (Size) outbox_max_payload_size)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox payload is too large"),
+				 errdetail("The payload takes %zu bytes as jsonb; outbox.max_payload_size is %d bytes.",
+						   payload_size, outbox_max_payload_size),
+				 errhint("Send a reference to the data instead, or raise outbox.max_payload_size.")));
+}
+
 /* A version 7 UUID: 48 bits of Unix milliseconds, then 74 random bits. */
-static void
+void
 outbox_make_uuid(pg_uuid_t *uuid, TimestampTz now)
 {
 	uint64		unix_ms;
@@ -239,7 +254,6 @@ outbox_emit(PG_FUNCTION_ARGS)
 	OutboxMessage msg;
 	pg_uuid_t  *result;
 	Jsonb	   *payload;
-	Size		payload_size;
 
 	outbox_check_preloaded("outbox_emit()");
 	outbox_check_writable();
@@ -260,17 +274,10 @@ outbox_emit(PG_FUNCTION_ARGS)
 				 errhint("Pass 'null'::jsonb or '{}' for a message without a body.")));
 
 	memset(&msg, 0, sizeof(msg));
+	msg.commit_time_off = -1;
 	outbox_check_topic(PG_GETARG_TEXT_PP(0), &msg.topic, &msg.topic_len);
 
-	/* Check the size before detoasting a huge value. */
-	payload_size = toast_raw_datum_size(PG_GETARG_DATUM(1)) - VARHDRSZ;
-	if (payload_size > (Size) outbox_max_payload_size)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("outbox payload is too large"),
-				 errdetail("The payload takes %zu bytes as jsonb; outbox.max_payload_size is %d bytes.",
-						   payload_size, outbox_max_payload_size),
-				 errhint("Send a reference to the data instead, or raise outbox.max_payload_size.")));
+	outbox_check_payload_size(PG_GETARG_DATUM(1));
 	payload = PG_GETARG_JSONB_P(1);
 	msg.payload = (struct varlena *) payload;
 

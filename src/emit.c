@@ -37,7 +37,9 @@
 #include "access/xlog.h"
 #include "storage/buffile.h"
 #include "utils/memutils.h"
+#include "utils/datetime.h"
 #include "utils/resowner.h"
+#include "utils/timestamp.h"
 
 #include "outbox.h"
 
@@ -56,6 +58,9 @@ typedef struct OutboxRecordHeader
 	int32		key_len;		/* bytes of key, -1 for no key */
 	int32		payload_len;	/* bytes of the payload varlena */
 	int32		headers_len;	/* bytes of the headers varlena, -1 for none */
+	int32		commit_time_off;	/* OUTBOX_COMMIT_TIME_LEN bytes of the
+									 * headers varlena to fill with the
+									 * commit time at PRE_COMMIT, or -1 */
 	TimestampTz emitted_at;		/* when outbox_emit was called */
 	pg_uuid_t	msg_id;			/* the message's stable id */
 } OutboxRecordHeader;
@@ -104,6 +109,7 @@ typedef struct OutboxBufferReader
 	size_t		mem_pos;		/* next byte to read from mem */
 	char	   *record;			/* holds one record read from the file */
 	size_t		record_cap;		/* bytes allocated for record */
+	char		commit_time[OUTBOX_COMMIT_TIME_LEN + 1];	/* as text */
 } OutboxBufferReader;
 
 static void outbox_buffer_close_spill(void);
@@ -248,6 +254,14 @@ outbox_buffer_append(const OutboxMessage *msg)
 	hdr.key_len = msg->key ? msg->key_len : -1;
 	hdr.payload_len = VARSIZE(msg->payload);
 	hdr.headers_len = msg->headers ? (int32) VARSIZE(msg->headers) : -1;
+	hdr.commit_time_off = -1;
+	if (msg->headers && msg->commit_time_off >= 0)
+	{
+		if (msg->commit_time_off < VARHDRSZ ||
+			msg->commit_time_off + OUTBOX_COMMIT_TIME_LEN > hdr.headers_len)
+			elog(ERROR, "outbox: commit time slot out of the headers' bounds");
+		hdr.commit_time_off = msg->commit_time_off;
+	}
 	hdr.emitted_at = msg->emitted_at;
 	hdr.msg_id = msg->msg_id;
 
@@ -314,14 +328,18 @@ outbox_buffer_truncate(uint64 position, int64 count)
 	xbuf->count = count;
 }
 
-/* Decode the record at rec into msg. */
+/*
+ * Decode the record at rec into msg; write commit_time, if given, into the
+ * headers' commit time slot (the record is the reader's to change).
+ */
 static void
-outbox_decode_record(char *rec, OutboxMessage *msg)
+outbox_decode_record(char *rec, OutboxMessage *msg, const char *commit_time)
 {
 	OutboxRecordHeader hdr;
 	size_t		off = RECORD_HEADER_SIZE;
 
 	memcpy(&hdr, rec, sizeof(hdr));
+	msg->commit_time_off = -1;
 	msg->msg_id = hdr.msg_id;
 	msg->emitted_at = hdr.emitted_at;
 	msg->payload = (struct varlena *) (rec + off);
@@ -329,6 +347,9 @@ outbox_decode_record(char *rec, OutboxMessage *msg)
 	if (hdr.headers_len >= 0)
 	{
 		msg->headers = (struct varlena *) (rec + off);
+		if (hdr.commit_time_off >= 0 && commit_time != NULL)
+			memcpy((char *) msg->headers + hdr.commit_time_off, commit_time,
+				   OUTBOX_COMMIT_TIME_LEN);
 		off += MAXALIGN(hdr.headers_len);
 	}
 	else
@@ -388,7 +409,7 @@ outbox_buffer_next(void *state, OutboxMessage *msg)
 		outbox_read_exact(reader->record + RECORD_HEADER_SIZE,
 						  hdr.total_len - RECORD_HEADER_SIZE);
 		reader->file_pos += hdr.total_len;
-		outbox_decode_record(reader->record, msg);
+		outbox_decode_record(reader->record, msg, reader->commit_time);
 		return true;
 	}
 
@@ -399,11 +420,30 @@ outbox_buffer_next(void *state, OutboxMessage *msg)
 
 		memcpy(&hdr, rec, sizeof(hdr));
 		reader->mem_pos += hdr.total_len;
-		outbox_decode_record(rec, msg);
+		outbox_decode_record(rec, msg, reader->commit_time);
 		return true;
 	}
 
 	return false;
+}
+
+/*
+ * t as OUTBOX_COMMIT_TIME_LEN characters of ISO 8601 in UTC with
+ * microseconds, "2026-12-01T22:58:31.123456Z", NUL-terminated in out.
+ */
+void
+outbox_format_commit_time(TimestampTz t, char *out)
+{
+	struct pg_tm tm;
+	fsec_t		fsec;
+
+	if (timestamp2tm(t, NULL, &tm, &fsec, NULL, NULL) != 0 ||
+		tm.tm_year < 1 || tm.tm_year > 9999)
+		elog(ERROR, "outbox: commit time out of range");
+	snprintf(out, OUTBOX_COMMIT_TIME_LEN + 1,
+			 "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ",
+			 tm.tm_year, tm.tm_mon, tm.tm_mday,
+			 tm.tm_hour, tm.tm_min, tm.tm_sec, (int) fsec);
 }
 
 /*
@@ -422,6 +462,7 @@ outbox_store_buffer(void)
 	first_id = outbox_writer_reserve(writer, xbuf->count);
 
 	memset(&reader, 0, sizeof(reader));
+	outbox_format_commit_time(GetCurrentTimestamp(), reader.commit_time);
 	outbox_writer_store(writer, first_id, xbuf->count,
 						outbox_buffer_next, &reader);
 	outbox_writer_end(writer);

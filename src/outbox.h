@@ -25,6 +25,7 @@
 #include "storage/lockdefs.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
+#include "utils/jsonb.h"
 #include "utils/relcache.h"
 #include "utils/uuid.h"
 
@@ -51,7 +52,14 @@ typedef struct OutboxMessage
 	int			key_len;		/* bytes in key */
 	struct varlena *payload;	/* jsonb, untoasted, 4-byte header */
 	struct varlena *headers;	/* jsonb or NULL */
+	int			commit_time_off;	/* offset in headers of a string value of
+									 * OUTBOX_COMMIT_TIME_LEN bytes that
+									 * PRE_COMMIT overwrites with the commit
+									 * time (captured changes), or -1 */
 } OutboxMessage;
+
+/* Bytes of a commit time as outbox_format_commit_time writes it. */
+#define OUTBOX_COMMIT_TIME_LEN		27
 
 /* Iterator over the buffered messages of the transaction (emit.c). */
 typedef bool (*OutboxNextMessage) (void *state, OutboxMessage *msg);
@@ -197,6 +205,15 @@ extern bool outbox_sign(const OutboxSigningKey *key, const char *webhook_id,
 
 extern void outbox_emit_init(void);
 extern void outbox_buffer_append(const OutboxMessage *msg);
+extern void outbox_format_commit_time(TimestampTz t, char *out);
+
+/* api.c: the checks of outbox_emit(), shared with capture.c */
+extern void outbox_check_preloaded(const char *what);
+extern void outbox_check_topic(text *topic_t, const char **topic, int *topic_len);
+extern void outbox_check_key(text *key_t, const char **key, int *key_len);
+extern void outbox_check_headers(Jsonb *headers);
+extern void outbox_check_payload_size(Datum payload);
+extern void outbox_make_uuid(pg_uuid_t *uuid, TimestampTz now);
 extern void outbox_note_config_change(void);
 
 /*---- storage.c ----*/

@@ -1,0 +1,323 @@
+/* outbox--0.2--0.3.sql */
+
+\echo Use "ALTER EXTENSION outbox UPDATE TO '0.3'" to load this file. \quit
+
+---------------------------------------------------------------------------
+-- Change capture: the changes of a table become messages.
+---------------------------------------------------------------------------
+
+-- The captured tables.  In trigger mode outbox.capture_trigger(), installed
+-- on the table by outbox.capture(), carries the same settings in its
+-- arguments; this table is what outbox.captures shows and uncapture()
+-- removes.  A dropped table's row goes with it (outbox.captures_dropped).
+CREATE TABLE outbox.captured_tables (
+	tbl				regclass	PRIMARY KEY,
+	mode			text		NOT NULL CHECK (mode IN ('trigger')),
+	topic			text,		-- NULL for an outbox table (topic_column)
+	columns			text[],
+	key				text[],
+	topic_column	text,
+	key_column		text,
+	payload_column	text,
+	headers_column	text,
+	snapshot_rows	bigint,
+	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CHECK ((topic IS NULL) <> (topic_column IS NULL))
+);
+COMMENT ON TABLE outbox.captured_tables IS 'tables whose changes become messages (outbox.capture)';
+REVOKE ALL ON TABLE outbox.captured_tables FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.captured_tables', '');
+
+CREATE FUNCTION outbox.capture_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_capture_trigger'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION outbox.capture_trigger() FROM PUBLIC;
+
+-- Send every row of a captured table as a change with op "read", in the
+-- calling transaction (outbox.capture(..., snapshot => true)).
+CREATE FUNCTION outbox.capture_snapshot(tbl regclass)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_capture_snapshot'
+LANGUAGE C STRICT;
+REVOKE ALL ON FUNCTION outbox.capture_snapshot(regclass) FROM PUBLIC;
+
+-- Capture the changes of a table as messages.  See docs/capture.md.
+CREATE FUNCTION outbox.capture(
+	tbl				regclass,
+	mode			text	DEFAULT 'trigger',
+	topic			text	DEFAULT NULL,
+	columns			text[]	DEFAULT NULL,
+	key				text[]	DEFAULT NULL,
+	snapshot		boolean	DEFAULT false,
+	topic_column	text	DEFAULT NULL,
+	key_column		text	DEFAULT NULL,
+	payload_column	text	DEFAULT NULL,
+	headers_column	text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	rel record;
+	source text;
+	args text[];
+	col text;
+	colinfo record;
+	outbox_table boolean := topic_column IS NOT NULL OR payload_column IS NOT NULL
+							OR key_column IS NOT NULL OR headers_column IS NOT NULL;
+	rows bigint;
+BEGIN
+	IF tbl IS NULL THEN
+		RAISE EXCEPTION 'table to capture must not be null'
+			USING ERRCODE = 'null_value_not_allowed',
+				  HINT = 'Name the table, for example outbox.capture(''public.orders'').';
+	END IF;
+	SELECT c.oid, c.relname, c.relkind, c.relpersistence, c.relispartition, n.nspname
+	  INTO rel
+	  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	 WHERE c.oid = tbl;
+	IF rel.relkind NOT IN ('r', 'p') THEN
+		RAISE EXCEPTION '"%" is not a table', tbl
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only ordinary and partitioned tables can be captured.',
+				  HINT = 'Capture the table the view, materialized view or foreign table reads.';
+	END IF;
+	IF rel.relpersistence = 't' THEN
+		RAISE EXCEPTION 'cannot capture temporary table "%"', tbl
+			USING ERRCODE = 'feature_not_supported',
+				  HINT = 'Capture a permanent table, or call outbox_emit() from the session.';
+	END IF;
+	IF rel.nspname IN ('outbox', 'pg_catalog', 'information_schema', 'pg_toast') THEN
+		RAISE EXCEPTION 'cannot capture "%"', tbl
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'Tables of the outbox and system schemas cannot be captured.',
+				  HINT = 'Capture tables of your application''s schemas.';
+	END IF;
+	IF rel.relispartition THEN
+		RAISE EXCEPTION 'cannot capture partition "%"', tbl
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Partitions are captured with their partitioned table.',
+				  HINT = format('Capture the partitioned table: outbox.capture(%L).',
+								(SELECT a::regclass::text FROM pg_partition_ancestors(tbl) a
+								  WHERE a <> tbl ORDER BY 1 DESC LIMIT 1));
+	END IF;
+	IF EXISTS (SELECT 1 FROM outbox.captured_tables ct WHERE ct.tbl = capture.tbl) THEN
+		RAISE EXCEPTION 'table "%" is already captured', tbl
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'See outbox.captures; to change how, call outbox.uncapture() first.';
+	END IF;
+	IF mode IS NULL OR mode <> 'trigger' THEN
+		RAISE EXCEPTION 'unknown capture mode %', quote_nullable(mode)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'This version captures by trigger only.',
+				  HINT = 'Pass mode => ''trigger''.';
+	END IF;
+	IF snapshot IS NULL THEN
+		snapshot := false;
+	END IF;
+
+	-- Header values are printable ASCII: other bytes of the name are
+	-- percent-encoded (so is "%").
+	source := (SELECT string_agg(CASE WHEN b BETWEEN 32 AND 126 AND b <> 37
+									  THEN chr(b) ELSE '%' || upper(lpad(to_hex(b), 2, '0')) END,
+								 '' ORDER BY i)
+				 FROM (SELECT i, get_byte(convert_to(rel.nspname || '.' || rel.relname,
+												   'UTF8'), i) AS b
+						 FROM generate_series(0, octet_length(convert_to(rel.nspname || '.' ||
+																rel.relname, 'UTF8')) - 1) i) s);
+	IF topic IS NULL AND NOT outbox_table THEN
+		topic := rel.nspname || '.' || rel.relname;
+	END IF;
+
+	IF outbox_table THEN
+		IF columns IS NOT NULL OR key IS NOT NULL OR capture.topic IS NOT NULL THEN
+			RAISE EXCEPTION 'an outbox table capture takes its topic, key and payload from the row'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'topic_column, key_column, payload_column or headers_column was given together with topic, columns or key.',
+					  HINT = 'Pass topic_column and payload_column (and key_column, headers_column), or topic, columns and key.';
+		END IF;
+		IF topic_column IS NULL OR payload_column IS NULL THEN
+			RAISE EXCEPTION 'an outbox table capture needs topic_column and payload_column'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Name the columns, for example topic_column => ''aggregatetype'', payload_column => ''payload''.';
+		END IF;
+		IF snapshot THEN
+			RAISE EXCEPTION 'an outbox table capture has no snapshot'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'Rows already in the table are not sent; only inserted rows become messages.',
+					  HINT = 'Leave snapshot false.';
+		END IF;
+		FOREACH col IN ARRAY ARRAY[topic_column, key_column, payload_column, headers_column] LOOP
+			CONTINUE WHEN col IS NULL;
+			SELECT a.atttypid, pg_catalog.format_type(a.atttypid, a.atttypmod) AS typ,
+				   (SELECT t.typbasetype FROM pg_type t WHERE t.oid = a.atttypid) AS base
+			  INTO colinfo
+			  FROM pg_attribute a
+			 WHERE a.attrelid = tbl AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'column "%" of table "%" does not exist', col, tbl
+					USING ERRCODE = 'undefined_column',
+						  HINT = 'Name a column of the table.';
+			END IF;
+			IF (col = topic_column AND coalesce(nullif(colinfo.base, 0), colinfo.atttypid)
+											NOT IN ('text'::regtype, 'varchar'::regtype))
+			   OR (col = payload_column AND colinfo.atttypid NOT IN ('jsonb'::regtype, 'json'::regtype, 'text'::regtype))
+			   OR (col = headers_column AND colinfo.atttypid <> 'jsonb'::regtype) THEN
+				RAISE EXCEPTION 'column "%" of table "%" has type %', col, tbl, colinfo.typ
+					USING ERRCODE = 'datatype_mismatch',
+						  DETAIL = 'The topic column must be text or varchar, the payload column jsonb, json or text, the headers column jsonb.',
+						  HINT = 'Name a column of the right type.';
+			END IF;
+		END LOOP;
+		args := ARRAY['1', 'o', '-', source, topic_column, coalesce(key_column, ''),
+					  payload_column, coalesce(headers_column, '')];
+	ELSE
+		IF octet_length(topic) > 255 OR topic = '' THEN
+			RAISE EXCEPTION 'outbox topic must have 1 to 255 bytes'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass a shorter topic => ...';
+		END IF;
+		PERFORM outbox.check_text(topic, 'topic', 'outbox topic');
+		IF columns IS NOT NULL THEN
+			IF cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
+				RAISE EXCEPTION 'columns to capture must be a non-empty list of column names'
+					USING ERRCODE = 'invalid_parameter_value',
+						  HINT = 'Pass NULL to capture every column.';
+			END IF;
+			IF (SELECT count(DISTINCT c) FROM unnest(columns) c) <> cardinality(columns) THEN
+				RAISE EXCEPTION 'columns to capture list a column twice'
+					USING ERRCODE = 'duplicate_column',
+						  HINT = 'Name each column once.';
+			END IF;
+		END IF;
+		IF key IS NULL THEN
+			key := ARRAY(SELECT a.attname::text
+						   FROM pg_index i
+						   CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, pos)
+						   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+						  WHERE i.indrelid = tbl AND i.indisprimary
+						  ORDER BY k.pos);
+			IF cardinality(key) = 0 THEN
+				RAISE EXCEPTION 'table "%" has no primary key', tbl
+					USING ERRCODE = 'invalid_table_definition',
+						  DETAIL = 'The key of a captured change is the primary key, or the columns named by key.',
+						  HINT = 'Add a primary key, or pass key => ARRAY[''column'', ...].';
+			END IF;
+		ELSIF cardinality(key) = 0 OR array_position(key, NULL) IS NOT NULL
+			  OR (SELECT count(DISTINCT c) FROM unnest(key) c) <> cardinality(key) THEN
+			RAISE EXCEPTION 'key must be a non-empty list of distinct column names'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass NULL for the primary key.';
+		END IF;
+		FOREACH col IN ARRAY coalesce(columns, '{}') || key LOOP
+			IF NOT EXISTS (SELECT 1 FROM pg_attribute a
+							WHERE a.attrelid = tbl AND a.attname = col AND a.attnum > 0
+							  AND NOT a.attisdropped) THEN
+				RAISE EXCEPTION 'column "%" of table "%" does not exist', col, tbl
+					USING ERRCODE = 'undefined_column',
+						  HINT = 'Name columns of the table.';
+			END IF;
+		END LOOP;
+		args := ARRAY['1', 'c', topic, source, coalesce(cardinality(columns), 0)::text]
+				|| coalesce(columns, '{}') || cardinality(key)::text || key;
+	END IF;
+
+	EXECUTE format('CREATE TRIGGER outbox_capture AFTER INSERT%s ON %s FOR EACH ROW '
+				   'EXECUTE FUNCTION outbox.capture_trigger(%s)',
+				   CASE WHEN outbox_table THEN '' ELSE ' OR UPDATE OR DELETE' END, tbl,
+				   (SELECT string_agg(quote_literal(a), ', ' ORDER BY i)
+					  FROM unnest(args) WITH ORDINALITY u(a, i)));
+	IF NOT outbox_table THEN
+		EXECUTE format('CREATE TRIGGER outbox_capture_truncate AFTER TRUNCATE ON %s '
+					   'FOR EACH STATEMENT EXECUTE FUNCTION outbox.capture_trigger(%s)',
+					   tbl,
+					   (SELECT string_agg(quote_literal(a), ', ' ORDER BY i)
+						  FROM unnest(args) WITH ORDINALITY u(a, i)));
+	END IF;
+	IF snapshot THEN
+		rows := outbox.capture_snapshot(tbl);
+	END IF;
+	INSERT INTO outbox.captured_tables (tbl, mode, topic, columns, key, topic_column, key_column,
+										payload_column, headers_column, snapshot_rows)
+	VALUES (tbl, mode, CASE WHEN outbox_table THEN NULL ELSE topic END, columns,
+			CASE WHEN outbox_table THEN NULL ELSE key END,
+			topic_column, key_column, payload_column, headers_column, rows);
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text) IS
+	'capture the changes of a table as messages';
+
+-- Stop capturing a table.
+CREATE FUNCTION outbox.uncapture(tbl regclass)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM outbox.captured_tables ct WHERE ct.tbl = uncapture.tbl;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'table "%" is not captured', tbl
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'See SELECT * FROM outbox.captures.';
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'outbox_capture') THEN
+		EXECUTE format('DROP TRIGGER outbox_capture ON %s', tbl);
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'outbox_capture_truncate') THEN
+		EXECUTE format('DROP TRIGGER outbox_capture_truncate ON %s', tbl);
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.uncapture(regclass) FROM PUBLIC;
+COMMENT ON FUNCTION outbox.uncapture(regclass) IS 'stop capturing the changes of a table';
+
+-- A dropped table is no longer captured.
+CREATE FUNCTION outbox.captures_dropped()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM outbox.captured_tables ct
+	 USING pg_event_trigger_dropped_objects() d
+	 WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND ct.tbl = d.objid;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.captures_dropped() FROM PUBLIC;
+CREATE EVENT TRIGGER outbox_captures_dropped ON sql_drop
+	WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+	EXECUTE FUNCTION outbox.captures_dropped();
+
+-- The captured tables and whether their triggers fire.
+CREATE VIEW outbox.captures AS
+SELECT ct.tbl AS table_name,
+	   ct.mode,
+	   CASE WHEN ct.topic_column IS NULL THEN ct.topic ELSE '(' || ct.topic_column || ')' END AS topic,
+	   CASE WHEN ct.topic_column IS NOT NULL THEN 'outbox table' ELSE 'changes' END AS shape,
+	   CASE
+		   WHEN tg.tgenabled IS NULL THEN 'trigger missing'
+		   WHEN tg.tgenabled = 'D' THEN 'disabled'
+		   WHEN tg.tgenabled = 'R' THEN 'replica only'
+		   WHEN tg.tgenabled = 'A' THEN 'always'
+		   ELSE 'capturing'
+	   END AS state,
+	   ct.columns,
+	   ct.key,
+	   ct.snapshot_rows,
+	   NULL::pg_lsn AS last_commit_lsn,
+	   NULL::timestamptz AS last_commit_at,
+	   NULL::bigint AS lag_bytes,
+	   NULL::interval AS lag_time,
+	   NULL::bigint AS retained_wal,
+	   CASE
+		   WHEN tg.tgenabled IS NULL THEN 'the trigger outbox_capture was dropped: changes are not captured'
+		   WHEN tg.tgenabled = 'D' THEN 'the trigger outbox_capture is disabled: changes are not captured'
+	   END AS last_error,
+	   ct.created_at
+  FROM outbox.captured_tables ct
+  LEFT JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = ct.tbl AND tg.tgname = 'outbox_capture';
+REVOKE ALL ON outbox.captures FROM PUBLIC;
+GRANT SELECT ON outbox.captures TO outbox_monitor;

@@ -1,0 +1,2376 @@
+/* outbox--0.3.sql */
+
+\echo Use "CREATE EXTENSION outbox" to load this file. \quit
+
+-- The extension lives in pg_catalog (see outbox.control) so that
+-- outbox_emit() is callable unqualified from any schema; everything else
+-- lives in schema outbox, which the extension owns.
+CREATE SCHEMA outbox;
+REVOKE ALL ON SCHEMA outbox FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Messages and their ids.  Ids follow commit order and never go
+-- backwards (I6).
+---------------------------------------------------------------------------
+
+-- Messages, one row each, written only by the extension at commit.  The id
+-- follows commit order; the table is append-only.  The rows are stored in
+-- its chunk tables, outbox.messages_1 to _4 (see "Retention" below):
+-- reading outbox.messages reads them all.
+CREATE TABLE outbox.messages (
+	id			bigint		NOT NULL,
+	msg_id		uuid		NOT NULL,
+	topic		text		NOT NULL,
+	key			text,
+	payload		jsonb		NOT NULL,
+	headers		jsonb,
+	emitted_at	timestamptz	NOT NULL,
+	CONSTRAINT messages_pkey PRIMARY KEY (id)
+);
+COMMENT ON TABLE outbox.messages IS 'messages of committed transactions, by commit-ordered id';
+REVOKE ALL ON TABLE outbox.messages FROM PUBLIC;
+
+-- The durable high-water mark of message ids: the highest id ever removed
+-- from outbox.messages, and a time before which every removed message was
+-- emitted (outbox.replay() cannot go back past either).  After a restart
+-- the commit sequence continues above it and above every id still in the
+-- table.  Normally one row; a restore may add a second, and readers take
+-- the maximum.
+CREATE TABLE outbox.state (
+	id_high_water	bigint	NOT NULL DEFAULT 0,
+	removed_before	timestamptz
+);
+COMMENT ON TABLE outbox.state IS 'highest message id ever removed from outbox.messages';
+COMMENT ON COLUMN outbox.state.removed_before IS
+	'every message removed so far was emitted before this time';
+REVOKE ALL ON TABLE outbox.state FROM PUBLIC;
+INSERT INTO outbox.state DEFAULT VALUES;
+
+-- The durable id mark: at or above every message id ever handed out.  The
+-- commit sequence moves it ahead in chunks with setval() (non-transactional
+-- and WAL-logged) before it hands out an id past it, so a transaction that
+-- reserved ids and then failed, whose rows VACUUM removed, still leaves its
+-- ids covered after a restart.  Written only by the library.
+CREATE SEQUENCE outbox.id_mark AS bigint MINVALUE 0 START 0 NO CYCLE;
+COMMENT ON SEQUENCE outbox.id_mark IS 'at or above every message id handed out; maintained by the library';
+REVOKE ALL ON SEQUENCE outbox.id_mark FROM PUBLIC;
+
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.state', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.id_mark', '');
+
+-- Messages never change once stored: they may already have been delivered.
+CREATE FUNCTION outbox.messages_guard()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	RAISE EXCEPTION 'cannot update outbox.messages'
+		USING ERRCODE = 'insufficient_privilege',
+			  DETAIL = 'Stored messages are immutable; they may already have been delivered.',
+			  HINT = 'Emit a new message with outbox_emit() instead.';
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.messages_guard() FROM PUBLIC;
+
+CREATE TRIGGER messages_guard
+	BEFORE UPDATE ON outbox.messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_guard();
+
+-- Keep the sequence monotone (I6) whatever happens to the table:
+--  * rows inserted directly (only the owner can; a restore does) make the
+--    sequence continue above them;
+--  * DELETE and TRUNCATE record the highest id removed in outbox.state, in
+--    the same transaction, so a restart continues above it.
+-- These fire even with session_replication_role = replica.  The chunk
+-- tables have the insert and truncate triggers too.
+CREATE FUNCTION outbox.advance_sequence(highest bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_advance_sequence'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION outbox.advance_sequence(bigint) FROM PUBLIC;
+
+CREATE FUNCTION outbox.note_inserted_ids()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	highest bigint;
+BEGIN
+	SELECT max(id) INTO highest FROM inserted_messages;
+	IF highest IS NOT NULL THEN
+		PERFORM outbox.advance_sequence(highest);
+	END IF;
+	RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.note_inserted_ids() FROM PUBLIC;
+
+CREATE FUNCTION outbox.note_deleted_ids()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	UPDATE outbox.state
+	   SET id_high_water = greatest(id_high_water, (SELECT max(id) FROM deleted_messages));
+	RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.note_deleted_ids() FROM PUBLIC;
+
+-- TRUNCATE (retention empties chunks that way) records the highest id
+-- removed, and a time before which every removed message was emitted: when
+-- its chunk stopped being current, or now() for the current chunk.  Only
+-- this table's rows: each chunk has this trigger, and the id mark (I6)
+-- covers every id handed out whatever is removed.
+CREATE FUNCTION outbox.note_truncated_ids()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	highest bigint;
+	emitted_before timestamptz;
+BEGIN
+	-- TRUNCATE holds an exclusive lock: no writer is left, and a statement
+	-- of a READ COMMITTED transaction sees every row.  An older snapshot may
+	-- not: then every id up to the frontier counts as removed.
+	EXECUTE format('SELECT max(id) FROM ONLY %I.%I', TG_TABLE_SCHEMA, TG_TABLE_NAME) INTO highest;
+	IF pg_catalog.current_setting('transaction_isolation') <> 'read committed' THEN
+		highest := greatest(highest, outbox.frontier());
+	END IF;
+	IF highest IS NULL THEN
+		RETURN NULL;
+	END IF;
+	SELECT c.rotated_at INTO emitted_before FROM outbox.chunks c WHERE c.relname = TG_TABLE_NAME;
+	UPDATE outbox.state
+	   SET id_high_water = greatest(id_high_water, highest),
+		   removed_before = greatest(removed_before, coalesce(emitted_before, now()));
+	RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.note_truncated_ids() FROM PUBLIC;
+
+CREATE TRIGGER messages_high_water_insert
+	AFTER INSERT ON outbox.messages
+	REFERENCING NEW TABLE AS inserted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_inserted_ids();
+CREATE TRIGGER messages_high_water_delete
+	AFTER DELETE ON outbox.messages
+	REFERENCING OLD TABLE AS deleted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_deleted_ids();
+CREATE TRIGGER messages_high_water_truncate
+	BEFORE TRUNCATE ON outbox.messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
+ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_insert;
+ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_delete;
+ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+
+-- outbox_emit(topic, payload, key, headers): buffer a message in the
+-- current transaction; it is stored, with a commit-ordered id, if and only
+-- if the transaction commits.  Returns the message's stable id.
+CREATE FUNCTION pg_catalog.outbox_emit(
+	topic	text,
+	payload	jsonb,
+	key		text DEFAULT NULL,
+	headers	jsonb DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'outbox_emit'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION pg_catalog.outbox_emit(text, jsonb, text, jsonb)
+	IS 'emit a message that exists if and only if the calling transaction commits';
+REVOKE ALL ON FUNCTION pg_catalog.outbox_emit(text, jsonb, text, jsonb) FROM PUBLIC;
+
+-- outbox.frontier(): the highest id at or below which no message can still
+-- appear; messages up to it are committed and durable.
+CREATE FUNCTION outbox.frontier()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_frontier'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+COMMENT ON FUNCTION outbox.frontier()
+	IS 'highest message id below which no message can still appear';
+REVOKE ALL ON FUNCTION outbox.frontier() FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Retention without bloat (I8).
+--
+-- Messages are stored in four chunk tables, outbox.messages_1 to _4, which
+-- inherit from outbox.messages: reading outbox.messages reads them all.
+-- Committing transactions write into the current chunk.  The relay calls
+-- outbox.retention_step() about once a second: it empties, with TRUNCATE,
+-- a chunk that stopped being current at least outbox.retention ago and
+-- whose every message every target has finished, and moves the current
+-- chunk on to an empty one.  Nothing is deleted or updated row by row, so
+-- removal costs the same for ten messages as for ten million and leaves no
+-- dead rows for VACUUM.  outbox.messages itself (chunk 0) holds only rows
+-- inserted into it directly; it is emptied the same way once they are
+-- finished.
+---------------------------------------------------------------------------
+
+-- The tables messages are stored in: chunk 0 is outbox.messages itself,
+-- chunks 1 to 4 its chunk tables.  One of chunks 1 to 4 is current, the
+-- one committing transactions write into; rotated_at is when a chunk
+-- stopped being current, truncated_at when retention last emptied it.
+CREATE TABLE outbox.chunks (
+	chunk			int			PRIMARY KEY CHECK (chunk BETWEEN 0 AND 4),
+	relname			name		NOT NULL UNIQUE,
+	is_current		boolean		NOT NULL DEFAULT false,
+	current_since	timestamptz,
+	rotated_at		timestamptz,
+	truncated_at	timestamptz,
+	CHECK (chunk > 0 OR NOT is_current),
+	CHECK (is_current = (rotated_at IS NULL))
+);
+CREATE UNIQUE INDEX chunks_one_current ON outbox.chunks ((true)) WHERE is_current;
+COMMENT ON TABLE outbox.chunks IS 'the tables messages are stored in, and which one is written now';
+REVOKE ALL ON TABLE outbox.chunks FROM PUBLIC;
+
+-- The chunk tables: the columns and primary key of outbox.messages, and
+-- its triggers but the one on DELETE (retention only truncates them).
+CREATE TABLE outbox.messages_1 (CONSTRAINT messages_1_pkey PRIMARY KEY (id)) INHERITS (outbox.messages);
+COMMENT ON TABLE outbox.messages_1 IS 'chunk 1 of outbox.messages (read outbox.messages)';
+REVOKE ALL ON TABLE outbox.messages_1 FROM PUBLIC;
+CREATE TRIGGER messages_guard
+	BEFORE UPDATE ON outbox.messages_1
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_guard();
+CREATE TRIGGER messages_high_water_insert
+	AFTER INSERT ON outbox.messages_1
+	REFERENCING NEW TABLE AS inserted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_inserted_ids();
+CREATE TRIGGER messages_high_water_truncate
+	BEFORE TRUNCATE ON outbox.messages_1
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
+ALTER TABLE outbox.messages_1 ENABLE ALWAYS TRIGGER messages_high_water_insert;
+ALTER TABLE outbox.messages_1 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+
+CREATE TABLE outbox.messages_2 (CONSTRAINT messages_2_pkey PRIMARY KEY (id)) INHERITS (outbox.messages);
+COMMENT ON TABLE outbox.messages_2 IS 'chunk 2 of outbox.messages (read outbox.messages)';
+REVOKE ALL ON TABLE outbox.messages_2 FROM PUBLIC;
+CREATE TRIGGER messages_guard
+	BEFORE UPDATE ON outbox.messages_2
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_guard();
+CREATE TRIGGER messages_high_water_insert
+	AFTER INSERT ON outbox.messages_2
+	REFERENCING NEW TABLE AS inserted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_inserted_ids();
+CREATE TRIGGER messages_high_water_truncate
+	BEFORE TRUNCATE ON outbox.messages_2
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
+ALTER TABLE outbox.messages_2 ENABLE ALWAYS TRIGGER messages_high_water_insert;
+ALTER TABLE outbox.messages_2 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+
+CREATE TABLE outbox.messages_3 (CONSTRAINT messages_3_pkey PRIMARY KEY (id)) INHERITS (outbox.messages);
+COMMENT ON TABLE outbox.messages_3 IS 'chunk 3 of outbox.messages (read outbox.messages)';
+REVOKE ALL ON TABLE outbox.messages_3 FROM PUBLIC;
+CREATE TRIGGER messages_guard
+	BEFORE UPDATE ON outbox.messages_3
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_guard();
+CREATE TRIGGER messages_high_water_insert
+	AFTER INSERT ON outbox.messages_3
+	REFERENCING NEW TABLE AS inserted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_inserted_ids();
+CREATE TRIGGER messages_high_water_truncate
+	BEFORE TRUNCATE ON outbox.messages_3
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
+ALTER TABLE outbox.messages_3 ENABLE ALWAYS TRIGGER messages_high_water_insert;
+ALTER TABLE outbox.messages_3 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+
+CREATE TABLE outbox.messages_4 (CONSTRAINT messages_4_pkey PRIMARY KEY (id)) INHERITS (outbox.messages);
+COMMENT ON TABLE outbox.messages_4 IS 'chunk 4 of outbox.messages (read outbox.messages)';
+REVOKE ALL ON TABLE outbox.messages_4 FROM PUBLIC;
+CREATE TRIGGER messages_guard
+	BEFORE UPDATE ON outbox.messages_4
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_guard();
+CREATE TRIGGER messages_high_water_insert
+	AFTER INSERT ON outbox.messages_4
+	REFERENCING NEW TABLE AS inserted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_inserted_ids();
+CREATE TRIGGER messages_high_water_truncate
+	BEFORE TRUNCATE ON outbox.messages_4
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
+ALTER TABLE outbox.messages_4 ENABLE ALWAYS TRIGGER messages_high_water_insert;
+ALTER TABLE outbox.messages_4 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages_1', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages_2', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages_3', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages_4', '');
+
+-- Chunk 1 is current; the others, and outbox.messages (chunk 0), count as
+-- rotated at install.
+INSERT INTO outbox.chunks (chunk, relname, is_current, current_since, rotated_at) VALUES
+	(0, 'messages', false, NULL, now()),
+	(1, 'messages_1', true, now(), NULL),
+	(2, 'messages_2', false, NULL, now()),
+	(3, 'messages_3', false, NULL, now()),
+	(4, 'messages_4', false, NULL, now());
+
+-- One step of retention, run by the relay about once a second: empty every
+-- chunk that may be emptied, then move the current chunk on when it is due.
+-- Returns the current chunk, and what keeps a chunk from being emptied (or
+-- NULL).  A chunk is emptied when it stopped being current at least
+-- "retention" ago, every message in it is at or below the frontier and at
+-- or below the finished position of every lane of every target, and no
+-- other transaction is using it (the lock is taken without waiting, so
+-- neither committers nor readers ever queue behind a TRUNCATE).  The
+-- current chunk moves on every retention / 3 (at least a second) when it
+-- holds messages and the next one is empty.
+CREATE FUNCTION outbox.retention_step(retention interval,
+									  OUT current_chunk int, OUT held_by text)
+RETURNS record
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	c record;
+	highest bigint;
+	safe bigint;
+	holder text;
+	cur outbox.chunks;
+	nxt outbox.chunks;
+	next_empty boolean := false;
+BEGIN
+	IF retention IS NULL OR retention < interval '0' THEN
+		RAISE EXCEPTION 'retention must be a positive interval or zero, not %', quote_nullable(retention)
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- Each statement must see every commit before it (the check after the
+	-- lock below); an older snapshot could miss a row and remove it.
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'outbox.retention_step() must run in a READ COMMITTED transaction'
+			USING ERRCODE = 'invalid_transaction_state',
+				  HINT = 'The relay runs it; to run it by hand, use SET TRANSACTION ISOLATION LEVEL READ COMMITTED.';
+	END IF;
+	SELECT * INTO cur FROM outbox.chunks WHERE is_current;
+	SELECT * INTO nxt FROM outbox.chunks WHERE chunk = cur.chunk % 4 + 1;
+
+	FOR c IN SELECT * FROM outbox.chunks WHERE NOT is_current ORDER BY chunk LOOP
+		EXECUTE format('SELECT max(id) FROM ONLY outbox.%I', c.relname) INTO highest;
+		IF highest IS NULL THEN
+			next_empty := next_empty OR c.chunk = nxt.chunk;
+			CONTINUE;
+		END IF;
+		IF c.rotated_at > now() - retention THEN
+			held_by := coalesce(held_by, format('retention: chunk %s is kept until %s', c.chunk,
+												c.rotated_at + retention));
+			CONTINUE;
+		END IF;
+		BEGIN
+			EXECUTE format('LOCK TABLE ONLY outbox.%I IN ACCESS EXCLUSIVE MODE NOWAIT', c.relname);
+		EXCEPTION WHEN lock_not_available THEN
+			SELECT string_agg(DISTINCT l.pid::text, ', ') INTO holder
+			  FROM pg_locks l
+			 WHERE l.locktype = 'relation' AND l.granted
+			   AND l.relation = format('outbox.%I', c.relname)::regclass
+			   AND l.pid <> pg_backend_pid();
+			held_by := coalesce(held_by, format('a lock on outbox.%s held by pid %s', c.relname,
+												coalesce(holder, '?')));
+			CONTINUE;
+		END;
+		-- With the lock no message can still be added; look again.
+		EXECUTE format('SELECT max(id) FROM ONLY outbox.%I', c.relname) INTO highest;
+		SELECT least(outbox.frontier(), min(p.done_id)) INTO safe FROM outbox.progress p;
+		IF highest IS NOT NULL AND highest > safe THEN
+			SELECT format('target "%s" (lane %s) has not finished message %s', t.name, p.lane, p.done_id + 1)
+			  INTO holder
+			  FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id
+			 ORDER BY p.done_id, t.name, p.lane LIMIT 1;
+			held_by := coalesce(held_by, coalesce(holder, format('message %s is not committed yet', safe + 1)));
+			CONTINUE;
+		END IF;
+		IF highest IS NOT NULL THEN
+			EXECUTE format('TRUNCATE ONLY outbox.%I', c.relname);
+			UPDATE outbox.chunks SET truncated_at = now() WHERE chunk = c.chunk;
+		END IF;
+		next_empty := next_empty OR c.chunk = nxt.chunk;
+	END LOOP;
+
+	current_chunk := cur.chunk;
+	IF next_empty AND cur.current_since <= now() - greatest(retention / 3, interval '1 second') THEN
+		EXECUTE format('SELECT max(id) FROM ONLY outbox.%I', cur.relname) INTO highest;
+		IF highest IS NOT NULL THEN
+			UPDATE outbox.chunks SET is_current = false, rotated_at = now(), current_since = NULL
+			 WHERE chunk = cur.chunk;
+			UPDATE outbox.chunks SET is_current = true, rotated_at = NULL, current_since = now()
+			 WHERE chunk = nxt.chunk;
+			current_chunk := nxt.chunk;
+		END IF;
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.retention_step(interval) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- The relay: targets, subscriptions, progress, dead letters.
+---------------------------------------------------------------------------
+
+-- Where messages go: HTTP endpoints, NOTIFY channels and queues (see
+-- "Queues" below).  Changed only through the functions below, which wake
+-- the relay worker when their transaction commits.  The constraints hold
+-- the limits of the target functions, so the relay can trust the rows (it
+-- checks them again as it loads them, and skips a bad one with a WARNING
+-- shown in outbox.lag).
+CREATE TABLE outbox.targets (
+	id			int			GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	name		text		NOT NULL UNIQUE,
+	kind		text		NOT NULL CHECK (kind IN ('http', 'notify', 'queue')),
+	url			text,
+	headers		jsonb		NOT NULL DEFAULT '{}',
+	secret		text,
+	channel		text,
+	batch_size	int			NOT NULL DEFAULT 1,
+	lanes		int			NOT NULL DEFAULT 1,
+	ordering	text		NOT NULL DEFAULT 'key' CHECK (ordering IN ('key', 'strict')),
+	max_attempts int		NOT NULL DEFAULT 10,
+	timeout_ms	int			NOT NULL DEFAULT 10000,
+	created_at	timestamptz	NOT NULL DEFAULT now(),
+	-- operating a target (outbox.pause_target, alter_target, ...)
+	state		text		NOT NULL DEFAULT 'active'
+		CONSTRAINT targets_state_check CHECK (state IN ('active', 'paused', 'disabled')),
+	state_reason text,
+	state_changed_at timestamptz,
+	max_rate	float8
+		CONSTRAINT targets_max_rate_check CHECK (max_rate > 0 AND max_rate <= 1000000),
+	disable_after interval	DEFAULT interval '3 days'
+		CONSTRAINT targets_disable_after_check CHECK (disable_after > interval '0' AND disable_after <= interval '100 years'),
+	pending_lanes int
+		CONSTRAINT targets_pending_lanes_check CHECK (pending_lanes BETWEEN 1 AND 256),
+	pending_ordering text
+		CONSTRAINT targets_pending_ordering_check CHECK (pending_ordering IN ('key', 'strict')),
+	-- security: signing keys that rotate, TLS files, NOTIFY without payload
+	previous_secret text
+		CONSTRAINT targets_previous_secret_check
+		CHECK (previous_secret IS NULL OR (previous_secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$' AND secret IS NOT NULL)),
+	ca_file		text
+		CONSTRAINT targets_ca_file_check CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind = 'http')),
+	client_cert	text
+		CONSTRAINT targets_client_cert_check CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind = 'http')),
+	client_key	text
+		CONSTRAINT targets_client_key_check CHECK (client_key IS NULL OR (client_key ~ '^/' AND client_cert IS NOT NULL)),
+	envelope_only boolean	NOT NULL DEFAULT false,
+	CHECK ((kind = 'http') = (url IS NOT NULL)),
+	CHECK ((kind = 'notify') = (channel IS NOT NULL))
+);
+-- The limits of the target functions on each option.  They are NOT VALID
+-- because the update from 0.1 adds them so (a row written there by hand
+-- must not make the update fail; the relay skips it), and a direct install
+-- must give the same catalog.  On a new table it changes nothing: every
+-- row written is checked.
+ALTER TABLE outbox.targets
+	ADD CONSTRAINT targets_batch_size_check CHECK (batch_size BETWEEN 1 AND 1000) NOT VALID,
+	ADD CONSTRAINT targets_lanes_check CHECK (lanes BETWEEN 1 AND 256 AND (kind = 'http' OR lanes = 1)) NOT VALID,
+	ADD CONSTRAINT targets_max_attempts_check CHECK (max_attempts BETWEEN 0 AND 1000000) NOT VALID,
+	ADD CONSTRAINT targets_timeout_ms_check CHECK (timeout_ms BETWEEN 10 AND 3600000) NOT VALID,
+	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$') NOT VALID,
+	ADD CONSTRAINT targets_headers_check CHECK (jsonb_typeof(headers) = 'object') NOT VALID,
+	ADD CONSTRAINT targets_channel_check CHECK (channel IS NULL OR octet_length(channel) BETWEEN 1 AND 63) NOT VALID;
+COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints and NOTIFY channels';
+REVOKE ALL ON TABLE outbox.targets FROM PUBLIC;
+COMMENT ON COLUMN outbox.targets.state IS
+	'active; paused (by outbox.pause_target); disabled (410 Gone, or failing for disable_after)';
+COMMENT ON COLUMN outbox.targets.pending_lanes IS
+	'lanes asked for by outbox.alter_target(); the relay applies it once the lanes are idle';
+COMMENT ON COLUMN outbox.targets.previous_secret IS
+	'the key being rotated out (outbox.rotate_secret): requests carry its signature too';
+COMMENT ON COLUMN outbox.targets.envelope_only IS
+	'NOTIFY: send the envelope without payload and headers; listeners read the message from a table';
+
+-- Which topics a target receives.  pattern is a topic, a prefix ending in
+-- "*" (orders.*), or "*".  Messages with ids at or below start_id (the
+-- frontier when the subscription was made) are not delivered under it.
+CREATE TABLE outbox.subscriptions (
+	target_id	int		NOT NULL REFERENCES outbox.targets (id) ON DELETE CASCADE,
+	pattern		text	NOT NULL,
+	start_id	bigint	NOT NULL,
+	PRIMARY KEY (target_id, pattern)
+);
+COMMENT ON TABLE outbox.subscriptions IS 'topics (exact, prefix.* or *) each target receives';
+REVOKE ALL ON TABLE outbox.subscriptions FROM PUBLIC;
+
+-- Delivery progress, one row per target and lane.  Every message of the
+-- lane with an id at or below done_id was delivered or dead-lettered.
+-- Stable batch ids: a batch of fewer than batch_size messages is recorded
+-- (batch_end) before it is sent, so that after a restart it is cut the
+-- same way (same members, same webhook-id).  Full batches are cut the
+-- same way anyway.
+CREATE TABLE outbox.progress (
+	target_id	int		NOT NULL REFERENCES outbox.targets (id) ON DELETE CASCADE,
+	lane		int		NOT NULL,
+	done_id		bigint	NOT NULL,
+	last_delivered_id bigint,
+	delivered	bigint	NOT NULL DEFAULT 0,
+	dead		bigint	NOT NULL DEFAULT 0,
+	attempts	int		NOT NULL DEFAULT 0,
+	last_status	int,
+	last_error	text,
+	last_error_at timestamptz,
+	batch_end	bigint,
+	generation	int		NOT NULL DEFAULT 0,
+	PRIMARY KEY (target_id, lane)
+);
+COMMENT ON TABLE outbox.progress IS 'per target and lane: everything at or below done_id is finished';
+REVOKE ALL ON TABLE outbox.progress FROM PUBLIC;
+COMMENT ON COLUMN outbox.progress.batch_end IS
+	'last id of the batch in flight when it was cut short of batch_size; ignored once done_id passes it';
+COMMENT ON COLUMN outbox.progress.generation IS
+	'bumped by outbox.replay(): the relay reloads the lane, and drops its own older writes';
+
+-- Messages a target gave up on, with what is needed to deliver them again
+-- (outbox.retry_dead_letters) after their message was removed.
+CREATE TABLE outbox.dead_letters (
+	target		text		NOT NULL,
+	id			bigint		NOT NULL,
+	msg_id		uuid		NOT NULL,
+	topic		text		NOT NULL,
+	key			text,
+	attempts	int			NOT NULL,
+	last_status	int,
+	last_error	text,
+	failed_at	timestamptz	NOT NULL DEFAULT now(),
+	payload		jsonb,
+	headers		jsonb,
+	emitted_at	timestamptz,
+	retry_requested_at timestamptz,
+	PRIMARY KEY (target, id)
+);
+COMMENT ON TABLE outbox.dead_letters IS 'messages a target rejected or that ran out of attempts';
+REVOKE ALL ON TABLE outbox.dead_letters FROM PUBLIC;
+COMMENT ON COLUMN outbox.dead_letters.retry_requested_at IS
+	'set by outbox.retry_dead_letters(): the relay delivers it again, then removes it';
+
+SELECT pg_catalog.pg_extension_config_dump('outbox.targets', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.subscriptions', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.progress', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.dead_letters', '');
+
+-- A dump keeps the target id sequence, so targets created after a restore
+-- get new ids.
+SELECT pg_catalog.pg_extension_config_dump('outbox.targets_id_seq', '');
+
+---------------------------------------------------------------------------
+-- The relay's functions: targets and subscriptions.
+---------------------------------------------------------------------------
+
+-- Tell the relay worker, when this transaction commits, to reload targets.
+CREATE FUNCTION outbox.config_changed()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_config_changed'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION outbox.config_changed() FROM PUBLIC;
+
+-- Does topic match a subscription pattern?
+CREATE FUNCTION outbox.topic_matches(pattern text, topic text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+	SELECT pattern = '*'
+		OR topic = pattern
+		OR (right(pattern, 1) = '*' AND left(topic, length(pattern) - 1) = left(pattern, -1))
+$$;
+
+-- Lane of a message, as the relay computes it: the key's hash (the same as
+-- hashtext()) modulo the lanes, or the id modulo the lanes without a key.
+CREATE FUNCTION outbox.lane_of(key text, id bigint, lanes int)
+RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+	SELECT CASE WHEN lanes = 1 THEN 0
+				WHEN key IS NULL THEN (id % lanes)::int
+				ELSE ((hashtext(key)::bigint & 4294967295) % lanes)::int END
+$$;
+
+-- Common checks of the target functions.
+CREATE FUNCTION outbox.check_target_name(name text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF name IS NULL OR name !~ '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$' THEN
+		RAISE EXCEPTION 'invalid outbox target name "%"', name
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Target names have 1 to 63 characters: letters, digits, "_", "." and "-".',
+				  HINT = 'Use a name such as ''billing-webhook''.';
+	END IF;
+END
+$$;
+
+-- Header values travel raw in HTTP request headers: printable ASCII only.
+CREATE FUNCTION outbox.check_headers(headers jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	h record;
+BEGIN
+	IF headers IS NULL OR jsonb_typeof(headers) <> 'object' THEN
+		RAISE EXCEPTION 'target headers must be a JSON object'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass headers such as ''{"authorization": "Bearer ..."}''.';
+	END IF;
+	IF octet_length(headers::text) > 65536 THEN
+		RAISE EXCEPTION 'target headers are too large'
+			USING ERRCODE = 'program_limit_exceeded',
+				  DETAIL = 'The headers take more than 64 kB as text.';
+	END IF;
+	FOR h IN SELECT key, value FROM jsonb_each(headers) LOOP
+		IF h.key !~ '^[!#$%&''*+.^_`|~0-9A-Za-z-]+$' OR octet_length(h.key) > 256 THEN
+			RAISE EXCEPTION 'target header name "%" is not a valid HTTP header name', h.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Use header names such as "authorization" or "x-api-key".';
+		END IF;
+		IF lower(h.key) ~ '^(webhook-|outbox-)' OR lower(h.key) IN ('content-length', 'content-type', 'host',
+				'connection', 'transfer-encoding', 'te', 'upgrade', 'expect', 'trailer', 'keep-alive',
+				'proxy-connection') THEN
+			RAISE EXCEPTION 'target header name "%" is reserved', h.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'The relay sets this header itself.',
+					  HINT = 'Choose another header name.';
+		END IF;
+		IF jsonb_typeof(h.value) <> 'string' THEN
+			RAISE EXCEPTION 'target header "%" must have a string value', h.key
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Quote the value, for example ''{"x-retry": "3"}''.';
+		END IF;
+		PERFORM outbox.check_text(h.value #>> '{}', 'header_value', format('target header "%s"', h.key));
+	END LOOP;
+END
+$$;
+
+-- Checks of the options every target has.
+CREATE FUNCTION outbox.check_target_options(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.max_attempts IS NULL OR t.max_attempts < 0 OR t.max_attempts > 1000000 THEN
+		RAISE EXCEPTION 'max_attempts must be between 0 (retry forever) and 1000000, not %', t.max_attempts
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.disable_after IS NOT NULL AND (t.disable_after <= interval '0' OR t.disable_after > interval '100 years') THEN
+		RAISE EXCEPTION 'disable_after must be a positive interval of at most 100 years, not %', t.disable_after
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass interval ''0'' to alter_target to never disable the target.';
+	END IF;
+END
+$$;
+
+-- The checks of an HTTP target's options, shared by create_http_target and
+-- alter_target.
+CREATE FUNCTION outbox.check_http_target(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	key_bytes bytea;
+BEGIN
+	IF t.url IS NULL OR t.url !~* '^https?://[^/?#\s]+' OR t.url ~ '[\s\x01-\x1f\x7f]' OR length(t.url) > 2048 THEN
+		RAISE EXCEPTION 'invalid target URL "%"', t.url
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Targets take absolute http:// or https:// URLs of at most 2048 characters, without white space.',
+				  HINT = 'Use a URL such as ''https://hooks.example.com/outbox''.';
+	END IF;
+	PERFORM outbox.check_headers(t.headers);
+	PERFORM outbox.check_secret(t.secret, 'secret');
+	PERFORM outbox.check_secret(t.previous_secret, 'previous_secret');
+	IF t.previous_secret IS NOT NULL AND t.secret IS NULL THEN
+		RAISE EXCEPTION 'a target with a previous secret needs a secret'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use outbox.rotate_secret() to change keys.';
+	END IF;
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = '''key'' keeps order per key and delivers keys concurrently; ''strict'' delivers the whole target in commit order.';
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- Last, as it may resolve the host: the URL as libcurl parses it, and
+	-- where it may go (outbox.denied_destinations, allowed_destinations).
+	PERFORM outbox.check_destination(t.url);
+	PERFORM outbox.check_tls_files(t);
+END
+$$;
+
+-- Store a validated target and its progress rows, which start at the
+-- frontier; wake the relay at commit.  Only a duplicate name is "already
+-- exists"; any other unique violation (a restored target id, say) is
+-- reported as it is.
+CREATE FUNCTION outbox.add_target(target outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	new_id int;
+	violated text;
+BEGIN
+	BEGIN
+		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
+									ordering, max_attempts, timeout_ms, ca_file, client_cert,
+									client_key, envelope_only)
+		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
+				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
+				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
+				target.ca_file, target.client_cert, target.client_key,
+				coalesce(target.envelope_only, false))
+		RETURNING id INTO new_id;
+	EXCEPTION WHEN unique_violation THEN
+		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+		IF violated IS DISTINCT FROM 'targets_name_key' THEN
+			RAISE;
+		END IF;
+		RAISE EXCEPTION 'outbox target "%" already exists', target.name
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
+	END;
+	INSERT INTO outbox.progress (target_id, lane, done_id)
+	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+-- A target that receives messages as HTTP POST requests (webhooks),
+-- signed when it has a secret; the TLS files (ca_file, client_cert,
+-- client_key) are for https:// URLs.  outbox.check_http_target checks the
+-- options.
+CREATE FUNCTION outbox.create_http_target(
+	name		 text,
+	url			 text,
+	headers		 jsonb	DEFAULT '{}',
+	secret		 text	DEFAULT NULL,
+	batch_size	 int	DEFAULT 1,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'http';
+	t.url := url;
+	t.headers := headers;
+	t.secret := secret;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
+	PERFORM outbox.check_http_target(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text) IS
+	'create a target that receives messages as HTTP POST requests (webhooks)';
+
+-- A target that receives messages as NOTIFY on a channel.  It may send the
+-- envelope only (no payload, no headers): every role that can connect may
+-- LISTEN on any channel.
+CREATE FUNCTION outbox.create_notify_target(name text, channel text,
+											envelope_only boolean DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	IF channel IS NULL OR channel = '' OR octet_length(channel) > 63 THEN
+		RAISE EXCEPTION 'invalid NOTIFY channel name %', quote_nullable(channel)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Channel names have 1 to 63 bytes.',
+				  HINT = 'Use the name your listeners pass to LISTEN.';
+	END IF;
+	PERFORM outbox.check_text(channel, 'channel', 'NOTIFY channel name');
+	t.name := name;
+	t.kind := 'notify';
+	t.channel := channel;
+	t.lanes := 1;
+	t.ordering := 'strict';
+	t.envelope_only := coalesce(envelope_only, false);
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_notify_target(text, text, boolean) IS
+	'create a target that receives messages as NOTIFY on a channel';
+
+-- The id of a target, or undefined_object.
+CREATE FUNCTION outbox.target_id(name text)
+RETURNS int
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	found_id int;
+BEGIN
+	SELECT t.id INTO found_id FROM outbox.targets t WHERE t.name = target_id.name;
+	IF found_id IS NULL THEN
+		RAISE EXCEPTION 'outbox target "%" does not exist', name
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'See SELECT name FROM outbox.targets.';
+	END IF;
+	RETURN found_id;
+END
+$$;
+
+-- Deliver the topics a pattern matches to a target, from the frontier on.
+-- Patterns are checked by character, with the rules of topics
+-- (outbox.check_topic_pattern).
+CREATE FUNCTION outbox.subscribe(target text, topic text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+BEGIN
+	PERFORM outbox.check_topic_pattern(topic);
+	INSERT INTO outbox.subscriptions (target_id, pattern, start_id)
+	VALUES (tid, topic, outbox.frontier())
+	ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RAISE NOTICE 'target "%" is already subscribed to "%"', target, topic;
+	END IF;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+-- Stop delivering the topics of a pattern to a target.
+CREATE FUNCTION outbox.unsubscribe(target text, topic text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+BEGIN
+	DELETE FROM outbox.subscriptions s WHERE s.target_id = tid AND s.pattern = topic;
+	IF NOT FOUND THEN
+		RAISE NOTICE 'target "%" is not subscribed to "%"', target, topic;
+	END IF;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+-- Drop a target with its subscriptions and progress, and a queue with its
+-- grants and receipts.
+CREATE FUNCTION outbox.drop_target(name text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(drop_target.name);	-- raises if unknown
+BEGIN
+	DELETE FROM outbox.targets t WHERE t.id = tid;
+	DELETE FROM outbox.receipts r WHERE r.target_id = tid;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+REVOKE ALL ON FUNCTION outbox.check_target_name(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.check_headers(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.check_target_options(outbox.targets) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.check_http_target(outbox.targets) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.add_target(outbox.targets) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_notify_target(text, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.target_id(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.subscribe(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.unsubscribe(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.drop_target(text) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Operating targets: states, pause/resume, disable, rate limits, replay,
+-- dead letters delivered again.
+---------------------------------------------------------------------------
+
+-- Target names are checked by the admin functions: each raises
+-- undefined_object for an unknown target (outbox.target_id).
+
+-- Pause a target, and deliver again to a paused or disabled one from where
+-- it stopped.  Each returns the messages pending.
+CREATE FUNCTION outbox.pause_target(name text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(pause_target.name);
+	result bigint;
+BEGIN
+	UPDATE outbox.targets t
+	   SET state = 'paused', state_reason = 'paused by ' || session_user, state_changed_at = now()
+	 WHERE t.id = tid AND t.state <> 'paused';
+	IF NOT FOUND THEN
+		RAISE NOTICE 'target "%" is already paused', name;
+	END IF;
+	PERFORM outbox.config_changed();
+	SELECT p.pending INTO result FROM outbox.target_pending(tid) p;
+	RETURN result;
+END
+$$;
+COMMENT ON FUNCTION outbox.pause_target(text) IS
+	'stop delivering to a target; messages keep accumulating; returns the messages pending';
+
+CREATE FUNCTION outbox.resume_target(name text)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(resume_target.name);
+	result bigint;
+BEGIN
+	UPDATE outbox.targets t
+	   SET state = 'active', state_reason = NULL, state_changed_at = now()
+	 WHERE t.id = tid AND t.state <> 'active';
+	IF NOT FOUND THEN
+		RAISE NOTICE 'target "%" is not paused or disabled', name;
+	END IF;
+	PERFORM outbox.config_changed();
+	SELECT p.pending INTO result FROM outbox.target_pending(tid) p;
+	RETURN result;
+END
+$$;
+COMMENT ON FUNCTION outbox.resume_target(text) IS
+	'deliver again to a paused or disabled target, from where it stopped; returns the messages pending';
+
+-- The ids of one (id) or all of a target's dead letters; an id the target
+-- has no dead letter with is an error.
+CREATE FUNCTION outbox.dead_letter_ids(target text, id bigint)
+RETURNS SETOF bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.target_id(target);
+	IF id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM outbox.dead_letters d
+									   WHERE d.target = dead_letter_ids.target AND d.id = dead_letter_ids.id) THEN
+		RAISE EXCEPTION 'target "%" has no dead letter with id %', target, id
+			USING ERRCODE = 'no_data_found',
+				  HINT = format('See SELECT id FROM outbox.dead_letters WHERE target = %L.', target);
+	END IF;
+	RETURN QUERY SELECT d.id FROM outbox.dead_letters d
+				  WHERE d.target = dead_letter_ids.target
+					AND (dead_letter_ids.id IS NULL OR d.id = dead_letter_ids.id);
+END
+$$;
+
+-- Deliver dead letters again: the relay delivers each one whose
+-- retry_requested_at is set, then removes it.  A queue's dead letters are
+-- received again by replaying the queue.
+CREATE FUNCTION outbox.retry_dead_letters(target text, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids bigint[];
+	n bigint;
+	lost bigint;
+BEGIN
+	IF EXISTS (SELECT 1 FROM outbox.targets t WHERE t.name = retry_dead_letters.target AND t.kind = 'queue') THEN
+		RAISE EXCEPTION 'dead letters of queue "%" cannot be retried one by one', target
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'A queue hands out messages in id order from its window; a dead letter lies below it.',
+				  HINT = 'Receive them again with outbox.replay(queue, id), or read them from outbox.dead_letters and discard them.';
+	END IF;
+	ids := ARRAY(SELECT outbox.dead_letter_ids(target, id));
+	SELECT count(*) INTO lost
+	  FROM outbox.dead_letters d
+	 WHERE d.target = retry_dead_letters.target AND d.payload IS NULL AND d.id = ANY (ids);
+	IF lost > 0 THEN
+		RAISE EXCEPTION 'target "%" has dead letters that cannot be delivered again', target
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('%s of them were recorded before version 0.2, and their messages were removed since.', lost),
+				  HINT = 'Discard them with outbox.discard_dead_letters().';
+	END IF;
+	UPDATE outbox.dead_letters d SET retry_requested_at = now()
+	 WHERE d.target = retry_dead_letters.target AND d.id = ANY (ids);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.retry_dead_letters(text, bigint) IS
+	'deliver one (id) or all of a target''s dead letters again, in id order; returns how many';
+
+-- Remove dead letters without delivering them.
+CREATE FUNCTION outbox.discard_dead_letters(target text, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	ids bigint[] := ARRAY(SELECT outbox.dead_letter_ids(target, id));
+	n bigint;
+BEGIN
+	DELETE FROM outbox.dead_letters d
+	 WHERE d.target = discard_dead_letters.target AND d.id = ANY (ids);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.discard_dead_letters(text, bigint) IS
+	'remove one (id) or all of a target''s dead letters; returns how many';
+
+-- Deliver the retained messages from from_id on to one target again (same
+-- ids, same webhook-id); lanes already behind from_id stay where they are.
+-- The lock keeps retention from removing what is replayed until this
+-- commits; the relay then reloads the target's progress.  Replaying a
+-- queue forgets what it acknowledged from from_id on; the receivers
+-- rebuild its window when this commits.
+CREATE FUNCTION outbox.replay(target text, from_id bigint)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+	removed bigint;
+	upto bigint;
+	nlanes int;
+	n bigint;
+	is_queue boolean;
+BEGIN
+	IF from_id IS NULL OR from_id < 1 THEN
+		RAISE EXCEPTION 'replay needs a message id of 1 or more, not %', quote_nullable(from_id)
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	LOCK TABLE outbox.messages IN ROW SHARE MODE;
+	SELECT max(s.id_high_water) INTO removed FROM outbox.state s;
+	PERFORM 1 FROM outbox.state FOR SHARE;
+	IF from_id <= removed THEN
+		RAISE EXCEPTION 'messages from id % are no longer retained', from_id
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('Retention removed the messages up to id %s (outbox.retention = %s).',
+								  removed, current_setting('outbox.retention', true)),
+				  HINT = format('Replay from id %s or later, or keep messages longer with outbox.retention.',
+								removed + 1);
+	END IF;
+	SELECT t.kind = 'queue' INTO is_queue FROM outbox.targets t WHERE t.id = tid;
+	-- What each lane finished from from_id on (lanes as outbox.lane_of()).
+	SELECT max(p.done_id), count(*) INTO upto, nlanes FROM outbox.progress p WHERE p.target_id = tid;
+	IF is_queue THEN
+		upto := greatest(upto, (SELECT max(r.last_id) FROM outbox.receipts r WHERE r.target_id = tid),
+						 (SELECT q.acknowledged_up_to_id FROM outbox.queue_stats() q WHERE q.target_id = tid));
+	END IF;
+	SELECT count(*) INTO n
+	  FROM outbox.messages m
+	  JOIN outbox.progress p ON p.target_id = tid AND p.lane = outbox.lane_of(m.key, m.id, nlanes)
+	 WHERE m.id >= from_id AND m.id <= upto AND (is_queue OR m.id <= p.done_id)
+	   AND EXISTS (SELECT 1 FROM outbox.subscriptions s
+				    WHERE s.target_id = tid AND m.id > s.start_id
+					  AND outbox.topic_matches(s.pattern, m.topic));
+	IF is_queue THEN
+		DELETE FROM outbox.receipts r WHERE r.target_id = tid AND r.last_id >= from_id
+		   AND NOT EXISTS (SELECT 1 FROM unnest(r.ids) u(i) WHERE u.i < from_id);
+		UPDATE outbox.receipts r
+		   SET ids = ARRAY(SELECT u.i FROM unnest(r.ids) u(i) WHERE u.i < from_id ORDER BY u.i),
+			   last_id = (SELECT max(u.i) FROM unnest(r.ids) u(i) WHERE u.i < from_id)
+		 WHERE r.target_id = tid AND r.last_id >= from_id;
+	END IF;
+	UPDATE outbox.progress p
+	   SET done_id = least(p.done_id, from_id - 1), batch_end = NULL, generation = p.generation + 1
+	 WHERE p.target_id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.replay(text, bigint) IS
+	'deliver a target''s retained messages again from an id; returns how many it had finished';
+
+-- Replay from the first retained message emitted at or after a time.
+CREATE FUNCTION outbox.replay(target text, since timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	removed_until timestamptz;
+	first_id bigint;
+BEGIN
+	PERFORM outbox.target_id(target);
+	IF since IS NULL THEN
+		RAISE EXCEPTION 'replay needs a time to start from'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	LOCK TABLE outbox.messages IN ROW SHARE MODE;
+	SELECT max(s.removed_before) INTO removed_until FROM outbox.state s;
+	IF since < removed_until THEN
+		RAISE EXCEPTION 'messages emitted since % are no longer all retained', since
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('Retention removed messages emitted before %s (outbox.retention = %s).',
+								  removed_until, current_setting('outbox.retention', true)),
+				  HINT = format('Replay since %s or later, or keep messages longer with outbox.retention.',
+								removed_until);
+	END IF;
+	-- Emit times are not indexed: this reads the retained messages.
+	SELECT min(m.id) INTO first_id FROM outbox.messages m WHERE m.emitted_at >= since;
+	IF first_id IS NULL THEN
+		RAISE NOTICE 'no message was emitted since %', since;
+		RETURN 0;
+	END IF;
+	RETURN outbox.replay(target, first_id);
+END
+$$;
+COMMENT ON FUNCTION outbox.replay(text, timestamptz) IS
+	'deliver a target''s retained messages again from those emitted at or after a time';
+
+-- Change a target's options; NULL leaves an option as it is.  secret => ''
+-- removes the secret, max_rate => 0 removes the rate limit, disable_after
+-- => interval '0' never disables.  Takes effect without a restart: the
+-- next request uses the new URL, headers, secret, batch size, timeout and
+-- rate; new lanes or ordering once the target's lanes are idle (the relay
+-- stops reading for it, delivers what it holds, then redistributes keys).
+-- Returns the number of options changed.
+CREATE FUNCTION outbox.alter_target(
+	name		  text,
+	url			  text		DEFAULT NULL,
+	headers		  jsonb		DEFAULT NULL,
+	secret		  text		DEFAULT NULL,
+	batch_size	  int		DEFAULT NULL,
+	lanes		  int		DEFAULT NULL,
+	ordering	  text		DEFAULT NULL,
+	max_attempts  int		DEFAULT NULL,
+	timeout_ms	  int		DEFAULT NULL,
+	max_rate	  float8	DEFAULT NULL,
+	disable_after interval	DEFAULT NULL,
+	ca_file		  text		DEFAULT NULL,
+	client_cert	  text		DEFAULT NULL,
+	client_key	  text		DEFAULT NULL,
+	envelope_only boolean	DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(alter_target.name);
+	old outbox.targets;
+	t outbox.targets;
+	n int := 0;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	t := old;
+	IF old.kind <> 'http' AND (url IS NOT NULL OR headers IS NOT NULL OR secret IS NOT NULL
+							   OR batch_size IS NOT NULL OR lanes IS NOT NULL OR ordering IS NOT NULL
+							   OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL OR ca_file IS NOT NULL
+							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets have a URL, headers, a secret, batches, lanes, a timeout, a rate or TLS files.';
+	END IF;
+	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
+	END IF;
+	t.url := coalesce(url, old.url);
+	t.headers := coalesce(headers, old.headers);
+	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
+	t.batch_size := coalesce(batch_size, old.batch_size);
+	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
+	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
+	t.max_attempts := coalesce(max_attempts, old.max_attempts);
+	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
+	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
+	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
+							ELSE coalesce(disable_after, old.disable_after) END;
+	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
+	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
+	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
+	t.envelope_only := coalesce(envelope_only, old.envelope_only);
+	IF t.secret IS NULL THEN
+		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
+	END IF;
+	IF old.kind = 'http' THEN
+		PERFORM outbox.check_http_target(t);
+	ELSE
+		PERFORM outbox.check_target_options(t);
+	END IF;
+	IF t.ordering = 'strict' THEN
+		IF lanes IS NOT NULL AND lanes <> 1 THEN
+			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
+		END IF;
+		t.lanes := 1;
+	END IF;
+
+	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
+		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
+		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
+		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
+		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
+		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
+		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
+		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
+		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
+		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
+		+ (t.client_key IS DISTINCT FROM old.client_key)::int
+		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int;
+
+	UPDATE outbox.targets x
+	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
+		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
+		   disable_after = t.disable_after, previous_secret = t.previous_secret,
+		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
+		   envelope_only = t.envelope_only,
+		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
+		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean) IS
+	'change a target''s options without a restart; returns how many changed';
+
+REVOKE ALL ON FUNCTION outbox.pause_target(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.resume_target(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.dead_letter_ids(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.retry_dead_letters(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.discard_dead_letters(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(text, timestamptz) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Security (README, "Security"): where requests may go, text checked
+-- character by character, signing keys that rotate, TLS files, per-topic
+-- emit rights.
+---------------------------------------------------------------------------
+
+-- Raise invalid_parameter_value when value holds a character its kind
+-- (topic, pattern, key, header_value, channel) does not allow.
+CREATE FUNCTION outbox.check_text(value text, kind text, what text DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_text_sql'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_text(text, text, text) FROM PUBLIC;
+
+-- Refuse a URL libcurl would read differently from how it is written, or
+-- whose host (literal, or resolved now) outbox.denied_destinations or
+-- outbox.allowed_destinations refuse.  The relay checks again at every
+-- connect, on the address it dials.
+CREATE FUNCTION outbox.check_destination(url text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_destination'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_destination(text) FROM PUBLIC;
+
+-- Signing keys: whsec_ (HMAC-SHA256, "v1,") or whsk_ (ed25519, "v1a,").
+CREATE FUNCTION outbox.signing_public_key(secret text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_signing_public_key'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION outbox.signing_public_key(text) IS
+	'the whpk_ public key of a whsk_ signing key, for receivers of v1a signatures';
+
+CREATE FUNCTION outbox.generate_secret(kind text DEFAULT 'hmac')
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_generate_secret'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION outbox.generate_secret(text) IS
+	'a new random signing key: ''hmac'' (whsec_) or ''ed25519'' (whsk_)';
+REVOKE ALL ON FUNCTION outbox.generate_secret(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.signing_public_key(text) FROM PUBLIC;
+
+-- A signing key as a target's secret (or previous_secret) takes it: a
+-- whsk_ ed25519 key, or a whsec_ key of 16 to 64 bytes.  NULL is none.
+CREATE FUNCTION outbox.check_secret(secret text, what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	key_bytes bytea;
+BEGIN
+	IF secret IS NULL THEN
+		RETURN;
+	END IF;
+	IF secret ~ '^whsk_' THEN
+		BEGIN
+			PERFORM outbox.signing_public_key(secret);
+		EXCEPTION WHEN invalid_parameter_value THEN
+			RAISE EXCEPTION 'invalid webhook signing key in %', what
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'A whsk_ key is base64 of a 32-byte ed25519 seed (or of the seed and its public key).',
+					  HINT = 'Generate one with: SELECT outbox.generate_secret(''ed25519'').';
+		END;
+		RETURN;
+	END IF;
+	BEGIN
+		IF secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+			RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+		END IF;
+		key_bytes := decode(substr(secret, 7), 'base64');
+	EXCEPTION WHEN others THEN
+		RAISE EXCEPTION 'invalid webhook secret in %', what
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64, or "whsk_" for an ed25519 key.',
+				  HINT = 'Generate one with: SELECT outbox.generate_secret().';
+	END;
+	IF length(key_bytes) < 16 OR length(key_bytes) > 64 THEN
+		RAISE EXCEPTION 'webhook secret must decode to 16 to 64 bytes, not %', length(key_bytes)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use 24 to 64 random bytes, as the Standard Webhooks spec recommends: SELECT outbox.generate_secret().';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_secret(text, text) FROM PUBLIC;
+
+-- TLS files are read by the server: only a role that may read server files
+-- names them, and they must exist and be readable now (by the server's
+-- operating system user: outbox.check_server_file).
+CREATE FUNCTION outbox.check_server_file(path text, what text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_server_file'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_server_file(text, text) FROM PUBLIC;
+
+CREATE FUNCTION outbox.check_tls_files(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	f record;
+BEGIN
+	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
+		RETURN;
+	END IF;
+	IF t.url !~* '^https://' THEN
+		RAISE EXCEPTION 'TLS files need an https:// URL'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+		RAISE EXCEPTION 'permission denied to name TLS files of a target'
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'The relay reads ca_file, client_cert and client_key as the server.',
+				  HINT = 'Only superusers and members of pg_read_server_files may set them.';
+	END IF;
+	IF t.client_key IS NOT NULL AND t.client_cert IS NULL THEN
+		RAISE EXCEPTION 'client_key needs client_cert'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
+									('client_key', t.client_key)) v(opt, path)
+			 WHERE path IS NOT NULL LOOP
+		PERFORM outbox.check_server_file(f.path, f.opt);
+	END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_tls_files(outbox.targets) FROM PUBLIC;
+
+-- A subscription or topic grant pattern: a topic, a prefix followed by
+-- "*", or "*", with the characters of topics.
+CREATE FUNCTION outbox.check_topic_pattern(pattern text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF pattern IS NULL OR pattern = '' OR octet_length(pattern) > 255 THEN
+		RAISE EXCEPTION 'invalid topic pattern %', quote_nullable(pattern)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A pattern is a topic, a prefix followed by "*" (such as ''orders.*''), or ''*''.',
+				  HINT = 'Topics have 1 to 255 bytes and no white space.';
+	END IF;
+	PERFORM outbox.check_text(pattern, 'pattern');
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_topic_pattern(text) FROM PUBLIC;
+
+-- Rotate a target's signing key: the current one becomes the previous one,
+-- and requests carry both signatures (space-separated, as Standard Webhooks
+-- allows) until outbox.finish_secret_rotation().
+CREATE FUNCTION outbox.rotate_secret(target text, new_secret text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+	old outbox.targets;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	IF old.kind <> 'http' THEN
+		RAISE EXCEPTION 'target "%" is a % target', target, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets sign requests.';
+	END IF;
+	IF new_secret IS NULL THEN
+		RAISE EXCEPTION 'new_secret must not be null'
+			USING ERRCODE = 'null_value_not_allowed',
+				  HINT = 'Generate one with SELECT outbox.generate_secret().';
+	END IF;
+	PERFORM outbox.check_secret(new_secret, 'new_secret');
+	IF new_secret = old.secret THEN
+		RAISE EXCEPTION 'the new secret of target "%" is its current one', target
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	UPDATE outbox.targets SET previous_secret = secret, secret = new_secret WHERE id = tid;
+	PERFORM outbox.config_changed();
+END
+$$;
+COMMENT ON FUNCTION outbox.rotate_secret(text, text) IS
+	'give a target a new signing key; requests carry the old and the new signature until finish_secret_rotation';
+
+-- Stop signing a target's requests with its previous key; false when it
+-- had none.
+CREATE FUNCTION outbox.finish_secret_rotation(target text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+BEGIN
+	UPDATE outbox.targets SET previous_secret = NULL WHERE id = tid AND previous_secret IS NOT NULL;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM outbox.config_changed();
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION outbox.finish_secret_rotation(text) IS
+	'stop signing a target''s requests with its previous key';
+REVOKE ALL ON FUNCTION outbox.rotate_secret(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.finish_secret_rotation(text) FROM PUBLIC;
+
+-- Per-topic emit rights, checked by outbox_emit() when
+-- outbox.check_topic_grants is on (superusers are not checked).
+CREATE TABLE outbox.topic_grants (
+	role		regrole	NOT NULL,
+	pattern		text	NOT NULL,
+	granted_at	timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (role, pattern)
+);
+COMMENT ON TABLE outbox.topic_grants IS 'topics (exact, prefix* or *) each role may emit to when outbox.check_topic_grants is on';
+REVOKE ALL ON TABLE outbox.topic_grants FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.topic_grants', '');
+
+-- Every session reads the topic grants again once this transaction
+-- commits (a relcache invalidation of outbox.topic_grants).
+CREATE FUNCTION outbox.topic_grants_changed()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_topic_grants_changed'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+REVOKE ALL ON FUNCTION outbox.topic_grants_changed() FROM PUBLIC;
+
+-- Rows changed by hand (or restored) take effect like grant_topic's.
+CREATE FUNCTION outbox.topic_grants_trigger()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.topic_grants_changed();
+	RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.topic_grants_trigger() FROM PUBLIC;
+CREATE TRIGGER topic_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON outbox.topic_grants
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.topic_grants_trigger();
+
+
+-- Grant and take back emit rights; each returns whether it changed the
+-- grants.
+CREATE FUNCTION outbox.grant_topic(role regrole, pattern text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF role IS NULL THEN
+		RAISE EXCEPTION 'role must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	PERFORM outbox.check_topic_pattern(pattern);
+	INSERT INTO outbox.topic_grants (role, pattern) VALUES (grant_topic.role, grant_topic.pattern)
+	ON CONFLICT DO NOTHING;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM outbox.topic_grants_changed();
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION outbox.grant_topic(regrole, text) IS
+	'let a role emit to the topics a pattern matches (when outbox.check_topic_grants is on)';
+
+CREATE FUNCTION outbox.revoke_topic(role regrole, pattern text)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM outbox.topic_grants g WHERE g.role = revoke_topic.role AND g.pattern = revoke_topic.pattern;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	PERFORM outbox.topic_grants_changed();
+	RETURN true;
+END
+$$;
+COMMENT ON FUNCTION outbox.revoke_topic(regrole, text) IS 'take back a grant of outbox.grant_topic';
+REVOKE ALL ON FUNCTION outbox.grant_topic(regrole, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.revoke_topic(regrole, text) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Queues: targets received from by SQL clients inside their own
+-- transactions (outbox.receive).  See src/queue.c.
+---------------------------------------------------------------------------
+
+-- One row per receiving transaction that committed: the queue messages it
+-- acknowledged.  Written by outbox.receive() in the receiver's transaction,
+-- so it is durable exactly when that transaction commits; the relay folds
+-- them into outbox.progress.done_id and deletes them.  No index: it holds
+-- only what lies between done_id and the newest acknowledged message.
+-- Rows come and go all the time: vacuum it by the number of dead rows.
+CREATE TABLE outbox.receipts (
+	target_id	int			NOT NULL,
+	last_id		bigint		NOT NULL,
+	ids			bigint[]	NOT NULL
+) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 10000);
+COMMENT ON TABLE outbox.receipts IS 'queue messages acknowledged above outbox.progress.done_id';
+REVOKE ALL ON TABLE outbox.receipts FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.receipts', '');
+
+-- Who may receive from a queue besides superusers and the extension's owner.
+CREATE TABLE outbox.queue_grants (
+	target_id	int			NOT NULL REFERENCES outbox.targets (id) ON DELETE CASCADE,
+	role		regrole		NOT NULL,	-- dumped by name, restored to the role of that name
+	granted_at	timestamptz	NOT NULL DEFAULT now(),
+	PRIMARY KEY (target_id, role)
+);
+COMMENT ON TABLE outbox.queue_grants IS 'roles allowed to receive from each queue';
+REVOKE ALL ON TABLE outbox.queue_grants FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.queue_grants', '');
+
+-- A target that SQL clients receive from with outbox.receive(), in their
+-- own transactions, instead of one the relay delivers to.
+CREATE FUNCTION outbox.create_queue(name text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'queue';
+	t.lanes := 1;
+	t.ordering := 'key';
+	t.max_attempts := 0;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_queue(text) IS
+	'create a target that SQL clients receive from with outbox.receive()';
+REVOKE ALL ON FUNCTION outbox.create_queue(text) FROM PUBLIC;
+
+-- The id of a queue, or an error naming what is wrong.
+CREATE FUNCTION outbox.queue_id(name text)
+RETURNS int
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(name);	-- raises if unknown
+	k text;
+BEGIN
+	SELECT t.kind INTO k FROM outbox.targets t WHERE t.id = tid;
+	IF k <> 'queue' THEN
+		RAISE EXCEPTION 'outbox target "%" is not a queue', name
+			USING ERRCODE = 'wrong_object_type',
+				  HINT = 'Create a queue with outbox.create_queue().';
+	END IF;
+	RETURN tid;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.queue_id(text) FROM PUBLIC;
+
+-- Take messages from a queue for this transaction: COMMIT acknowledges
+-- them, a rollback gives them back in order.
+CREATE FUNCTION outbox.receive(queue text, max_messages int DEFAULT 1, wait_ms int DEFAULT 0,
+							   whole_transactions boolean DEFAULT false)
+RETURNS TABLE (id bigint, msg_id uuid, topic text, key text, headers jsonb, payload jsonb,
+			   emitted_at timestamptz, receive_count int)
+AS 'MODULE_PATHNAME', 'outbox_receive'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+COMMENT ON FUNCTION outbox.receive(text, int, int, boolean) IS
+	'take messages from a queue for this transaction: COMMIT acknowledges them, a rollback returns them';
+REVOKE ALL ON FUNCTION outbox.receive(text, int, int, boolean) FROM PUBLIC;
+
+-- Allow a role to receive from a queue (and to call outbox.receive()).
+CREATE FUNCTION outbox.grant_receive(queue text, role regrole)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.queue_id(queue);
+	n int;
+BEGIN
+	IF role IS NULL THEN
+		RAISE EXCEPTION 'role must not be null' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %s', role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.receive(text, int, int, boolean) TO %s', role);
+	INSERT INTO outbox.queue_grants (target_id, role) VALUES (tid, role)
+	ON CONFLICT DO NOTHING;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n > 0;
+END
+$$;
+COMMENT ON FUNCTION outbox.grant_receive(text, regrole) IS 'allow a role to receive from a queue';
+REVOKE ALL ON FUNCTION outbox.grant_receive(text, regrole) FROM PUBLIC;
+
+-- Take back outbox.grant_receive: the role may no longer receive from the
+-- queue.  Returns whether it had a grant.
+CREATE FUNCTION outbox.revoke_receive(queue text, role regrole)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.queue_id(queue);
+	n int;
+BEGIN
+	DELETE FROM outbox.queue_grants g WHERE g.target_id = tid AND g.role = revoke_receive.role;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n > 0;
+END
+$$;
+COMMENT ON FUNCTION outbox.revoke_receive(text, regrole) IS 'take back outbox.grant_receive';
+REVOKE ALL ON FUNCTION outbox.revoke_receive(text, regrole) FROM PUBLIC;
+
+-- Receivers keep the grants in memory; any change of the table (by the
+-- functions above or by hand) makes them read the grants again once it
+-- commits, through a relcache invalidation of outbox.queue_grants (which
+-- does not wake the relay, so a restore does not either).
+CREATE FUNCTION outbox.queue_grants_changed()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_queue_grants_changed'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION outbox.queue_grants_changed() FROM PUBLIC;
+CREATE FUNCTION outbox.queue_grants_trigger()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.queue_grants_changed();
+	RETURN NULL;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.queue_grants_trigger() FROM PUBLIC;
+CREATE TRIGGER queue_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
+	ON outbox.queue_grants FOR EACH STATEMENT EXECUTE FUNCTION outbox.queue_grants_trigger();
+
+
+-- Per queue, from shared memory: its window, the messages held by
+-- receiving transactions and by whom, and what happened to its messages
+-- since the server started.
+CREATE FUNCTION outbox.queue_stats(OUT target_id int, OUT window_messages int, OUT held int,
+								   OUT receivers int, OUT poisoned int, OUT received bigint,
+								   OUT acknowledged bigint, OUT rolled_back bigint,
+								   OUT rolled_back_counted bigint, OUT dead_lettered bigint,
+								   OUT acknowledged_up_to_id bigint, OUT read_up_to_id bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_queue_stats'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION outbox.queue_stats() FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Monitoring: pending messages, delivery statistics (in shared memory),
+-- the relay's status, the views over them, Prometheus metrics.
+---------------------------------------------------------------------------
+
+-- Messages of a target committed but not yet delivered or dead-lettered,
+-- and the emit time of the oldest.  Exact when at most 10000 ids separate
+-- the target's slowest lane from the frontier; beyond that, estimated from
+-- the first 5000 ids (is_estimate), so the view stays cheap with millions
+-- of messages pending.  A queue's pending messages start above what is
+-- acknowledged in shared memory, which the relay writes into done_id about
+-- once a second.
+CREATE FUNCTION outbox.target_pending(target_id int,
+									  OUT pending bigint, OUT oldest_pending timestamptz,
+									  OUT is_estimate boolean)
+RETURNS record
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	f bigint := outbox.frontier();
+	low bigint;
+	acked bigint;
+	nlanes int;
+	span bigint;
+	sample bigint;
+BEGIN
+	SELECT min(p.done_id), count(*) INTO low, nlanes
+	  FROM outbox.progress p WHERE p.target_id = target_pending.target_id;
+	SELECT q.acknowledged_up_to_id INTO acked
+	  FROM outbox.queue_stats() q WHERE q.target_id = target_pending.target_id;
+	IF acked > low THEN
+		low := acked;
+	END IF;
+	IF low IS NULL OR low >= f THEN
+		pending := 0;
+		is_estimate := false;
+		RETURN;
+	END IF;
+	span := f - low;
+	sample := CASE WHEN span <= 10000 THEN span ELSE 5000 END;
+
+	SELECT count(*), min(m.emitted_at) INTO pending, oldest_pending
+	  FROM outbox.messages m
+	  JOIN outbox.progress p
+		ON p.target_id = target_pending.target_id
+	   AND p.lane = outbox.lane_of(m.key, m.id, nlanes)
+	 WHERE m.id > low AND m.id <= low + sample
+	   AND m.id > p.done_id
+	   AND EXISTS (SELECT 1 FROM outbox.subscriptions s
+				    WHERE s.target_id = target_pending.target_id
+					  AND m.id > s.start_id
+					  AND outbox.topic_matches(s.pattern, m.topic));
+	is_estimate := sample < span;
+	IF is_estimate THEN
+		pending := (pending::numeric * span / sample)::bigint;
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.target_pending(int) FROM PUBLIC;
+
+-- Per target, from the relay's shared memory: its state, requests in
+-- flight, counters and latencies since the last reset.
+CREATE FUNCTION outbox.target_stats(
+	OUT target_id int, OUT state text, OUT in_flight int, OUT failed_attempts int,
+	OUT last_success_at timestamptz, OUT messages bigint, OUT requests bigint,
+	OUT bytes bigint, OUT retries bigint, OUT dead_letters bigint,
+	OUT p50_ms float8, OUT p90_ms float8, OUT p99_ms float8, OUT max_ms float8,
+	OUT window_messages bigint, OUT latency_le_ms float8[], OUT latency_buckets bigint[],
+	OUT latency_sum_ms float8, OUT latency_count bigint, OUT reset_at timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_target_stats'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION outbox.target_stats() FROM PUBLIC;
+
+-- The relay's status, from shared memory: its state, where it reads, the
+-- frontier and what holds it, the current chunk and what holds retention.
+CREATE FUNCTION outbox.worker_status(
+	OUT pid int, OUT state text, OUT started_at timestamptz, OUT last_wakeup timestamptz,
+	OUT read_position bigint, OUT frontier bigint, OUT frontier_held_by_pid int,
+	OUT frontier_held_at_id bigint, OUT current_chunk int, OUT retention_held_by text,
+	OUT retention_checked_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'outbox_worker_status'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION outbox.worker_status() FROM PUBLIC;
+
+-- Start the counters and latencies of outbox.target_stats() afresh.
+CREATE FUNCTION outbox.reset_stats()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_reset_stats'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION outbox.reset_stats() IS 'start the counters and latencies of outbox.stats afresh';
+REVOKE ALL ON FUNCTION outbox.reset_stats() FROM PUBLIC;
+
+-- One row per target: how far behind it is, what went wrong last, its
+-- state, and for queues the messages held by open transactions and how
+-- many sessions hold them (0 for other targets).
+CREATE VIEW outbox.lag AS
+SELECT t.name AS target,
+	   t.kind,
+	   pend.pending,
+	   pend.is_estimate AS pending_is_estimate,
+	   pend.oldest_pending,
+	   now() - pend.oldest_pending AS lag,
+	   prog.last_delivered_id,
+	   greatest(prog.done_id, q.acknowledged_up_to_id) AS done_up_to_id,
+	   prog.delivered + coalesce(q.acknowledged, 0) AS delivered,
+	   (SELECT count(*) FROM outbox.dead_letters d WHERE d.target = t.name) AS dead_letters,
+	   err.last_status,
+	   err.last_error,
+	   err.last_error_at,
+	   CASE WHEN t.state <> 'active' THEN t.state
+			WHEN st.state IS NOT NULL THEN st.state
+			WHEN q.held > 0 THEN 'delivering'
+			WHEN pend.pending > 0 THEN 'delivering'
+			ELSE 'idle' END AS state,
+	   coalesce(st.in_flight, q.held, 0) AS in_flight,
+	   coalesce(st.failed_attempts, 0) AS failed_attempts,
+	   st.last_success_at,
+	   coalesce(q.held, 0) AS held,
+	   coalesce(q.receivers, 0) AS receivers
+  FROM outbox.targets t
+ CROSS JOIN LATERAL (SELECT min(p.done_id) AS done_id, max(p.last_delivered_id) AS last_delivered_id,
+						   sum(p.delivered)::bigint AS delivered
+					  FROM outbox.progress p WHERE p.target_id = t.id) prog
+ CROSS JOIN LATERAL outbox.target_pending(t.id) pend
+  LEFT JOIN LATERAL (SELECT p.last_status, p.last_error, p.last_error_at
+					   FROM outbox.progress p
+					  WHERE p.target_id = t.id AND p.last_error IS NOT NULL
+					  ORDER BY p.last_error_at DESC LIMIT 1) err ON true
+  LEFT JOIN outbox.target_stats() st ON st.target_id = t.id
+  LEFT JOIN outbox.queue_stats() q ON q.target_id = t.id;
+COMMENT ON VIEW outbox.lag IS 'per target: pending messages, oldest pending, progress, dead letters, last error';
+REVOKE ALL ON outbox.lag FROM PUBLIC;
+
+-- Per target, since the last outbox.reset_stats() (or the relay's start):
+-- what was delivered and how fast.  Latency runs from outbox_emit() to the
+-- receiver's acknowledgement, over the last 30 to 60 seconds.  Read from
+-- shared memory: no table is scanned.
+CREATE VIEW outbox.stats AS
+SELECT t.name AS target, s.state, s.messages, s.requests, s.bytes, s.retries, s.dead_letters,
+	   s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.window_messages, s.in_flight, s.failed_attempts,
+	   s.last_success_at, s.reset_at
+  FROM outbox.target_stats() s
+  JOIN outbox.targets t ON t.id = s.target_id;
+COMMENT ON VIEW outbox.stats IS 'per target: messages, requests, bytes, retries, dead letters, latency percentiles';
+REVOKE ALL ON outbox.stats FROM PUBLIC;
+
+-- The relay: what it does, where it reads, and what holds delivery or
+-- retention back.
+CREATE VIEW outbox.worker AS
+SELECT w.pid, w.state, w.started_at, w.last_wakeup, w.read_position, w.frontier,
+	   w.frontier_held_by_pid,
+	   (SELECT a.xact_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = w.frontier_held_by_pid)
+		 AS frontier_held_since,
+	   w.current_chunk, w.retention_held_by, w.retention_checked_at,
+	   x.pid AS oldest_xmin_pid, x.xact_start AS oldest_xmin_since
+  FROM outbox.worker_status() w
+  LEFT JOIN LATERAL (SELECT a.pid, a.xact_start FROM pg_catalog.pg_stat_activity a
+					  WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_catalog.pg_backend_pid()
+					  ORDER BY pg_catalog.age(a.backend_xmin) DESC LIMIT 1) x ON true;
+COMMENT ON VIEW outbox.worker IS 'the relay: state, read position, frontier, and what holds them or retention back';
+REVOKE ALL ON outbox.worker FROM PUBLIC;
+
+-- One row per queue: pending, held by open transactions, who holds them,
+-- and what happened to the messages since the server started.
+CREATE VIEW outbox.queues AS
+SELECT t.name AS queue,
+	   t.state,
+	   pend.pending,
+	   pend.is_estimate AS pending_is_estimate,
+	   pend.oldest_pending,
+	   coalesce(q.held, 0) AS held,
+	   coalesce(q.receivers, 0) AS receivers,
+	   coalesce(q.poisoned, 0) AS poisoned,
+	   coalesce(q.received, 0) AS received,
+	   coalesce(q.acknowledged, 0) AS acknowledged,
+	   coalesce(q.rolled_back, 0) AS rolled_back,
+	   coalesce(q.rolled_back_counted, 0) AS rolled_back_counted,
+	   (SELECT count(*) FROM outbox.dead_letters d WHERE d.target = t.name) AS dead_letters,
+	   coalesce(q.window_messages, 0) AS window_messages,
+	   greatest(p.done_id, q.acknowledged_up_to_id) AS done_up_to_id
+  FROM outbox.targets t
+  JOIN outbox.progress p ON p.target_id = t.id AND p.lane = 0
+ CROSS JOIN LATERAL outbox.target_pending(t.id) pend
+  LEFT JOIN outbox.queue_stats() q ON q.target_id = t.id
+ WHERE t.kind = 'queue';
+COMMENT ON VIEW outbox.queues IS 'per queue: pending, held by receiving transactions, received, rolled back';
+REVOKE ALL ON outbox.queues FROM PUBLIC;
+
+-- The figures above in the Prometheus text exposition format (version
+-- 0.0.4), with a "target" label; scrape it with any SQL exporter (README).
+-- Reads what outbox.lag, outbox.stats and outbox.worker read, as their
+-- owner: a monitoring role needs EXECUTE on this function only, and sees
+-- target names and figures, never URLs, headers, secrets or payloads.
+CREATE FUNCTION outbox.metrics()
+RETURNS text
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
+	 s AS MATERIALIZED (SELECT t.name AS target, st.*
+						  FROM outbox.target_stats() st JOIN outbox.targets t ON t.id = st.target_id),
+	 w AS MATERIALIZED (SELECT * FROM outbox.worker_status()),
+	 fam (ord, name, type, help) AS (VALUES
+		(1, 'outbox_pending_messages', 'gauge', 'Messages committed and not yet delivered or dead-lettered.'),
+		(2, 'outbox_oldest_pending_age_seconds', 'gauge', 'Age of the oldest pending message (0 when none).'),
+		(3, 'outbox_dead_letters', 'gauge', 'Dead letters kept in outbox.dead_letters.'),
+		(4, 'outbox_target_state', 'gauge', '1 for the state the target is in.'),
+		(5, 'outbox_in_flight_requests', 'gauge', 'Requests on the wire.'),
+		(6, 'outbox_failed_attempts', 'gauge', 'Failed attempts of the messages now being retried.'),
+		(7, 'outbox_last_success_timestamp_seconds', 'gauge', 'When the target last acknowledged a request.'),
+		(8, 'outbox_delivered_messages_total', 'counter', 'Messages acknowledged by the target.'),
+		(9, 'outbox_requests_total', 'counter', 'Requests sent to the target.'),
+		(10, 'outbox_request_bytes_total', 'counter', 'Bytes of request bodies sent to the target.'),
+		(11, 'outbox_retries_total', 'counter', 'Failed attempts that were tried again.'),
+		(12, 'outbox_dead_lettered_messages_total', 'counter', 'Messages the relay gave up on.'),
+		(13, 'outbox_delivery_latency_seconds', 'histogram', 'From outbox_emit() to acknowledgement, per message.'),
+		(14, 'outbox_relay_up', 'gauge', '1 when the relay is running.'),
+		(15, 'outbox_frontier_id', 'gauge', 'Highest message id below which no message can still appear.'),
+		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.')),
+	 lab AS MATERIALIZED (SELECT target,
+					'{target="' || replace(replace(replace(target, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' AS open
+			   FROM (SELECT target FROM l UNION SELECT target FROM s) x),
+	 samples (ord, k1, k2, line) AS MATERIALIZED (
+		SELECT 1, l.target, 0, 'outbox_pending_messages' || b.open || '} ' || l.pending FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 2, l.target, 0, 'outbox_oldest_pending_age_seconds' || b.open || '} '
+			   || coalesce(extract(epoch FROM l.lag)::float8, 0) FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 3, l.target, 0, 'outbox_dead_letters' || b.open || '} ' || l.dead_letters FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 4, l.target, k.n, 'outbox_target_state' || b.open || ',state="' || k.state || '"} '
+			   || (l.state = k.state)::int
+		  FROM l JOIN lab b USING (target)
+		 CROSS JOIN unnest(ARRAY['idle', 'delivering', 'retrying', 'failing', 'paused', 'disabled'])
+				   WITH ORDINALITY k (state, n)
+		UNION ALL
+		SELECT 5, l.target, 0, 'outbox_in_flight_requests' || b.open || '} ' || l.in_flight FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 6, l.target, 0, 'outbox_failed_attempts' || b.open || '} ' || l.failed_attempts FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 7, l.target, 0, 'outbox_last_success_timestamp_seconds' || b.open || '} '
+			   || extract(epoch FROM l.last_success_at)::float8
+		  FROM l JOIN lab b USING (target) WHERE l.last_success_at IS NOT NULL
+		UNION ALL
+		SELECT 8, s.target, 0, 'outbox_delivered_messages_total' || b.open || '} ' || s.messages FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 9, s.target, 0, 'outbox_requests_total' || b.open || '} ' || s.requests FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 10, s.target, 0, 'outbox_request_bytes_total' || b.open || '} ' || s.bytes FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 11, s.target, 0, 'outbox_retries_total' || b.open || '} ' || s.retries FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 12, s.target, 0, 'outbox_dead_lettered_messages_total' || b.open || '} ' || s.dead_letters
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, h.n::int, 'outbox_delivery_latency_seconds_bucket' || b.open || ',le="'
+			   || CASE WHEN h.le = 'Infinity' THEN '+Inf' ELSE (h.le / 1000)::text END || '"} '
+			   || sum(h.c) OVER (PARTITION BY s.target ORDER BY h.n)
+		  FROM s JOIN lab b USING (target)
+		 CROSS JOIN unnest(s.latency_le_ms, s.latency_buckets) WITH ORDINALITY h (le, c, n)
+		UNION ALL
+		SELECT 13, s.target, 1000, 'outbox_delivery_latency_seconds_sum' || b.open || '} ' || s.latency_sum_ms / 1000
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, 1001, 'outbox_delivery_latency_seconds_count' || b.open || '} ' || s.latency_count
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 14, '', 0, 'outbox_relay_up ' || (w.pid IS NOT NULL)::int FROM w
+		UNION ALL
+		SELECT 15, '', 0, 'outbox_frontier_id ' || w.frontier FROM w WHERE w.frontier IS NOT NULL
+		UNION ALL
+		SELECT 16, '', 0, 'outbox_relay_read_position_id ' || w.read_position FROM w WHERE w.read_position IS NOT NULL)
+SELECT string_agg(block, '' ORDER BY ord)
+  FROM (SELECT f.ord,
+			   '# HELP ' || f.name || ' ' || f.help || E'\n# TYPE ' || f.name || ' ' || f.type || E'\n'
+			   || coalesce(string_agg(x.line || E'\n', '' ORDER BY x.k1, x.k2), '') AS block
+		  FROM fam f LEFT JOIN samples x ON x.ord = f.ord
+		 GROUP BY f.ord, f.name, f.type, f.help) blocks
+$$;
+COMMENT ON FUNCTION outbox.metrics() IS 'outbox figures in the Prometheus text exposition format';
+REVOKE ALL ON FUNCTION outbox.metrics() FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- The monitoring role.
+---------------------------------------------------------------------------
+
+-- A read-only monitoring role: figures and states, no URLs, headers,
+-- secrets or payloads (roles are shared by the cluster's databases: it is
+-- created once, and stays when the extension is dropped).
+-- A role of that name made by someone else is refused: whoever
+-- administers it would decide who reads the figures.
+DO $$
+DECLARE
+	r record;
+BEGIN
+	SELECT * INTO r FROM pg_catalog.pg_roles WHERE rolname = 'outbox_monitor';
+	IF NOT FOUND THEN
+		CREATE ROLE outbox_monitor NOLOGIN;
+		COMMENT ON ROLE outbox_monitor IS 'reads outbox.lag, outbox.stats, outbox.worker and outbox.metrics()';
+	ELSIF r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolbypassrls
+		  OR EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+					   JOIN pg_catalog.pg_roles a ON a.oid = m.member
+					  WHERE m.roleid = r.oid AND m.admin_option AND NOT a.rolsuper) THEN
+		RAISE EXCEPTION 'role "outbox_monitor" exists and is not the extension''s monitoring role'
+			USING ERRCODE = 'duplicate_object',
+				  DETAIL = 'It can log in, has privileges of its own, or a role that is not a superuser administers it.',
+				  HINT = 'Drop or rename that role, then create the extension again.';
+	END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA outbox TO outbox_monitor;
+GRANT SELECT ON outbox.lag, outbox.stats, outbox.worker, outbox.queues TO outbox_monitor;
+GRANT SELECT (id, name) ON outbox.targets TO outbox_monitor;	-- to join target_stats() by name
+GRANT EXECUTE ON FUNCTION outbox.metrics(), outbox.target_pending(int), outbox.target_stats(),
+	outbox.worker_status(), outbox.queue_stats() TO outbox_monitor;
+
+
+---------------------------------------------------------------------------
+-- Change capture: the changes of a table become messages.
+---------------------------------------------------------------------------
+
+-- The captured tables.  In trigger mode outbox.capture_trigger(), installed
+-- on the table by outbox.capture(), carries the same settings in its
+-- arguments; this table is what outbox.captures shows and uncapture()
+-- removes.  A dropped table's row goes with it (outbox.captures_dropped).
+CREATE TABLE outbox.captured_tables (
+	tbl				regclass	PRIMARY KEY,
+	mode			text		NOT NULL CHECK (mode IN ('trigger')),
+	topic			text,		-- NULL for an outbox table (topic_column)
+	columns			text[],
+	key				text[],
+	topic_column	text,
+	key_column		text,
+	payload_column	text,
+	headers_column	text,
+	snapshot_rows	bigint,
+	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
+	CHECK ((topic IS NULL) <> (topic_column IS NULL))
+);
+COMMENT ON TABLE outbox.captured_tables IS 'tables whose changes become messages (outbox.capture)';
+REVOKE ALL ON TABLE outbox.captured_tables FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.captured_tables', '');
+
+CREATE FUNCTION outbox.capture_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_capture_trigger'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION outbox.capture_trigger() FROM PUBLIC;
+
+-- Send every row of a captured table as a change with op "read", in the
+-- calling transaction (outbox.capture(..., snapshot => true)).
+CREATE FUNCTION outbox.capture_snapshot(tbl regclass)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_capture_snapshot'
+LANGUAGE C STRICT;
+REVOKE ALL ON FUNCTION outbox.capture_snapshot(regclass) FROM PUBLIC;
+
+-- Capture the changes of a table as messages.  See docs/capture.md.
+CREATE FUNCTION outbox.capture(
+	tbl				regclass,
+	mode			text	DEFAULT 'trigger',
+	topic			text	DEFAULT NULL,
+	columns			text[]	DEFAULT NULL,
+	key				text[]	DEFAULT NULL,
+	snapshot		boolean	DEFAULT false,
+	topic_column	text	DEFAULT NULL,
+	key_column		text	DEFAULT NULL,
+	payload_column	text	DEFAULT NULL,
+	headers_column	text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	rel record;
+	source text;
+	args text[];
+	col text;
+	colinfo record;
+	outbox_table boolean := topic_column IS NOT NULL OR payload_column IS NOT NULL
+							OR key_column IS NOT NULL OR headers_column IS NOT NULL;
+	rows bigint;
+BEGIN
+	IF tbl IS NULL THEN
+		RAISE EXCEPTION 'table to capture must not be null'
+			USING ERRCODE = 'null_value_not_allowed',
+				  HINT = 'Name the table, for example outbox.capture(''public.orders'').';
+	END IF;
+	SELECT c.oid, c.relname, c.relkind, c.relpersistence, c.relispartition, n.nspname
+	  INTO rel
+	  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	 WHERE c.oid = tbl;
+	IF rel.relkind NOT IN ('r', 'p') THEN
+		RAISE EXCEPTION '"%" is not a table', tbl
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only ordinary and partitioned tables can be captured.',
+				  HINT = 'Capture the table the view, materialized view or foreign table reads.';
+	END IF;
+	IF rel.relpersistence = 't' THEN
+		RAISE EXCEPTION 'cannot capture temporary table "%"', tbl
+			USING ERRCODE = 'feature_not_supported',
+				  HINT = 'Capture a permanent table, or call outbox_emit() from the session.';
+	END IF;
+	IF rel.nspname IN ('outbox', 'pg_catalog', 'information_schema', 'pg_toast') THEN
+		RAISE EXCEPTION 'cannot capture "%"', tbl
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'Tables of the outbox and system schemas cannot be captured.',
+				  HINT = 'Capture tables of your application''s schemas.';
+	END IF;
+	IF rel.relispartition THEN
+		RAISE EXCEPTION 'cannot capture partition "%"', tbl
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Partitions are captured with their partitioned table.',
+				  HINT = format('Capture the partitioned table: outbox.capture(%L).',
+								(SELECT a::regclass::text FROM pg_partition_ancestors(tbl) a
+								  WHERE a <> tbl ORDER BY 1 DESC LIMIT 1));
+	END IF;
+	IF EXISTS (SELECT 1 FROM outbox.captured_tables ct WHERE ct.tbl = capture.tbl) THEN
+		RAISE EXCEPTION 'table "%" is already captured', tbl
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'See outbox.captures; to change how, call outbox.uncapture() first.';
+	END IF;
+	IF mode IS NULL OR mode <> 'trigger' THEN
+		RAISE EXCEPTION 'unknown capture mode %', quote_nullable(mode)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'This version captures by trigger only.',
+				  HINT = 'Pass mode => ''trigger''.';
+	END IF;
+	IF snapshot IS NULL THEN
+		snapshot := false;
+	END IF;
+
+	-- Header values are printable ASCII: other bytes of the name are
+	-- percent-encoded (so is "%").
+	source := (SELECT string_agg(CASE WHEN b BETWEEN 32 AND 126 AND b <> 37
+									  THEN chr(b) ELSE '%' || upper(lpad(to_hex(b), 2, '0')) END,
+								 '' ORDER BY i)
+				 FROM (SELECT i, get_byte(convert_to(rel.nspname || '.' || rel.relname,
+												   'UTF8'), i) AS b
+						 FROM generate_series(0, octet_length(convert_to(rel.nspname || '.' ||
+																rel.relname, 'UTF8')) - 1) i) s);
+	IF topic IS NULL AND NOT outbox_table THEN
+		topic := rel.nspname || '.' || rel.relname;
+	END IF;
+
+	IF outbox_table THEN
+		IF columns IS NOT NULL OR key IS NOT NULL OR capture.topic IS NOT NULL THEN
+			RAISE EXCEPTION 'an outbox table capture takes its topic, key and payload from the row'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'topic_column, key_column, payload_column or headers_column was given together with topic, columns or key.',
+					  HINT = 'Pass topic_column and payload_column (and key_column, headers_column), or topic, columns and key.';
+		END IF;
+		IF topic_column IS NULL OR payload_column IS NULL THEN
+			RAISE EXCEPTION 'an outbox table capture needs topic_column and payload_column'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Name the columns, for example topic_column => ''aggregatetype'', payload_column => ''payload''.';
+		END IF;
+		IF snapshot THEN
+			RAISE EXCEPTION 'an outbox table capture has no snapshot'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'Rows already in the table are not sent; only inserted rows become messages.',
+					  HINT = 'Leave snapshot false.';
+		END IF;
+		FOREACH col IN ARRAY ARRAY[topic_column, key_column, payload_column, headers_column] LOOP
+			CONTINUE WHEN col IS NULL;
+			SELECT a.atttypid, pg_catalog.format_type(a.atttypid, a.atttypmod) AS typ,
+				   (SELECT t.typbasetype FROM pg_type t WHERE t.oid = a.atttypid) AS base
+			  INTO colinfo
+			  FROM pg_attribute a
+			 WHERE a.attrelid = tbl AND a.attname = col AND a.attnum > 0 AND NOT a.attisdropped;
+			IF NOT FOUND THEN
+				RAISE EXCEPTION 'column "%" of table "%" does not exist', col, tbl
+					USING ERRCODE = 'undefined_column',
+						  HINT = 'Name a column of the table.';
+			END IF;
+			IF (col = topic_column AND coalesce(nullif(colinfo.base, 0), colinfo.atttypid)
+											NOT IN ('text'::regtype, 'varchar'::regtype))
+			   OR (col = payload_column AND colinfo.atttypid NOT IN ('jsonb'::regtype, 'json'::regtype, 'text'::regtype))
+			   OR (col = headers_column AND colinfo.atttypid <> 'jsonb'::regtype) THEN
+				RAISE EXCEPTION 'column "%" of table "%" has type %', col, tbl, colinfo.typ
+					USING ERRCODE = 'datatype_mismatch',
+						  DETAIL = 'The topic column must be text or varchar, the payload column jsonb, json or text, the headers column jsonb.',
+						  HINT = 'Name a column of the right type.';
+			END IF;
+		END LOOP;
+		args := ARRAY['1', 'o', '-', source, topic_column, coalesce(key_column, ''),
+					  payload_column, coalesce(headers_column, '')];
+	ELSE
+		IF octet_length(topic) > 255 OR topic = '' THEN
+			RAISE EXCEPTION 'outbox topic must have 1 to 255 bytes'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass a shorter topic => ...';
+		END IF;
+		PERFORM outbox.check_text(topic, 'topic', 'outbox topic');
+		IF columns IS NOT NULL THEN
+			IF cardinality(columns) = 0 OR array_position(columns, NULL) IS NOT NULL THEN
+				RAISE EXCEPTION 'columns to capture must be a non-empty list of column names'
+					USING ERRCODE = 'invalid_parameter_value',
+						  HINT = 'Pass NULL to capture every column.';
+			END IF;
+			IF (SELECT count(DISTINCT c) FROM unnest(columns) c) <> cardinality(columns) THEN
+				RAISE EXCEPTION 'columns to capture list a column twice'
+					USING ERRCODE = 'duplicate_column',
+						  HINT = 'Name each column once.';
+			END IF;
+		END IF;
+		IF key IS NULL THEN
+			key := ARRAY(SELECT a.attname::text
+						   FROM pg_index i
+						   CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, pos)
+						   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+						  WHERE i.indrelid = tbl AND i.indisprimary
+						  ORDER BY k.pos);
+			IF cardinality(key) = 0 THEN
+				RAISE EXCEPTION 'table "%" has no primary key', tbl
+					USING ERRCODE = 'invalid_table_definition',
+						  DETAIL = 'The key of a captured change is the primary key, or the columns named by key.',
+						  HINT = 'Add a primary key, or pass key => ARRAY[''column'', ...].';
+			END IF;
+		ELSIF cardinality(key) = 0 OR array_position(key, NULL) IS NOT NULL
+			  OR (SELECT count(DISTINCT c) FROM unnest(key) c) <> cardinality(key) THEN
+			RAISE EXCEPTION 'key must be a non-empty list of distinct column names'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass NULL for the primary key.';
+		END IF;
+		FOREACH col IN ARRAY coalesce(columns, '{}') || key LOOP
+			IF NOT EXISTS (SELECT 1 FROM pg_attribute a
+							WHERE a.attrelid = tbl AND a.attname = col AND a.attnum > 0
+							  AND NOT a.attisdropped) THEN
+				RAISE EXCEPTION 'column "%" of table "%" does not exist', col, tbl
+					USING ERRCODE = 'undefined_column',
+						  HINT = 'Name columns of the table.';
+			END IF;
+		END LOOP;
+		args := ARRAY['1', 'c', topic, source, coalesce(cardinality(columns), 0)::text]
+				|| coalesce(columns, '{}') || cardinality(key)::text || key;
+	END IF;
+
+	EXECUTE format('CREATE TRIGGER outbox_capture AFTER INSERT%s ON %s FOR EACH ROW '
+				   'EXECUTE FUNCTION outbox.capture_trigger(%s)',
+				   CASE WHEN outbox_table THEN '' ELSE ' OR UPDATE OR DELETE' END, tbl,
+				   (SELECT string_agg(quote_literal(a), ', ' ORDER BY i)
+					  FROM unnest(args) WITH ORDINALITY u(a, i)));
+	IF NOT outbox_table THEN
+		EXECUTE format('CREATE TRIGGER outbox_capture_truncate AFTER TRUNCATE ON %s '
+					   'FOR EACH STATEMENT EXECUTE FUNCTION outbox.capture_trigger(%s)',
+					   tbl,
+					   (SELECT string_agg(quote_literal(a), ', ' ORDER BY i)
+						  FROM unnest(args) WITH ORDINALITY u(a, i)));
+	END IF;
+	IF snapshot THEN
+		rows := outbox.capture_snapshot(tbl);
+	END IF;
+	INSERT INTO outbox.captured_tables (tbl, mode, topic, columns, key, topic_column, key_column,
+										payload_column, headers_column, snapshot_rows)
+	VALUES (tbl, mode, CASE WHEN outbox_table THEN NULL ELSE topic END, columns,
+			CASE WHEN outbox_table THEN NULL ELSE key END,
+			topic_column, key_column, payload_column, headers_column, rows);
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text) IS
+	'capture the changes of a table as messages';
+
+-- Stop capturing a table.
+CREATE FUNCTION outbox.uncapture(tbl regclass)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM outbox.captured_tables ct WHERE ct.tbl = uncapture.tbl;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'table "%" is not captured', tbl
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'See SELECT * FROM outbox.captures.';
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'outbox_capture') THEN
+		EXECUTE format('DROP TRIGGER outbox_capture ON %s', tbl);
+	END IF;
+	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'outbox_capture_truncate') THEN
+		EXECUTE format('DROP TRIGGER outbox_capture_truncate ON %s', tbl);
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.uncapture(regclass) FROM PUBLIC;
+COMMENT ON FUNCTION outbox.uncapture(regclass) IS 'stop capturing the changes of a table';
+
+-- A dropped table is no longer captured.
+CREATE FUNCTION outbox.captures_dropped()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	DELETE FROM outbox.captured_tables ct
+	 USING pg_event_trigger_dropped_objects() d
+	 WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND ct.tbl = d.objid;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.captures_dropped() FROM PUBLIC;
+CREATE EVENT TRIGGER outbox_captures_dropped ON sql_drop
+	WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+	EXECUTE FUNCTION outbox.captures_dropped();
+
+-- The captured tables and whether their triggers fire.
+CREATE VIEW outbox.captures AS
+SELECT ct.tbl AS table_name,
+	   ct.mode,
+	   CASE WHEN ct.topic_column IS NULL THEN ct.topic ELSE '(' || ct.topic_column || ')' END AS topic,
+	   CASE WHEN ct.topic_column IS NOT NULL THEN 'outbox table' ELSE 'changes' END AS shape,
+	   CASE
+		   WHEN tg.tgenabled IS NULL THEN 'trigger missing'
+		   WHEN tg.tgenabled = 'D' THEN 'disabled'
+		   WHEN tg.tgenabled = 'R' THEN 'replica only'
+		   WHEN tg.tgenabled = 'A' THEN 'always'
+		   ELSE 'capturing'
+	   END AS state,
+	   ct.columns,
+	   ct.key,
+	   ct.snapshot_rows,
+	   NULL::pg_lsn AS last_commit_lsn,
+	   NULL::timestamptz AS last_commit_at,
+	   NULL::bigint AS lag_bytes,
+	   NULL::interval AS lag_time,
+	   NULL::bigint AS retained_wal,
+	   CASE
+		   WHEN tg.tgenabled IS NULL THEN 'the trigger outbox_capture was dropped: changes are not captured'
+		   WHEN tg.tgenabled = 'D' THEN 'the trigger outbox_capture is disabled: changes are not captured'
+	   END AS last_error,
+	   ct.created_at
+  FROM outbox.captured_tables ct
+  LEFT JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = ct.tbl AND tg.tgname = 'outbox_capture';
+REVOKE ALL ON outbox.captures FROM PUBLIC;
+GRANT SELECT ON outbox.captures TO outbox_monitor;
+
+-- A relay waiting for CREATE EXTENSION starts delivering when this commits
+-- (only where the library is preloaded: outbox.database exists then).
+SELECT outbox.config_changed()
+ WHERE pg_catalog.current_setting('outbox.database', true) IS NOT NULL;

@@ -1,0 +1,743 @@
+/*-------------------------------------------------------------------------
+ *
+ * capture.c
+ *	  Change capture by trigger: the rows a transaction writes to a captured
+ *	  table become messages of that transaction.
+ *
+ * outbox.capture() (SQL) installs outbox.capture_trigger() as an AFTER
+ * INSERT OR UPDATE OR DELETE row trigger and an AFTER TRUNCATE statement
+ * trigger on the table.  The trigger appends to the transaction's emit
+ * buffer (emit.c), exactly as outbox_emit() does, so captured changes are
+ * stored at commit with commit-ordered ids, mixed in true commit order with
+ * the messages the transaction emitted, and vanish with a rollback or a
+ * rolled-back savepoint (I1-I3).  No PL/pgSQL and no SPI run per row.
+ *
+ * Everything the trigger needs is in its arguments, which outbox.capture()
+ * wrote and pg_dump carries with the trigger:
+ *
+ *	  '1', 'c', topic, source, ncolumns, column..., nkey, key...
+ *		  a change: payload {"op", "before", "after"}, the rows as to_jsonb()
+ *		  makes them (only the listed columns, or all when ncolumns is 0),
+ *		  key the key columns' values (one: its text; several: a JSON array)
+ *	  '1', 'o', topic, source, topic_column, key_column, payload_column,
+ *		  headers_column
+ *		  a row of an outbox table: one message with the row's topic, key,
+ *		  payload and headers (key_column and headers_column may be '')
+ *
+ * Column names are resolved to attribute numbers once per trigger and
+ * backend, and again after a relcache invalidation of the table (ALTER
+ * TABLE), so a dropped or renamed captured column is an error at the next
+ * write rather than a wrong message.  Partitions carry clones of the
+ * parent's row trigger, with its arguments: their changes go to the
+ * parent's topic.
+ *
+ * Headers: source-table (the captured table, schema-qualified, bytes that
+ * are not printable ASCII percent-encoded), source-xid (as
+ * pg_current_xact_id() shows it) and source-commit-time, whose value is a
+ * placeholder of OUTBOX_COMMIT_TIME_LEN bytes that emit.c overwrites at
+ * PRE_COMMIT, when the transaction commits.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/relation.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/transam.h"
+#include "access/xact.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_inherits.h"
+#include "executor/tuptable.h"
+#include "executor/executor.h"
+#include "catalog/pg_type.h"
+#include "commands/trigger.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "pgtime.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_capture_trigger);
+PG_FUNCTION_INFO_V1(outbox_capture_snapshot);
+
+/* The value source-commit-time holds until PRE_COMMIT fills it. */
+static const char commit_time_placeholder[OUTBOX_COMMIT_TIME_LEN + 1] =
+"0000-00-00T00:00:00.000000Z";
+
+/* What one trigger (on one table or partition) needs, by trigger OID. */
+typedef struct CaptureEntry
+{
+	Oid			tgoid;			/* hash key */
+	Oid			relid;			/* the table the trigger is on */
+	bool		valid;			/* cleared by a relcache invalidation */
+	MemoryContext cxt;			/* what follows, when valid */
+	char		kind;			/* 'c'hange or 'o'utbox row */
+	char	   *topic;
+	int			topic_len;
+	char	   *source;			/* source-table header value */
+	/* kind 'c' */
+	int			ncols;			/* captured columns, 0 for all */
+	AttrNumber *cols;
+	TupleDesc	projdesc;		/* blessed, of the captured columns */
+	int			nkeys;
+	AttrNumber *keys;
+	FmgrInfo   *key_out;		/* output functions of the key columns */
+	char	   *key_kind;		/* 'n'umber, 'b'oolean or 's'tring in JSON */
+	/* kind 'o' */
+	AttrNumber	topic_att;
+	AttrNumber	key_att;		/* 0 for none */
+	AttrNumber	payload_att;
+	AttrNumber	headers_att;	/* 0 for none */
+	Oid			payload_type;	/* JSONBOID, JSONOID or TEXTOID */
+	FmgrInfo	key_att_out;
+	/* the headers for the transaction they were last built for */
+	FullTransactionId headers_xid;
+	Jsonb	   *headers;
+	int			commit_time_off;
+} CaptureEntry;
+
+static HTAB *capture_cache = NULL;
+
+/* Row to jsonb as to_jsonb() does it; the envelope's row type. */
+static FmgrInfo to_jsonb_finfo;
+static TupleDesc envelope_desc = NULL;
+static pg_tz *utc_timezone = NULL;
+
+static void
+capture_relcache_callback(Datum arg, Oid relid)
+{
+	HASH_SEQ_STATUS status;
+	CaptureEntry *e;
+
+	if (capture_cache == NULL)
+		return;
+	hash_seq_init(&status, capture_cache);
+	while ((e = hash_seq_search(&status)) != NULL)
+		if (relid == InvalidOid || e->relid == relid)
+			e->valid = false;
+}
+
+static void
+capture_init_backend(void)
+{
+	HASHCTL		ctl;
+	MemoryContext oldcxt;
+	List	   *args;
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(Oid);
+	ctl.entrysize = sizeof(CaptureEntry);
+	capture_cache = hash_create("outbox capture triggers", 16, &ctl,
+								HASH_ELEM | HASH_BLOBS);
+	CacheRegisterRelcacheCallback(capture_relcache_callback, (Datum) 0);
+
+	/*
+	 * to_jsonb(anyelement) learns its argument's type from the call
+	 * expression: give it one of type record.  The record's own header
+	 * names its (blessed or table) row type.
+	 */
+	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+	fmgr_info(F_TO_JSONB, &to_jsonb_finfo);
+	args = list_make1(makeNullConst(RECORDOID, -1, InvalidOid));
+	to_jsonb_finfo.fn_expr = (Node *) makeFuncExpr(F_TO_JSONB, JSONBOID, args,
+												   InvalidOid, InvalidOid,
+												   COERCE_EXPLICIT_CALL);
+	envelope_desc = CreateTemplateTupleDesc(3);
+	TupleDescInitEntry(envelope_desc, 1, "op", TEXTOID, -1, 0);
+	TupleDescInitEntry(envelope_desc, 2, "before", RECORDOID, -1, 0);
+	TupleDescInitEntry(envelope_desc, 3, "after", RECORDOID, -1, 0);
+	envelope_desc = BlessTupleDesc(envelope_desc);
+	MemoryContextSwitchTo(oldcxt);
+}
+
+static void
+capture_bad_arguments(Trigger *tg, const char *why)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("outbox capture trigger \"%s\" has invalid arguments", tg->tgname),
+			 errdetail("%s", why),
+			 errhint("Capture the table again: SELECT outbox.uncapture(...), then outbox.capture(...).")));
+}
+
+/* The attribute number of column name of rel, or an error. */
+static AttrNumber
+capture_column(Relation rel, const char *name, Trigger *tg)
+{
+	AttrNumber	att = get_attnum(RelationGetRelid(rel), name);
+
+	if (att == InvalidAttrNumber || att < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_COLUMN),
+				 errmsg("column \"%s\" captured by outbox does not exist in table \"%s\"",
+						name, RelationGetRelationName(rel)),
+				 errdetail("The column was renamed or dropped after outbox.capture() named it."),
+				 errhint("Capture the table again: SELECT outbox.uncapture(...), then outbox.capture(...) with its present columns.")));
+	return att;
+}
+
+/* Resolve the trigger's arguments against rel's present columns. */
+static void
+capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	char	  **a = tg->tgargs;
+	int			n = tg->tgnargs;
+	int			i;
+
+	if (n < 4 || strcmp(a[0], "1") != 0)
+		capture_bad_arguments(tg, "They do not start with version 1.");
+	e->kind = a[1][0];
+	e->topic = pstrdup(a[2]);
+	e->topic_len = strlen(a[2]);
+	e->source = pstrdup(a[3]);
+	if (e->topic_len == 0 || e->topic_len > OUTBOX_MAX_TOPIC_LEN)
+		capture_bad_arguments(tg, "The topic is empty or too long.");
+	outbox_check_text(e->topic, e->topic_len, OUTBOX_TEXT_TOPIC, "outbox topic");
+	outbox_check_text(e->source, strlen(e->source), OUTBOX_TEXT_HEADER_VALUE,
+					  "outbox header \"source-table\"");
+
+	if (strcmp(a[1], "c") == 0)
+	{
+		int			pos = 4;
+
+		if (pos >= n)
+			capture_bad_arguments(tg, "The column count is missing.");
+		e->ncols = pg_strtoint32(a[pos++]);
+		if (e->ncols < 0 || pos + e->ncols >= n)
+			capture_bad_arguments(tg, "The column list is cut short.");
+		if (e->ncols > 0)
+		{
+			e->cols = palloc(e->ncols * sizeof(AttrNumber));
+			e->projdesc = CreateTemplateTupleDesc(e->ncols);
+			for (i = 0; i < e->ncols; i++)
+			{
+				Form_pg_attribute att;
+
+				e->cols[i] = capture_column(rel, a[pos++], tg);
+				att = TupleDescAttr(desc, e->cols[i] - 1);
+				TupleDescInitEntry(e->projdesc, i + 1, NameStr(att->attname),
+								   att->atttypid, att->atttypmod, att->attndims);
+			}
+			e->projdesc = BlessTupleDesc(e->projdesc);
+		}
+		e->nkeys = pg_strtoint32(a[pos++]);
+		if (e->nkeys < 1 || pos + e->nkeys != n)
+			capture_bad_arguments(tg, "The key column list does not match its count.");
+		e->keys = palloc(e->nkeys * sizeof(AttrNumber));
+		e->key_out = palloc(e->nkeys * sizeof(FmgrInfo));
+		e->key_kind = palloc(e->nkeys);
+		for (i = 0; i < e->nkeys; i++)
+		{
+			Oid			typid;
+			Oid			outfn;
+			bool		varlena;
+
+			e->keys[i] = capture_column(rel, a[pos++], tg);
+			typid = getBaseType(TupleDescAttr(desc, e->keys[i] - 1)->atttypid);
+			getTypeOutputInfo(typid, &outfn, &varlena);
+			fmgr_info_cxt(outfn, &e->key_out[i], e->cxt);
+			e->key_kind[i] = (typid == INT2OID || typid == INT4OID ||
+							  typid == INT8OID) ? 'n' :
+				(typid == BOOLOID) ? 'b' : 's';
+		}
+	}
+	else if (strcmp(a[1], "o") == 0)
+	{
+		Oid			outfn;
+		bool		varlena;
+
+		if (n != 8)
+			capture_bad_arguments(tg, "An outbox table capture has 8 arguments.");
+		e->topic_att = capture_column(rel, a[4], tg);
+		e->key_att = a[5][0] ? capture_column(rel, a[5], tg) : 0;
+		e->payload_att = capture_column(rel, a[6], tg);
+		e->headers_att = a[7][0] ? capture_column(rel, a[7], tg) : 0;
+		e->payload_type = TupleDescAttr(desc, e->payload_att - 1)->atttypid;
+		if (e->key_att)
+		{
+			getTypeOutputInfo(TupleDescAttr(desc, e->key_att - 1)->atttypid,
+							  &outfn, &varlena);
+			fmgr_info_cxt(outfn, &e->key_att_out, e->cxt);
+		}
+		if (getBaseType(TupleDescAttr(desc, e->topic_att - 1)->atttypid) != TEXTOID &&
+			getBaseType(TupleDescAttr(desc, e->topic_att - 1)->atttypid) != VARCHAROID)
+			capture_bad_arguments(tg, "The topic column is not of type text.");
+		if (e->payload_type != JSONBOID && e->payload_type != JSONOID &&
+			e->payload_type != TEXTOID)
+			capture_bad_arguments(tg, "The payload column is not of type jsonb, json or text.");
+		if (e->headers_att &&
+			TupleDescAttr(desc, e->headers_att - 1)->atttypid != JSONBOID)
+			capture_bad_arguments(tg, "The headers column is not of type jsonb.");
+	}
+	else
+		capture_bad_arguments(tg, "The kind is neither \"c\" nor \"o\".");
+}
+
+static CaptureEntry *
+capture_entry(Relation rel, Trigger *tg)
+{
+	CaptureEntry *e;
+	bool		found;
+	MemoryContext oldcxt;
+
+	if (capture_cache == NULL)
+		capture_init_backend();
+	e = hash_search(capture_cache, &tg->tgoid, HASH_ENTER, &found);
+	if (found && e->valid)
+		return e;
+	if (found && e->cxt)
+		MemoryContextDelete(e->cxt);
+	memset((char *) e + sizeof(Oid), 0, sizeof(CaptureEntry) - sizeof(Oid));
+	e->relid = RelationGetRelid(rel);
+	e->cxt = AllocSetContextCreate(CacheMemoryContext, "outbox capture trigger",
+								   ALLOCSET_SMALL_SIZES);
+	oldcxt = MemoryContextSwitchTo(e->cxt);
+	PG_TRY();
+	{
+		capture_build(e, rel, tg);
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		MemoryContextDelete(e->cxt);
+		e->cxt = NULL;
+		hash_search(capture_cache, &tg->tgoid, HASH_REMOVE, NULL);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(oldcxt);
+	e->valid = true;
+	return e;
+}
+
+/*
+ * The headers of e's messages in this transaction; built once per
+ * transaction and trigger.
+ */
+static Jsonb *
+capture_headers(CaptureEntry *e)
+{
+	FullTransactionId xid = GetTopFullTransactionId();
+	JsonbParseState *st = NULL;
+	JsonbValue	k;
+	JsonbValue	v;
+	JsonbValue *res;
+	char		xidbuf[32];
+	Jsonb	   *h;
+	MemoryContext oldcxt;
+
+	if (e->headers != NULL &&
+		FullTransactionIdEquals(e->headers_xid, xid))
+		return e->headers;
+
+	oldcxt = MemoryContextSwitchTo(e->cxt);
+	if (e->headers)
+		pfree(e->headers);
+	e->headers = NULL;
+	snprintf(xidbuf, sizeof(xidbuf), UINT64_FORMAT, U64FromFullTransactionId(xid));
+	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
+#define CAPTURE_PUSH(name, value) \
+	do { \
+		k.type = jbvString; k.val.string.val = (char *) (name); \
+		k.val.string.len = strlen(name); \
+		pushJsonbValue(&st, WJB_KEY, &k); \
+		v.type = jbvString; v.val.string.val = (char *) (value); \
+		v.val.string.len = strlen(value); \
+		pushJsonbValue(&st, WJB_VALUE, &v); \
+	} while (0)
+	CAPTURE_PUSH("source-table", e->source);
+	CAPTURE_PUSH("source-xid", xidbuf);
+	CAPTURE_PUSH("source-commit-time", commit_time_placeholder);
+#undef CAPTURE_PUSH
+	res = pushJsonbValue(&st, WJB_END_OBJECT, NULL);
+	h = JsonbValueToJsonb(res);
+	MemoryContextSwitchTo(oldcxt);
+
+	/*
+	 * A jsonb object stores its keys by length, then bytes, and the values
+	 * in that order after them: source-commit-time, the longest key, has the
+	 * last value, which ends the container.
+	 */
+	e->commit_time_off = VARSIZE(h) - OUTBOX_COMMIT_TIME_LEN;
+	if (memcmp((char *) h + e->commit_time_off, commit_time_placeholder,
+			   OUTBOX_COMMIT_TIME_LEN) != 0)
+		elog(ERROR, "outbox: unexpected layout of captured message headers");
+	e->headers = h;
+	e->headers_xid = xid;
+	return h;
+}
+
+/*
+ * to_jsonb() of a record, with timestamps in UTC whatever the writing
+ * session's TimeZone: a message does not depend on who wrote the row.
+ */
+static Datum
+capture_to_jsonb(Datum record)
+{
+	pg_tz	   *saved = session_timezone;
+	volatile Datum result = (Datum) 0;
+
+	if (utc_timezone == NULL)
+		utc_timezone = pg_tzset("UTC");
+	PG_TRY();
+	{
+		session_timezone = utc_timezone;
+		result = FunctionCall1(&to_jsonb_finfo, record);
+	}
+	PG_FINALLY();
+	{
+		session_timezone = saved;
+	}
+	PG_END_TRY();
+	return result;
+}
+
+/* The row as a record datum: all its columns, or the captured ones. */
+static Datum
+capture_row(CaptureEntry *e, HeapTuple tuple, TupleDesc desc)
+{
+	Datum	   *values;
+	bool	   *nulls;
+	int			i;
+
+	if (e->ncols == 0)
+		return heap_copy_tuple_as_datum(tuple, desc);
+
+	values = palloc(e->ncols * sizeof(Datum));
+	nulls = palloc(e->ncols * sizeof(bool));
+	for (i = 0; i < e->ncols; i++)
+		values[i] = heap_getattr(tuple, e->cols[i], desc, &nulls[i]);
+	return HeapTupleGetDatum(heap_form_tuple(e->projdesc, values, nulls));
+}
+
+/* The key of a change: one column's text, or a JSON array of several. */
+static void
+capture_key(CaptureEntry *e, HeapTuple tuple, TupleDesc desc, OutboxMessage *msg)
+{
+	StringInfoData buf;
+	int			i;
+
+	if (e->nkeys == 1)
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tuple, e->keys[0], desc, &isnull);
+		char	   *s;
+
+		if (isnull)
+			return;				/* no key */
+		s = OutputFunctionCall(&e->key_out[0], d);
+		msg->key = s;
+		msg->key_len = strlen(s);
+	}
+	else
+	{
+		initStringInfo(&buf);
+		appendStringInfoChar(&buf, '[');
+		for (i = 0; i < e->nkeys; i++)
+		{
+			bool		isnull;
+			Datum		d = heap_getattr(tuple, e->keys[i], desc, &isnull);
+
+			if (i > 0)
+				appendStringInfoChar(&buf, ',');
+			if (isnull)
+				appendStringInfoString(&buf, "null");
+			else if (e->key_kind[i] == 's')
+				escape_json(&buf, OutputFunctionCall(&e->key_out[i], d));
+			else if (e->key_kind[i] == 'b')
+				appendStringInfoString(&buf, DatumGetBool(d) ? "true" : "false");
+			else
+				appendStringInfoString(&buf, OutputFunctionCall(&e->key_out[i], d));
+		}
+		appendStringInfoChar(&buf, ']');
+		msg->key = buf.data;
+		msg->key_len = buf.len;
+	}
+	if (msg->key_len > OUTBOX_MAX_KEY_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("outbox key of a change captured from \"%s\" is too long", e->source),
+				 errdetail("The key has %d bytes; the limit is %d.",
+						   msg->key_len, OUTBOX_MAX_KEY_LEN),
+				 errhint("Capture the table with shorter key columns (outbox.capture(..., key => ...)).")));
+	outbox_check_text(msg->key, msg->key_len, OUTBOX_TEXT_KEY, "outbox key");
+}
+
+/*
+ * A change: the envelope {"op", "before", "after"} and the key, from the new
+ * row, or the old one for a delete.
+ */
+static void
+capture_change(CaptureEntry *e, TupleDesc desc, const char *op,
+			   HeapTuple oldtup, HeapTuple newtup, OutboxMessage *msg)
+{
+	Datum		values[3];
+	bool		nulls[3] = {false, true, true};
+	Datum		payload;
+
+	values[0] = CStringGetTextDatum(op);
+	if (oldtup != NULL)
+	{
+		values[1] = capture_row(e, oldtup, desc);
+		nulls[1] = false;
+	}
+	if (newtup != NULL)
+	{
+		values[2] = capture_row(e, newtup, desc);
+		nulls[2] = false;
+	}
+	payload = capture_to_jsonb(HeapTupleGetDatum(heap_form_tuple(envelope_desc,
+																 values, nulls)));
+	outbox_check_payload_size(payload);
+	msg->payload = (struct varlena *) DatumGetJsonbP(payload);
+	if (newtup != NULL || oldtup != NULL)
+		capture_key(e, newtup != NULL ? newtup : oldtup, desc, msg);
+
+	msg->topic = e->topic;
+	msg->topic_len = e->topic_len;
+	msg->headers = (struct varlena *) capture_headers(e);
+	msg->commit_time_off = e->commit_time_off;
+}
+
+/* A row of an outbox table: its topic, key, payload and headers. */
+static void
+capture_outbox_row(CaptureEntry *e, TriggerData *td, OutboxMessage *msg)
+{
+	TupleDesc	desc = RelationGetDescr(td->tg_relation);
+	HeapTuple	row = td->tg_trigtuple;
+	bool		isnull;
+	Datum		d;
+
+	d = heap_getattr(row, e->topic_att, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox topic must not be null"),
+				 errdetail("The row inserted into captured outbox table \"%s\" has a null topic column.",
+						   e->source),
+				 errhint("Name the topic, for example 'orders.created'.")));
+	outbox_check_topic(DatumGetTextPP(d), &msg->topic, &msg->topic_len);
+
+	if (e->key_att)
+	{
+		d = heap_getattr(row, e->key_att, desc, &isnull);
+		if (!isnull)
+		{
+			char	   *s = OutputFunctionCall(&e->key_att_out, d);
+
+			outbox_check_key(cstring_to_text(s), &msg->key, &msg->key_len);
+		}
+	}
+
+	d = heap_getattr(row, e->payload_att, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox payload must not be null"),
+				 errdetail("The row inserted into captured outbox table \"%s\" has a null payload column.",
+						   e->source),
+				 errhint("Store 'null'::jsonb or '{}' for a message without a body.")));
+	if (e->payload_type != JSONBOID)
+		d = DirectFunctionCall1(jsonb_in,
+								CStringGetDatum(TextDatumGetCString(d)));
+	outbox_check_payload_size(d);
+	msg->payload = (struct varlena *) DatumGetJsonbP(d);
+
+	if (e->headers_att)
+	{
+		d = heap_getattr(row, e->headers_att, desc, &isnull);
+		if (!isnull)
+		{
+			Jsonb	   *h = DatumGetJsonbP(d);
+
+			outbox_check_headers(h);
+			msg->headers = (struct varlena *) h;
+		}
+	}
+}
+
+/*
+ * outbox.capture_trigger(): the trigger outbox.capture() installs.
+ */
+Datum
+outbox_capture_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *td = (TriggerData *) fcinfo->context;
+	CaptureEntry *e;
+	OutboxMessage msg;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox.capture_trigger() must be called as a trigger"),
+				 errhint("Install it with outbox.capture().")));
+	if (!TRIGGER_FIRED_AFTER(td->tg_event) ||
+		(TRIGGER_FIRED_BY_TRUNCATE(td->tg_event) ?
+		 !TRIGGER_FIRED_FOR_STATEMENT(td->tg_event) :
+		 !TRIGGER_FIRED_FOR_ROW(td->tg_event)))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox.capture_trigger() must run AFTER each row, or AFTER TRUNCATE"),
+				 errhint("Install it with outbox.capture().")));
+
+	outbox_check_preloaded("outbox change capture");
+	outbox_check_database("outbox change capture");
+	if (outbox_counter_valid())
+		outbox_check_ids_left(1);
+
+	e = capture_entry(td->tg_relation, td->tg_trigger);
+
+	memset(&msg, 0, sizeof(msg));
+	msg.commit_time_off = -1;
+	if (e->kind == 'o')
+	{
+		if (!TRIGGER_FIRED_BY_INSERT(td->tg_event))
+			return PointerGetDatum(NULL);	/* only inserts are messages */
+		capture_outbox_row(e, td, &msg);
+	}
+	else
+	{
+		TupleDesc	desc = RelationGetDescr(td->tg_relation);
+		TriggerEvent ev = td->tg_event;
+
+		if (TRIGGER_FIRED_BY_INSERT(ev))
+			capture_change(e, desc, "insert", NULL, td->tg_trigtuple, &msg);
+		else if (TRIGGER_FIRED_BY_UPDATE(ev))
+			capture_change(e, desc, "update", td->tg_trigtuple,
+						   td->tg_newtuple, &msg);
+		else if (TRIGGER_FIRED_BY_DELETE(ev))
+			capture_change(e, desc, "delete", td->tg_trigtuple, NULL, &msg);
+		else
+			capture_change(e, desc, "truncate", NULL, NULL, &msg);
+	}
+	msg.emitted_at = GetCurrentTimestamp();
+	outbox_make_uuid(&msg.msg_id, msg.emitted_at);
+	outbox_buffer_append(&msg);
+
+	return PointerGetDatum(NULL);
+}
+
+/* The capture trigger of rel, or an error. */
+static Trigger *
+capture_find_trigger(Relation rel)
+{
+	TriggerDesc *trigdesc = rel->trigdesc;
+	int			i;
+
+	for (i = 0; trigdesc != NULL && i < trigdesc->numtriggers; i++)
+	{
+		Trigger    *tg = &trigdesc->triggers[i];
+		char	   *nsp;
+
+		if (strcmp(tg->tgname, "outbox_capture") != 0)
+			continue;
+		nsp = get_namespace_name(get_func_namespace(tg->tgfoid));
+		if (nsp != NULL && strcmp(nsp, "outbox") == 0 &&
+			strcmp(get_func_name(tg->tgfoid), "capture_trigger") == 0)
+			return tg;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("table \"%s\" has no outbox capture trigger",
+					RelationGetRelationName(rel)),
+			 errhint("Capture the table with outbox.capture(..., snapshot => true).")));
+	return NULL;				/* keep the compiler quiet */
+}
+
+/*
+ * outbox.capture_snapshot(tbl regclass) -> bigint
+ *
+ * Buffer every row of tbl (of each partition of a partitioned table) as a
+ * change with op "read", in the calling transaction, and return how many.
+ * outbox.capture() calls it after installing the trigger, whose lock keeps
+ * writers out until the transaction ends: a row's read comes before any
+ * later change of it.  That needs this statement's snapshot to be taken
+ * after the lock, hence READ COMMITTED.
+ */
+Datum
+outbox_capture_snapshot(PG_FUNCTION_ARGS)
+{
+	Oid			relid = PG_GETARG_OID(0);
+	List	   *relids;
+	ListCell   *lc;
+	int64		count = 0;
+	MemoryContext rowcxt;
+
+	outbox_check_preloaded("outbox.capture_snapshot()");
+	outbox_check_database("outbox.capture_snapshot()");
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("outbox.capture() with snapshot => true must run in a READ COMMITTED transaction"),
+				 errdetail("A transaction snapshot taken before the table was locked would miss rows that were committed in between."),
+				 errhint("Call it in a transaction of isolation level READ COMMITTED.")));
+
+	if (get_rel_relkind(relid) == RELKIND_PARTITIONED_TABLE)
+		relids = find_all_inheritors(relid, AccessShareLock, NULL);
+	else
+		relids = list_make1_oid(relid);
+
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox capture snapshot row",
+								   ALLOCSET_DEFAULT_SIZES);
+	foreach(lc, relids)
+	{
+		Relation	rel = table_open(lfirst_oid(lc), AccessShareLock);
+		TableScanDesc scan;
+		TupleTableSlot *slot;
+		CaptureEntry *e;
+
+		if (rel->rd_rel->relkind != RELKIND_RELATION)
+		{
+			table_close(rel, AccessShareLock);
+			continue;
+		}
+		e = capture_entry(rel, capture_find_trigger(rel));
+		if (e->kind != 'c')
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("an outbox table capture has no snapshot")));
+		slot = table_slot_create(rel, NULL);
+		scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+		while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
+			bool		should_free;
+			HeapTuple	tup = ExecFetchSlotHeapTuple(slot, false, &should_free);
+			OutboxMessage msg;
+
+			CHECK_FOR_INTERRUPTS();
+			memset(&msg, 0, sizeof(msg));
+			msg.commit_time_off = -1;
+			capture_change(e, RelationGetDescr(rel), "read", NULL, tup, &msg);
+			msg.emitted_at = GetCurrentTimestamp();
+			outbox_make_uuid(&msg.msg_id, msg.emitted_at);
+			outbox_buffer_append(&msg);
+			count++;
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(rowcxt);
+		}
+		table_endscan(scan);
+		ExecDropSingleTupleTableSlot(slot);
+		table_close(rel, AccessShareLock);
+	}
+	MemoryContextDelete(rowcxt);
+	PG_RETURN_INT64(count);
+}
