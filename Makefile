@@ -15,6 +15,7 @@ OBJS = \
 	src/api.o \
 	src/base.o \
 	src/capture.o \
+	src/capture_json.o \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \

@@ -106,6 +106,28 @@ INSERT INTO shop.lines VALUES (10, 3, 'd', true, NULL), (10, 4, 'e', true, 42);
 SELECT key, payload->'after'->>'sku' AS sku FROM last_messages;
 SELECT outbox.uncapture('shop.lines');
 
+-- Values as to_jsonb() writes them (timestamps in UTC), for many types.
+CREATE TYPE shop.pair AS (a int, b text);
+CREATE DOMAIN shop.posint AS int CHECK (VALUE > 0);
+CREATE TABLE shop.types (id int PRIMARY KEY, b boolean, i2 smallint, i8 bigint, f4 real,
+						 f8 double precision, n numeric, nn numeric, fi double precision,
+						 j json, jb jsonb, d date, ts timestamp, tstz timestamptz, iv interval,
+						 by bytea, arr int[], arr2 text[][], p shop.pair, pa shop.pair[],
+						 dom shop.posint, u uuid, e text[], tz timestamptz);
+SELECT outbox.capture('shop.types');
+SELECT set_mark() \gset
+SET TimeZone = 'UTC';
+INSERT INTO shop.types VALUES (1, true, -2, 9007199254740993, 1.5, 0.1, 123.450, 'NaN',
+	'-Infinity', '{"x": [1, "y"]}', '{"b": null}', '2026-12-01', '2026-12-01 10:11:12.5',
+	'2026-12-01 10:11:12+02', '1 day 2 hours', '\x00ff', '{1,NULL,3}', '{{a,b},{c,d}}',
+	'(1,"q")', ARRAY['(2,r)'::shop.pair], 7, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{}',
+	'infinity');
+INSERT INTO shop.types (id) VALUES (2);
+SELECT payload->'after' = to_jsonb(t) AS same_as_to_jsonb, payload->'after' AS after
+  FROM last_messages m JOIN shop.types t ON t.id = (m.payload->'after'->>'id')::int;
+RESET TimeZone;
+SELECT outbox.uncapture('shop.types');
+
 -- Partitioned tables: changes of every partition, on the parent's topic,
 -- also of a partition attached later; TRUNCATE of the parent.
 CREATE TABLE shop.events (id int, region text, body jsonb, PRIMARY KEY (id, region))

@@ -16,7 +16,7 @@
  * wrote and pg_dump carries with the trigger:
  *
  *	  '1', 'c', topic, source, ncolumns, column..., nkey, key...
- *		  a change: payload {"op", "before", "after"}, the rows as to_jsonb()
+ *		  a change: payload {"op", "before", "after"}, the rows as capture_json.c
  *		  makes them (only the listed columns, or all when ncolumns is 0),
  *		  key the key columns' values (one: its text; several: a JSON array)
  *	  '1', 'o', topic, source, topic_column, key_column, payload_column,
@@ -58,7 +58,6 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
-#include "pgtime.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -73,6 +72,7 @@
 #include "utils/timestamp.h"
 
 #include "outbox.h"
+#include "capture.h"
 
 PG_FUNCTION_INFO_V1(outbox_capture_trigger);
 PG_FUNCTION_INFO_V1(outbox_capture_snapshot);
@@ -93,13 +93,10 @@ typedef struct CaptureEntry
 	int			topic_len;
 	char	   *source;			/* source-table header value */
 	/* kind 'c' */
-	int			ncols;			/* captured columns, 0 for all */
-	AttrNumber *cols;
-	TupleDesc	projdesc;		/* blessed, of the captured columns */
+	int			ncols;			/* captured columns (all, if none listed) */
+	CaptureColumn *cols;
 	int			nkeys;
-	AttrNumber *keys;
-	FmgrInfo   *key_out;		/* output functions of the key columns */
-	char	   *key_kind;		/* 'n'umber, 'b'oolean or 's'tring in JSON */
+	CaptureColumn *keys;
 	/* kind 'o' */
 	AttrNumber	topic_att;
 	AttrNumber	key_att;		/* 0 for none */
@@ -115,10 +112,6 @@ typedef struct CaptureEntry
 
 static HTAB *capture_cache = NULL;
 
-/* Row to jsonb as to_jsonb() does it; the envelope's row type. */
-static FmgrInfo to_jsonb_finfo;
-static TupleDesc envelope_desc = NULL;
-static pg_tz *utc_timezone = NULL;
 
 static void
 capture_relcache_callback(Datum arg, Oid relid)
@@ -138,8 +131,6 @@ static void
 capture_init_backend(void)
 {
 	HASHCTL		ctl;
-	MemoryContext oldcxt;
-	List	   *args;
 
 	memset(&ctl, 0, sizeof(ctl));
 	ctl.keysize = sizeof(Oid);
@@ -147,24 +138,6 @@ capture_init_backend(void)
 	capture_cache = hash_create("outbox capture triggers", 16, &ctl,
 								HASH_ELEM | HASH_BLOBS);
 	CacheRegisterRelcacheCallback(capture_relcache_callback, (Datum) 0);
-
-	/*
-	 * to_jsonb(anyelement) learns its argument's type from the call
-	 * expression: give it one of type record.  The record's own header
-	 * names its (blessed or table) row type.
-	 */
-	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-	fmgr_info(F_TO_JSONB, &to_jsonb_finfo);
-	args = list_make1(makeNullConst(RECORDOID, -1, InvalidOid));
-	to_jsonb_finfo.fn_expr = (Node *) makeFuncExpr(F_TO_JSONB, JSONBOID, args,
-												   InvalidOid, InvalidOid,
-												   COERCE_EXPLICIT_CALL);
-	envelope_desc = CreateTemplateTupleDesc(3);
-	TupleDescInitEntry(envelope_desc, 1, "op", TEXTOID, -1, 0);
-	TupleDescInitEntry(envelope_desc, 2, "before", RECORDOID, -1, 0);
-	TupleDescInitEntry(envelope_desc, 3, "after", RECORDOID, -1, 0);
-	envelope_desc = BlessTupleDesc(envelope_desc);
-	MemoryContextSwitchTo(oldcxt);
 }
 
 static void
@@ -225,39 +198,28 @@ capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
 			capture_bad_arguments(tg, "The column list is cut short.");
 		if (e->ncols > 0)
 		{
-			e->cols = palloc(e->ncols * sizeof(AttrNumber));
-			e->projdesc = CreateTemplateTupleDesc(e->ncols);
+			e->cols = palloc(e->ncols * sizeof(CaptureColumn));
 			for (i = 0; i < e->ncols; i++)
-			{
-				Form_pg_attribute att;
-
-				e->cols[i] = capture_column(rel, a[pos++], tg);
-				att = TupleDescAttr(desc, e->cols[i] - 1);
-				TupleDescInitEntry(e->projdesc, i + 1, NameStr(att->attname),
-								   att->atttypid, att->atttypmod, att->attndims);
-			}
-			e->projdesc = BlessTupleDesc(e->projdesc);
+				outbox_capture_column_init(&e->cols[i], desc,
+										   capture_column(rel, a[pos++], tg),
+										   e->cxt);
+		}
+		else
+		{
+			e->cols = palloc(desc->natts * sizeof(CaptureColumn));
+			for (i = 0; i < desc->natts; i++)
+				if (!TupleDescAttr(desc, i)->attisdropped)
+					outbox_capture_column_init(&e->cols[e->ncols++], desc,
+											   i + 1, e->cxt);
 		}
 		e->nkeys = pg_strtoint32(a[pos++]);
 		if (e->nkeys < 1 || pos + e->nkeys != n)
 			capture_bad_arguments(tg, "The key column list does not match its count.");
-		e->keys = palloc(e->nkeys * sizeof(AttrNumber));
-		e->key_out = palloc(e->nkeys * sizeof(FmgrInfo));
-		e->key_kind = palloc(e->nkeys);
+		e->keys = palloc(e->nkeys * sizeof(CaptureColumn));
 		for (i = 0; i < e->nkeys; i++)
-		{
-			Oid			typid;
-			Oid			outfn;
-			bool		varlena;
-
-			e->keys[i] = capture_column(rel, a[pos++], tg);
-			typid = getBaseType(TupleDescAttr(desc, e->keys[i] - 1)->atttypid);
-			getTypeOutputInfo(typid, &outfn, &varlena);
-			fmgr_info_cxt(outfn, &e->key_out[i], e->cxt);
-			e->key_kind[i] = (typid == INT2OID || typid == INT4OID ||
-							  typid == INT8OID) ? 'n' :
-				(typid == BOOLOID) ? 'b' : 's';
-		}
+			outbox_capture_column_init(&e->keys[i], desc,
+									   capture_column(rel, a[pos++], tg),
+									   e->cxt);
 	}
 	else if (strcmp(a[1], "o") == 0)
 	{
@@ -385,92 +347,13 @@ capture_headers(CaptureEntry *e)
 	return h;
 }
 
-/*
- * to_jsonb() of a record, with timestamps in UTC whatever the writing
- * session's TimeZone: a message does not depend on who wrote the row.
- */
-static Datum
-capture_to_jsonb(Datum record)
-{
-	pg_tz	   *saved = session_timezone;
-	volatile Datum result = (Datum) 0;
-
-	if (utc_timezone == NULL)
-		utc_timezone = pg_tzset("UTC");
-	PG_TRY();
-	{
-		session_timezone = utc_timezone;
-		result = FunctionCall1(&to_jsonb_finfo, record);
-	}
-	PG_FINALLY();
-	{
-		session_timezone = saved;
-	}
-	PG_END_TRY();
-	return result;
-}
-
-/* The row as a record datum: all its columns, or the captured ones. */
-static Datum
-capture_row(CaptureEntry *e, HeapTuple tuple, TupleDesc desc)
-{
-	Datum	   *values;
-	bool	   *nulls;
-	int			i;
-
-	if (e->ncols == 0)
-		return heap_copy_tuple_as_datum(tuple, desc);
-
-	values = palloc(e->ncols * sizeof(Datum));
-	nulls = palloc(e->ncols * sizeof(bool));
-	for (i = 0; i < e->ncols; i++)
-		values[i] = heap_getattr(tuple, e->cols[i], desc, &nulls[i]);
-	return HeapTupleGetDatum(heap_form_tuple(e->projdesc, values, nulls));
-}
-
-/* The key of a change: one column's text, or a JSON array of several. */
+/* The key of a change, checked as outbox_emit() checks keys. */
 static void
 capture_key(CaptureEntry *e, HeapTuple tuple, TupleDesc desc, OutboxMessage *msg)
 {
-	StringInfoData buf;
-	int			i;
-
-	if (e->nkeys == 1)
-	{
-		bool		isnull;
-		Datum		d = heap_getattr(tuple, e->keys[0], desc, &isnull);
-		char	   *s;
-
-		if (isnull)
-			return;				/* no key */
-		s = OutputFunctionCall(&e->key_out[0], d);
-		msg->key = s;
-		msg->key_len = strlen(s);
-	}
-	else
-	{
-		initStringInfo(&buf);
-		appendStringInfoChar(&buf, '[');
-		for (i = 0; i < e->nkeys; i++)
-		{
-			bool		isnull;
-			Datum		d = heap_getattr(tuple, e->keys[i], desc, &isnull);
-
-			if (i > 0)
-				appendStringInfoChar(&buf, ',');
-			if (isnull)
-				appendStringInfoString(&buf, "null");
-			else if (e->key_kind[i] == 's')
-				escape_json(&buf, OutputFunctionCall(&e->key_out[i], d));
-			else if (e->key_kind[i] == 'b')
-				appendStringInfoString(&buf, DatumGetBool(d) ? "true" : "false");
-			else
-				appendStringInfoString(&buf, OutputFunctionCall(&e->key_out[i], d));
-		}
-		appendStringInfoChar(&buf, ']');
-		msg->key = buf.data;
-		msg->key_len = buf.len;
-	}
+	msg->key = outbox_capture_key(tuple, desc, e->keys, e->nkeys, &msg->key_len);
+	if (msg->key == NULL)
+		return;
 	if (msg->key_len > OUTBOX_MAX_KEY_LEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
@@ -489,25 +372,27 @@ static void
 capture_change(CaptureEntry *e, TupleDesc desc, const char *op,
 			   HeapTuple oldtup, HeapTuple newtup, OutboxMessage *msg)
 {
-	Datum		values[3];
-	bool		nulls[3] = {false, true, true};
-	Datum		payload;
+	JsonbParseState *st = NULL;
+	JsonbValue	null;
+	Jsonb	   *payload;
 
-	values[0] = CStringGetTextDatum(op);
+	null.type = jbvNull;
+	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
+	outbox_capture_push_string(&st, WJB_KEY, "op");
+	outbox_capture_push_string(&st, WJB_VALUE, op);
+	outbox_capture_push_string(&st, WJB_KEY, "before");
 	if (oldtup != NULL)
-	{
-		values[1] = capture_row(e, oldtup, desc);
-		nulls[1] = false;
-	}
+		outbox_capture_push_row(&st, oldtup, desc, e->cols, e->ncols, NULL);
+	else
+		pushJsonbValue(&st, WJB_VALUE, &null);
+	outbox_capture_push_string(&st, WJB_KEY, "after");
 	if (newtup != NULL)
-	{
-		values[2] = capture_row(e, newtup, desc);
-		nulls[2] = false;
-	}
-	payload = capture_to_jsonb(HeapTupleGetDatum(heap_form_tuple(envelope_desc,
-																 values, nulls)));
-	outbox_check_payload_size(payload);
-	msg->payload = (struct varlena *) DatumGetJsonbP(payload);
+		outbox_capture_push_row(&st, newtup, desc, e->cols, e->ncols, NULL);
+	else
+		pushJsonbValue(&st, WJB_VALUE, &null);
+	payload = JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+	outbox_check_payload_size(PointerGetDatum(payload));
+	msg->payload = (struct varlena *) payload;
 	if (newtup != NULL || oldtup != NULL)
 		capture_key(e, newtup != NULL ? newtup : oldtup, desc, msg);
 
