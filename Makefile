@@ -16,6 +16,7 @@ OBJS = \
 	src/base.o \
 	src/capture.o \
 	src/capture_json.o \
+	src/capture_wal.o \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \

@@ -2060,7 +2060,7 @@ GRANT EXECUTE ON FUNCTION outbox.metrics(), outbox.target_pending(int), outbox.t
 -- removes.  A dropped table's row goes with it (outbox.captures_dropped).
 CREATE TABLE outbox.captured_tables (
 	tbl				regclass	PRIMARY KEY,
-	mode			text		NOT NULL CHECK (mode IN ('trigger')),
+	mode			text		NOT NULL CHECK (mode IN ('trigger', 'wal')),
 	topic			text,		-- NULL for an outbox table (topic_column)
 	columns			text[],
 	key				text[],
@@ -2075,6 +2075,39 @@ CREATE TABLE outbox.captured_tables (
 COMMENT ON TABLE outbox.captured_tables IS 'tables whose changes become messages (outbox.capture)';
 REVOKE ALL ON TABLE outbox.captured_tables FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('outbox.captured_tables', '');
+-- The capture worker reads it while decoding, as of each change.
+ALTER TABLE outbox.captured_tables SET (user_catalog_table = true);
+
+-- The WAL capture's offset, written by the capture worker in the same
+-- transaction as the messages it covers (src/capture_wal.c): every source
+-- transaction whose commit record begins below end_lsn is handed off, and
+-- the first parts_done parts of the one committed at part_commit_lsn.  Not
+-- dumped: its positions belong to this cluster's WAL.
+CREATE TABLE outbox.capture_progress (
+	slot_name		text		PRIMARY KEY,
+	end_lsn			pg_lsn		NOT NULL,
+	part_commit_lsn	pg_lsn,
+	parts_done		int			NOT NULL DEFAULT 0,
+	updated_at		timestamptz	NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE outbox.capture_progress IS 'how far the WAL capture has handed off; maintained by the capture worker';
+REVOKE ALL ON TABLE outbox.capture_progress FROM PUBLIC;
+
+-- A WAL capture was added or removed: start the capture worker, or tell it.
+CREATE FUNCTION outbox.capture_wake()
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_capture_wake'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION outbox.capture_wake() FROM PUBLIC;
+
+-- The capture worker's state, from shared memory.
+CREATE FUNCTION outbox.capture_status(OUT pid int, OUT state text, OUT last_error text,
+									  OUT last_commit_lsn pg_lsn, OUT last_commit_at timestamptz,
+									  OUT offset_lsn pg_lsn, OUT handed bigint, OUT skipped bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'outbox_capture_status'
+LANGUAGE C STABLE;
+REVOKE ALL ON FUNCTION outbox.capture_status() FROM PUBLIC;
 
 CREATE FUNCTION outbox.capture_trigger()
 RETURNS trigger
@@ -2084,11 +2117,11 @@ REVOKE ALL ON FUNCTION outbox.capture_trigger() FROM PUBLIC;
 
 -- Send every row of a captured table as a change with op "read", in the
 -- calling transaction (outbox.capture(..., snapshot => true)).
-CREATE FUNCTION outbox.capture_snapshot(tbl regclass)
+CREATE FUNCTION outbox.capture_snapshot(tbl regclass, args text[])
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'outbox_capture_snapshot'
 LANGUAGE C STRICT;
-REVOKE ALL ON FUNCTION outbox.capture_snapshot(regclass) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.capture_snapshot(regclass, text[]) FROM PUBLIC;
 
 -- Capture the changes of a table as messages.  See docs/capture.md.
 CREATE FUNCTION outbox.capture(
@@ -2115,6 +2148,9 @@ DECLARE
 	outbox_table boolean := topic_column IS NOT NULL OR payload_column IS NOT NULL
 							OR key_column IS NOT NULL OR headers_column IS NOT NULL;
 	rows bigint;
+	libs text;
+	replident "char";
+	identity text[];
 BEGIN
 	IF tbl IS NULL THEN
 		RAISE EXCEPTION 'table to capture must not be null'
@@ -2155,11 +2191,34 @@ BEGIN
 			USING ERRCODE = 'duplicate_object',
 				  HINT = 'See outbox.captures; to change how, call outbox.uncapture() first.';
 	END IF;
-	IF mode IS NULL OR mode <> 'trigger' THEN
+	IF mode IS NULL OR mode NOT IN ('trigger', 'wal') THEN
 		RAISE EXCEPTION 'unknown capture mode %', quote_nullable(mode)
 			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'This version captures by trigger only.',
-				  HINT = 'Pass mode => ''trigger''.';
+				  DETAIL = 'The modes are ''trigger'' (a trigger on the table) and ''wal'' (the capture worker mines the WAL).',
+				  HINT = 'Pass mode => ''trigger'' or mode => ''wal''.';
+	END IF;
+	IF mode = 'wal' THEN
+		IF current_setting('wal_level') <> 'logical' THEN
+			RAISE EXCEPTION 'capture mode "wal" needs wal_level = logical'
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+					  DETAIL = format('wal_level is %s: the WAL does not carry the changes of rows.',
+									  current_setting('wal_level')),
+					  HINT = 'ALTER SYSTEM SET wal_level = logical and restart the server, or capture with mode => ''trigger''.';
+		END IF;
+		libs := current_setting('output_plugin_libraries', true);
+		IF libs IS NOT NULL AND NOT ('outbox' = ANY (string_to_array(replace(libs, ' ', ''), ','))) THEN
+			RAISE EXCEPTION 'library "outbox" is not allowed as an output plugin'
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+					  DETAIL = format('output_plugin_libraries is ''%s''; logical decoding refuses other plugins, and the capture worker decodes with outbox.', libs),
+					  HINT = format('ALTER SYSTEM SET output_plugin_libraries = ''%s''; SELECT pg_reload_conf(); or capture with mode => ''trigger''.',
+									CASE WHEN libs = '' THEN 'outbox' ELSE libs || ', outbox' END);
+		END IF;
+		IF rel.relpersistence = 'u' THEN
+			RAISE EXCEPTION 'cannot capture unlogged table "%" from the WAL', tbl
+				USING ERRCODE = 'feature_not_supported',
+					  DETAIL = 'The changes of an unlogged table are not written to the WAL.',
+					  HINT = 'Capture it with mode => ''trigger''.';
+		END IF;
 	END IF;
 	IF snapshot IS NULL THEN
 		snapshot := false;
@@ -2269,8 +2328,73 @@ BEGIN
 		END LOOP;
 		args := ARRAY['1', 'c', topic, source, coalesce(cardinality(columns), 0)::text]
 				|| coalesce(columns, '{}') || cardinality(key)::text || key;
+		IF mode = 'wal' THEN
+			-- The WAL carries the old values of the replica identity only.
+			SELECT c.relreplident INTO replident FROM pg_class c WHERE c.oid = tbl;
+			identity := ARRAY(SELECT a.attname::text
+								FROM pg_index i
+								CROSS JOIN LATERAL unnest(i.indkey) k(attnum)
+								JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+							   WHERE i.indrelid = tbl
+								 AND ((replident = 'd' AND i.indisprimary)
+									  OR (replident = 'i' AND i.indisreplident)));
+			IF replident = 'n' OR (replident IN ('d', 'i') AND cardinality(identity) = 0) THEN
+				RAISE EXCEPTION 'table "%" has no replica identity', tbl
+					USING ERRCODE = 'object_not_in_prerequisite_state',
+						  DETAIL = 'The WAL of its updates and deletes would not say which row changed.',
+						  HINT = 'Add a primary key, or ALTER TABLE ... REPLICA IDENTITY FULL.';
+			END IF;
+			IF replident <> 'f' AND NOT (key <@ identity) THEN
+				RAISE EXCEPTION 'the key of a WAL capture must be columns of the replica identity of "%"', tbl
+					USING ERRCODE = 'invalid_parameter_value',
+						  DETAIL = format('The replica identity is (%s); the WAL of a delete carries only those columns.',
+										  array_to_string(identity, ', ')),
+						  HINT = 'Pass key => those columns, or ALTER TABLE ... REPLICA IDENTITY FULL.';
+			END IF;
+		END IF;
 	END IF;
 
+	IF mode = 'wal' THEN
+		-- The slot first: it cannot be created once the transaction wrote.
+		-- Decoding starts at its consistent point; a change is captured if
+		-- this capture existed when its transaction committed.
+		IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_capture') THEN
+			IF (SELECT count(*) FROM pg_replication_slots) >= current_setting('max_replication_slots')::int THEN
+				RAISE EXCEPTION 'no replication slot is free for the WAL capture'
+					USING ERRCODE = 'configuration_limit_exceeded',
+						  DETAIL = format('max_replication_slots is %s, and all are in use.',
+										  current_setting('max_replication_slots')),
+						  HINT = 'Raise max_replication_slots and restart the server, or drop an unused slot.';
+			END IF;
+			BEGIN
+				PERFORM pg_create_logical_replication_slot('outbox_capture', 'outbox');
+			EXCEPTION WHEN active_sql_transaction THEN
+				RAISE EXCEPTION 'cannot start a WAL capture in a transaction that has written'
+					USING ERRCODE = 'active_sql_transaction',
+						  DETAIL = 'The first WAL capture creates the replication slot "outbox_capture", which PostgreSQL creates only before any write of the transaction.',
+						  HINT = 'Call outbox.capture(..., mode => ''wal'') in a transaction of its own.';
+			END;
+		ELSIF EXISTS (SELECT 1 FROM pg_replication_slots
+					   WHERE slot_name = 'outbox_capture'
+						 AND (database IS DISTINCT FROM current_database() OR plugin IS DISTINCT FROM 'outbox')) THEN
+			RAISE EXCEPTION 'replication slot "outbox_capture" belongs to another database or plugin'
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+					  HINT = 'Drop that slot with pg_drop_replication_slot(''outbox_capture'') if nothing uses it.';
+		ELSIF EXISTS (SELECT 1 FROM pg_replication_slots
+					   WHERE slot_name = 'outbox_capture' AND wal_status = 'lost') THEN
+			RAISE EXCEPTION 'the WAL capture is lost'
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+					  DETAIL = 'Its replication slot was invalidated: the WAL it needed was removed.',
+					  HINT = 'outbox.uncapture() every WAL capture (the worker then drops the slot), then capture the tables again with snapshot => true.';
+		END IF;
+		-- Writers wait until the capture commits, so that a snapshot
+		-- misses nothing committed between it and the capture.
+		IF snapshot THEN
+			EXECUTE format('LOCK TABLE %s IN SHARE MODE', tbl);
+		END IF;
+	END IF;
+
+	IF mode = 'trigger' THEN
 	EXECUTE format('CREATE TRIGGER outbox_capture AFTER INSERT%s ON %s FOR EACH ROW '
 				   'EXECUTE FUNCTION outbox.capture_trigger(%s)',
 				   CASE WHEN outbox_table THEN '' ELSE ' OR UPDATE OR DELETE' END, tbl,
@@ -2283,14 +2407,18 @@ BEGIN
 					   (SELECT string_agg(quote_literal(a), ', ' ORDER BY i)
 						  FROM unnest(args) WITH ORDINALITY u(a, i)));
 	END IF;
+	END IF;
 	IF snapshot THEN
-		rows := outbox.capture_snapshot(tbl);
+		rows := outbox.capture_snapshot(tbl, args);
 	END IF;
 	INSERT INTO outbox.captured_tables (tbl, mode, topic, columns, key, topic_column, key_column,
 										payload_column, headers_column, snapshot_rows)
 	VALUES (tbl, mode, CASE WHEN outbox_table THEN NULL ELSE topic END, columns,
 			CASE WHEN outbox_table THEN NULL ELSE key END,
 			topic_column, key_column, payload_column, headers_column, rows);
+	IF mode = 'wal' THEN
+		PERFORM outbox.capture_wake();
+	END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text) FROM PUBLIC;
@@ -2303,8 +2431,10 @@ RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	was text;
 BEGIN
-	DELETE FROM outbox.captured_tables ct WHERE ct.tbl = uncapture.tbl;
+	DELETE FROM outbox.captured_tables ct WHERE ct.tbl = uncapture.tbl RETURNING ct.mode INTO was;
 	IF NOT FOUND THEN
 		RAISE EXCEPTION 'table "%" is not captured', tbl
 			USING ERRCODE = 'undefined_object',
@@ -2315,6 +2445,9 @@ BEGIN
 	END IF;
 	IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'outbox_capture_truncate') THEN
 		EXECUTE format('DROP TRIGGER outbox_capture_truncate ON %s', tbl);
+	END IF;
+	IF was = 'wal' THEN
+		PERFORM outbox.capture_wake();
 	END IF;
 END
 $$;
@@ -2328,10 +2461,20 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	wal_captures int;
 BEGIN
-	DELETE FROM outbox.captured_tables ct
-	 USING pg_event_trigger_dropped_objects() d
-	 WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND ct.tbl = d.objid;
+	-- A dropped table's WAL capture ends at the drop: the worker reads the
+	-- row as of each change.
+	WITH dropped AS (
+		DELETE FROM outbox.captured_tables ct
+		 USING pg_event_trigger_dropped_objects() d
+		 WHERE d.classid = 'pg_class'::regclass AND d.objsubid = 0 AND ct.tbl = d.objid
+		RETURNING ct.mode)
+	SELECT count(*) FILTER (WHERE mode = 'wal') INTO wal_captures FROM dropped;
+	IF wal_captures > 0 THEN
+		PERFORM outbox.capture_wake();
+	END IF;
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.captures_dropped() FROM PUBLIC;
@@ -2339,13 +2482,18 @@ CREATE EVENT TRIGGER outbox_captures_dropped ON sql_drop
 	WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
 	EXECUTE FUNCTION outbox.captures_dropped();
 
--- The captured tables and whether their triggers fire.
+-- The captured tables: whether their triggers fire, or how far the WAL
+-- capture has come.
 CREATE VIEW outbox.captures AS
 SELECT ct.tbl AS table_name,
 	   ct.mode,
 	   CASE WHEN ct.topic_column IS NULL THEN ct.topic ELSE '(' || ct.topic_column || ')' END AS topic,
 	   CASE WHEN ct.topic_column IS NOT NULL THEN 'outbox table' ELSE 'changes' END AS shape,
 	   CASE
+		   WHEN ct.mode = 'wal' THEN
+			   CASE WHEN s.wal_status = 'lost' OR w.state = 'lost' THEN 'lost'
+					WHEN s.slot_name IS NULL THEN 'lost'
+					ELSE coalesce(w.state, 'stopped') END
 		   WHEN tg.tgenabled IS NULL THEN 'trigger missing'
 		   WHEN tg.tgenabled = 'D' THEN 'disabled'
 		   WHEN tg.tgenabled = 'R' THEN 'replica only'
@@ -2355,20 +2503,32 @@ SELECT ct.tbl AS table_name,
 	   ct.columns,
 	   ct.key,
 	   ct.snapshot_rows,
-	   NULL::pg_lsn AS last_commit_lsn,
-	   NULL::timestamptz AS last_commit_at,
-	   NULL::bigint AS lag_bytes,
-	   NULL::interval AS lag_time,
-	   NULL::bigint AS retained_wal,
+	   CASE WHEN ct.mode = 'wal' THEN w.last_commit_lsn END AS last_commit_lsn,
+	   CASE WHEN ct.mode = 'wal' THEN w.last_commit_at END AS last_commit_at,
+	   CASE WHEN ct.mode = 'wal' THEN
+			pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(),
+									   coalesce(p.end_lsn, s.confirmed_flush_lsn))::bigint END AS lag_bytes,
+	   CASE WHEN ct.mode = 'wal' THEN pg_catalog.now() - p.updated_at END AS lag_time,
+	   CASE WHEN ct.mode = 'wal' THEN
+			pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint END AS retained_wal,
 	   CASE
+		   WHEN ct.mode = 'wal' AND s.slot_name IS NULL THEN
+			   'replication slot "outbox_capture" does not exist'
+		   WHEN ct.mode = 'wal' AND s.wal_status = 'lost' THEN
+			   'replication slot "outbox_capture" was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)'
+		   WHEN ct.mode = 'wal' THEN w.last_error
 		   WHEN tg.tgenabled IS NULL THEN 'the trigger outbox_capture was dropped: changes are not captured'
 		   WHEN tg.tgenabled = 'D' THEN 'the trigger outbox_capture is disabled: changes are not captured'
 	   END AS last_error,
 	   ct.created_at
   FROM outbox.captured_tables ct
-  LEFT JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = ct.tbl AND tg.tgname = 'outbox_capture';
+  LEFT JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = ct.tbl AND tg.tgname = 'outbox_capture'
+  LEFT JOIN pg_catalog.pg_replication_slots s ON ct.mode = 'wal' AND s.slot_name = 'outbox_capture'
+  LEFT JOIN outbox.capture_progress p ON ct.mode = 'wal' AND p.slot_name = 'outbox_capture'
+  LEFT JOIN LATERAL outbox.capture_status() w ON ct.mode = 'wal';
 REVOKE ALL ON outbox.captures FROM PUBLIC;
 GRANT SELECT ON outbox.captures TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox.capture_status() TO outbox_monitor;
 
 -- A relay waiting for CREATE EXTENSION starts delivering when this commits
 -- (only where the library is preloaded: outbox.database exists then).

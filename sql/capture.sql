@@ -192,7 +192,7 @@ CREATE TEMP TABLE tmp (id int PRIMARY KEY);
 SELECT outbox.capture('tmp');
 SELECT outbox.capture('outbox.targets');
 SELECT outbox.capture('shop.events_eu');
-SELECT outbox.capture('shop.orders', mode => 'wal');
+SELECT outbox.capture('shop.orders', mode => 'wal');	-- wal_level = replica here
 SELECT outbox.capture('shop.orders', mode => NULL);
 CREATE TABLE shop.nokey (a int);
 SELECT outbox.capture('shop.nokey');

@@ -58,6 +58,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -520,47 +521,27 @@ outbox_capture_trigger(PG_FUNCTION_ARGS)
 	return PointerGetDatum(NULL);
 }
 
-/* The capture trigger of rel, or an error. */
-static Trigger *
-capture_find_trigger(Relation rel)
-{
-	TriggerDesc *trigdesc = rel->trigdesc;
-	int			i;
-
-	for (i = 0; trigdesc != NULL && i < trigdesc->numtriggers; i++)
-	{
-		Trigger    *tg = &trigdesc->triggers[i];
-		char	   *nsp;
-
-		if (strcmp(tg->tgname, "outbox_capture") != 0)
-			continue;
-		nsp = get_namespace_name(get_func_namespace(tg->tgfoid));
-		if (nsp != NULL && strcmp(nsp, "outbox") == 0 &&
-			strcmp(get_func_name(tg->tgfoid), "capture_trigger") == 0)
-			return tg;
-	}
-	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("table \"%s\" has no outbox capture trigger",
-					RelationGetRelationName(rel)),
-			 errhint("Capture the table with outbox.capture(..., snapshot => true).")));
-	return NULL;				/* keep the compiler quiet */
-}
-
 /*
- * outbox.capture_snapshot(tbl regclass) -> bigint
+ * outbox.capture_snapshot(tbl regclass, args text[]) -> bigint
  *
  * Buffer every row of tbl (of each partition of a partitioned table) as a
- * change with op "read", in the calling transaction, and return how many.
- * outbox.capture() calls it after installing the trigger, whose lock keeps
- * writers out until the transaction ends: a row's read comes before any
- * later change of it.  That needs this statement's snapshot to be taken
- * after the lock, hence READ COMMITTED.
+ * change with op "read", described by args (the trigger's arguments), in
+ * the calling transaction, and return how many.  outbox.capture() calls it
+ * after installing the trigger (or, for a WAL capture, taking a SHARE
+ * lock), whose lock keeps writers out until the transaction ends: a row's
+ * read comes before any later change of it.  That needs this statement's
+ * snapshot to be taken after the lock, hence READ COMMITTED.
  */
 Datum
 outbox_capture_snapshot(PG_FUNCTION_ARGS)
 {
 	Oid			relid = PG_GETARG_OID(0);
+	ArrayType  *argarr = PG_GETARG_ARRAYTYPE_P(1);
+	Trigger		tg;
+	Datum	   *elems;
+	bool	   *enulls;
+	int			nelems;
+	int			i;
 	List	   *relids;
 	ListCell   *lc;
 	int64		count = 0;
@@ -580,6 +561,19 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 	else
 		relids = list_make1_oid(relid);
 
+	deconstruct_array(argarr, TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &enulls, &nelems);
+	memset(&tg, 0, sizeof(tg));
+	tg.tgname = "outbox_capture";
+	tg.tgnargs = nelems;
+	tg.tgargs = palloc(nelems * sizeof(char *));
+	for (i = 0; i < nelems; i++)
+	{
+		if (enulls[i])
+			elog(ERROR, "outbox.capture_snapshot(): null argument");
+		tg.tgargs[i] = TextDatumGetCString(elems[i]);
+	}
+
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox capture snapshot row",
 								   ALLOCSET_DEFAULT_SIZES);
 	foreach(lc, relids)
@@ -594,7 +588,10 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 			table_close(rel, AccessShareLock);
 			continue;
 		}
-		e = capture_entry(rel, capture_find_trigger(rel));
+		e = palloc0(sizeof(CaptureEntry));
+		e->relid = RelationGetRelid(rel);
+		e->cxt = CurrentMemoryContext;
+		capture_build(e, rel, &tg);
 		if (e->kind != 'c')
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

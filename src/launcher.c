@@ -158,6 +158,11 @@ outbox_launcher_main(Datum main_arg)
 	TimestampTz next_start = 0;
 	long		backoff = 0;
 	bool		no_slot_logged = false;
+	BackgroundWorkerHandle *capture = NULL;
+	TimestampTz capture_started = 0;
+	TimestampTz capture_next_start = 0;
+	long		capture_backoff = 0;
+	bool		capture_no_slot_logged = false;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
@@ -240,6 +245,49 @@ outbox_launcher_main(Datum main_arg)
 					timeout = Min(timeout, LAUNCHER_DB_POLL_MS);
 				}
 				logged = state;
+			}
+		}
+
+		/*
+		 * The capture worker (capture_wal.c), once the relay runs: when a
+		 * WAL capture may exist.  It exits by itself when none is left;
+		 * one that keeps failing is started again after a backoff.
+		 */
+		if (capture != NULL)
+		{
+			pid_t		pid;
+
+			if (GetBackgroundWorkerPid(capture, &pid) == BGWH_STOPPED)
+			{
+				pfree(capture);
+				capture = NULL;
+				if (TimestampDifferenceExceeds(capture_started, now, LAUNCHER_STABLE_MS))
+					capture_backoff = 0;
+				else
+					capture_backoff = Min(Max(capture_backoff * 2, 500),
+										  LAUNCHER_MAX_BACKOFF_MS);
+				capture_next_start = TimestampTzPlusMilliseconds(now, capture_backoff);
+			}
+		}
+		if (capture == NULL && relay != NULL && outbox_capture_wanted(MyLatch))
+		{
+			if (now < capture_next_start)
+				timeout = Min(timeout, (long) ((capture_next_start - now) / 1000) + 1);
+			else
+			{
+				capture = outbox_capture_start();
+				capture_started = now;
+				if (capture != NULL)
+					capture_no_slot_logged = false;
+				else
+				{
+					if (!capture_no_slot_logged)
+						ereport(LOG,
+								(errmsg("outbox capture worker cannot start: no background worker slot is free"),
+								 errhint("Raise max_worker_processes.")));
+					capture_no_slot_logged = true;
+					timeout = Min(timeout, 1000);
+				}
 			}
 		}
 

@@ -51,6 +51,7 @@ outbox_shmem_request_hook(void)
 	outbox_shmem_request();
 	RequestAddinShmemSpace(outbox_stats_shmem_size());
 	outbox_queue_shmem_request();
+	RequestAddinShmemSpace(outbox_capture_shmem_size());
 }
 
 static void
@@ -63,6 +64,7 @@ outbox_shmem_startup_hook(void)
 	outbox_shmem_init();
 	outbox_stats_shmem_init();
 	outbox_queue_shmem_init();
+	outbox_capture_shmem_init();
 	LWLockRelease(AddinShmemInitLock);
 }
 

@@ -1,0 +1,1401 @@
+/*-------------------------------------------------------------------------
+ *
+ * capture_wal.c
+ *	  Change capture by mining the WAL: the capture worker decodes the
+ *	  database's WAL in-process and hands each source transaction's changes
+ *	  into outbox.messages, exactly once.
+ *
+ * Decoding.  The worker holds the slot outbox_capture (made by
+ * outbox.capture(), plugin "outbox": this library, whose
+ * _PG_output_plugin_init is below) and drives logical decoding itself, as
+ * the SQL functions and the walsender do: XLogReadRecord and
+ * LogicalDecodingProcessRecord up to the flushed end of WAL.  The plugin's
+ * callbacks may not write, so they collect messages in memory; the worker
+ * hands them off between records, in a transaction of its own.  Which
+ * tables are captured, and how, is read in the callbacks from
+ * outbox.captured_tables, a user catalog table, with the historic snapshot
+ * of the change: a change is captured if the capture existed when its
+ * transaction committed, and each row is read with the columns its table
+ * had then (DDL mid-stream is decoded against the catalog of its time).
+ *
+ * The offset (the seed's "restart from 6, not 8").  Moving a slot is not
+ * transactional, so the offset is a row, outbox.capture_progress, written
+ * in the same local transaction as the messages it covers:
+ *	  end_lsn			every source transaction whose commit record begins
+ *						below it is handed off (or had nothing to capture)
+ *	  part_commit_lsn, parts_done
+ *						a source transaction larger than a part (below) of
+ *						which the first parts_done parts are handed off
+ * Decoding always starts at end_lsn (snapbuild skips transactions
+ * committed before its start point), and the slot is confirmed only up to
+ * an end_lsn whose transaction is durable.  So after a crash at any moment
+ * the stored offset says exactly what was handed off: nothing is lost and
+ * nothing is handed off twice.  A slot found confirmed beyond the offset
+ * (advanced by somebody else) or invalidated is a gap: state "lost".
+ *
+ * Memory.  A part is at most CAPTURE_PART_MESSAGES messages or
+ * CAPTURE_PART_BYTES bytes of them.  A source transaction larger than that
+ * is handed off one part per local transaction: the worker collects part
+ * k, hands it off with parts_done = k + 1, and decodes again from end_lsn,
+ * skipping the parts already handed off.  The reorder buffer itself spills
+ * to disk beyond logical_decoding_work_mem.
+ *
+ * Our own writes: the hand-off transactions carry the replication origin
+ * DoNotReplicateId, which the plugin filters before decoding their
+ * changes; the outbox's tables cannot be captured anyway.
+ *
+ * The launcher (launcher.c) starts the worker when a WAL capture may exist
+ * (at server start, and when outbox.capture() or uncapture() wakes it);
+ * the worker exits, dropping the slot, once no WAL capture is left.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/transam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "access/xlogutils.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/partition.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "replication/decode.h"
+#include "replication/logical.h"
+#include "replication/origin.h"
+#include "replication/output_plugin.h"
+#include "replication/reorderbuffer.h"
+#include "replication/slot.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "tcop/tcopprot.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/pg_lsn.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+#include "capture.h"
+
+PGDLLEXPORT void outbox_capture_main(Datum main_arg);
+static void capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
+						 XLogRecPtr part_lsn, int parts_done, uint64 wakes_seen);
+PGDLLEXPORT void _PG_output_plugin_init(OutputPluginCallbacks *cb);
+
+PG_FUNCTION_INFO_V1(outbox_capture_wake);
+PG_FUNCTION_INFO_V1(outbox_capture_status);
+
+#define CAPTURE_SLOT			"outbox_capture"
+#define CAPTURE_PART_MESSAGES	100000
+#define CAPTURE_PART_BYTES		(32 * 1024 * 1024)
+/* How long the worker sleeps at most when no WAL comes. */
+#define CAPTURE_MAX_NAP_MS		100
+/* An offset with no messages is written at most this often. */
+#define CAPTURE_IDLE_OFFSET_MS	1000
+
+/*---- shared state ----*/
+typedef struct CaptureShared
+{
+	slock_t		mutex;
+	bool		wanted;			/* start the worker */
+	uint64		wakes;			/* outbox.capture_wake() calls */
+	pid_t		pid;			/* the worker, or 0 */
+	Latch	   *worker_latch;
+	Latch	   *launcher_latch;
+	char		state[32];
+	char		last_error[OUTBOX_STATUS_LEN];
+	XLogRecPtr	handed_lsn;		/* commit LSN of the last source transaction */
+	TimestampTz handed_at;		/* and its commit time */
+	XLogRecPtr	end_lsn;		/* the stored offset */
+	uint64		handed;			/* messages handed off since start */
+	uint64		skipped;		/* changes that could not become messages */
+} CaptureShared;
+
+static CaptureShared *capture_shared = NULL;
+
+Size
+outbox_capture_shmem_size(void)
+{
+	return MAXALIGN(sizeof(CaptureShared));
+}
+
+void
+outbox_capture_shmem_init(void)
+{
+	bool		found;
+
+	capture_shared = ShmemInitStruct("outbox capture", sizeof(CaptureShared), &found);
+	if (!found)
+	{
+		memset(capture_shared, 0, sizeof(CaptureShared));
+		SpinLockInit(&capture_shared->mutex);
+		capture_shared->wanted = true;	/* look once after start */
+		strlcpy(capture_shared->state, "stopped", sizeof(capture_shared->state));
+	}
+}
+
+/* For the launcher: should a capture worker run? */
+bool
+outbox_capture_wanted(Latch *launcher_latch)
+{
+	bool		wanted;
+
+	if (capture_shared == NULL || wal_level < WAL_LEVEL_LOGICAL)
+		return false;
+	SpinLockAcquire(&capture_shared->mutex);
+	capture_shared->launcher_latch = launcher_latch;
+	wanted = capture_shared->wanted;
+	SpinLockRelease(&capture_shared->mutex);
+	return wanted;
+}
+
+static void
+capture_set_state(const char *state, const char *error)
+{
+	SpinLockAcquire(&capture_shared->mutex);
+	strlcpy(capture_shared->state, state, sizeof(capture_shared->state));
+	if (error != NULL)
+		strlcpy(capture_shared->last_error, error, sizeof(capture_shared->last_error));
+	SpinLockRelease(&capture_shared->mutex);
+}
+
+/*
+ * outbox.capture_wake(): a WAL capture was added or removed.  The launcher
+ * starts the worker if it is not running; a running one looks again.
+ */
+Datum
+outbox_capture_wake(PG_FUNCTION_ARGS)
+{
+	Latch	   *launcher;
+	Latch	   *worker;
+
+	if (capture_shared == NULL)
+		PG_RETURN_VOID();
+	SpinLockAcquire(&capture_shared->mutex);
+	capture_shared->wanted = true;
+	capture_shared->wakes++;
+	launcher = capture_shared->launcher_latch;
+	worker = capture_shared->pid != 0 ? capture_shared->worker_latch : NULL;
+	SpinLockRelease(&capture_shared->mutex);
+	if (launcher)
+		SetLatch(launcher);
+	if (worker)
+		SetLatch(worker);
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox.capture_status() -> (pid, state, last_error, last_commit_lsn,
+ * last_commit_at, offset_lsn, handed, skipped)
+ */
+Datum
+outbox_capture_status(PG_FUNCTION_ARGS)
+{
+	TupleDesc	desc;
+	Datum		values[8];
+	bool		nulls[8] = {0};
+	CaptureShared copy;
+
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	if (capture_shared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox.capture_status() requires the outbox library to be preloaded")));
+	SpinLockAcquire(&capture_shared->mutex);
+	memcpy(&copy, capture_shared, sizeof(copy));
+	SpinLockRelease(&capture_shared->mutex);
+	values[0] = Int32GetDatum(copy.pid);
+	nulls[0] = copy.pid == 0;
+	values[1] = CStringGetTextDatum(copy.state);
+	values[2] = CStringGetTextDatum(copy.last_error);
+	nulls[2] = copy.last_error[0] == '\0';
+	values[3] = LSNGetDatum(copy.handed_lsn);
+	nulls[3] = copy.handed_lsn == InvalidXLogRecPtr;
+	values[4] = TimestampTzGetDatum(copy.handed_at);
+	nulls[4] = copy.handed_at == 0;
+	values[5] = LSNGetDatum(copy.end_lsn);
+	nulls[5] = copy.end_lsn == InvalidXLogRecPtr;
+	values[6] = Int64GetDatum((int64) copy.handed);
+	values[7] = Int64GetDatum((int64) copy.skipped);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
+}
+
+/*---- what the plugin collects ----*/
+
+/* A captured table as the historic catalog describes it. */
+typedef struct WalRel
+{
+	Oid			relid;			/* hash key: the changed table or partition */
+	bool		captured;
+	bool		valid;
+	char		kind;			/* 'c'hange or 'o'utbox row */
+	bool		full;			/* REPLICA IDENTITY FULL */
+	char	   *topic;
+	char	   *source;
+	int			ncols;
+	CaptureColumn *cols;
+	int			nkeys;
+	CaptureColumn *keys;
+	AttrNumber	topic_att;
+	AttrNumber	key_att;
+	AttrNumber	payload_att;
+	AttrNumber	headers_att;
+	Oid			payload_type;
+	FmgrInfo	key_out;
+} WalRel;
+
+typedef struct Collected
+{
+	OutboxMessage msg;			/* pointers into the collect context */
+} Collected;
+
+typedef struct CaptureDecoding
+{
+	MemoryContext collect_cxt;	/* the messages of this pass */
+	MemoryContext rel_cxt;		/* rels, reset at each transaction */
+	HTAB	   *rels;
+	Oid			captured_tables;	/* outbox.captured_tables */
+	/* the offset the pass started from */
+	XLogRecPtr	start_lsn;
+	XLogRecPtr	part_commit_lsn;
+	int			parts_done;
+	/* collected, in order */
+	Collected  *msgs;
+	int			nmsgs;
+	int			maxmsgs;
+	Size		bytes;
+	/* the transaction being decoded */
+	bool		txn_skip;		/* committed before the offset */
+	XLogRecPtr	txn_commit_lsn;
+	int			txn_part;		/* part of the next message */
+	int			txn_part_count;
+	Size		txn_part_bytes;
+	int			txn_first_msg;	/* index in msgs of its first message */
+	char		txn_xid[32];
+	char		txn_lsn[32];
+	char		txn_time[OUTBOX_COMMIT_TIME_LEN + 1];
+	TimestampTz txn_commit_time;
+	/* after a commit: how the pass ends */
+	bool		stop;			/* hand off what is collected now */
+	bool		partial;		/* the last transaction has more parts */
+	XLogRecPtr	last_commit_lsn;	/* of the last complete transaction */
+	TimestampTz last_commit_time;
+	char		error[OUTBOX_STATUS_LEN];
+	uint64		skipped;
+} CaptureDecoding;
+
+static CaptureDecoding *dec = NULL;
+
+static void
+capture_wal_relcache_callback(Datum arg, Oid relid)
+{
+	HASH_SEQ_STATUS status;
+	WalRel	   *r;
+
+	if (dec == NULL || dec->rels == NULL)
+		return;
+	hash_seq_init(&status, dec->rels);
+	while ((r = hash_seq_search(&status)) != NULL)
+		if (relid == InvalidOid || r->relid == relid)
+			r->valid = false;
+}
+
+static void
+capture_note_error(const char *fmt,...) pg_attribute_printf(1, 2);
+
+static void
+capture_note_error(const char *fmt,...)
+{
+	va_list		ap;
+
+	va_start(ap, fmt);
+	vsnprintf(dec->error, sizeof(dec->error), fmt, ap);
+	va_end(ap);
+	dec->skipped++;
+	ereport(WARNING,
+			(errmsg("outbox capture: %s", dec->error)));
+}
+
+/* "schema.table" with bytes that are not printable ASCII percent-encoded. */
+static char *
+capture_source_name(Oid relid)
+{
+	char	   *nsp = get_namespace_name(get_rel_namespace(relid));
+	char	   *rel = get_rel_name(relid);
+	char	   *name = psprintf("%s.%s", nsp ? nsp : "?", rel ? rel : "?");
+	StringInfoData buf;
+	const unsigned char *p;
+
+	initStringInfo(&buf);
+	for (p = (const unsigned char *) name; *p; p++)
+	{
+		if (*p >= 32 && *p <= 126 && *p != '%')
+			appendStringInfoChar(&buf, (char) *p);
+		else
+			appendStringInfo(&buf, "%%%02X", *p);
+	}
+	return buf.data;
+}
+
+/* The attribute number of name in desc, or 0. */
+static AttrNumber
+capture_attnum(TupleDesc desc, const char *name)
+{
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+		if (!TupleDescAttr(desc, i)->attisdropped &&
+			strcmp(NameStr(TupleDescAttr(desc, i)->attname), name) == 0)
+			return i + 1;
+	return 0;
+}
+
+/* Column name of a captured_tables row, or NULL. */
+static text *
+capture_getarg_text(HeapTuple tup, TupleDesc desc, const char *name)
+{
+	AttrNumber	att = capture_attnum(desc, name);
+	bool		isnull;
+	Datum		d;
+
+	if (att == 0)
+		elog(ERROR, "outbox capture: outbox.captured_tables has no column \"%s\"", name);
+	d = heap_getattr(tup, att, desc, &isnull);
+	return isnull ? NULL : DatumGetTextPP(d);
+}
+
+/* The captured_tables row of relid as of the change, copied, or NULL. */
+static HeapTuple
+capture_config_row(Oid relid, TupleDesc *descp)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tup;
+	HeapTuple	result = NULL;
+
+	rel = table_open(dec->captured_tables, AccessShareLock);
+	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(relid));
+	scan = systable_beginscan(rel, InvalidOid, false, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+	{
+		bool		isnull;
+		Datum		mode = heap_getattr(tup, capture_attnum(RelationGetDescr(rel), "mode"),
+										RelationGetDescr(rel), &isnull);
+
+		if (!isnull && strcmp(TextDatumGetCString(mode), "wal") == 0)
+		{
+			result = heap_copytuple(tup);
+			*descp = CreateTupleDescCopy(RelationGetDescr(rel));
+		}
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return result;
+}
+
+static void
+capture_resolve_columns(WalRel *r, Relation relation, HeapTuple cfg,
+						TupleDesc cfgdesc, const char *field,
+						CaptureColumn **cols, int *ncols, bool all)
+{
+	TupleDesc	desc = RelationGetDescr(relation);
+	bool		isnull;
+	Datum		d = heap_getattr(cfg, capture_attnum(cfgdesc, field), cfgdesc, &isnull);
+	int			i;
+
+	*ncols = 0;
+	if (isnull)
+	{
+		*cols = NULL;
+		if (!all)
+			return;
+		*cols = palloc(desc->natts * sizeof(CaptureColumn));
+		for (i = 0; i < desc->natts; i++)
+			if (!TupleDescAttr(desc, i)->attisdropped)
+				outbox_capture_column_init(&(*cols)[(*ncols)++], desc, i + 1,
+										   dec->rel_cxt);
+		return;
+	}
+	else
+	{
+		Datum	   *elems;
+		bool	   *enulls;
+		int			n;
+
+		deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT,
+						  &elems, &enulls, &n);
+		*cols = palloc(n * sizeof(CaptureColumn));
+		for (i = 0; i < n; i++)
+		{
+			char	   *name = TextDatumGetCString(elems[i]);
+			AttrNumber	att = capture_attnum(desc, name);
+
+			if (att == 0)
+			{
+				capture_note_error("column \"%s\" of captured table %s no longer exists: it is left out",
+								   name, r->source);
+				dec->skipped--;	/* not a change */
+				continue;
+			}
+			outbox_capture_column_init(&(*cols)[(*ncols)++], desc, att, dec->rel_cxt);
+		}
+	}
+}
+
+/* How relation's changes are captured as of this transaction. */
+static WalRel *
+capture_wal_rel(Relation relation)
+{
+	Oid			relid = RelationGetRelid(relation);
+	WalRel	   *r;
+	bool		found;
+	HeapTuple	cfg = NULL;
+	TupleDesc	cfgdesc = NULL;
+	MemoryContext oldcxt;
+	Oid			captured = relid;
+	text	   *t;
+
+	r = hash_search(dec->rels, &relid, HASH_ENTER, &found);
+	if (found && r->valid)
+		return r;
+	memset((char *) r + sizeof(Oid), 0, sizeof(WalRel) - sizeof(Oid));
+	r->valid = true;
+
+	oldcxt = MemoryContextSwitchTo(dec->rel_cxt);
+	if (get_rel_namespace(relid) == PG_CATALOG_NAMESPACE)
+	{
+		MemoryContextSwitchTo(oldcxt);
+		return r;
+	}
+	cfg = capture_config_row(relid, &cfgdesc);
+	if (cfg == NULL && relation->rd_rel->relispartition)
+	{
+		List	   *ancestors = get_partition_ancestors(relid);
+		ListCell   *lc;
+
+		foreach(lc, ancestors)
+		{
+			cfg = capture_config_row(lfirst_oid(lc), &cfgdesc);
+			if (cfg != NULL)
+			{
+				captured = lfirst_oid(lc);
+				break;
+			}
+		}
+	}
+	if (cfg == NULL)
+	{
+		MemoryContextSwitchTo(oldcxt);
+		return r;
+	}
+
+	r->captured = true;
+	r->full = relation->rd_rel->relreplident == REPLICA_IDENTITY_FULL;
+	r->source = capture_source_name(captured);
+	t = capture_getarg_text(cfg, cfgdesc, "topic_column");
+	if (t == NULL)
+	{
+		r->kind = 'c';
+		r->topic = text_to_cstring(capture_getarg_text(cfg, cfgdesc, "topic"));
+		capture_resolve_columns(r, relation, cfg, cfgdesc, "columns", &r->cols, &r->ncols, true);
+		capture_resolve_columns(r, relation, cfg, cfgdesc, "key", &r->keys, &r->nkeys, false);
+	}
+	else
+	{
+		TupleDesc	desc = RelationGetDescr(relation);
+		text	   *k = capture_getarg_text(cfg, cfgdesc, "key_column");
+		text	   *h = capture_getarg_text(cfg, cfgdesc, "headers_column");
+		text	   *p = capture_getarg_text(cfg, cfgdesc, "payload_column");
+
+		r->kind = 'o';
+		r->topic_att = capture_attnum(desc, text_to_cstring(t));
+		r->payload_att = p ? capture_attnum(desc, text_to_cstring(p)) : 0;
+		r->key_att = k ? capture_attnum(desc, text_to_cstring(k)) : 0;
+		r->headers_att = h ? capture_attnum(desc, text_to_cstring(h)) : 0;
+		if (r->topic_att == 0 || r->payload_att == 0)
+		{
+			capture_note_error("the topic or payload column of captured outbox table %s no longer exists",
+							   r->source);
+			dec->skipped--;
+			r->captured = false;
+		}
+		else
+		{
+			Oid			outfn;
+			bool		varlena;
+
+			r->payload_type = TupleDescAttr(desc, r->payload_att - 1)->atttypid;
+			if (r->key_att)
+			{
+				getTypeOutputInfo(TupleDescAttr(desc, r->key_att - 1)->atttypid,
+								  &outfn, &varlena);
+				fmgr_info_cxt(outfn, &r->key_out, dec->rel_cxt);
+			}
+		}
+	}
+	MemoryContextSwitchTo(oldcxt);
+	return r;
+}
+
+static void
+capture_push_null(JsonbParseState **st)
+{
+	JsonbValue	v;
+
+	v.type = jbvNull;
+	pushJsonbValue(st, WJB_VALUE, &v);
+}
+
+static bool
+capture_is_unchanged_toast(HeapTuple tup, TupleDesc desc, AttrNumber att)
+{
+	bool		isnull;
+	Datum		d;
+
+	if (TupleDescAttr(desc, att - 1)->attlen != -1)
+		return false;
+	d = heap_getattr(tup, att, desc, &isnull);
+	return !isnull && VARATT_IS_EXTERNAL_ONDISK(DatumGetPointer(d));
+}
+
+static void *
+capture_copy(const void *p, Size len)
+{
+	void	   *copy = palloc(len);
+
+	memcpy(copy, p, len);
+	return copy;
+}
+
+/* Add a message to the pass, if it belongs to the part being collected. */
+static void
+capture_collect(OutboxMessage *m)
+{
+	Size		size = VARSIZE(m->payload) + (m->headers ? VARSIZE(m->headers) : 0) +
+		m->topic_len + m->key_len + 64;
+	int			want;
+	MemoryContext oldcxt;
+	Collected  *c;
+
+	/* which part this message is in: deterministic, so a re-decode agrees */
+	if (dec->txn_part_count > 0 &&
+		(dec->txn_part_count >= CAPTURE_PART_MESSAGES ||
+		 dec->txn_part_bytes + size > CAPTURE_PART_BYTES))
+	{
+		dec->txn_part++;
+		dec->txn_part_count = 0;
+		dec->txn_part_bytes = 0;
+	}
+	dec->txn_part_count++;
+	dec->txn_part_bytes += size;
+	want = (dec->txn_commit_lsn == dec->part_commit_lsn) ? dec->parts_done : 0;
+	if (dec->txn_part < want)
+		return;					/* handed off already */
+	if (dec->txn_part > want)
+	{
+		dec->partial = true;	/* the next pass takes it */
+		return;
+	}
+
+	oldcxt = MemoryContextSwitchTo(dec->collect_cxt);
+	if (dec->nmsgs == dec->maxmsgs)
+	{
+		dec->maxmsgs = Max(1024, dec->maxmsgs * 2);
+		dec->msgs = dec->msgs ? repalloc_huge(dec->msgs, dec->maxmsgs * sizeof(Collected)) :
+			palloc(dec->maxmsgs * sizeof(Collected));
+	}
+	c = &dec->msgs[dec->nmsgs++];
+	c->msg = *m;
+	c->msg.payload = capture_copy(m->payload, VARSIZE(m->payload));
+	if (m->headers)
+		c->msg.headers = capture_copy(m->headers, VARSIZE(m->headers));
+	c->msg.topic = capture_copy(m->topic, m->topic_len);
+	if (m->key)
+		c->msg.key = capture_copy(m->key, m->key_len);
+	dec->bytes += size;
+	MemoryContextSwitchTo(oldcxt);
+}
+
+static Jsonb *
+capture_wal_headers(WalRel *r)
+{
+	JsonbParseState *st = NULL;
+
+	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
+	outbox_capture_push_string(&st, WJB_KEY, "source-table");
+	outbox_capture_push_string(&st, WJB_VALUE, r->source);
+	outbox_capture_push_string(&st, WJB_KEY, "source-xid");
+	outbox_capture_push_string(&st, WJB_VALUE, dec->txn_xid);
+	outbox_capture_push_string(&st, WJB_KEY, "source-lsn");
+	outbox_capture_push_string(&st, WJB_VALUE, dec->txn_lsn);
+	outbox_capture_push_string(&st, WJB_KEY, "source-commit-time");
+	outbox_capture_push_string(&st, WJB_VALUE, dec->txn_time);
+	return JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+}
+
+/* A change of a captured table as the {"op", "before", "after"} message. */
+static void
+capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
+				   HeapTuple oldtup, HeapTuple newtup)
+{
+	JsonbParseState *st = NULL;
+	OutboxMessage m;
+	Jsonb	   *payload;
+	bool	   *skip = NULL;
+	List	   *unchanged = NIL;
+	int			i;
+
+	memset(&m, 0, sizeof(m));
+	m.commit_time_off = -1;
+	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
+	outbox_capture_push_string(&st, WJB_KEY, "op");
+	outbox_capture_push_string(&st, WJB_VALUE, op);
+
+	/* after: unchanged TOASTed values are filled from FULL, or listed */
+	if (newtup != NULL)
+	{
+		HeapTuple	filled = newtup;
+
+		for (i = 0; i < r->ncols; i++)
+		{
+			if (!capture_is_unchanged_toast(newtup, desc, r->cols[i].attnum))
+				continue;
+			if (r->full && oldtup != NULL &&
+				!capture_is_unchanged_toast(oldtup, desc, r->cols[i].attnum))
+			{
+				Datum	   *values = palloc(desc->natts * sizeof(Datum));
+				bool	   *nulls = palloc(desc->natts * sizeof(bool));
+				bool	   *repl = palloc0(desc->natts * sizeof(bool));
+				bool		isnull;
+
+				values[r->cols[i].attnum - 1] =
+					heap_getattr(oldtup, r->cols[i].attnum, desc, &isnull);
+				nulls[r->cols[i].attnum - 1] = isnull;
+				repl[r->cols[i].attnum - 1] = true;
+				filled = heap_modify_tuple(filled, desc, values, nulls, repl);
+				continue;
+			}
+			if (skip == NULL)
+				skip = palloc0(r->ncols * sizeof(bool));
+			skip[i] = true;
+			unchanged = lappend(unchanged, r->cols[i].name);
+		}
+		newtup = filled;
+	}
+
+	outbox_capture_push_string(&st, WJB_KEY, "before");
+	if (strcmp(op, "insert") == 0 || strcmp(op, "truncate") == 0)
+		capture_push_null(&st);
+	else if (r->full && oldtup != NULL)
+		outbox_capture_push_row(&st, oldtup, desc, r->cols, r->ncols, NULL);
+	else if (oldtup != NULL || newtup != NULL)
+		/* the replica identity's key only */
+		outbox_capture_push_row(&st, oldtup != NULL ? oldtup : newtup, desc,
+								r->keys, r->nkeys, NULL);
+	else
+		capture_push_null(&st);
+
+	outbox_capture_push_string(&st, WJB_KEY, "after");
+	if (newtup != NULL)
+		outbox_capture_push_row(&st, newtup, desc, r->cols, r->ncols, skip);
+	else
+		capture_push_null(&st);
+	if (unchanged != NIL)
+	{
+		ListCell   *lc;
+
+		outbox_capture_push_string(&st, WJB_KEY, "unchanged");
+		pushJsonbValue(&st, WJB_BEGIN_ARRAY, NULL);
+		foreach(lc, unchanged)
+			outbox_capture_push_string(&st, WJB_ELEM, lfirst(lc));
+		pushJsonbValue(&st, WJB_END_ARRAY, NULL);
+	}
+	payload = JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+	if (VARSIZE(payload) - VARHDRSZ > (Size) outbox_max_payload_size)
+	{
+		capture_note_error("a change of %s at %s is larger than outbox.max_payload_size: not captured",
+						   r->source, dec->txn_lsn);
+		return;
+	}
+	m.payload = (struct varlena *) payload;
+	m.topic = r->topic;
+	m.topic_len = strlen(r->topic);
+	if (newtup != NULL || oldtup != NULL)
+	{
+		m.key = outbox_capture_key(newtup != NULL ? newtup : oldtup, desc,
+								   r->keys, r->nkeys, &m.key_len);
+		if (m.key != NULL &&
+			(m.key_len > OUTBOX_MAX_KEY_LEN ||
+			 outbox_bad_char(m.key, m.key_len, OUTBOX_TEXT_KEY, NULL) > 0))
+		{
+			capture_note_error("the key of a change of %s at %s is too long or has characters keys may not have: it has no key",
+							   r->source, dec->txn_lsn);
+			dec->skipped--;
+			m.key = NULL;
+			m.key_len = 0;
+		}
+	}
+	m.headers = (struct varlena *) capture_wal_headers(r);
+	m.emitted_at = dec->txn_commit_time;
+	outbox_make_uuid(&m.msg_id, m.emitted_at);
+	capture_collect(&m);
+}
+
+/* A row of a captured outbox table as its message; checked, never thrown. */
+static void
+capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
+{
+	OutboxMessage m;
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile bool ok = false;
+
+	memset(&m, 0, sizeof(m));
+	m.commit_time_off = -1;
+	PG_TRY();
+	{
+		bool		isnull;
+		Datum		d;
+
+		d = heap_getattr(tup, r->topic_att, desc, &isnull);
+		if (isnull)
+			elog(ERROR, "the topic is null");
+		outbox_check_topic(DatumGetTextPP(d), &m.topic, &m.topic_len);
+		if (r->key_att)
+		{
+			d = heap_getattr(tup, r->key_att, desc, &isnull);
+			if (!isnull)
+				outbox_check_key(cstring_to_text(OutputFunctionCall(&r->key_out, d)),
+								 &m.key, &m.key_len);
+		}
+		d = heap_getattr(tup, r->payload_att, desc, &isnull);
+		if (isnull)
+			elog(ERROR, "the payload is null");
+		if (r->payload_type != JSONBOID)
+			d = DirectFunctionCall1(jsonb_in, CStringGetDatum(TextDatumGetCString(d)));
+		outbox_check_payload_size(d);
+		m.payload = (struct varlena *) DatumGetJsonbP(d);
+		if (r->headers_att)
+		{
+			d = heap_getattr(tup, r->headers_att, desc, &isnull);
+			if (!isnull)
+			{
+				outbox_check_headers(DatumGetJsonbP(d));
+				m.headers = (struct varlena *) DatumGetJsonbP(d);
+			}
+		}
+		ok = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		capture_note_error("a row inserted into captured outbox table %s at %s is not a valid message: %s",
+						   r->source, dec->txn_lsn, edata->message);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	if (!ok)
+		return;
+	m.emitted_at = dec->txn_commit_time;
+	outbox_make_uuid(&m.msg_id, m.emitted_at);
+	capture_collect(&m);
+}
+
+/*---- the output plugin ----*/
+
+static void
+capture_startup(LogicalDecodingContext *ctx, OutputPluginOptions *opt, bool is_init)
+{
+	opt->output_type = OUTPUT_PLUGIN_BINARY_OUTPUT;
+	opt->receive_rewrites = false;
+	if (!is_init && dec == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("replication slot \"%s\" is decoded only by the outbox capture worker",
+						NameStr(MyReplicationSlot->data.name)),
+				 errdetail("Reading it here would move it past changes the worker has not handed off."),
+				 errhint("See SELECT * FROM outbox.captures.")));
+}
+
+static void
+capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
+{
+	FullTransactionId next = ReadNextFullTransactionId();
+	uint32		epoch = EpochFromFullTransactionId(next);
+
+	MemoryContextReset(dec->rel_cxt);
+	dec->rels = NULL;
+	{
+		HASHCTL		hctl;
+
+		memset(&hctl, 0, sizeof(hctl));
+		hctl.keysize = sizeof(Oid);
+		hctl.entrysize = sizeof(WalRel);
+		hctl.hcxt = dec->rel_cxt;
+		dec->rels = hash_create("outbox capture tables", 16, &hctl,
+								HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	dec->txn_commit_lsn = txn->final_lsn;
+	dec->txn_skip = txn->final_lsn < dec->start_lsn;
+	dec->txn_part = 0;
+	dec->txn_part_count = 0;
+	dec->txn_part_bytes = 0;
+	dec->txn_first_msg = dec->nmsgs;
+	dec->txn_commit_time = txn->xact_time.commit_time;
+	if (txn->xid > XidFromFullTransactionId(next))
+		epoch--;
+	snprintf(dec->txn_xid, sizeof(dec->txn_xid), UINT64_FORMAT,
+			 U64FromFullTransactionId(FullTransactionIdFromEpochAndXid(epoch, txn->xid)));
+	snprintf(dec->txn_lsn, sizeof(dec->txn_lsn), "%X/%X", LSN_FORMAT_ARGS(txn->final_lsn));
+	outbox_format_commit_time(txn->xact_time.commit_time, dec->txn_time);
+}
+
+#if PG_VERSION_NUM >= 170000
+#define CAPTURE_TUPLE(t) (t)
+#else
+#define CAPTURE_TUPLE(t) ((t) ? &(t)->tuple : NULL)
+#endif
+
+static void
+capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
+				  Relation relation, ReorderBufferChange *change)
+{
+	WalRel	   *r;
+	TupleDesc	desc = RelationGetDescr(relation);
+	HeapTuple	oldtup;
+	HeapTuple	newtup;
+
+	if (dec->txn_skip)
+		return;
+	r = capture_wal_rel(relation);
+	if (!r->captured)
+		return;
+	oldtup = CAPTURE_TUPLE(change->data.tp.oldtuple);
+	newtup = CAPTURE_TUPLE(change->data.tp.newtuple);
+	switch (change->action)
+	{
+		case REORDER_BUFFER_CHANGE_INSERT:
+			if (r->kind == 'o')
+				capture_wal_outbox_row(r, desc, newtup);
+			else
+				capture_wal_change(r, desc, "insert", NULL, newtup);
+			break;
+		case REORDER_BUFFER_CHANGE_UPDATE:
+			if (r->kind == 'c')
+				capture_wal_change(r, desc, "update", oldtup, newtup);
+			break;
+		case REORDER_BUFFER_CHANGE_DELETE:
+			if (r->kind == 'c')
+				capture_wal_change(r, desc, "delete", oldtup, NULL);
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
+					int nrelations, Relation relations[], ReorderBufferChange *change)
+{
+	int			i;
+
+	if (dec->txn_skip)
+		return;
+	for (i = 0; i < nrelations; i++)
+	{
+		WalRel	   *r = capture_wal_rel(relations[i]);
+
+		if (r->captured && r->kind == 'c')
+			capture_wal_change(r, RelationGetDescr(relations[i]), "truncate", NULL, NULL);
+	}
+}
+
+static void
+capture_commit_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, XLogRecPtr commit_lsn)
+{
+	if (dec->txn_skip)
+		return;
+	if (dec->partial)
+	{
+		dec->stop = true;		/* hand off this part, then decode it again */
+		return;
+	}
+	dec->last_commit_lsn = commit_lsn;
+	dec->last_commit_time = txn->xact_time.commit_time;
+	if (dec->nmsgs >= CAPTURE_PART_MESSAGES || dec->bytes >= CAPTURE_PART_BYTES)
+		dec->stop = true;
+}
+
+static bool
+capture_filter_origin(LogicalDecodingContext *ctx, RepOriginId origin_id)
+{
+	return origin_id == DoNotReplicateId;
+}
+
+static void
+capture_shutdown(LogicalDecodingContext *ctx)
+{
+}
+
+void
+_PG_output_plugin_init(OutputPluginCallbacks *cb)
+{
+	cb->startup_cb = capture_startup;
+	cb->begin_cb = capture_begin;
+	cb->change_cb = capture_change_cb;
+	cb->truncate_cb = capture_truncate_cb;
+	cb->commit_cb = capture_commit_cb;
+	cb->filter_by_origin_cb = capture_filter_origin;
+	cb->shutdown_cb = capture_shutdown;
+}
+
+/* The writer callbacks are not used: the plugin writes nothing. */
+static void
+capture_prepare_write(LogicalDecodingContext *ctx, XLogRecPtr lsn, TransactionId xid, bool last_write)
+{
+}
+
+static void
+capture_write(LogicalDecodingContext *ctx, XLogRecPtr lsn, TransactionId xid, bool last_write)
+{
+}
+
+/*---- the worker ----*/
+
+/* Run sql (no result rows) in the current transaction. */
+static void
+capture_spi_exec(const char *sql, int expected)
+{
+	int			rc = SPI_execute(sql, false, 0);
+
+	if (rc != expected)
+		elog(ERROR, "outbox capture: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
+}
+
+/* Whether any WAL capture exists, and the stored offset (read in a transaction). */
+static bool
+capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done)
+{
+	bool		any;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_execute("SELECT 1 FROM outbox.captured_tables WHERE mode = 'wal' LIMIT 1",
+					true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox capture: cannot read outbox.captured_tables");
+	any = SPI_processed > 0;
+	*end_lsn = InvalidXLogRecPtr;
+	*part_lsn = InvalidXLogRecPtr;
+	*parts_done = 0;
+	if (SPI_execute("SELECT end_lsn, part_commit_lsn, parts_done FROM outbox.capture_progress"
+					" WHERE slot_name = '" CAPTURE_SLOT "'", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox capture: cannot read outbox.capture_progress");
+	if (SPI_processed > 0)
+	{
+		bool		isnull;
+		Datum		d;
+
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		if (!isnull)
+			*end_lsn = DatumGetLSN(d);
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+		if (!isnull)
+			*part_lsn = DatumGetLSN(d);
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull);
+		if (!isnull)
+			*parts_done = DatumGetInt32(d);
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	return any;
+}
+
+/*
+ * Hand off what the pass collected, with the new offset, in one local
+ * transaction; durable when this returns.
+ */
+static void
+capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done)
+{
+	int			i;
+	char		sql[512];
+	char		part[64];
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	replorigin_session_origin = DoNotReplicateId;
+	PG_TRY();
+	{
+		SPI_connect();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		for (i = 0; i < dec->nmsgs; i++)
+			outbox_buffer_append(&dec->msgs[i].msg);
+		if (part_lsn != InvalidXLogRecPtr)
+			snprintf(part, sizeof(part), "'%X/%X'::pg_lsn", LSN_FORMAT_ARGS(part_lsn));
+		else
+			strlcpy(part, "NULL::pg_lsn", sizeof(part));
+		snprintf(sql, sizeof(sql),
+				 "INSERT INTO outbox.capture_progress AS p (slot_name, end_lsn, part_commit_lsn,"
+				 " parts_done, updated_at) VALUES ('" CAPTURE_SLOT "', '%X/%X'::pg_lsn, %s, %d, now())"
+				 " ON CONFLICT (slot_name) DO UPDATE SET end_lsn = excluded.end_lsn,"
+				 " part_commit_lsn = excluded.part_commit_lsn, parts_done = excluded.parts_done,"
+				 " updated_at = excluded.updated_at",
+				 LSN_FORMAT_ARGS(end_lsn), part, parts_done);
+		capture_spi_exec(sql, SPI_OK_INSERT);
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+	}
+	PG_FINALLY();
+	{
+		replorigin_session_origin = InvalidRepOriginId;
+	}
+	PG_END_TRY();
+	/* synchronous_commit is on for this worker: the commit is flushed */
+	XLogFlush(XactLastCommitEnd);
+
+	SpinLockAcquire(&capture_shared->mutex);
+	capture_shared->end_lsn = end_lsn;
+	capture_shared->handed += dec->nmsgs;
+	capture_shared->skipped += dec->skipped;
+	if (dec->last_commit_lsn != InvalidXLogRecPtr)
+	{
+		capture_shared->handed_lsn = dec->last_commit_lsn;
+		capture_shared->handed_at = dec->last_commit_time;
+	}
+	if (dec->error[0])
+		strlcpy(capture_shared->last_error, dec->error, sizeof(capture_shared->last_error));
+	SpinLockRelease(&capture_shared->mutex);
+	dec->skipped = 0;
+	dec->error[0] = '\0';
+}
+
+static void
+capture_drop_slot_if_any(void)
+{
+	if (SearchNamedReplicationSlot(CAPTURE_SLOT, true) != NULL)
+	{
+		ReplicationSlotDrop(CAPTURE_SLOT, true);
+		ereport(LOG,
+				(errmsg("outbox capture dropped replication slot \"%s\": no table is captured from the WAL",
+						CAPTURE_SLOT)));
+	}
+}
+
+static void
+capture_exit_idle(uint64 wakes_seen)
+{
+	SpinLockAcquire(&capture_shared->mutex);
+	if (capture_shared->wakes == wakes_seen)
+		capture_shared->wanted = false;
+	SpinLockRelease(&capture_shared->mutex);
+	proc_exit(0);
+}
+
+static void
+capture_lost(const char *why, uint64 wakes_seen)
+{
+	ereport(WARNING,
+			(errmsg("outbox capture from the WAL is lost: %s", why),
+			 errdetail("Changes after the last handed-off transaction may be missing."),
+			 errhint("Capture the tables again with a snapshot: outbox.uncapture() each WAL capture, then outbox.capture(..., mode => 'wal', snapshot => true).")));
+	capture_set_state("lost", why);
+	capture_exit_idle(wakes_seen);
+}
+
+static void
+capture_worker_exit(int code, Datum arg)
+{
+	SpinLockAcquire(&capture_shared->mutex);
+	capture_shared->pid = 0;
+	capture_shared->worker_latch = NULL;
+	if (strcmp(capture_shared->state, "lost") != 0)
+		strlcpy(capture_shared->state, "stopped", sizeof(capture_shared->state));
+	SpinLockRelease(&capture_shared->mutex);
+}
+
+static bool
+capture_slot_invalidated(ReplicationSlot *slot)
+{
+#if PG_VERSION_NUM >= 170000
+	return slot->data.invalidated != RS_INVAL_NONE;
+#else
+	return slot->data.invalidated_at != InvalidXLogRecPtr &&
+		slot->data.restart_lsn == InvalidXLogRecPtr;
+#endif
+}
+
+/* Test only (outbox.test_fault): die as a crash would, at a named point. */
+static void
+capture_fault(const char *point)
+{
+	if (outbox_test_fault != NULL && strcmp(outbox_test_fault, point) == 0)
+	{
+		ereport(LOG, (errmsg("outbox capture: test fault \"%s\"", point)));
+		kill(MyProcPid, SIGKILL);
+		pg_usleep(10000000L);
+	}
+}
+
+void
+outbox_capture_main(Datum main_arg)
+{
+	XLogRecPtr	end_lsn;
+	XLogRecPtr	part_lsn;
+	int			parts_done;
+	uint64		wakes_seen;
+	LogicalDecodingContext *ctx = NULL;
+	ReplicationSlot *slot;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
+	pgstat_report_appname("outbox capture");
+
+	SpinLockAcquire(&capture_shared->mutex);
+	capture_shared->pid = MyProcPid;
+	capture_shared->worker_latch = MyLatch;
+	wakes_seen = capture_shared->wakes;
+	strlcpy(capture_shared->state, "starting", sizeof(capture_shared->state));
+	capture_shared->last_error[0] = '\0';
+	SpinLockRelease(&capture_shared->mutex);
+	before_shmem_exit(capture_worker_exit, (Datum) 0);
+
+	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done))
+	{
+		capture_drop_slot_if_any();
+		capture_exit_idle(wakes_seen);
+	}
+	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
+	if (slot == NULL)
+		capture_lost("replication slot \"" CAPTURE_SLOT "\" does not exist", wakes_seen);
+#if PG_VERSION_NUM >= 180000
+	ReplicationSlotAcquire(CAPTURE_SLOT, true, false);
+#else
+	ReplicationSlotAcquire(CAPTURE_SLOT, true);
+#endif
+	slot = MyReplicationSlot;
+	if (capture_slot_invalidated(slot))
+		capture_lost("replication slot \"" CAPTURE_SLOT "\" was invalidated (max_slot_wal_keep_size)",
+					 wakes_seen);
+	if (end_lsn == InvalidXLogRecPtr)
+	{
+		/* first start: from where the slot begins */
+		end_lsn = slot->data.confirmed_flush;
+	}
+	else if (slot->data.confirmed_flush > end_lsn)
+		capture_lost(psprintf("replication slot \"%s\" was moved to %X/%X, past the handed-off offset %X/%X",
+							  CAPTURE_SLOT, LSN_FORMAT_ARGS(slot->data.confirmed_flush),
+							  LSN_FORMAT_ARGS(end_lsn)),
+					 wakes_seen);
+
+	dec = MemoryContextAllocZero(TopMemoryContext, sizeof(CaptureDecoding));
+	dec->collect_cxt = AllocSetContextCreate(TopMemoryContext, "outbox capture messages",
+											 ALLOCSET_DEFAULT_SIZES);
+	dec->rel_cxt = AllocSetContextCreate(TopMemoryContext, "outbox capture tables",
+										 ALLOCSET_DEFAULT_SIZES);
+	CacheRegisterRelcacheCallback(capture_wal_relcache_callback, (Datum) 0);
+	{
+		StartTransactionCommand();
+		dec->captured_tables = get_relname_relid("captured_tables",
+												 get_namespace_oid("outbox", false));
+		CommitTransactionCommand();
+	}
+	SpinLockAcquire(&capture_shared->mutex);
+	capture_shared->end_lsn = end_lsn;
+	SpinLockRelease(&capture_shared->mutex);
+	capture_set_state("streaming", NULL);
+
+	PG_TRY();
+	{
+		capture_loop(&ctx, end_lsn, part_lsn, parts_done, wakes_seen);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(TopMemoryContext);
+		edata = CopyErrorData();
+		capture_set_state("failed", edata->message);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
+/* Decode, hand off, confirm: until told to stop. */
+static void
+capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
+			 XLogRecPtr part_lsn, int parts_done, uint64 wakes_seen)
+{
+	LogicalDecodingContext *ctx = *ctxp;
+	long		nap = 1;
+	TimestampTz last_offset_write = 0;
+
+	for (;;)
+	{
+		XLogRecPtr	flush;
+		bool		read_any = false;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		if (capture_shared->wakes != wakes_seen)
+		{
+			XLogRecPtr	e2,
+						p2;
+			int			d2;
+
+			wakes_seen = capture_shared->wakes;
+			if (!capture_read_offset(&e2, &p2, &d2))
+			{
+				if (ctx != NULL)
+					FreeDecodingContext(ctx);
+				ReplicationSlotRelease();
+				capture_drop_slot_if_any();
+				capture_set_state("stopped", NULL);
+				capture_exit_idle(wakes_seen);
+			}
+		}
+
+		if (ctx == NULL)
+		{
+			ctx = CreateDecodingContext(end_lsn, NIL, false,
+										XL_ROUTINE(.page_read = read_local_xlog_page,
+												   .segment_open = wal_segment_open,
+												   .segment_close = wal_segment_close),
+										capture_prepare_write, capture_write, NULL);
+			XLogBeginRead(ctx->reader, MyReplicationSlot->data.restart_lsn);
+			dec->start_lsn = end_lsn;
+			dec->part_commit_lsn = part_lsn;
+			dec->parts_done = parts_done;
+		}
+
+		dec->stop = false;
+		dec->partial = false;
+		dec->last_commit_lsn = InvalidXLogRecPtr;
+		flush = GetFlushRecPtr(NULL);
+		while (ctx->reader->EndRecPtr < flush && !dec->stop)
+		{
+			XLogRecord *record;
+			char	   *errm = NULL;
+
+			record = XLogReadRecord(ctx->reader, &errm);
+			if (errm)
+				elog(ERROR, "outbox capture: could not read WAL: %s", errm);
+			if (record != NULL)
+				LogicalDecodingProcessRecord(ctx, ctx->reader);
+			read_any = true;
+			CHECK_FOR_INTERRUPTS();
+		}
+
+		if (dec->partial)
+		{
+			/*
+			 * One more part of a large transaction X: everything committed
+			 * before X's commit record is handed off with it, so the offset
+			 * moves to that record, and decoding starts again there.
+			 */
+			XLogRecPtr	x = dec->txn_commit_lsn;
+			int			done = (x == dec->part_commit_lsn ? dec->parts_done : 0) + 1;
+
+			capture_handoff(x, x, done);
+			end_lsn = x;
+			part_lsn = x;
+			parts_done = done;
+			FreeDecodingContext(ctx);
+			ctx = NULL;
+		}
+		else if (dec->nmsgs > 0 ||
+				 (ctx->reader->EndRecPtr > end_lsn &&
+				  TimestampDifferenceExceeds(last_offset_write, GetCurrentTimestamp(),
+											 CAPTURE_IDLE_OFFSET_MS)))
+		{
+			XLogRecPtr	new_end = ctx->reader->EndRecPtr;
+
+			capture_handoff(new_end, InvalidXLogRecPtr, 0);
+			last_offset_write = GetCurrentTimestamp();
+			end_lsn = new_end;
+			part_lsn = InvalidXLogRecPtr;
+			parts_done = 0;
+			dec->start_lsn = end_lsn;
+			dec->part_commit_lsn = InvalidXLogRecPtr;
+			dec->parts_done = 0;
+			capture_fault("capture_before_confirm");
+			LogicalConfirmReceivedLocation(end_lsn);
+		}
+		dec->nmsgs = 0;
+		dec->bytes = 0;
+		dec->msgs = NULL;
+		dec->maxmsgs = 0;
+		MemoryContextReset(dec->collect_cxt);
+
+		if (read_any)
+			nap = 1;
+		else
+		{
+			int			rc;
+
+			rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						   nap, PG_WAIT_EXTENSION);
+			if (rc & WL_LATCH_SET)
+				ResetLatch(MyLatch);
+			nap = Min(nap * 2, CAPTURE_MAX_NAP_MS);
+		}
+	}
+}
+
+/* Start the worker (for the launcher); NULL if no slot is free. */
+BackgroundWorkerHandle *
+outbox_capture_start(void)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	worker.bgw_notify_pid = MyProcPid;
+	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "outbox_capture_main", BGW_MAXLEN);
+	strlcpy(worker.bgw_name, "outbox capture", BGW_MAXLEN);
+	strlcpy(worker.bgw_type, "outbox capture", BGW_MAXLEN);
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+		return NULL;
+	return handle;
+}
