@@ -2206,11 +2206,11 @@ BEGIN
 					  HINT = 'ALTER SYSTEM SET wal_level = logical and restart the server, or capture with mode => ''trigger''.';
 		END IF;
 		libs := current_setting('output_plugin_libraries', true);
-		IF libs IS NOT NULL AND NOT ('outbox' = ANY (string_to_array(replace(libs, ' ', ''), ','))) THEN
+		IF libs IS NOT NULL AND libs !~ '(^|,)\s*("outbox"|outbox)\s*(,|$)' THEN
 			RAISE EXCEPTION 'library "outbox" is not allowed as an output plugin'
 				USING ERRCODE = 'object_not_in_prerequisite_state',
 					  DETAIL = format('output_plugin_libraries is ''%s''; logical decoding refuses other plugins, and the capture worker decodes with outbox.', libs),
-					  HINT = format('ALTER SYSTEM SET output_plugin_libraries = ''%s''; SELECT pg_reload_conf(); or capture with mode => ''trigger''.',
+					  HINT = format('ALTER SYSTEM SET output_plugin_libraries = %s; SELECT pg_reload_conf(); or capture with mode => ''trigger''.',
 									CASE WHEN libs = '' THEN 'outbox' ELSE libs || ', outbox' END);
 		END IF;
 		IF rel.relpersistence = 'u' THEN
@@ -2368,6 +2368,8 @@ BEGIN
 			END IF;
 			BEGIN
 				PERFORM pg_create_logical_replication_slot('outbox_capture', 'outbox');
+				-- a new slot: an offset left by an earlier one means nothing
+				DELETE FROM outbox.capture_progress WHERE slot_name = 'outbox_capture';
 			EXCEPTION WHEN active_sql_transaction THEN
 				RAISE EXCEPTION 'cannot start a WAL capture in a transaction that has written'
 					USING ERRCODE = 'active_sql_transaction',

@@ -180,18 +180,15 @@ capture_set_state(const char *state, const char *error)
 	SpinLockRelease(&capture_shared->mutex);
 }
 
-/*
- * outbox.capture_wake(): a WAL capture was added or removed.  The launcher
- * starts the worker if it is not running; a running one looks again.
- */
-Datum
-outbox_capture_wake(PG_FUNCTION_ARGS)
+/* outbox.capture_wake() was called in this transaction. */
+static bool wake_at_commit = false;
+
+static void
+capture_wake_now(void)
 {
 	Latch	   *launcher;
 	Latch	   *worker;
 
-	if (capture_shared == NULL)
-		PG_RETURN_VOID();
 	SpinLockAcquire(&capture_shared->mutex);
 	capture_shared->wanted = true;
 	capture_shared->wakes++;
@@ -202,6 +199,34 @@ outbox_capture_wake(PG_FUNCTION_ARGS)
 		SetLatch(launcher);
 	if (worker)
 		SetLatch(worker);
+}
+
+static void
+capture_xact_callback(XactEvent event, void *arg)
+{
+	if (event == XACT_EVENT_COMMIT && wake_at_commit && capture_shared != NULL)
+		capture_wake_now();
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PREPARE)
+		wake_at_commit = false;
+}
+
+/* Register the transaction callback; from _PG_init. */
+void
+outbox_capture_init(void)
+{
+	RegisterXactCallback(capture_xact_callback, NULL);
+}
+
+/*
+ * outbox.capture_wake(): a WAL capture was added or removed.  When the
+ * transaction commits (the worker must see the change), the launcher starts
+ * the worker if it is not running, and a running one looks again.
+ */
+Datum
+outbox_capture_wake(PG_FUNCTION_ARGS)
+{
+	wake_at_commit = true;
 	PG_RETURN_VOID();
 }
 
@@ -275,6 +300,7 @@ typedef struct CaptureDecoding
 {
 	MemoryContext collect_cxt;	/* the messages of this pass */
 	MemoryContext rel_cxt;		/* rels, reset at each transaction */
+	MemoryContext change_cxt;	/* one change's work, reset after it */
 	HTAB	   *rels;
 	Oid			captured_tables;	/* outbox.captured_tables */
 	/* the offset the pass started from */
@@ -307,6 +333,9 @@ typedef struct CaptureDecoding
 } CaptureDecoding;
 
 static CaptureDecoding *dec = NULL;
+
+/* CAPTURE_PART_MESSAGES, or 100 under outbox.test_fault = 'capture_small_parts'. */
+static int	capture_part_messages = CAPTURE_PART_MESSAGES;
 
 static void
 capture_wal_relcache_callback(Datum arg, Oid relid)
@@ -396,7 +425,10 @@ capture_config_row(Oid relid, TupleDesc *descp)
 	HeapTuple	tup;
 	HeapTuple	result = NULL;
 
-	rel = table_open(dec->captured_tables, AccessShareLock);
+	/* not there as of the change: the extension was dropped */
+	rel = try_table_open(dec->captured_tables, AccessShareLock);
+	if (rel == NULL)
+		return NULL;
 	ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(relid));
 	scan = systable_beginscan(rel, InvalidOid, false, NULL, 1, &key);
 	tup = systable_getnext(scan);
@@ -603,7 +635,7 @@ capture_collect(OutboxMessage *m)
 
 	/* which part this message is in: deterministic, so a re-decode agrees */
 	if (dec->txn_part_count > 0 &&
-		(dec->txn_part_count >= CAPTURE_PART_MESSAGES ||
+		(dec->txn_part_count >= capture_part_messages ||
 		 dec->txn_part_bytes + size > CAPTURE_PART_BYTES))
 	{
 		dec->txn_part++;
@@ -892,11 +924,15 @@ capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 	HeapTuple	oldtup;
 	HeapTuple	newtup;
 
+	MemoryContext oldcxt;
+
 	if (dec->txn_skip)
 		return;
 	r = capture_wal_rel(relation);
 	if (!r->captured)
 		return;
+	/* what a change allocates goes when it is collected */
+	oldcxt = MemoryContextSwitchTo(dec->change_cxt);
 	oldtup = CAPTURE_TUPLE(change->data.tp.oldtuple);
 	newtup = CAPTURE_TUPLE(change->data.tp.newtuple);
 	switch (change->action)
@@ -918,6 +954,8 @@ capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 		default:
 			break;
 	}
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(dec->change_cxt);
 }
 
 static void
@@ -933,7 +971,13 @@ capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 		WalRel	   *r = capture_wal_rel(relations[i]);
 
 		if (r->captured && r->kind == 'c')
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(dec->change_cxt);
+
 			capture_wal_change(r, RelationGetDescr(relations[i]), "truncate", NULL, NULL);
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(dec->change_cxt);
+		}
 	}
 }
 
@@ -949,7 +993,7 @@ capture_commit_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, XLogRecPtr
 	}
 	dec->last_commit_lsn = commit_lsn;
 	dec->last_commit_time = txn->xact_time.commit_time;
-	if (dec->nmsgs >= CAPTURE_PART_MESSAGES || dec->bytes >= CAPTURE_PART_BYTES)
+	if (dec->nmsgs >= capture_part_messages || dec->bytes >= CAPTURE_PART_BYTES)
 		dec->stop = true;
 }
 
@@ -1009,13 +1053,23 @@ capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done)
 	StartTransactionCommand();
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
+	*end_lsn = InvalidXLogRecPtr;
+	*part_lsn = InvalidXLogRecPtr;
+	*parts_done = 0;
+	/* no extension (yet, or any more): nothing is captured */
+	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.capture_progress') IS NOT NULL",
+					true, 0) != SPI_OK_SELECT || SPI_processed != 1 ||
+		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &any)))
+	{
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+		return false;
+	}
 	if (SPI_execute("SELECT 1 FROM outbox.captured_tables WHERE mode = 'wal' LIMIT 1",
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox capture: cannot read outbox.captured_tables");
 	any = SPI_processed > 0;
-	*end_lsn = InvalidXLogRecPtr;
-	*part_lsn = InvalidXLogRecPtr;
-	*parts_done = 0;
 	if (SPI_execute("SELECT end_lsn, part_commit_lsn, parts_done FROM outbox.capture_progress"
 					" WHERE slot_name = '" CAPTURE_SLOT "'", true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox capture: cannot read outbox.capture_progress");
@@ -1105,6 +1159,18 @@ capture_drop_slot_if_any(void)
 {
 	if (SearchNamedReplicationSlot(CAPTURE_SLOT, true) != NULL)
 	{
+		/* the offset goes with the slot: a new slot starts afresh */
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		SPI_connect();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass('outbox.capture_progress')",
+						true, 0) == SPI_OK_SELECT && SPI_processed == 1)
+			capture_spi_exec("DELETE FROM outbox.capture_progress WHERE slot_name = '" CAPTURE_SLOT "'",
+							 SPI_OK_DELETE);
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
 		ReplicationSlotDrop(CAPTURE_SLOT, true);
 		ereport(LOG,
 				(errmsg("outbox capture dropped replication slot \"%s\": no table is captured from the WAL",
@@ -1221,11 +1287,15 @@ outbox_capture_main(Datum main_arg)
 							  LSN_FORMAT_ARGS(end_lsn)),
 					 wakes_seen);
 
+	if (outbox_test_fault != NULL && strcmp(outbox_test_fault, "capture_small_parts") == 0)
+		capture_part_messages = 100;
 	dec = MemoryContextAllocZero(TopMemoryContext, sizeof(CaptureDecoding));
 	dec->collect_cxt = AllocSetContextCreate(TopMemoryContext, "outbox capture messages",
 											 ALLOCSET_DEFAULT_SIZES);
 	dec->rel_cxt = AllocSetContextCreate(TopMemoryContext, "outbox capture tables",
 										 ALLOCSET_DEFAULT_SIZES);
+	dec->change_cxt = AllocSetContextCreate(TopMemoryContext, "outbox capture change",
+											ALLOCSET_DEFAULT_SIZES);
 	CacheRegisterRelcacheCallback(capture_wal_relcache_callback, (Datum) 0);
 	{
 		StartTransactionCommand();
@@ -1262,6 +1332,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 	LogicalDecodingContext *ctx = *ctxp;
 	long		nap = 1;
 	TimestampTz last_offset_write = 0;
+	TimestampTz last_check = GetCurrentTimestamp();
 
 	for (;;)
 	{
@@ -1274,13 +1345,15 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 		}
-		if (capture_shared->wakes != wakes_seen)
+		if (capture_shared->wakes != wakes_seen ||
+			TimestampDifferenceExceeds(last_check, GetCurrentTimestamp(), CAPTURE_IDLE_OFFSET_MS))
 		{
 			XLogRecPtr	e2,
 						p2;
 			int			d2;
 
 			wakes_seen = capture_shared->wakes;
+			last_check = GetCurrentTimestamp();
 			if (!capture_read_offset(&e2, &p2, &d2))
 			{
 				if (ctx != NULL)
@@ -1290,6 +1363,15 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 				capture_set_state("stopped", NULL);
 				capture_exit_idle(wakes_seen);
 			}
+		}
+
+		/* Test only: stand still, holding the slot (outbox.test_fault). */
+		if (outbox_test_fault != NULL && strcmp(outbox_test_fault, "capture_pause") == 0)
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 CAPTURE_MAX_NAP_MS, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			continue;
 		}
 
 		if (ctx == NULL)
@@ -1346,6 +1428,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 											 CAPTURE_IDLE_OFFSET_MS)))
 		{
 			XLogRecPtr	new_end = ctx->reader->EndRecPtr;
+			bool		had_messages = dec->nmsgs > 0;
 
 			capture_handoff(new_end, InvalidXLogRecPtr, 0);
 			last_offset_write = GetCurrentTimestamp();
@@ -1355,7 +1438,8 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			dec->start_lsn = end_lsn;
 			dec->part_commit_lsn = InvalidXLogRecPtr;
 			dec->parts_done = 0;
-			capture_fault("capture_before_confirm");
+			if (had_messages)
+				capture_fault("capture_before_confirm");
 			LogicalConfirmReceivedLocation(end_lsn);
 		}
 		dec->nmsgs = 0;

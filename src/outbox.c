@@ -220,6 +220,7 @@ _PG_init(void)
 	shmem_startup_hook = outbox_shmem_startup_hook;
 	outbox_emit_init();
 	outbox_queue_init();
+	outbox_capture_init();
 	outbox_register_launcher();
 	outbox_preloaded = true;
 }

@@ -72,6 +72,7 @@ struct BackgroundWorkerHandle;
 struct Latch;
 extern Size outbox_capture_shmem_size(void);
 extern void outbox_capture_shmem_init(void);
+extern void outbox_capture_init(void);
 extern bool outbox_capture_wanted(struct Latch *launcher_latch);
 extern struct BackgroundWorkerHandle *outbox_capture_start(void);
 

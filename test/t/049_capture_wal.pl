@@ -1,0 +1,425 @@
+# Change capture from the WAL (issue 19): the capture worker decodes the
+# database's WAL and hands each source transaction off into
+# outbox.messages with its offset, exactly once.
+#
+# (a) 20,000 changes in 500 transactions by 4 concurrent sessions, with
+#     rollbacks and rolled-back savepoints: every committed change exactly
+#     once, none of the rolled-back ones, in source commit order, each
+#     transaction's changes in statement order.
+# (b) Faults: the capture worker killed (kill -9, which restarts the
+#     server) and the server stopped with -m immediate at random moments of
+#     a stream, and a crash between the hand-off commit and the slot's
+#     confirmation: zero duplicates and zero losses, counted by a unique
+#     column.
+# (c) Replica identity DEFAULT and FULL, an unchanged TOASTed column, ADD
+#     and DROP COLUMN mid-stream, TRUNCATE, DROP TABLE, a transaction
+#     larger than a part (handed off in parts), and the last WAL capture
+#     removed: the worker drops the slot.
+# (d) WAL retention: an idle captured table while another table churns
+#     holds little WAL; a slot invalidated by max_slot_wal_keep_size while
+#     the worker stands still is shown as lost.
+# (e) A snapshot of 100,000 rows while 4 sessions update them: per key, the
+#     last message is the row as the table holds it.
+# (f) A large UPDATE (200,000 rows, or OUTBOX_CAPTURE_BIG: the figures for
+#     1,000,000 are in docs/performance.md) through the worker, its peak
+#     RssAnon printed and bounded.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+use OutboxRelayTest;
+
+my $seed = $ENV{OUTBOX_TEST_SEED} // int(rand(1_000_000));
+note "random seed $seed (OUTBOX_TEST_SEED=$seed repeats it)";
+srand($seed);
+
+my $node = relay_node('capture_wal', conf => q{
+wal_level = logical
+max_replication_slots = 4
+max_wal_senders = 4
+log_min_messages = info
+});
+# 15.19 and later minors allow only the listed output plugins.
+if ($node->safe_psql('postgres',
+		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
+{
+	$node->safe_psql('postgres',
+		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
+	$node->reload;
+}
+
+sub q1 { return $node->safe_psql('postgres', $_[0]); }
+
+# Run the SQL script $sql in the background (psql -f): returns the harness.
+my $nscript = 0;
+sub start_script
+{
+	my ($sql) = @_;
+	my $file = $PostgreSQL::Test::Utils::tmp_check . '/capture_wal_' . ++$nscript . '.sql';
+	open my $fh, '>', $file or die "cannot write $file: $!";
+	print $fh $sql;
+	close $fh;
+	my ($out, $err) = ('', '');
+	return IPC::Run::start(
+		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-d', $node->connstr('postgres'), '-f', $file ],
+		'>', \$out, '2>', \$err);
+}
+
+# Wait until the worker has handed off everything committed so far: the
+# stored offset passes the WAL position taken now.
+sub caught_up
+{
+	my ($label) = @_;
+	my $target = q1('SELECT pg_current_wal_lsn()');
+	ok( $node->poll_query_until('postgres', qq{
+SELECT end_lsn >= '$target' FROM outbox.capture_progress WHERE slot_name = 'outbox_capture'}),
+		"$label: the capture caught up")
+	  or diag(q1('SELECT * FROM outbox.captures'));
+}
+
+sub worker_pid
+{
+	return q1(q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox capture'});
+}
+
+my @killed;
+
+# kill -9 the capture worker (the postmaster then restarts every process)
+# and wait until the server accepts connections again.
+sub kill_worker
+{
+	my $pid = worker_pid();
+	if ($pid ne '')
+	{
+		kill 'KILL', $pid;
+		push @killed, $pid;
+	}
+	usleep(100_000);
+	$node->poll_query_until('postgres', 'SELECT true');
+}
+
+#### (a) concurrent sessions
+q1(q{
+CREATE TABLE orders (id int PRIMARY KEY, customer text, total numeric, c int);
+CREATE TABLE applied (xid text, stmt int, c int, id int, op text);
+SELECT outbox.capture('orders', mode => 'wal');
+});
+ok($node->poll_query_until('postgres', q{SELECT state = 'streaming' FROM outbox.captures}),
+	'the capture worker streams');
+
+# Each session: 125 transactions of 40 changes on 200 ids; 1 in 10 rolled
+# back, 1 in 5 with a savepoint rolled back in the middle.  Every change
+# has a unique number c and is logged in applied in its transaction.
+my @scripts;
+my $c = 0;
+my %expect_committed;
+for my $s (0 .. 3)
+{
+	my $sql = '';
+	for my $t (1 .. 125)
+	{
+		my $rollback = rand() < 0.1;
+		my $savepoint = !$rollback && rand() < 0.2;
+		$sql .= "BEGIN;\n";
+		for my $i (1 .. 40)
+		{
+			$c++;
+			my $id = $s * 50 + int(rand(50));	# each session its own ids
+			if ($savepoint && $i == 20) { $sql .= "SAVEPOINT s;\n"; }
+			my $op = (qw(upsert upsert update delete))[ int(rand(4)) ];
+			if ($op eq 'delete')
+			{
+				$sql .= "WITH d AS (DELETE FROM orders WHERE id = $id RETURNING id) "
+				  . "INSERT INTO applied SELECT pg_current_xact_id()::text, $i, $c, id, 'delete' FROM d;\n";
+			}
+			elsif ($op eq 'update')
+			{
+				$sql .= "WITH u AS (UPDATE orders SET total = total + 1, c = $c WHERE id = $id RETURNING id) "
+				  . "INSERT INTO applied SELECT pg_current_xact_id()::text, $i, $c, id, 'update' FROM u;\n";
+			}
+			else
+			{
+				$sql .= "WITH u AS (INSERT INTO orders VALUES ($id, 'c$s', 1, $c) "
+				  . "ON CONFLICT (id) DO UPDATE SET c = $c, total = orders.total + 1 "
+				  . "RETURNING id, (xmax = 0) AS ins) "
+				  . "INSERT INTO applied SELECT pg_current_xact_id()::text, $i, $c, id, "
+				  . "CASE WHEN ins THEN 'insert' ELSE 'update' END FROM u;\n";
+			}
+			if ($savepoint && $i == 30) { $sql .= "ROLLBACK TO s;\n"; }
+		}
+		$sql .= $rollback ? "ROLLBACK;\n" : "COMMIT;\n";
+	}
+	push @scripts, $sql;
+}
+my @h = map { start_script($_) } @scripts;
+$_->finish for @h;
+is(scalar(grep { $_->result != 0 } @h), 0, '(a) the 4 sessions ran their 500 transactions');
+caught_up('(a)');
+
+# Every committed change once, in its transaction, in statement order; the
+# transactions in commit order.
+is( q1(q{
+WITH m AS (
+  SELECT id AS mid, headers->>'source-xid' AS xid, headers->>'source-lsn' AS lsn,
+		 payload->>'op' AS op, key::int AS k,
+		 row_number() OVER (PARTITION BY headers->>'source-xid' ORDER BY id) AS place
+	FROM outbox.messages WHERE topic = 'public.orders'),
+a AS (
+  SELECT xid, op, id AS k, row_number() OVER (PARTITION BY xid ORDER BY stmt) AS place
+	FROM applied)
+SELECT (SELECT count(*) FROM m) || ' ' || (SELECT count(*) FROM a) || ' ' ||
+	   (SELECT count(*) FROM m FULL JOIN a USING (xid, place)
+		 WHERE m.op IS DISTINCT FROM a.op OR m.k IS DISTINCT FROM a.k)}),
+	q1('SELECT count(*) FROM applied') . ' ' . q1('SELECT count(*) FROM applied') . ' 0',
+	'(a) every committed change exactly once, none rolled back, in statement order');
+is( q1(q{
+SELECT count(*) FROM (
+  SELECT pg_lsn(headers->>'source-lsn') < lag(pg_lsn(headers->>'source-lsn')) OVER (ORDER BY id) AS back
+	FROM outbox.messages WHERE topic = 'public.orders') s WHERE back}), '0',
+	'(a) source transactions in commit order');
+is( q1(q{
+SELECT count(*) FROM outbox.messages m JOIN applied a
+  ON a.xid = m.headers->>'source-xid' AND a.c = (m.payload->'after'->>'c')::int
+ WHERE m.topic = 'public.orders' AND m.payload->>'op' <> 'delete'}),
+	q1(q{SELECT count(*) FROM applied WHERE op <> 'delete'}),
+	'(a) the rows of inserts and updates are those the transactions wrote');
+my $rolled = q1(q{SELECT count(*) FROM outbox.messages m
+  WHERE topic = 'public.orders' AND payload->>'op' <> 'delete'
+	AND NOT EXISTS (SELECT 1 FROM applied a WHERE a.c = (m.payload->'after'->>'c')::int)});
+is($rolled, '0', '(a) no rolled-back change');
+like(q1(q{SELECT payload->'before' FROM outbox.messages WHERE payload->>'op' = 'update' LIMIT 1}),
+	qr/^\{"id": \d+\}$/, '(a) replica identity DEFAULT: before holds the key only');
+
+#### (b) faults
+q1(q{CREATE TABLE stream (c int PRIMARY KEY, pad text);
+SELECT outbox.capture('stream', mode => 'wal');});
+my $next = 0;
+my $writer;
+sub start_writer
+{
+	my $sql = '';
+	for (1 .. 4000)
+	{
+		my $n = 1 + int(rand(20));
+		$sql .= sprintf("INSERT INTO stream SELECT g, 'p' FROM generate_series(%d, %d) g;\n",
+			$next + 1, $next + $n);
+		$next += $n;
+	}
+	$writer = start_script($sql);
+}
+start_writer();
+for my $i (1 .. 20)
+{
+	usleep(150_000 + int(rand(400_000)));
+	if ($i % 5 == 0)
+	{
+		$node->stop('immediate');
+		$node->start;
+	}
+	else
+	{
+		kill_worker();
+	}
+	$writer->kill_kill;
+	start_writer();
+}
+$writer->kill_kill;
+$node->poll_query_until('postgres', 'SELECT true');
+caught_up('(b)');
+is( q1(q{
+SELECT count(*) || ' ' || count(DISTINCT (payload->'after'->>'c')::int)
+  FROM outbox.messages WHERE topic = 'public.stream'}),
+	q1(q{SELECT count(*) || ' ' || count(*) FROM stream}),
+	'(b) 20 crashes: zero duplicates, as many messages as committed rows');
+is( q1(q{
+SELECT count(*) FROM stream s WHERE NOT EXISTS (
+  SELECT 1 FROM outbox.messages m WHERE m.topic = 'public.stream'
+	 AND (m.payload->'after'->>'c')::int = s.c)}), '0',
+	'(b) zero losses: every committed row is a message');
+note 'rows committed during the faults: ' . q1('SELECT count(*) FROM stream');
+
+# A crash after the hand-off committed, before the slot was confirmed.
+q1(q{ALTER SYSTEM SET outbox.test_fault = 'capture_before_confirm'; SELECT pg_reload_conf();});
+usleep(300_000);
+q1(q{INSERT INTO stream SELECT g, 'f' FROM generate_series(1000001, 1000100) g});
+$node->wait_for_log(qr/test fault "capture_before_confirm"/);
+usleep(200_000);
+ok($node->poll_query_until('postgres', q{SELECT true}), 'the server is back after the fault');
+q1(q{ALTER SYSTEM RESET outbox.test_fault; SELECT pg_reload_conf();});
+q1(q{INSERT INTO stream SELECT g, 'f' FROM generate_series(1000101, 1000200) g});
+caught_up('(b) fault point');
+is( q1(q{
+SELECT count(*) || ' ' || count(DISTINCT (payload->'after'->>'c')::int)
+  FROM outbox.messages WHERE topic = 'public.stream' AND (payload->'after'->>'c')::int > 1000000}),
+	'200 200', '(b) a crash between hand-off and confirmation: no duplicate, no loss');
+
+#### (c) shapes
+q1(q{
+CREATE TABLE t (id int PRIMARY KEY, big text, n int);
+ALTER TABLE t ALTER big SET STORAGE EXTERNAL;
+CREATE TABLE f (id int PRIMARY KEY, big text, n int);
+ALTER TABLE f REPLICA IDENTITY FULL;
+SELECT outbox.capture('t', mode => 'wal');
+SELECT outbox.capture('f', mode => 'wal', columns => ARRAY['id', 'big', 'n']);
+INSERT INTO t VALUES (1, repeat('x', 5000), 1);
+INSERT INTO f VALUES (1, repeat('y', 5000), 1);
+UPDATE t SET n = 2;
+UPDATE f SET n = 2;
+ALTER TABLE t ADD COLUMN extra text DEFAULT 'e';
+UPDATE t SET n = 3;
+ALTER TABLE t DROP COLUMN extra;
+ALTER TABLE t ALTER n TYPE bigint;
+UPDATE t SET n = 4;
+DELETE FROM f;
+TRUNCATE t;
+});
+caught_up('(c)');
+my @t = split /\n/, q1(q{SELECT (payload - 'after') || jsonb_build_object('after', CASE WHEN jsonb_typeof(payload->'after') = 'object' THEN (payload->'after') - 'big' ELSE payload->'after' END)
+  || jsonb_build_object('big', length(payload->'after'->>'big')) FROM outbox.messages
+ WHERE topic = 'public.t' ORDER BY id});
+is_deeply(
+	\@t,
+	[
+		'{"op": "insert", "big": 5000, "after": {"n": 1, "id": 1}, "before": null}',
+		'{"op": "update", "big": null, "after": {"n": 2, "id": 1}, "before": {"id": 1}, "unchanged": ["big"]}',
+		'{"op": "update", "big": null, "after": {"n": 3, "id": 1, "extra": "e"}, "before": {"id": 1}, "unchanged": ["big"]}',
+		'{"op": "update", "big": null, "after": {"n": 4, "id": 1}, "before": {"id": 1}, "unchanged": ["big"]}',
+		'{"op": "truncate", "big": null, "after": null, "before": null}',
+	],
+	'(c) DEFAULT: an unchanged TOASTed value listed as unchanged, never null; columns as of each change; TRUNCATE');
+my @f = split /\n/, q1(q{SELECT payload->>'op', length(payload->'after'->>'big'), length(payload->'before'->>'big'),
+  payload->'before'->>'n' FROM outbox.messages WHERE topic = 'public.f' ORDER BY id});
+is_deeply(\@f, [ 'insert|5000||', 'update|5000|5000|1', 'delete||5000|2' ],
+	'(c) FULL: the whole old row, and the unchanged TOASTed value filled from it');
+
+# A transaction larger than a part is handed off in parts (small parts
+# under the test fault), nothing lost or twice, also across a crash.
+q1(q{ALTER SYSTEM SET outbox.test_fault = 'capture_small_parts'; SELECT pg_reload_conf();});
+kill_worker();
+q1(q{CREATE TABLE parts (c int PRIMARY KEY); SELECT outbox.capture('parts', mode => 'wal');});
+q1(q{INSERT INTO parts SELECT generate_series(1, 2550)});
+ok($node->poll_query_until('postgres', q{
+SELECT parts_done > 3 OR part_commit_lsn IS NULL FROM outbox.capture_progress}), '(c) the parts go out');
+kill_worker();
+caught_up('(c) parts');
+is( q1(q{SELECT count(*) || ' ' || count(DISTINCT key) FROM outbox.messages WHERE topic = 'public.parts'}),
+	'2550 2550', '(c) a transaction in 26 parts, with a crash among them: every change once');
+is( q1(q{SELECT count(*) FROM (SELECT key::int - lag(key::int) OVER (ORDER BY id) AS d
+  FROM outbox.messages WHERE topic = 'public.parts') s WHERE d <> 1}), '0',
+	'(c) the parts in the transaction\'s order');
+q1(q{ALTER SYSTEM RESET outbox.test_fault; SELECT pg_reload_conf();});
+
+# DROP TABLE ends its capture; the last WAL capture removed drops the slot.
+q1(q{DROP TABLE f});
+is(q1(q{SELECT count(*) FROM outbox.captures WHERE table_name::text = 'f'}), '0',
+	'(c) DROP TABLE ends the capture');
+for my $tbl (qw(orders stream t parts))
+{
+	q1("SELECT outbox.uncapture('$tbl')");
+}
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = 'outbox_capture'}),
+	'(c) without WAL captures the worker drops the slot');
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'outbox capture'}),
+	'(c) and exits');
+
+#### (d) WAL retention
+q1(q{CREATE TABLE idle (id int PRIMARY KEY); CREATE TABLE churn (id int, pad text);
+SELECT outbox.capture('idle', mode => 'wal');});
+ok($node->poll_query_until('postgres', q{SELECT state = 'streaming' FROM outbox.captures}),
+	'(d) streaming');
+for (1 .. 5)
+{
+	q1(q{INSERT INTO churn SELECT g, repeat('c', 200) FROM generate_series(1, 40000) g});
+}
+q1('CHECKPOINT');
+ok( $node->poll_query_until('postgres', q{SELECT retained_wal < 32 * 1024 * 1024 FROM outbox.captures},
+	),
+	'(d) an idle captured table while another churns: retained WAL stays bounded')
+  or diag(q1('SELECT retained_wal FROM outbox.captures'));
+note 'retained WAL after 40 MB of churn: ' . q1('SELECT retained_wal FROM outbox.captures');
+
+# Standing still with a tiny max_slot_wal_keep_size: the slot is
+# invalidated, and the capture says lost.
+q1(q{ALTER SYSTEM SET max_slot_wal_keep_size = '1MB';
+ALTER SYSTEM SET outbox.test_fault = 'capture_pause'; SELECT pg_reload_conf();});
+usleep(300_000);
+for (1 .. 4)
+{
+	q1(q{INSERT INTO churn SELECT g, repeat('c', 200) FROM generate_series(1, 40000) g});
+	q1(q{SELECT pg_switch_wal()});
+}
+q1('CHECKPOINT');
+q1(q{ALTER SYSTEM RESET outbox.test_fault; SELECT pg_reload_conf();});
+ok($node->poll_query_until('postgres', q{SELECT state = 'lost' FROM outbox.captures}),
+	'(d) an invalidated slot: the capture is lost')
+  or diag(q1('SELECT * FROM outbox.captures'));
+like(q1('SELECT last_error FROM outbox.captures'), qr/invalidated/, '(d) with the reason');
+q1(q{ALTER SYSTEM RESET max_slot_wal_keep_size; SELECT pg_reload_conf();});
+q1(q{SELECT outbox.uncapture('idle')});
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = 'outbox_capture'}),
+	'(d) recovery: uncapture drops the lost slot');
+
+#### (e) snapshot under concurrent updates
+q1(q{CREATE TABLE snap (id int PRIMARY KEY, v int);
+INSERT INTO snap SELECT g, 0 FROM generate_series(1, 100000) g;});
+my @u;
+for my $s (0 .. 3)
+{
+	my $sql = '';
+	for (1 .. 300)
+	{
+		my $id = 1 + int(rand(100000));
+		$sql .= "UPDATE snap SET v = v + 1 WHERE id = $id;\n";
+	}
+	push @u, start_script($sql);
+}
+usleep(100_000);
+q1(q{SELECT outbox.capture('snap', mode => 'wal', snapshot => true)});
+$_->finish for @u;
+caught_up('(e)');
+is( q1(q{
+WITH last AS (
+  SELECT DISTINCT ON (key) key::int AS id, payload->'after' AS after
+	FROM outbox.messages WHERE topic = 'public.snap' ORDER BY key, id DESC)
+SELECT count(*) FROM snap s LEFT JOIN last l USING (id)
+ WHERE l.after IS DISTINCT FROM to_jsonb(s)}), '0',
+	'(e) snapshot of 100,000 rows while 4 sessions update them: per key, the last message is the table\'s row');
+is(q1(q{SELECT snapshot_rows FROM outbox.captures WHERE table_name::text = 'snap'}), '100000',
+	'(e) 100,000 rows read');
+
+#### (f) a large UPDATE
+my $big = $ENV{OUTBOX_CAPTURE_BIG} // 200000;
+q1(qq{CREATE TABLE bigt (id int PRIMARY KEY, v int);
+INSERT INTO bigt SELECT g, 0 FROM generate_series(1, $big) g;});
+my $wpid = worker_pid();
+my $t0 = time;
+my $mark = q1('SELECT max(id) FROM outbox.messages');
+q1(q{SELECT outbox.capture('bigt', mode => 'wal')});
+q1(q{UPDATE bigt SET v = 1});
+my $rss = 0;
+while (time - $t0 < 600)
+{
+	my $n = q1(qq{SELECT count(*) FROM outbox.messages WHERE id > $mark AND topic = 'public.bigt'});
+	if (open my $fh, '<', "/proc/$wpid/status")
+	{
+		while (<$fh>) { $rss = $1 if /^RssAnon:\s+(\d+)/ && $1 > $rss; }
+		close $fh;
+	}
+	last if $n >= $big;
+	usleep(200_000);
+}
+is(q1(qq{SELECT count(*) || ' ' || count(DISTINCT key) FROM outbox.messages WHERE id > $mark AND topic = 'public.bigt'}),
+	"$big $big", "(f) an UPDATE of $big rows: every change once");
+note sprintf('(f) %d changes handed off in %.1f s; the capture worker\'s RssAnon peaked at %d kB',
+	$big, time - $t0, $rss);
+cmp_ok($rss, '<', 200 * 1024, '(f) the capture worker stays within 200 MB (RssAnon)');
+
+my $log = slurp_file($node->logfile);
+push @killed, $1 while $log =~ /\[(\d+)\] LOG:  outbox capture: test fault/g;
+relay_no_crash($node, @killed);
+done_testing();
