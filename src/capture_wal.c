@@ -860,6 +860,26 @@ capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 	capture_collect(&m);
 }
 
+/*
+ * Forget what is known of the tables.  Kept across transactions; reset when
+ * outbox.captured_tables itself changes (its changes are decoded like any
+ * table's), so a change is judged with the captures of its own time.  DDL
+ * on a table invalidates its entry (capture_wal_relcache_callback).
+ */
+static void
+capture_reset_rels(void)
+{
+	HASHCTL		hctl;
+
+	MemoryContextReset(dec->rel_cxt);
+	memset(&hctl, 0, sizeof(hctl));
+	hctl.keysize = sizeof(Oid);
+	hctl.entrysize = sizeof(WalRel);
+	hctl.hcxt = dec->rel_cxt;
+	dec->rels = hash_create("outbox capture tables", 16, &hctl,
+							HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+}
+
 /*---- the output plugin ----*/
 
 static void
@@ -882,18 +902,8 @@ capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
 	FullTransactionId next = ReadNextFullTransactionId();
 	uint32		epoch = EpochFromFullTransactionId(next);
 
-	MemoryContextReset(dec->rel_cxt);
-	dec->rels = NULL;
-	{
-		HASHCTL		hctl;
-
-		memset(&hctl, 0, sizeof(hctl));
-		hctl.keysize = sizeof(Oid);
-		hctl.entrysize = sizeof(WalRel);
-		hctl.hcxt = dec->rel_cxt;
-		dec->rels = hash_create("outbox capture tables", 16, &hctl,
-								HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
+	if (dec->rels == NULL)
+		capture_reset_rels();
 	dec->txn_commit_lsn = txn->final_lsn;
 	dec->txn_skip = txn->final_lsn < dec->start_lsn;
 	dec->txn_part = 0;
@@ -928,6 +938,11 @@ capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 
 	if (dec->txn_skip)
 		return;
+	if (RelationGetRelid(relation) == dec->captured_tables)
+	{
+		capture_reset_rels();	/* a capture added, changed or removed */
+		return;
+	}
 	r = capture_wal_rel(relation);
 	if (!r->captured)
 		return;
@@ -968,7 +983,14 @@ capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 		return;
 	for (i = 0; i < nrelations; i++)
 	{
-		WalRel	   *r = capture_wal_rel(relations[i]);
+		WalRel	   *r;
+
+		if (RelationGetRelid(relations[i]) == dec->captured_tables)
+		{
+			capture_reset_rels();
+			continue;
+		}
+		r = capture_wal_rel(relations[i]);
 
 		if (r->captured && r->kind == 'c')
 		{
