@@ -448,10 +448,10 @@ SELECT ct.tbl AS table_name,
 			   CASE WHEN s.wal_status = 'lost' OR w.state = 'lost' THEN 'lost'
 					WHEN s.slot_name IS NULL THEN 'lost'
 					ELSE coalesce(w.state, 'stopped') END
-		   WHEN tg.tgenabled IS NULL THEN 'trigger missing'
-		   WHEN tg.tgenabled = 'D' THEN 'disabled'
-		   WHEN tg.tgenabled = 'R' THEN 'replica only'
-		   WHEN tg.tgenabled = 'A' THEN 'always'
+		   WHEN tg.missing > 0 THEN 'trigger missing'
+		   WHEN tg.disabled > 0 THEN 'disabled'
+		   WHEN tg.replica THEN 'replica only'
+		   WHEN tg.always THEN 'always'
 		   ELSE 'capturing'
 	   END AS state,
 	   ct.columns,
@@ -471,12 +471,31 @@ SELECT ct.tbl AS table_name,
 		   WHEN ct.mode = 'wal' AND s.wal_status = 'lost' THEN
 			   'replication slot "outbox_capture" was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)'
 		   WHEN ct.mode = 'wal' THEN w.last_error
-		   WHEN tg.tgenabled IS NULL THEN 'the trigger outbox_capture was dropped: changes are not captured'
-		   WHEN tg.tgenabled = 'D' THEN 'the trigger outbox_capture is disabled: changes are not captured'
+		   WHEN tg.missing > 0 OR tg.disabled > 0 THEN 'changes are not captured: trigger ' || tg.broken
 	   END AS last_error,
 	   ct.created_at
   FROM outbox.captured_tables ct
-  LEFT JOIN pg_catalog.pg_trigger tg ON tg.tgrelid = ct.tbl AND tg.tgname = 'outbox_capture'
+  -- every trigger the capture needs: the row trigger on the table and each
+  -- of its partitions, the TRUNCATE trigger on the table
+  LEFT JOIN LATERAL (
+	SELECT count(*) FILTER (WHERE t.tgenabled IS NULL) AS missing,
+		   count(*) FILTER (WHERE t.tgenabled = 'D') AS disabled,
+		   bool_and(t.tgenabled = 'R') AS replica,
+		   bool_and(t.tgenabled = 'A') AS always,
+		   string_agg(CASE WHEN t.tgenabled IS NULL OR t.tgenabled = 'D'
+						   THEN n.name || ' on ' || r.relid::regclass::text ||
+								CASE WHEN t.tgenabled IS NULL THEN ' dropped' ELSE ' disabled' END
+					  END, ', '
+					  ORDER BY r.level, r.relid::regclass::text, n.name) AS broken
+	  FROM (SELECT ct.tbl AS relid, 0 AS level
+			UNION ALL
+			SELECT p.relid, p.level FROM pg_catalog.pg_partition_tree(ct.tbl) p
+			 WHERE p.level > 0) r
+	 CROSS JOIN (VALUES ('outbox_capture'), ('outbox_capture_truncate')) n(name)
+	  LEFT JOIN pg_catalog.pg_trigger t ON t.tgrelid = r.relid AND t.tgname = n.name
+	 WHERE ct.mode = 'trigger'
+	   AND (n.name = 'outbox_capture'
+			OR (r.level = 0 AND ct.topic_column IS NULL))) tg ON true
   LEFT JOIN pg_catalog.pg_replication_slots s ON ct.mode = 'wal' AND s.slot_name = 'outbox_capture'
   LEFT JOIN outbox.capture_progress p ON ct.mode = 'wal' AND p.slot_name = 'outbox_capture'
   LEFT JOIN LATERAL outbox.capture_status() w ON ct.mode = 'wal';

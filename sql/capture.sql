@@ -141,6 +141,9 @@ UPDATE shop.events SET region = 'us' WHERE id = 1;	-- moves: delete + insert
 TRUNCATE shop.events;
 SELECT topic, key, payload, headers->>'source-table' AS source FROM last_messages;
 SELECT outbox.capture('shop.events_eu');
+-- A partition's trigger disabled: the state says where.
+ALTER TABLE shop.events_us DISABLE TRIGGER outbox_capture;
+SELECT table_name, state, last_error FROM outbox.captures;
 SELECT outbox.uncapture('shop.events');
 
 -- Snapshot: the rows already in the table, as op "read", then the changes.
@@ -238,7 +241,12 @@ SELECT key, payload FROM last_messages;
 ALTER TABLE shop.orders DISABLE TRIGGER outbox_capture;
 SELECT table_name, state, last_error FROM outbox.captures;
 ALTER TABLE shop.orders ENABLE ALWAYS TRIGGER outbox_capture;
+SELECT table_name, state FROM outbox.captures;	-- the TRUNCATE trigger is not
+ALTER TABLE shop.orders ENABLE ALWAYS TRIGGER outbox_capture_truncate;
 SELECT table_name, state FROM outbox.captures;
+ALTER TABLE shop.orders ENABLE TRIGGER outbox_capture;
+ALTER TABLE shop.orders DISABLE TRIGGER outbox_capture_truncate;
+SELECT table_name, state, last_error FROM outbox.captures;
 DROP TRIGGER outbox_capture ON shop.orders;
 SELECT table_name, state, last_error FROM outbox.captures;
 DROP TABLE shop.orders;

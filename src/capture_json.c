@@ -4,7 +4,7 @@
  *	  A captured row as a JSON object and its key as text: the same for the
  *	  trigger (capture.c) and the WAL miner (capture_wal.c).
  *
- * The rules are to_jsonb()'s, made independent of the session and of
+ * The rules are to_jsonb()'s, made independent of the writer's TimeZone and of
  * user-defined code:
  *	  boolean			true / false
  *	  smallint, integer, bigint, real, double precision, numeric
@@ -16,7 +16,9 @@
  *	  arrays			JSON arrays (nested per dimension)
  *	  composite types	objects
  *	  domains			as their base type
- *	  anything else		the type's output function's text, as a string
+ *	  anything else		the type's output function's text, as a string (which
+ *						IntervalStyle, bytea_output, extra_float_digits and
+ *						lc_monetary may change: those are the writer's)
  * to_jsonb() would also apply a cast to json defined for the type: such a
  * cast is a function anybody owning the type may write, and the WAL miner
  * runs as a superuser inside logical decoding, so it is not used.  Output

@@ -49,7 +49,7 @@ ok($node->poll_query_until('postgres', q{SELECT pending = 10 FROM outbox.lag WHE
 
 $node->safe_psql('postgres', 'ALTER EXTENSION outbox UPDATE');
 is($node->safe_psql('postgres', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}),
-	'0.2', 'updated to 0.2');
+	'0.3', 'updated to 0.3, through 0.2');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_class WHERE relname = 'id_mark' AND relkind = 'S'}),
 	'1', '... with the id mark');
 
