@@ -546,6 +546,7 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 	ListCell   *lc;
 	int64		count = 0;
 	MemoryContext rowcxt;
+	Snapshot	snapshot;
 
 	outbox_check_preloaded("outbox.capture_snapshot()");
 	outbox_check_database("outbox.capture_snapshot()");
@@ -574,6 +575,12 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 		tg.tgargs[i] = TextDatumGetCString(elems[i]);
 	}
 
+	/*
+	 * A snapshot taken now, under the lock, not the calling statement's:
+	 * that one may be older than the lock (PL/pgSQL need not take a new
+	 * one for an expression), and would miss rows committed in between.
+	 */
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox capture snapshot row",
 								   ALLOCSET_DEFAULT_SIZES);
 	foreach(lc, relids)
@@ -597,7 +604,7 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("an outbox table capture has no snapshot")));
 		slot = table_slot_create(rel, NULL);
-		scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+		scan = table_beginscan(rel, snapshot, 0, NULL);
 		while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
 		{
 			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
@@ -621,5 +628,6 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 		table_close(rel, AccessShareLock);
 	}
 	MemoryContextDelete(rowcxt);
+	UnregisterSnapshot(snapshot);
 	PG_RETURN_INT64(count);
 }

@@ -70,7 +70,10 @@ PROTOCOL=${PROTOCOL:-prepared}
 WARMUP=${WARMUP:-5}
 ROWS=${ROWS:-"1 10"}
 STYLES=${STYLES:-"statement xact"}
-VARIANTS=${VARIANTS:-"none trigger plpgsql"}
+VARIANTS=${VARIANTS:-"none trigger plpgsql wal"}
+HANDOFF_ROWS=${HANDOFF_ROWS:-1000000}	# WAL hand-off rate: changes decoded and handed off
+LATENCY_RATE=${LATENCY_RATE:-1000}	# WAL latency run: changes per second, for LATENCY_SECONDS
+LATENCY_SECONDS=${LATENCY_SECONDS:-40}
 PORT=${PORT:-54331}
 KEEP=${KEEP:-0}
 RELAY=${RELAY:-running}
@@ -85,7 +88,7 @@ for s in $STYLES; do
 	case $s in statement | xact) ;; *) echo "STYLES: statement and/or xact, not '$s'" >&2; exit 2 ;; esac
 done
 for v in $VARIANTS; do
-	case $v in none | trigger | plpgsql) ;; *) echo "VARIANTS: none, trigger, plpgsql, not '$v'" >&2; exit 2 ;; esac
+	case $v in none | trigger | plpgsql | wal) ;; *) echo "VARIANTS: none, trigger, plpgsql, wal, not '$v'" >&2; exit 2 ;; esac
 done
 for n in $ROWS; do
 	[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "ROWS: positive numbers, not '$n'" >&2; exit 2; }
@@ -97,10 +100,12 @@ REV=${REV:-}
 INSTALL=${INSTALL:-0}
 OUT=${OUT:-}
 WAIT_FOR=${WAIT_FOR-"relay_bench.sh|emit_bench.sh|queue_bench.sh"}
-NGINX_PORT=
+NGINX_PORT=${NGINX_PORT:-18091}	# the receiver of the WAL latency run
 BENCH_NAME=capture-bench
 BENCH_PACKAGES=(gnuplot-nox)
 BENCH_CONF="listen_addresses = ''
+wal_level = logical
+max_replication_slots = 4
 checkpoint_timeout = 1h
 autovacuum = off
 log_checkpoints = off"
@@ -125,6 +130,11 @@ if [ -n "$BENCH_PG_CONFIG" ]; then
 fi
 bench_setup
 
+# 15.19 and later minors allow only the listed output plugins.
+if [ "$(psqlq -d postgres -Atc "SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'")" = 1 ]; then
+	psqlq -d postgres -c "ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox" \
+		-c "SELECT pg_reload_conf()" >/dev/null
+fi
 psqlq -d postgres -c "CREATE DATABASE $DB"
 psqlq -d "$DB" <<'SQL'
 CREATE EXTENSION outbox;
@@ -199,8 +209,21 @@ prepare() {	# variant
 	case $1 in
 	none) ;;
 	trigger) sql -q -c "SELECT outbox.capture('orders')" >/dev/null ;;
+	wal) sql -q -c "SELECT outbox.capture('orders', mode => 'wal')" >/dev/null ;;
 	plpgsql) sql -q -c "CREATE TRIGGER orders_emit AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION orders_emit()" ;;
 	esac
+}
+
+# Wait (at most $1 s) until the WAL capture has handed off everything
+# committed so far.
+wal_caught_up() {
+	local target i
+	target=$(sql -c "SELECT pg_current_wal_lsn()")
+	for ((i = 0; i < $1 * 10; i++)); do
+		[ "$(sql -c "SELECT coalesce(bool_or(end_lsn >= '$target'), false) FROM outbox.capture_progress")" = t ] && return 0
+		sleep 0.1
+	done
+	return 1
 }
 
 # Sanity after a run: N orders per committed transaction; for trigger and
@@ -210,6 +233,10 @@ check_run() {	# variant style rows transactions
 	local v=$1 style=$2 n=$3 nx=$4 out topic shape
 	case $v in
 	trigger) topic=public.orders shape="payload->>'op' = 'insert' AND payload->'after'->>'id' = key AND headers ? 'source-xid'" ;;
+	wal)
+		topic=public.orders shape="payload->>'op' = 'insert' AND payload->'after'->>'id' = key AND headers ? 'source-lsn'"
+		wal_caught_up 120 || echo "CHECK FAILED after wal $style rows=$n: the capture did not catch up in 120 s" | tee -a "$work/anomalies" >&2
+		;;
 	plpgsql) topic=orders shape="payload->>'id' = key AND headers IS NULL" ;;
 	none) topic=- shape=false ;;
 	esac
@@ -301,6 +328,52 @@ for ((r = 1; r <= ROUNDS; r++)); do
 	done
 done
 
+# ---- WAL capture: hand-off rate and commit-to-delivered latency ---------------
+# Hand-off rate: with the capture worker standing still (outbox.test_fault =
+# capture_pause), HANDOFF_ROWS rows are inserted in transactions of 10,000;
+# then the worker resumes and the time until every change is handed off
+# gives changes/s.  Latency: an HTTP target (nginx answering 204) receives
+# the captured changes while pgbench inserts LATENCY_RATE rows/s, one per
+# transaction; outbox.stats gives p50/p99 from the message's emitted_at,
+# which for a WAL capture is the source commit time, to the receiver's
+# answer: commit to delivered.
+handoff_rate= lat_p50= lat_p99= lat_n=
+if [[ " $VARIANTS " == *" wal "* ]]; then
+	prepare wal
+	sql -q -c "ALTER SYSTEM SET outbox.test_fault = 'capture_pause'" -c "SELECT pg_reload_conf()" >/dev/null
+	sleep 1
+	log "WAL hand-off: inserting $HANDOFF_ROWS rows while the capture worker stands still"
+	for ((done_rows = 0; done_rows < HANDOFF_ROWS; done_rows += 10000)); do
+		echo "INSERT INTO orders (customer_id, status, amount) SELECT g, 'created', 1 FROM generate_series(1, 10000) g;"
+	done | as_pg env PGHOST="$PGHOST" PGPORT="$PGPORT" PGUSER="$PGUSER" "$BIN/psql" -X -q -d "$DB" >/dev/null
+	t0=$(date +%s.%N)
+	sql -q -c "ALTER SYSTEM RESET outbox.test_fault" -c "SELECT pg_reload_conf()" >/dev/null
+	if wal_caught_up 600; then
+		t1=$(date +%s.%N)
+		got=$(sql -c "SELECT count(*) FROM outbox.messages WHERE topic = 'public.orders'")
+		handoff_rate=$(awk -v n="$got" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f", n / (b - a)}')
+		[ "$got" = "$HANDOFF_ROWS" ] || echo "CHECK FAILED: $got of $HANDOFF_ROWS changes handed off" | tee -a "$work/anomalies" >&2
+		log "WAL hand-off: $got changes in $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}') s: $handoff_rate changes/s"
+	else
+		echo "CHECK FAILED: the WAL capture did not catch up in 600 s" | tee -a "$work/anomalies" >&2
+	fi
+
+	prepare wal
+	sql -q -c "SELECT outbox.create_http_target('sink', '$NGINX_URL', lanes => 8)" \
+		-c "SELECT outbox.subscribe('sink', 'public.orders')" -c "SELECT outbox.reset_stats()" >/dev/null
+	[ -n "$relay_pid" ] && kill -CONT "$relay_pid"
+	echo "INSERT INTO orders (customer_id, status, amount) VALUES (1, 'created', 1);" >"$sdir/latency.sql"
+	chown "$PGUSER_OS" "$sdir/latency.sql"
+	log "WAL latency: $LATENCY_RATE changes/s for $LATENCY_SECONDS s to $NGINX_URL"
+	as_pg env PGHOST="$PGHOST" PGPORT="$PGPORT" PGUSER="$PGUSER" PGOPTIONS="-c synchronous_commit=on" \
+		"$BIN/pgbench" -n -c 4 -j 2 -T "$LATENCY_SECONDS" -R "$LATENCY_RATE" -M "$PROTOCOL" \
+		-f "$sdir/latency.sql" "$DB" >/dev/null 2>&1 || echo "pgbench failed for the latency run" >&2
+	read -r lat_p50 lat_p99 lat_n <<<"$(sql -F' ' -c "SELECT round(p50_ms::numeric, 2), round(p99_ms::numeric, 2), window_messages FROM outbox.stats WHERE target = 'sink'")"
+	log "WAL latency: p50 $lat_p50 ms, p99 $lat_p99 ms over the last $lat_n messages"
+	[ -n "$relay_pid" ] && kill -STOP "$relay_pid"
+	sql -q -c "SELECT outbox.drop_target('sink')" >/dev/null
+fi
+
 # ---- report -----------------------------------------------------------------
 median() {	# values on stdin
 	sort -g | awk '{a[NR]=$1} END {if (NR==0) print ""; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'
@@ -314,7 +387,7 @@ echo "outbox capture benchmark  $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "  built from $build_rev; loaded outbox.so md5 $(md5sum <"$work/outbox.so" | cut -c1-12)"
 echo "  PostgreSQL $("$BIN/postgres" --version | awk '{print $3}'), $(nproc) cores; synchronous_commit = on; relay worker $RELAY (no target)"
 echo "  pgbench -n -c $CLIENTS -j $THREADS -T $DURATION -M $PROTOCOL; $ROUNDS rounds, variants alternating (order rotating)"
-echo "  none: no capture; trigger: outbox.capture('orders'); plpgsql: AFTER INSERT row trigger PERFORM outbox_emit('orders', to_jsonb(NEW), NEW.id::text)"
+echo "  none: no capture; trigger: outbox.capture('orders'); wal: outbox.capture('orders', mode => 'wal'); plpgsql: AFTER INSERT row trigger PERFORM outbox_emit('orders', to_jsonb(NEW), NEW.id::text)"
 for style in "${slist[@]}"; do
 	echo
 	case $style in
@@ -360,13 +433,20 @@ for style in "${slist[@]}"; do
 		ratio trigger plpgsql "$n" 1.30
 	done
 	for n in "${rlist[@]}"; do
+		ratio wal none "$n" 0.95
+	done
+	for n in "${rlist[@]}"; do
 		ratio plpgsql none "$n" ""
 	done
 	unset med
 done
 
 echo
-echo "summary (goals: trigger/none >= 0.90 at 1 row, >= 0.80 at more; trigger/plpgsql >= 1.30):"
+echo
+echo "WAL capture: hand-off rate ${handoff_rate:-?} changes/s (goal >= 100000; $HANDOFF_ROWS changes in transactions of 10,000, decoded after the fact)"
+echo "WAL capture: commit to delivered at $LATENCY_RATE changes/s to an HTTP receiver: p50 ${lat_p50:-?} ms, p99 ${lat_p99:-?} ms (goals <= 5 ms, <= 20 ms; outbox.stats over ${lat_n:-?} messages)"
+echo
+echo "summary (goals: trigger/none >= 0.90 at 1 row, >= 0.80 at more; trigger/plpgsql >= 1.30; wal/none >= 0.95):"
 awk '{
 	printf "  %-9s %-16s %3s row%s  %.3f (per-round %.3f)  %s\n", $1, $2, $3, ($3 == 1 ? " " : "s"), $4, $5, $7 }' "$summary"
 awk -v lim=0.25 '$7 > lim {n++; if ($7 > m) m = $7} END {

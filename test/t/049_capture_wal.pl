@@ -311,6 +311,32 @@ is( q1(q{SELECT count(*) FROM (SELECT key::int - lag(key::int) OVER (ORDER BY id
 	'(c) the parts in the transaction\'s order');
 q1(q{ALTER SYSTEM RESET outbox.test_fault; SELECT pg_reload_conf();});
 
+# An outbox table from the WAL: each inserted row is one message, even when
+# the transaction deleted it again; a row that is not a valid message is
+# skipped, with a warning and last_error, and does not stop the capture.
+q1(q{
+CREATE TABLE app_outbox (id bigserial PRIMARY KEY, aggregatetype text, aggregateid text,
+						 payload jsonb, headers jsonb);
+SELECT outbox.capture('app_outbox', mode => 'wal', topic_column => 'aggregatetype',
+					  key_column => 'aggregateid', payload_column => 'payload',
+					  headers_column => 'headers');
+BEGIN;
+INSERT INTO app_outbox (aggregatetype, aggregateid, payload, headers)
+	VALUES ('order', 'o-1', '{"n": 1}', '{"x-tenant": "acme"}');
+INSERT INTO app_outbox (aggregatetype, aggregateid, payload) VALUES ('bad topic', 'o-2', '{"n": 2}');
+INSERT INTO app_outbox (aggregatetype, aggregateid, payload) VALUES ('order', 'o-3', '{"n": 3}');
+DELETE FROM app_outbox;
+COMMIT;
+});
+caught_up('(c) outbox table');
+is( q1(q{SELECT string_agg(topic || ' ' || key || ' ' || payload::text || ' ' || coalesce(headers::text, '-'), '; ' ORDER BY id)
+  FROM outbox.messages WHERE topic = 'order'}),
+	'order o-1 {"n": 1} {"x-tenant": "acme"}; order o-3 {"n": 3} -',
+	'(c) an outbox table from the WAL: the rows as messages, deleted or not; the bad one skipped');
+like(q1(q{SELECT last_error FROM outbox.captures WHERE table_name = 'app_outbox'::regclass}),
+	qr/not a valid message: outbox topic contains a character/, '(c) ... and named in last_error');
+q1(q{SELECT outbox.uncapture('app_outbox')});
+
 # DROP TABLE ends its capture; the last WAL capture removed drops the slot.
 q1(q{DROP TABLE f});
 is(q1(q{SELECT count(*) FROM outbox.captures WHERE table_name::text = 'f'}), '0',
@@ -384,8 +410,8 @@ $_->finish for @u;
 caught_up('(e)');
 is( q1(q{
 WITH last AS (
-  SELECT DISTINCT ON (key) key::int AS id, payload->'after' AS after
-	FROM outbox.messages WHERE topic = 'public.snap' ORDER BY key, id DESC)
+  SELECT DISTINCT ON (m.key) m.key::int AS id, m.payload->'after' AS after
+	FROM outbox.messages m WHERE m.topic = 'public.snap' ORDER BY m.key, m.id DESC)
 SELECT count(*) FROM snap s LEFT JOIN last l USING (id)
  WHERE l.after IS DISTINCT FROM to_jsonb(s)}), '0',
 	'(e) snapshot of 100,000 rows while 4 sessions update them: per key, the last message is the table\'s row');
