@@ -2151,6 +2151,7 @@ DECLARE
 	libs text;
 	replident "char";
 	identity text[];
+	part regclass;
 BEGIN
 	IF tbl IS NULL THEN
 		RAISE EXCEPTION 'table to capture must not be null'
@@ -2325,39 +2326,54 @@ BEGIN
 					USING ERRCODE = 'undefined_column',
 						  HINT = 'Name columns of the table.';
 			END IF;
+			IF EXISTS (SELECT 1 FROM pg_attribute a
+						WHERE a.attrelid = tbl AND a.attname = col AND a.attgenerated = 'v') THEN
+				RAISE EXCEPTION 'column "%" of table "%" is a virtual generated column', col, tbl
+					USING ERRCODE = 'feature_not_supported',
+						  DETAIL = 'Its value is computed when read: neither the trigger nor the WAL has it.',
+						  HINT = 'Capture the columns it is computed from, or make it STORED.';
+			END IF;
 		END LOOP;
 		args := ARRAY['1', 'c', topic, source, coalesce(cardinality(columns), 0)::text]
 				|| coalesce(columns, '{}') || cardinality(key)::text || key;
 		IF mode = 'wal' THEN
-			-- The WAL carries the old values of the replica identity only.
-			SELECT c.relreplident INTO replident FROM pg_class c WHERE c.oid = tbl;
-			identity := ARRAY(SELECT a.attname::text
-								FROM pg_index i
-								CROSS JOIN LATERAL unnest(i.indkey) k(attnum)
-								JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-							   WHERE i.indrelid = tbl
-								 AND ((replident = 'd' AND i.indisprimary)
-									  OR (replident = 'i' AND i.indisreplident)));
-			IF replident = 'n' OR (replident IN ('d', 'i') AND cardinality(identity) = 0) THEN
-				RAISE EXCEPTION 'table "%" has no replica identity', tbl
-					USING ERRCODE = 'object_not_in_prerequisite_state',
-						  DETAIL = 'The WAL of its updates and deletes would not say which row changed.',
-						  HINT = 'Add a primary key, or ALTER TABLE ... REPLICA IDENTITY FULL.';
-			END IF;
-			IF replident <> 'f' AND NOT (key <@ identity) THEN
-				RAISE EXCEPTION 'the key of a WAL capture must be columns of the replica identity of "%"', tbl
-					USING ERRCODE = 'invalid_parameter_value',
-						  DETAIL = format('The replica identity is (%s); the WAL of a delete carries only those columns.',
-										  array_to_string(identity, ', ')),
-						  HINT = 'Pass key => those columns, or ALTER TABLE ... REPLICA IDENTITY FULL.';
-			END IF;
+			-- The WAL carries the old values of the replica identity only:
+			-- that of each partition, for a partitioned table.
+			FOR part IN SELECT tbl AS relid
+						UNION ALL
+						SELECT p.relid FROM pg_partition_tree(tbl) p WHERE p.isleaf AND p.relid <> tbl LOOP
+				SELECT c.relreplident INTO replident FROM pg_class c WHERE c.oid = part;
+				identity := ARRAY(SELECT a.attname::text
+									FROM pg_index i
+									CROSS JOIN LATERAL unnest(i.indkey) k(attnum)
+									JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+								   WHERE i.indrelid = part
+									 AND ((replident = 'd' AND i.indisprimary)
+										  OR (replident = 'i' AND i.indisreplident)));
+				IF replident = 'n' OR (replident IN ('d', 'i') AND cardinality(identity) = 0) THEN
+					RAISE EXCEPTION 'table "%" has no replica identity', part::regclass
+						USING ERRCODE = 'object_not_in_prerequisite_state',
+							  DETAIL = 'The WAL of its updates and deletes would not say which row changed.',
+							  HINT = 'Add a primary key, or ALTER TABLE ... REPLICA IDENTITY FULL (on each partition: it is not inherited).';
+				END IF;
+				IF replident <> 'f' AND NOT (key <@ identity) THEN
+					RAISE EXCEPTION 'the key of a WAL capture must be columns of the replica identity of "%"', part::regclass
+						USING ERRCODE = 'invalid_parameter_value',
+							  DETAIL = format('The replica identity is (%s); the WAL of a delete carries only those columns.',
+											  array_to_string(identity, ', ')),
+							  HINT = 'Pass key => those columns, or ALTER TABLE ... REPLICA IDENTITY FULL (on each partition: it is not inherited).';
+				END IF;
+			END LOOP;
 		END IF;
 	END IF;
 
 	IF mode = 'wal' THEN
 		-- The slot first: it cannot be created once the transaction wrote.
 		-- Decoding starts at its consistent point; a change is captured if
-		-- this capture existed when its transaction committed.
+		-- this capture had committed when the change was made.  The lock
+		-- keeps the capture worker from dropping a slot it found unused
+		-- while this capture commits (capture_drop_slot_if_unused).
+		LOCK TABLE outbox.captured_tables IN SHARE ROW EXCLUSIVE MODE;
 		IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_capture') THEN
 			IF (SELECT count(*) FROM pg_replication_slots) >= current_setting('max_replication_slots')::int THEN
 				RAISE EXCEPTION 'no replication slot is free for the WAL capture'
@@ -2368,6 +2384,8 @@ BEGIN
 			END IF;
 			BEGIN
 				PERFORM pg_create_logical_replication_slot('outbox_capture', 'outbox');
+				-- the worker drops the slot again if this capture fails
+				PERFORM outbox.capture_wake();
 				-- a new slot: an offset left by an earlier one means nothing
 				DELETE FROM outbox.capture_progress WHERE slot_name = 'outbox_capture';
 			EXCEPTION WHEN active_sql_transaction THEN

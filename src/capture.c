@@ -209,7 +209,7 @@ capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
 		{
 			e->cols = palloc(desc->natts * sizeof(CaptureColumn));
 			for (i = 0; i < desc->natts; i++)
-				if (!TupleDescAttr(desc, i)->attisdropped)
+				if (outbox_capture_column_usable(TupleDescAttr(desc, i)))
 					outbox_capture_column_init(&e->cols[e->ncols++], desc,
 											   i + 1, e->cxt);
 		}

@@ -12,6 +12,7 @@
 
 #include "access/htup.h"
 #include "access/tupdesc.h"
+#include "catalog/pg_attribute.h"
 #include "fmgr.h"
 #include "utils/jsonb.h"
 
@@ -24,6 +25,23 @@ typedef struct CaptureColumn
 	char		category;		/* see capture_json.c */
 	FmgrInfo	out;			/* the type's output function */
 } CaptureColumn;
+
+/*
+ * Columns a row's JSON has: not dropped, and not virtual generated columns
+ * (PostgreSQL 18), whose values are computed on read and are in neither
+ * the trigger's tuple nor the WAL.
+ */
+static inline bool
+outbox_capture_column_usable(Form_pg_attribute att)
+{
+	if (att->attisdropped)
+		return false;
+#ifdef ATTRIBUTE_GENERATED_VIRTUAL
+	if (att->attgenerated == ATTRIBUTE_GENERATED_VIRTUAL)
+		return false;
+#endif
+	return true;
+}
 
 extern void outbox_capture_column_init(CaptureColumn *col, TupleDesc desc,
 									   AttrNumber attnum, MemoryContext cxt);

@@ -204,7 +204,12 @@ capture_wake_now(void)
 static void
 capture_xact_callback(XactEvent event, void *arg)
 {
-	if (event == XACT_EVENT_COMMIT && wake_at_commit && capture_shared != NULL)
+	/*
+	 * At abort too: a capture() that made the slot and then failed leaves
+	 * the slot, which the worker drops when it finds no WAL capture.
+	 */
+	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT) &&
+		wake_at_commit && capture_shared != NULL)
 		capture_wake_now();
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PREPARE)
@@ -220,7 +225,7 @@ outbox_capture_init(void)
 
 /*
  * outbox.capture_wake(): a WAL capture was added or removed.  When the
- * transaction commits (the worker must see the change), the launcher starts
+ * transaction ends (the worker must see the change), the launcher starts
  * the worker if it is not running, and a running one looks again.
  */
 Datum
@@ -274,7 +279,14 @@ typedef struct WalRel
 {
 	Oid			relid;			/* hash key: the changed table or partition */
 	bool		captured;
-	bool		valid;
+	bool		valid;			/* cleared by a relcache invalidation */
+	MemoryContext cxt;			/* what the entry points to */
+	/* the historic snapshot it was read with: valid for that one only */
+	Snapshot	snap;
+	TransactionId snap_xmin;
+	TransactionId snap_xmax;
+	CommandId	snap_curcid;
+	uint32		snap_xcnt;
 	char		kind;			/* 'c'hange or 'o'utbox row */
 	bool		full;			/* REPLICA IDENTITY FULL */
 	char	   *topic;
@@ -330,6 +342,8 @@ typedef struct CaptureDecoding
 	TimestampTz last_commit_time;
 	char		error[OUTBOX_STATUS_LEN];
 	uint64		skipped;
+	bool		activity;		/* a transaction not ours decoded since the
+								 * offset was last written */
 } CaptureDecoding;
 
 static CaptureDecoding *dec = NULL;
@@ -467,9 +481,9 @@ capture_resolve_columns(WalRel *r, Relation relation, HeapTuple cfg,
 			return;
 		*cols = palloc(desc->natts * sizeof(CaptureColumn));
 		for (i = 0; i < desc->natts; i++)
-			if (!TupleDescAttr(desc, i)->attisdropped)
+			if (outbox_capture_column_usable(TupleDescAttr(desc, i)))
 				outbox_capture_column_init(&(*cols)[(*ncols)++], desc, i + 1,
-										   dec->rel_cxt);
+										   r->cxt);
 		return;
 	}
 	else
@@ -493,7 +507,7 @@ capture_resolve_columns(WalRel *r, Relation relation, HeapTuple cfg,
 				dec->skipped--;	/* not a change */
 				continue;
 			}
-			outbox_capture_column_init(&(*cols)[(*ncols)++], desc, att, dec->rel_cxt);
+			outbox_capture_column_init(&(*cols)[(*ncols)++], desc, att, r->cxt);
 		}
 	}
 }
@@ -511,14 +525,33 @@ capture_wal_rel(Relation relation)
 	Oid			captured = relid;
 	text	   *t;
 
+	Snapshot	snap = GetCatalogSnapshot(RelationRelationId);
+
+	/*
+	 * Whether a table is captured is decided with the catalog as of the
+	 * change: an entry holds for the historic snapshot it was read with
+	 * (transactions decoded with no catalog change between them share one),
+	 * and is read again under another.
+	 */
 	r = hash_search(dec->rels, &relid, HASH_ENTER, &found);
-	if (found && r->valid)
+	if (found && r->valid && r->snap == snap && r->snap_xmin == snap->xmin &&
+		r->snap_xmax == snap->xmax && r->snap_curcid == snap->curcid &&
+		r->snap_xcnt == snap->xcnt)
 		return r;
+	if (found && r->cxt != NULL)
+		MemoryContextDelete(r->cxt);
 	memset((char *) r + sizeof(Oid), 0, sizeof(WalRel) - sizeof(Oid));
 	r->valid = true;
+	r->snap = snap;
+	r->snap_xmin = snap->xmin;
+	r->snap_xmax = snap->xmax;
+	r->snap_curcid = snap->curcid;
+	r->snap_xcnt = snap->xcnt;
+	r->cxt = AllocSetContextCreate(dec->rel_cxt, "outbox capture table",
+								   ALLOCSET_SMALL_SIZES);
 
-	oldcxt = MemoryContextSwitchTo(dec->rel_cxt);
-	if (get_rel_namespace(relid) == PG_CATALOG_NAMESPACE)
+	oldcxt = MemoryContextSwitchTo(r->cxt);
+	if (relid == dec->captured_tables || get_rel_namespace(relid) == PG_CATALOG_NAMESPACE)
 	{
 		MemoryContextSwitchTo(oldcxt);
 		return r;
@@ -585,7 +618,7 @@ capture_wal_rel(Relation relation)
 			{
 				getTypeOutputInfo(TupleDescAttr(desc, r->key_att - 1)->atttypid,
 								  &outfn, &varlena);
-				fmgr_info_cxt(outfn, &r->key_out, dec->rel_cxt);
+				fmgr_info_cxt(outfn, &r->key_out, r->cxt);
 			}
 		}
 	}
@@ -623,17 +656,18 @@ capture_copy(const void *p, Size len)
 	return copy;
 }
 
-/* Add a message to the pass, if it belongs to the part being collected. */
-static void
-capture_collect(OutboxMessage *m)
+/*
+ * Which part of its transaction this change is in, and whether that is the
+ * part being collected.  A part ends after capture_part_messages changes or
+ * CAPTURE_PART_BYTES bytes of their tuples as decoded: what the WAL holds,
+ * not what the messages become, so a decode again after a restart (under
+ * other settings, say) cuts the parts at the same changes.
+ */
+static bool
+capture_part_take(Size size)
 {
-	Size		size = VARSIZE(m->payload) + (m->headers ? VARSIZE(m->headers) : 0) +
-		m->topic_len + m->key_len + 64;
 	int			want;
-	MemoryContext oldcxt;
-	Collected  *c;
 
-	/* which part this message is in: deterministic, so a re-decode agrees */
 	if (dec->txn_part_count > 0 &&
 		(dec->txn_part_count >= capture_part_messages ||
 		 dec->txn_part_bytes + size > CAPTURE_PART_BYTES))
@@ -646,12 +680,23 @@ capture_collect(OutboxMessage *m)
 	dec->txn_part_bytes += size;
 	want = (dec->txn_commit_lsn == dec->part_commit_lsn) ? dec->parts_done : 0;
 	if (dec->txn_part < want)
-		return;					/* handed off already */
+		return false;			/* handed off already */
 	if (dec->txn_part > want)
 	{
 		dec->partial = true;	/* the next pass takes it */
-		return;
+		return false;
 	}
+	return true;
+}
+
+/* Add a message to the pass. */
+static void
+capture_collect(OutboxMessage *m)
+{
+	Size		size = VARSIZE(m->payload) + (m->headers ? VARSIZE(m->headers) : 0) +
+		m->topic_len + m->key_len + 64;
+	MemoryContext oldcxt;
+	Collected  *c;
 
 	oldcxt = MemoryContextSwitchTo(dec->collect_cxt);
 	if (dec->nmsgs == dec->maxmsgs)
@@ -698,6 +743,8 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 	OutboxMessage m;
 	Jsonb	   *payload;
 	bool	   *skip = NULL;
+	bool	   *keyskip = NULL;
+	HeapTuple	keytup;
 	List	   *unchanged = NIL;
 	int			i;
 
@@ -707,36 +754,57 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 	outbox_capture_push_string(&st, WJB_KEY, "op");
 	outbox_capture_push_string(&st, WJB_VALUE, op);
 
-	/* after: unchanged TOASTed values are filled from FULL, or listed */
+	/*
+	 * An unchanged TOASTed value is in the WAL only as a pointer, which
+	 * cannot be read here: take it from the old row when that has it (FULL,
+	 * or the key's old value), else leave it out and list it as unchanged.
+	 * Nothing here ever reads such a pointer.
+	 */
 	if (newtup != NULL)
 	{
-		HeapTuple	filled = newtup;
+		Datum	   *values = NULL;
+		bool	   *nulls = NULL;
+		bool	   *repl = NULL;
 
+		for (i = 1; i <= desc->natts; i++)
+		{
+			bool		isnull;
+
+			if (!capture_is_unchanged_toast(newtup, desc, i) || oldtup == NULL ||
+				capture_is_unchanged_toast(oldtup, desc, i))
+				continue;
+			if (values == NULL)
+			{
+				values = palloc(desc->natts * sizeof(Datum));
+				nulls = palloc(desc->natts * sizeof(bool));
+				repl = palloc0(desc->natts * sizeof(bool));
+			}
+			values[i - 1] = heap_getattr(oldtup, i, desc, &isnull);
+			nulls[i - 1] = isnull;
+			repl[i - 1] = true;
+		}
+		if (values != NULL)
+			newtup = heap_modify_tuple(newtup, desc, values, nulls, repl);
 		for (i = 0; i < r->ncols; i++)
 		{
 			if (!capture_is_unchanged_toast(newtup, desc, r->cols[i].attnum))
 				continue;
-			if (r->full && oldtup != NULL &&
-				!capture_is_unchanged_toast(oldtup, desc, r->cols[i].attnum))
-			{
-				Datum	   *values = palloc(desc->natts * sizeof(Datum));
-				bool	   *nulls = palloc(desc->natts * sizeof(bool));
-				bool	   *repl = palloc0(desc->natts * sizeof(bool));
-				bool		isnull;
-
-				values[r->cols[i].attnum - 1] =
-					heap_getattr(oldtup, r->cols[i].attnum, desc, &isnull);
-				nulls[r->cols[i].attnum - 1] = isnull;
-				repl[r->cols[i].attnum - 1] = true;
-				filled = heap_modify_tuple(filled, desc, values, nulls, repl);
-				continue;
-			}
 			if (skip == NULL)
 				skip = palloc0(r->ncols * sizeof(bool));
 			skip[i] = true;
 			unchanged = lappend(unchanged, r->cols[i].name);
 		}
-		newtup = filled;
+	}
+	keytup = newtup != NULL ? newtup : oldtup;
+	if (keytup != NULL)
+	{
+		for (i = 0; i < r->nkeys; i++)
+			if (capture_is_unchanged_toast(keytup, desc, r->keys[i].attnum))
+			{
+				if (keyskip == NULL)
+					keyskip = palloc0(r->nkeys * sizeof(bool));
+				keyskip[i] = true;
+			}
 	}
 
 	outbox_capture_push_string(&st, WJB_KEY, "before");
@@ -744,10 +812,12 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 		capture_push_null(&st);
 	else if (r->full && oldtup != NULL)
 		outbox_capture_push_row(&st, oldtup, desc, r->cols, r->ncols, NULL);
-	else if (oldtup != NULL || newtup != NULL)
+	else if (oldtup != NULL)
 		/* the replica identity's key only */
-		outbox_capture_push_row(&st, oldtup != NULL ? oldtup : newtup, desc,
-								r->keys, r->nkeys, NULL);
+		outbox_capture_push_row(&st, oldtup, desc, r->keys, r->nkeys, NULL);
+	else if (newtup != NULL)
+		/* the key, unchanged: as in the new row */
+		outbox_capture_push_row(&st, newtup, desc, r->keys, r->nkeys, keyskip);
 	else
 		capture_push_null(&st);
 
@@ -776,10 +846,15 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 	m.payload = (struct varlena *) payload;
 	m.topic = r->topic;
 	m.topic_len = strlen(r->topic);
-	if (newtup != NULL || oldtup != NULL)
+	if (keytup != NULL && keyskip != NULL)
 	{
-		m.key = outbox_capture_key(newtup != NULL ? newtup : oldtup, desc,
-								   r->keys, r->nkeys, &m.key_len);
+		capture_note_error("the key of a change of %s at %s is stored out of line and not in the WAL: it has no key",
+						   r->source, dec->txn_lsn);
+		dec->skipped--;
+	}
+	else if (keytup != NULL)
+	{
+		m.key = outbox_capture_key(keytup, desc, r->keys, r->nkeys, &m.key_len);
 		if (m.key != NULL &&
 			(m.key_len > OUTBOX_MAX_KEY_LEN ||
 			 outbox_bad_char(m.key, m.key_len, OUTBOX_TEXT_KEY, NULL) > 0))
@@ -861,10 +936,9 @@ capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 }
 
 /*
- * Forget what is known of the tables.  Kept across transactions; reset when
- * outbox.captured_tables itself changes (its changes are decoded like any
- * table's), so a change is judged with the captures of its own time.  DDL
- * on a table invalidates its entry (capture_wal_relcache_callback).
+ * Forget what is known of the tables (capture_wal_rel says when an entry
+ * holds).  DDL on a table invalidates its entry
+ * (capture_wal_relcache_callback).
  */
 static void
 capture_reset_rels(void)
@@ -925,6 +999,55 @@ capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
 #define CAPTURE_TUPLE(t) ((t) ? &(t)->tuple : NULL)
 #endif
 
+/*
+ * Make one change a message, or skip it with a warning when it cannot
+ * become one: an error raised by a value (its output function, JSON that
+ * jsonb refuses) must not stop the capture of every table for good.
+ * Errors of the server itself (cancel, shutdown, out of memory, I/O) are
+ * thrown on.  The code run here only reads its arguments: it holds no
+ * lock or buffer an error could leave behind.
+ */
+static void
+capture_wal_one(WalRel *r, TupleDesc desc, const char *op,
+				HeapTuple oldtup, HeapTuple newtup)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(dec->change_cxt);
+
+	PG_TRY();
+	{
+		if (r->kind == 'o')
+			capture_wal_outbox_row(r, desc, newtup);
+		else
+			capture_wal_change(r, desc, op, oldtup, newtup);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		int			class;
+
+		MemoryContextSwitchTo(dec->change_cxt);
+		edata = CopyErrorData();
+		class = ERRCODE_TO_CATEGORY(edata->sqlerrcode);
+		if (edata->elevel > ERROR || class == ERRCODE_TO_CATEGORY(ERRCODE_QUERY_CANCELED) ||
+			class == ERRCODE_TO_CATEGORY(ERRCODE_INSUFFICIENT_RESOURCES) ||
+			class == ERRCODE_TO_CATEGORY(ERRCODE_SYSTEM_ERROR) ||
+			class == ERRCODE_TO_CATEGORY(ERRCODE_OPERATOR_INTERVENTION))
+			PG_RE_THROW();
+		FlushErrorState();
+		capture_note_error("a change of %s at %s cannot become a message: %s",
+						   r->source, dec->txn_lsn, edata->message);
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(dec->change_cxt);
+}
+
+static Size
+capture_tuple_size(HeapTuple t)
+{
+	return t != NULL ? t->t_len : 0;
+}
+
 static void
 capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 				  Relation relation, ReorderBufferChange *change)
@@ -933,74 +1056,68 @@ capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 	TupleDesc	desc = RelationGetDescr(relation);
 	HeapTuple	oldtup;
 	HeapTuple	newtup;
-
-	MemoryContext oldcxt;
+	const char *op;
 
 	if (dec->txn_skip)
 		return;
-	if (RelationGetRelid(relation) == dec->captured_tables)
-	{
-		capture_reset_rels();	/* a capture added, changed or removed */
-		return;
-	}
 	r = capture_wal_rel(relation);
 	if (!r->captured)
 		return;
-	/* what a change allocates goes when it is collected */
-	oldcxt = MemoryContextSwitchTo(dec->change_cxt);
 	oldtup = CAPTURE_TUPLE(change->data.tp.oldtuple);
 	newtup = CAPTURE_TUPLE(change->data.tp.newtuple);
 	switch (change->action)
 	{
 		case REORDER_BUFFER_CHANGE_INSERT:
-			if (r->kind == 'o')
-				capture_wal_outbox_row(r, desc, newtup);
-			else
-				capture_wal_change(r, desc, "insert", NULL, newtup);
+			op = "insert";
 			break;
 		case REORDER_BUFFER_CHANGE_UPDATE:
-			if (r->kind == 'c')
-				capture_wal_change(r, desc, "update", oldtup, newtup);
+			op = "update";
 			break;
 		case REORDER_BUFFER_CHANGE_DELETE:
-			if (r->kind == 'c')
-				capture_wal_change(r, desc, "delete", oldtup, NULL);
+			op = "delete";
 			break;
 		default:
-			break;
+			return;
 	}
-	MemoryContextSwitchTo(oldcxt);
-	MemoryContextReset(dec->change_cxt);
+	if (r->kind == 'o' && change->action != REORDER_BUFFER_CHANGE_INSERT)
+		return;					/* an outbox table's rows are its inserts */
+	if (!capture_part_take(capture_tuple_size(oldtup) + capture_tuple_size(newtup)))
+		return;
+	capture_wal_one(r, desc, op, oldtup, newtup);
 }
 
+/*
+ * TRUNCATE: one message per captured table, however many of its
+ * partitions the record names (a partitioned table's own entry, each
+ * leaf's, or a partition truncated alone).
+ */
 static void
 capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 					int nrelations, Relation relations[], ReorderBufferChange *change)
 {
 	int			i;
+	int			j;
+	WalRel	  **done;
 
 	if (dec->txn_skip)
 		return;
+	done = palloc0(nrelations * sizeof(WalRel *));
 	for (i = 0; i < nrelations; i++)
 	{
-		WalRel	   *r;
+		WalRel	   *r = capture_wal_rel(relations[i]);
+		bool		seen = false;
 
-		if (RelationGetRelid(relations[i]) == dec->captured_tables)
-		{
-			capture_reset_rels();
+		if (!r->captured || r->kind != 'c')
 			continue;
-		}
-		r = capture_wal_rel(relations[i]);
-
-		if (r->captured && r->kind == 'c')
-		{
-			MemoryContext oldcxt = MemoryContextSwitchTo(dec->change_cxt);
-
-			capture_wal_change(r, RelationGetDescr(relations[i]), "truncate", NULL, NULL);
-			MemoryContextSwitchTo(oldcxt);
-			MemoryContextReset(dec->change_cxt);
-		}
+		for (j = 0; j < i; j++)
+			if (done[j] != NULL && strcmp(done[j]->source, r->source) == 0)
+				seen = true;
+		done[i] = r;
+		if (seen || !capture_part_take(0))
+			continue;
+		capture_wal_one(r, RelationGetDescr(relations[i]), "truncate", NULL, NULL);
 	}
+	pfree(done);
 }
 
 static void
@@ -1013,6 +1130,7 @@ capture_commit_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, XLogRecPtr
 		dec->stop = true;		/* hand off this part, then decode it again */
 		return;
 	}
+	dec->activity = true;
 	dec->last_commit_lsn = commit_lsn;
 	dec->last_commit_time = txn->xact_time.commit_time;
 	if (dec->nmsgs >= capture_part_messages || dec->bytes >= CAPTURE_PART_BYTES)
@@ -1088,12 +1206,12 @@ capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done)
 		CommitTransactionCommand();
 		return false;
 	}
-	if (SPI_execute("SELECT 1 FROM outbox.captured_tables WHERE mode = 'wal' LIMIT 1",
+	if (SPI_execute("SELECT 1 FROM outbox.captured_tables WHERE mode OPERATOR(pg_catalog.=) 'wal' LIMIT 1",
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox capture: cannot read outbox.captured_tables");
 	any = SPI_processed > 0;
 	if (SPI_execute("SELECT end_lsn, part_commit_lsn, parts_done FROM outbox.capture_progress"
-					" WHERE slot_name = '" CAPTURE_SLOT "'", true, 0) != SPI_OK_SELECT)
+					" WHERE slot_name OPERATOR(pg_catalog.=) '" CAPTURE_SLOT "'", true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox capture: cannot read outbox.capture_progress");
 	if (SPI_processed > 0)
 	{
@@ -1176,28 +1294,53 @@ capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done)
 	dec->error[0] = '\0';
 }
 
-static void
-capture_drop_slot_if_any(void)
+/*
+ * Drop the slot if no WAL capture exists, holding outbox.captured_tables in
+ * SHARE ROW EXCLUSIVE mode, the lock outbox.capture() takes before it looks
+ * for the slot: a capture committed meanwhile keeps the slot.  Returns
+ * whether no WAL capture exists.
+ */
+static bool
+capture_drop_slot_if_unused(void)
 {
-	if (SearchNamedReplicationSlot(CAPTURE_SLOT, true) != NULL)
+	bool		unused;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.captured_tables') IS NOT NULL",
+					true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox capture: cannot look for outbox.captured_tables");
+	unused = true;
+	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &unused)))
 	{
-		/* the offset goes with the slot: a new slot starts afresh */
-		SetCurrentStatementStartTimestamp();
-		StartTransactionCommand();
-		SPI_connect();
-		PushActiveSnapshot(GetTransactionSnapshot());
-		if (SPI_execute("SELECT 1 FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass('outbox.capture_progress')",
-						true, 0) == SPI_OK_SELECT && SPI_processed == 1)
-			capture_spi_exec("DELETE FROM outbox.capture_progress WHERE slot_name = '" CAPTURE_SLOT "'",
-							 SPI_OK_DELETE);
+		capture_spi_exec("LOCK TABLE outbox.captured_tables IN SHARE ROW EXCLUSIVE MODE",
+						 SPI_OK_UTILITY);
 		PopActiveSnapshot();
-		SPI_finish();
-		CommitTransactionCommand();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		if (SPI_execute("SELECT 1 FROM outbox.captured_tables WHERE mode OPERATOR(pg_catalog.=) 'wal' LIMIT 1",
+						true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox capture: cannot read outbox.captured_tables");
+		unused = SPI_processed == 0;
+		/* the offset goes with the slot: a new slot starts afresh */
+		if (unused)
+			capture_spi_exec("DELETE FROM outbox.capture_progress WHERE slot_name OPERATOR(pg_catalog.=) '" CAPTURE_SLOT "'",
+							 SPI_OK_DELETE);
+	}
+	else
+		unused = true;
+	if (unused && SearchNamedReplicationSlot(CAPTURE_SLOT, true) != NULL)
+	{
 		ReplicationSlotDrop(CAPTURE_SLOT, true);
 		ereport(LOG,
 				(errmsg("outbox capture dropped replication slot \"%s\": no table is captured from the WAL",
 						CAPTURE_SLOT)));
 	}
+	PopActiveSnapshot();
+	SPI_finish();
+	CommitTransactionCommand();
+	return unused;
 }
 
 static void
@@ -1235,12 +1378,31 @@ capture_worker_exit(int code, Datum arg)
 static bool
 capture_slot_invalidated(ReplicationSlot *slot)
 {
-#if PG_VERSION_NUM >= 170000
+#if PG_VERSION_NUM >= 160000
 	return slot->data.invalidated != RS_INVAL_NONE;
 #else
 	return slot->data.invalidated_at != InvalidXLogRecPtr &&
 		slot->data.restart_lsn == InvalidXLogRecPtr;
 #endif
+}
+
+/*
+ * Whether outbox.captured_tables is still the table the worker found at its
+ * start (the extension was not dropped and created again meanwhile: the
+ * worker then exits, and the next one starts afresh).
+ */
+static bool
+capture_same_extension(void)
+{
+	Oid			nsp;
+	Oid			relid = InvalidOid;
+
+	StartTransactionCommand();
+	nsp = get_namespace_oid("outbox", true);
+	if (OidIsValid(nsp))
+		relid = get_relname_relid("captured_tables", nsp);
+	CommitTransactionCommand();
+	return relid == dec->captured_tables;
 }
 
 /* Test only (outbox.test_fault): die as a crash would, at a named point. */
@@ -1270,6 +1432,8 @@ outbox_capture_main(Datum main_arg)
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
 	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
+	/* a superuser's queries: nothing of the database's search_path */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 	pgstat_report_appname("outbox capture");
 
 	SpinLockAcquire(&capture_shared->mutex);
@@ -1281,11 +1445,11 @@ outbox_capture_main(Datum main_arg)
 	SpinLockRelease(&capture_shared->mutex);
 	before_shmem_exit(capture_worker_exit, (Datum) 0);
 
-	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done))
-	{
-		capture_drop_slot_if_any();
+	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done) &&
+		capture_drop_slot_if_unused())
 		capture_exit_idle(wakes_seen);
-	}
+	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done))
+		proc_exit(1);			/* a capture came and went meanwhile: again */
 	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
 	if (slot == NULL)
 		capture_lost("replication slot \"" CAPTURE_SLOT "\" does not exist", wakes_seen);
@@ -1376,14 +1540,24 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 
 			wakes_seen = capture_shared->wakes;
 			last_check = GetCurrentTimestamp();
+			if (!capture_same_extension())
+			{
+				ereport(LOG,
+						(errmsg("outbox capture restarts: the extension was created again")));
+				proc_exit(1);
+			}
 			if (!capture_read_offset(&e2, &p2, &d2))
 			{
 				if (ctx != NULL)
 					FreeDecodingContext(ctx);
+				ctx = NULL;
 				ReplicationSlotRelease();
-				capture_drop_slot_if_any();
-				capture_set_state("stopped", NULL);
-				capture_exit_idle(wakes_seen);
+				if (capture_drop_slot_if_unused())
+				{
+					capture_set_state("stopped", NULL);
+					capture_exit_idle(wakes_seen);
+				}
+				proc_exit(1);	/* a capture was added meanwhile: again */
 			}
 		}
 
@@ -1445,7 +1619,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			ctx = NULL;
 		}
 		else if (dec->nmsgs > 0 ||
-				 (ctx->reader->EndRecPtr > end_lsn &&
+				 (dec->activity && ctx->reader->EndRecPtr > end_lsn &&
 				  TimestampDifferenceExceeds(last_offset_write, GetCurrentTimestamp(),
 											 CAPTURE_IDLE_OFFSET_MS)))
 		{
@@ -1453,6 +1627,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			bool		had_messages = dec->nmsgs > 0;
 
 			capture_handoff(new_end, InvalidXLogRecPtr, 0);
+			dec->activity = false;
 			last_offset_write = GetCurrentTimestamp();
 			end_lsn = new_end;
 			part_lsn = InvalidXLogRecPtr;

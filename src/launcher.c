@@ -261,7 +261,9 @@ outbox_launcher_main(Datum main_arg)
 			{
 				pfree(capture);
 				capture = NULL;
-				if (TimestampDifferenceExceeds(capture_started, now, LAUNCHER_STABLE_MS))
+				/* an exit with nothing left to capture is no failure */
+				if (!outbox_capture_wanted(MyLatch) ||
+					TimestampDifferenceExceeds(capture_started, now, LAUNCHER_STABLE_MS))
 					capture_backoff = 0;
 				else
 					capture_backoff = Min(Max(capture_backoff * 2, 500),

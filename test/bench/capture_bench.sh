@@ -15,6 +15,8 @@
 # text, amount numeric(12,2)), the same for every variant; each transaction
 # inserts N rows (ROWS="1 10"):
 #   none     no capture
+#   wal, walpaused   SELECT outbox.capture('orders', mode => 'wal') (the
+#            cluster runs with wal_level = logical for every variant)
 #   trigger  SELECT outbox.capture('orders'): the extension's C row trigger,
 #            one message per row on topic public.orders (key id, payload
 #            {"op", "before", "after"}, source-* headers)
@@ -34,6 +36,16 @@
 # the latter resists slow drift on a shared machine):
 #   trigger/none     goal >= 0.90 at 1 row, >= 0.80 at 10 rows
 #   trigger/plpgsql  goal >= 1.30
+#   wal/none         goal >= 0.95: WAL capture, the capture worker decoding
+#                    and handing off during the run (on 2 cores it takes
+#                    CPU from the application)
+#   walpaused/none   goal >= 0.95: the application's commit path alone, the
+#                    worker standing still (outbox.test_fault =
+#                    capture_pause) until the run ends
+# and, after the rounds, the WAL capture's hand-off rate (HANDOFF_ROWS
+# changes decoded after the fact, goal >= 100,000/s) and its commit-to-
+# delivered latency to nginx at LATENCY_RATE changes/s (outbox.stats p50
+# and p99, goals <= 5 ms and <= 20 ms).
 # Before every run the variant is set up (capture, trigger or nothing), the
 # tables are truncated and a CHECKPOINT taken.  After every run the rows
 # are checked: N orders per committed transaction, one message per order
@@ -70,7 +82,7 @@ PROTOCOL=${PROTOCOL:-prepared}
 WARMUP=${WARMUP:-5}
 ROWS=${ROWS:-"1 10"}
 STYLES=${STYLES:-"statement xact"}
-VARIANTS=${VARIANTS:-"none trigger plpgsql wal"}
+VARIANTS=${VARIANTS:-"none trigger plpgsql wal walpaused"}
 HANDOFF_ROWS=${HANDOFF_ROWS:-1000000}	# WAL hand-off rate: changes decoded and handed off
 LATENCY_RATE=${LATENCY_RATE:-1000}	# WAL latency run: changes per second, for LATENCY_SECONDS
 LATENCY_SECONDS=${LATENCY_SECONDS:-40}
@@ -88,7 +100,7 @@ for s in $STYLES; do
 	case $s in statement | xact) ;; *) echo "STYLES: statement and/or xact, not '$s'" >&2; exit 2 ;; esac
 done
 for v in $VARIANTS; do
-	case $v in none | trigger | plpgsql | wal) ;; *) echo "VARIANTS: none, trigger, plpgsql, wal, not '$v'" >&2; exit 2 ;; esac
+	case $v in none | trigger | plpgsql | wal | walpaused) ;; *) echo "VARIANTS: none, trigger, plpgsql, wal, walpaused, not '$v'" >&2; exit 2 ;; esac
 done
 for n in $ROWS; do
 	[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "ROWS: positive numbers, not '$n'" >&2; exit 2; }
@@ -210,6 +222,12 @@ prepare() {	# variant
 	none) ;;
 	trigger) sql -q -c "SELECT outbox.capture('orders')" >/dev/null ;;
 	wal) sql -q -c "SELECT outbox.capture('orders', mode => 'wal')" >/dev/null ;;
+	walpaused)
+		# the application's commit path alone: the worker decodes after the run
+		sql -q -c "SELECT outbox.capture('orders', mode => 'wal')" >/dev/null
+		sql -q -c "ALTER SYSTEM SET outbox.test_fault = 'capture_pause'" -c "SELECT pg_reload_conf()" >/dev/null
+		sleep 1
+		;;
 	plpgsql) sql -q -c "CREATE TRIGGER orders_emit AFTER INSERT ON orders FOR EACH ROW EXECUTE FUNCTION orders_emit()" ;;
 	esac
 }
@@ -233,7 +251,10 @@ check_run() {	# variant style rows transactions
 	local v=$1 style=$2 n=$3 nx=$4 out topic shape
 	case $v in
 	trigger) topic=public.orders shape="payload->>'op' = 'insert' AND payload->'after'->>'id' = key AND headers ? 'source-xid'" ;;
-	wal)
+	wal | walpaused)
+		if [ "$v" = walpaused ]; then
+			sql -q -c "ALTER SYSTEM RESET outbox.test_fault" -c "SELECT pg_reload_conf()" >/dev/null
+		fi
 		topic=public.orders shape="payload->>'op' = 'insert' AND payload->'after'->>'id' = key AND headers ? 'source-lsn'"
 		wal_caught_up 120 || echo "CHECK FAILED after wal $style rows=$n: the capture did not catch up in 120 s" | tee -a "$work/anomalies" >&2
 		;;
@@ -436,6 +457,9 @@ for style in "${slist[@]}"; do
 		ratio wal none "$n" 0.95
 	done
 	for n in "${rlist[@]}"; do
+		ratio walpaused none "$n" 0.95
+	done
+	for n in "${rlist[@]}"; do
 		ratio plpgsql none "$n" ""
 	done
 	unset med
@@ -482,7 +506,9 @@ results, outdir, variants, note = sys.argv[1], sys.argv[2], sys.argv[3].split(),
 runs = [r for r in (json.loads(line) for line in open(results) if line.strip()) if r.get("kind") == "run"]
 titles = {"none": ("ceiling", "no capture"),
           "trigger": ("outbox", "outbox.capture('orders') (C trigger)"),
-          "plpgsql": ("hand", "PL/pgSQL trigger calling outbox_emit()")}
+          "plpgsql": ("hand", "PL/pgSQL trigger calling outbox_emit()"),
+          "wal": ("pgq", "outbox.capture('orders', mode => 'wal')"),
+          "walpaused": ("commit", "mode => 'wal', capture worker standing still")}
 series = [(v, titles[v][1], bc.COLOR[titles[v][0]]) for v in variants]
 styles = [s for s in ("statement", "xact") if any(r["style"] == s for r in runs)]
 shape = {"statement": "one INSERT of N rows per transaction", "xact": "BEGIN; N one-row INSERTs; COMMIT"}

@@ -337,6 +337,49 @@ like(q1(q{SELECT last_error FROM outbox.captures WHERE table_name = 'app_outbox'
 	qr/not a valid message: outbox topic contains a character/, '(c) ... and named in last_error');
 q1(q{SELECT outbox.uncapture('app_outbox')});
 
+# One bad value never stops the capture (a json value jsonb refuses), nor
+# does an unchanged key stored out of line, which the WAL does not carry.
+q1(q{
+CREATE TABLE badj (id int PRIMARY KEY, j json);
+CREATE TABLE bigkey (k text PRIMARY KEY, n int);
+ALTER TABLE bigkey ALTER k SET STORAGE EXTERNAL;
+SELECT outbox.capture('badj', mode => 'wal');
+SELECT outbox.capture('bigkey', mode => 'wal');
+INSERT INTO badj VALUES (1, '{"a": "\u0000"}');
+INSERT INTO badj VALUES (2, '{"a": 2}');
+INSERT INTO bigkey VALUES (repeat('x', 2500), 1);
+UPDATE bigkey SET n = 2;
+INSERT INTO badj VALUES (3, '{"a": 3}');
+});
+caught_up('(c) bad values');
+is(q1(q{SELECT string_agg(payload->'after'->>'id', ',' ORDER BY id) FROM outbox.messages WHERE topic = 'public.badj'}),
+	'2,3', '(c) a json value jsonb refuses: that change is skipped, the capture goes on');
+is( q1(q{SELECT string_agg(payload->>'op' || ':' || coalesce(length(key), 0) || ':' || (payload->'after'->>'n'), ',' ORDER BY id)
+  FROM outbox.messages WHERE topic = 'public.bigkey'}),
+	'insert:0:1,update:0:2', '(c) a key too long for a key: both changes sent, without a key');
+like(q1(q{SELECT string_agg(last_error, ' | ') FROM outbox.captures WHERE table_name::text IN ('badj', 'bigkey')}),
+	qr/cannot become a message/, '(c) the skipped change is in last_error');
+q1(q{SELECT outbox.uncapture('badj'); SELECT outbox.uncapture('bigkey');});
+
+# Parts are cut by what the WAL holds: a setting changed between two parts
+# (here outbox.max_payload_size, which skips a change) does not move them.
+q1(q{ALTER SYSTEM SET outbox.test_fault = 'capture_small_parts';
+ALTER SYSTEM SET outbox.max_payload_size = '1kB'; SELECT pg_reload_conf();});
+kill_worker();
+q1(q{CREATE TABLE parts2 (c int PRIMARY KEY, pad text); SELECT outbox.capture('parts2', mode => 'wal');});
+my $locker = start_script(q{BEGIN; LOCK TABLE outbox.messages IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(2); COMMIT;});
+usleep(300_000);
+q1(q{INSERT INTO parts2 SELECT g, CASE WHEN g = 50 THEN repeat('p', 5000) ELSE 'p' END FROM generate_series(1, 250) g});
+usleep(500_000);
+q1(q{ALTER SYSTEM RESET outbox.max_payload_size; SELECT pg_reload_conf();});
+$locker->finish;
+caught_up('(c) parts under a changed setting');
+is(q1(q{SELECT count(*) || ' ' || count(DISTINCT key) FROM outbox.messages WHERE topic = 'public.parts2'}),
+	'249 249', '(c) a setting changed between parts: no change twice, only the oversized one skipped');
+q1(q{ALTER SYSTEM RESET outbox.test_fault; SELECT pg_reload_conf();});
+kill_worker();
+q1(q{SELECT outbox.uncapture('parts2')});
+
 # DROP TABLE ends its capture; the last WAL capture removed drops the slot.
 q1(q{DROP TABLE f});
 is(q1(q{SELECT count(*) FROM outbox.captures WHERE table_name::text = 'f'}), '0',
@@ -351,6 +394,54 @@ ok($node->poll_query_until('postgres',
 ok($node->poll_query_until('postgres',
 		q{SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'outbox capture'}),
 	'(c) and exits');
+
+# uncapture() of the last WAL capture and capture() at once: the worker does
+# not drop the slot the new capture uses.
+q1(q{CREATE TABLE again (id int PRIMARY KEY); SELECT outbox.capture('again', mode => 'wal');});
+ok($node->poll_query_until('postgres', q{SELECT state = 'streaming' FROM outbox.captures WHERE table_name = 'again'::regclass}),
+	'(c) streaming again');
+for (1 .. 5)
+{
+	q1(q{SELECT outbox.uncapture('again')});
+	q1(q{SELECT outbox.capture('again', mode => 'wal')});
+}
+usleep(1_500_000);
+q1(q{INSERT INTO again VALUES (1)});
+caught_up('(c) uncapture and capture at once');
+is(q1(q{SELECT state || ' ' || (SELECT count(*) FROM outbox.messages WHERE topic = 'public.again')
+  FROM outbox.captures WHERE table_name = 'again'::regclass}), 'streaming 1',
+	'(c) uncapture and capture at once: the slot stays, the change is captured');
+q1(q{SELECT outbox.uncapture('again')});
+ok($node->poll_query_until('postgres',
+		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = 'outbox_capture'}),
+	'(c) and the slot goes with the last capture');
+
+# The worker is a superuser: the database's search_path cannot lend it a
+# user's operator.
+q1(q{
+CREATE ROLE evil LOGIN;
+GRANT CREATE ON SCHEMA public TO evil;
+ALTER DATABASE postgres SET search_path = public, pg_catalog;
+});
+$node->safe_psql('postgres', q{
+SET ROLE evil;
+CREATE FUNCTION public.evil_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS
+  $$ BEGIN EXECUTE 'ALTER ROLE evil SUPERUSER'; RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.evil_eq);
+RESET ROLE;
+});
+q1(q{CREATE TABLE trap (id int PRIMARY KEY); SELECT outbox.capture('trap', mode => 'wal');
+INSERT INTO trap VALUES (1);});
+caught_up('(c) search_path');
+kill_worker();
+q1(q{INSERT INTO trap VALUES (2)});
+caught_up('(c) search_path, again');
+is(q1(q{SELECT rolsuper FROM pg_roles WHERE rolname = 'evil'}), 'f',
+	'(c) an operator in the database\'s search_path does not run as the capture worker');
+q1(q{SELECT outbox.uncapture('trap');
+ALTER DATABASE postgres RESET search_path;
+DROP OPERATOR public.= (text, text); DROP FUNCTION public.evil_eq(text, text);
+REVOKE CREATE ON SCHEMA public FROM evil; DROP ROLE evil;});
 
 #### (d) WAL retention
 q1(q{CREATE TABLE idle (id int PRIMARY KEY); CREATE TABLE churn (id int, pad text);
