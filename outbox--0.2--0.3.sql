@@ -55,7 +55,8 @@ REVOKE ALL ON FUNCTION outbox.capture_wake() FROM PUBLIC;
 -- The capture worker's state, from shared memory.
 CREATE FUNCTION outbox.capture_status(OUT pid int, OUT state text, OUT last_error text,
 									  OUT last_commit_lsn pg_lsn, OUT last_commit_at timestamptz,
-									  OUT offset_lsn pg_lsn, OUT handed bigint, OUT skipped bigint)
+									  OUT offset_lsn pg_lsn, OUT handed bigint, OUT skipped bigint,
+									  OUT decoded_lsn pg_lsn)
 RETURNS record
 AS 'MODULE_PATHNAME', 'outbox_capture_status'
 LANGUAGE C STABLE;
@@ -479,7 +480,8 @@ SELECT ct.tbl AS table_name,
 	   CASE WHEN ct.mode = 'wal' THEN w.last_commit_at END AS last_commit_at,
 	   CASE WHEN ct.mode = 'wal' THEN
 			pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(),
-									   coalesce(p.end_lsn, s.confirmed_flush_lsn))::bigint END AS lag_bytes,
+									   coalesce(greatest(p.end_lsn, w.decoded_lsn),
+												s.confirmed_flush_lsn))::bigint END AS lag_bytes,
 	   CASE WHEN ct.mode = 'wal' THEN pg_catalog.now() - p.updated_at END AS lag_time,
 	   CASE WHEN ct.mode = 'wal' THEN
 			pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint END AS retained_wal,

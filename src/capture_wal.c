@@ -128,6 +128,7 @@ typedef struct CaptureShared
 	XLogRecPtr	handed_lsn;		/* commit LSN of the last source transaction */
 	TimestampTz handed_at;		/* and its commit time */
 	XLogRecPtr	end_lsn;		/* the stored offset */
+	XLogRecPtr	decoded_lsn;	/* read and handed off up to here */
 	uint64		handed;			/* messages handed off since start */
 	uint64		skipped;		/* changes that could not become messages */
 } CaptureShared;
@@ -237,14 +238,14 @@ outbox_capture_wake(PG_FUNCTION_ARGS)
 
 /*
  * outbox.capture_status() -> (pid, state, last_error, last_commit_lsn,
- * last_commit_at, offset_lsn, handed, skipped)
+ * last_commit_at, offset_lsn, handed, skipped, decoded_lsn)
  */
 Datum
 outbox_capture_status(PG_FUNCTION_ARGS)
 {
 	TupleDesc	desc;
-	Datum		values[8];
-	bool		nulls[8] = {0};
+	Datum		values[9];
+	bool		nulls[9] = {0};
 	CaptureShared copy;
 
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
@@ -269,6 +270,8 @@ outbox_capture_status(PG_FUNCTION_ARGS)
 	nulls[5] = copy.end_lsn == InvalidXLogRecPtr;
 	values[6] = Int64GetDatum((int64) copy.handed);
 	values[7] = Int64GetDatum((int64) copy.skipped);
+	values[8] = LSNGetDatum(copy.decoded_lsn);
+	nulls[8] = copy.decoded_lsn == InvalidXLogRecPtr;
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
 }
 
@@ -342,8 +345,6 @@ typedef struct CaptureDecoding
 	TimestampTz last_commit_time;
 	char		error[OUTBOX_STATUS_LEN];
 	uint64		skipped;
-	bool		activity;		/* a transaction not ours decoded since the
-								 * offset was last written */
 } CaptureDecoding;
 
 static CaptureDecoding *dec = NULL;
@@ -1130,7 +1131,6 @@ capture_commit_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, XLogRecPtr
 		dec->stop = true;		/* hand off this part, then decode it again */
 		return;
 	}
-	dec->activity = true;
 	dec->last_commit_lsn = commit_lsn;
 	dec->last_commit_time = txn->xact_time.commit_time;
 	if (dec->nmsgs >= capture_part_messages || dec->bytes >= CAPTURE_PART_BYTES)
@@ -1519,6 +1519,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 	long		nap = 1;
 	TimestampTz last_offset_write = 0;
 	TimestampTz last_check = GetCurrentTimestamp();
+	XLogRecPtr	own_end = InvalidXLogRecPtr;
 
 	for (;;)
 	{
@@ -1619,7 +1620,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			ctx = NULL;
 		}
 		else if (dec->nmsgs > 0 ||
-				 (dec->activity && ctx->reader->EndRecPtr > end_lsn &&
+				 (ctx->reader->EndRecPtr > end_lsn && ctx->reader->EndRecPtr > own_end &&
 				  TimestampDifferenceExceeds(last_offset_write, GetCurrentTimestamp(),
 											 CAPTURE_IDLE_OFFSET_MS)))
 		{
@@ -1627,7 +1628,11 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			bool		had_messages = dec->nmsgs > 0;
 
 			capture_handoff(new_end, InvalidXLogRecPtr, 0);
-			dec->activity = false;
+			/*
+			 * The offset's own commit is WAL too: with nothing else after
+			 * it, an idle server is left alone (no write a second).
+			 */
+			own_end = XactLastCommitEnd;
 			last_offset_write = GetCurrentTimestamp();
 			end_lsn = new_end;
 			part_lsn = InvalidXLogRecPtr;
@@ -1638,6 +1643,12 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			if (had_messages)
 				capture_fault("capture_before_confirm");
 			LogicalConfirmReceivedLocation(end_lsn);
+		}
+		if (ctx != NULL)
+		{
+			SpinLockAcquire(&capture_shared->mutex);
+			capture_shared->decoded_lsn = ctx->reader->EndRecPtr;
+			SpinLockRelease(&capture_shared->mutex);
 		}
 		dec->nmsgs = 0;
 		dec->bytes = 0;

@@ -238,7 +238,7 @@ wal_caught_up() {
 	local target i
 	target=$(sql -c "SELECT pg_current_wal_lsn()")
 	for ((i = 0; i < $1 * 10; i++)); do
-		[ "$(sql -c "SELECT coalesce(bool_or(end_lsn >= '$target'), false) FROM outbox.capture_progress")" = t ] && return 0
+		[ "$(sql -c "SELECT coalesce(decoded_lsn >= '$target', false) FROM outbox.capture_status()")" = t ] && return 0
 		sleep 0.1
 	done
 	return 1
