@@ -292,7 +292,7 @@ BEGIN
 		IF mode = 'wal' THEN
 			-- The WAL carries the old values of the replica identity only:
 			-- that of each partition, for a partitioned table.
-			FOR part IN SELECT tbl AS relid
+			FOR part IN SELECT tbl AS relid WHERE rel.relkind = 'r'
 						UNION ALL
 						SELECT p.relid FROM pg_partition_tree(tbl) p WHERE p.isleaf AND p.relid <> tbl LOOP
 				SELECT c.relreplident INTO replident FROM pg_class c WHERE c.oid = part;
@@ -325,8 +325,9 @@ BEGIN
 		-- Decoding starts at its consistent point; a change is captured if
 		-- this capture had committed when the change was made.  The lock
 		-- keeps the capture worker from dropping a slot it found unused
-		-- while this capture commits (capture_drop_slot_if_unused).
-		LOCK TABLE outbox.captured_tables IN SHARE ROW EXCLUSIVE MODE;
+		-- while this capture commits (capture_drop_slot_if_unused in
+		-- src/capture_wal.c, which takes it exclusive).
+		PERFORM pg_advisory_xact_lock_shared(7386912245760017);
 		IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_capture') THEN
 			IF (SELECT count(*) FROM pg_replication_slots) >= current_setting('max_replication_slots')::int THEN
 				RAISE EXCEPTION 'no replication slot is free for the WAL capture'

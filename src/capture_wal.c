@@ -52,6 +52,7 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
@@ -107,6 +108,11 @@ PG_FUNCTION_INFO_V1(outbox_capture_wake);
 PG_FUNCTION_INFO_V1(outbox_capture_status);
 
 #define CAPTURE_SLOT			"outbox_capture"
+/*
+ * The advisory lock (per database) outbox.capture() takes shared while it
+ * looks for the slot, and the worker exclusive while it drops the slot.
+ */
+#define CAPTURE_LOCK_KEY		"7386912245760017"
 #define CAPTURE_PART_MESSAGES	100000
 #define CAPTURE_PART_BYTES		(32 * 1024 * 1024)
 /* How long the worker sleeps at most when no WAL comes. */
@@ -282,6 +288,7 @@ typedef struct WalRel
 {
 	Oid			relid;			/* hash key: the changed table or partition */
 	bool		captured;
+	Oid			root;			/* the captured table (relid, or an ancestor) */
 	bool		valid;			/* cleared by a relcache invalidation */
 	MemoryContext cxt;			/* what the entry points to */
 	/* the historic snapshot it was read with: valid for that one only */
@@ -530,9 +537,10 @@ capture_wal_rel(Relation relation)
 
 	/*
 	 * Whether a table is captured is decided with the catalog as of the
-	 * change: an entry holds for the historic snapshot it was read with
-	 * (transactions decoded with no catalog change between them share one),
-	 * and is read again under another.
+	 * change: an entry holds, within its transaction (capture_begin resets
+	 * them all), for the historic snapshot it was read with, and is read
+	 * again under another (a command id of the transaction's own catalog
+	 * changes, or a catalog change committed meanwhile).
 	 */
 	r = hash_search(dec->rels, &relid, HASH_ENTER, &found);
 	if (found && r->valid && r->snap == snap && r->snap_xmin == snap->xmin &&
@@ -548,10 +556,8 @@ capture_wal_rel(Relation relation)
 	r->snap_xmax = snap->xmax;
 	r->snap_curcid = snap->curcid;
 	r->snap_xcnt = snap->xcnt;
-	r->cxt = AllocSetContextCreate(dec->rel_cxt, "outbox capture table",
-								   ALLOCSET_SMALL_SIZES);
 
-	oldcxt = MemoryContextSwitchTo(r->cxt);
+	oldcxt = MemoryContextSwitchTo(dec->change_cxt);
 	if (relid == dec->captured_tables || get_rel_namespace(relid) == PG_CATALOG_NAMESPACE)
 	{
 		MemoryContextSwitchTo(oldcxt);
@@ -579,7 +585,11 @@ capture_wal_rel(Relation relation)
 		return r;
 	}
 
+	r->cxt = AllocSetContextCreate(dec->rel_cxt, "outbox capture table",
+								   ALLOCSET_SMALL_SIZES);
+	MemoryContextSwitchTo(r->cxt);
 	r->captured = true;
+	r->root = captured;
 	r->full = relation->rd_rel->relreplident == REPLICA_IDENTITY_FULL;
 	r->source = capture_source_name(captured);
 	t = capture_getarg_text(cfg, cfgdesc, "topic_column");
@@ -796,6 +806,12 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 			unchanged = lappend(unchanged, r->cols[i].name);
 		}
 	}
+	if (strcmp(op, "delete") == 0 && oldtup == NULL)
+	{
+		capture_note_error("a delete of %s at %s carries no old row (replica identity NOTHING?): it has no key",
+						   r->source, dec->txn_lsn);
+		dec->skipped--;
+	}
 	keytup = newtup != NULL ? newtup : oldtup;
 	if (keytup != NULL)
 	{
@@ -873,64 +889,51 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 	capture_collect(&m);
 }
 
-/* A row of a captured outbox table as its message; checked, never thrown. */
+/*
+ * A row of a captured outbox table as its message, checked as outbox_emit()
+ * checks its arguments; a bad row raises a data exception, which
+ * capture_wal_one turns into a skipped change.
+ */
 static void
 capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 {
 	OutboxMessage m;
-	MemoryContext cxt = CurrentMemoryContext;
-	volatile bool ok = false;
+	bool		isnull;
+	Datum		d;
 
 	memset(&m, 0, sizeof(m));
 	m.commit_time_off = -1;
-	PG_TRY();
+	d = heap_getattr(tup, r->topic_att, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox topic must not be null")));
+	outbox_check_topic(DatumGetTextPP(d), &m.topic, &m.topic_len);
+	if (r->key_att)
 	{
-		bool		isnull;
-		Datum		d;
-
-		d = heap_getattr(tup, r->topic_att, desc, &isnull);
-		if (isnull)
-			elog(ERROR, "the topic is null");
-		outbox_check_topic(DatumGetTextPP(d), &m.topic, &m.topic_len);
-		if (r->key_att)
-		{
-			d = heap_getattr(tup, r->key_att, desc, &isnull);
-			if (!isnull)
-				outbox_check_key(cstring_to_text(OutputFunctionCall(&r->key_out, d)),
-								 &m.key, &m.key_len);
-		}
-		d = heap_getattr(tup, r->payload_att, desc, &isnull);
-		if (isnull)
-			elog(ERROR, "the payload is null");
-		if (r->payload_type != JSONBOID)
-			d = DirectFunctionCall1(jsonb_in, CStringGetDatum(TextDatumGetCString(d)));
-		outbox_check_payload_size(d);
-		m.payload = (struct varlena *) DatumGetJsonbP(d);
-		if (r->headers_att)
-		{
-			d = heap_getattr(tup, r->headers_att, desc, &isnull);
-			if (!isnull)
-			{
-				outbox_check_headers(DatumGetJsonbP(d));
-				m.headers = (struct varlena *) DatumGetJsonbP(d);
-			}
-		}
-		ok = true;
+		d = heap_getattr(tup, r->key_att, desc, &isnull);
+		if (!isnull)
+			outbox_check_key(cstring_to_text(OutputFunctionCall(&r->key_out, d)),
+							 &m.key, &m.key_len);
 	}
-	PG_CATCH();
+	d = heap_getattr(tup, r->payload_att, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox payload must not be null")));
+	if (r->payload_type != JSONBOID)
+		d = DirectFunctionCall1(jsonb_in, CStringGetDatum(TextDatumGetCString(d)));
+	outbox_check_payload_size(d);
+	m.payload = (struct varlena *) DatumGetJsonbP(d);
+	if (r->headers_att)
 	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		capture_note_error("a row inserted into captured outbox table %s at %s is not a valid message: %s",
-						   r->source, dec->txn_lsn, edata->message);
-		FreeErrorData(edata);
+		d = heap_getattr(tup, r->headers_att, desc, &isnull);
+		if (!isnull)
+		{
+			outbox_check_headers(DatumGetJsonbP(d));
+			m.headers = (struct varlena *) DatumGetJsonbP(d);
+		}
 	}
-	PG_END_TRY();
-	if (!ok)
-		return;
 	m.emitted_at = dec->txn_commit_time;
 	outbox_make_uuid(&m.msg_id, m.emitted_at);
 	capture_collect(&m);
@@ -977,8 +980,9 @@ capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
 	FullTransactionId next = ReadNextFullTransactionId();
 	uint32		epoch = EpochFromFullTransactionId(next);
 
-	if (dec->rels == NULL)
-		capture_reset_rels();
+	/* a transaction's own uncommitted captures are its alone */
+	capture_reset_rels();
+	MemoryContextReset(dec->change_cxt);
 	dec->txn_commit_lsn = txn->final_lsn;
 	dec->txn_skip = txn->final_lsn < dec->start_lsn;
 	dec->txn_part = 0;
@@ -1008,6 +1012,23 @@ capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
  * thrown on.  The code run here only reads its arguments: it holds no
  * lock or buffer an error could leave behind.
  */
+/*
+ * Errors a change's values can raise, which skip that change: data
+ * exceptions (22), program limits (54), features a value needs (0A).
+ * Everything else (cancel, shutdown, out of memory, I/O, internal errors,
+ * corruption) is the server's and thrown on.
+ */
+static bool
+capture_error_skips_change(ErrorData *edata)
+{
+	int			class = ERRCODE_TO_CATEGORY(edata->sqlerrcode);
+
+	return edata->elevel == ERROR &&
+		(class == ERRCODE_TO_CATEGORY(ERRCODE_DATA_EXCEPTION) ||
+		 class == ERRCODE_TO_CATEGORY(ERRCODE_PROGRAM_LIMIT_EXCEEDED) ||
+		 class == ERRCODE_TO_CATEGORY(ERRCODE_FEATURE_NOT_SUPPORTED));
+}
+
 static void
 capture_wal_one(WalRel *r, TupleDesc desc, const char *op,
 				HeapTuple oldtup, HeapTuple newtup)
@@ -1024,15 +1045,10 @@ capture_wal_one(WalRel *r, TupleDesc desc, const char *op,
 	PG_CATCH();
 	{
 		ErrorData  *edata;
-		int			class;
 
 		MemoryContextSwitchTo(dec->change_cxt);
 		edata = CopyErrorData();
-		class = ERRCODE_TO_CATEGORY(edata->sqlerrcode);
-		if (edata->elevel > ERROR || class == ERRCODE_TO_CATEGORY(ERRCODE_QUERY_CANCELED) ||
-			class == ERRCODE_TO_CATEGORY(ERRCODE_INSUFFICIENT_RESOURCES) ||
-			class == ERRCODE_TO_CATEGORY(ERRCODE_SYSTEM_ERROR) ||
-			class == ERRCODE_TO_CATEGORY(ERRCODE_OPERATOR_INTERVENTION))
+		if (!capture_error_skips_change(edata))
 			PG_RE_THROW();
 		FlushErrorState();
 		capture_note_error("a change of %s at %s cannot become a message: %s",
@@ -1043,10 +1059,35 @@ capture_wal_one(WalRel *r, TupleDesc desc, const char *op,
 	MemoryContextReset(dec->change_cxt);
 }
 
+/*
+ * What a tuple weighs for the part boundaries: its length plus the raw size
+ * of each out-of-line or compressed value (as decoded, a TOASTed value is a
+ * pointer of a few bytes).  Read from the WAL alone, so the same on every
+ * decode.
+ */
 static Size
-capture_tuple_size(HeapTuple t)
+capture_tuple_size(HeapTuple t, TupleDesc desc)
 {
-	return t != NULL ? t->t_len : 0;
+	Size		size;
+	int			i;
+
+	if (t == NULL)
+		return 0;
+	size = t->t_len;
+	if (!HeapTupleHasVarWidth(t))
+		return size;
+	for (i = 0; i < desc->natts; i++)
+	{
+		bool		isnull;
+		Datum		d;
+
+		if (TupleDescAttr(desc, i)->attlen != -1)
+			continue;
+		d = heap_getattr(t, i + 1, desc, &isnull);
+		if (!isnull && VARATT_IS_EXTENDED(DatumGetPointer(d)))
+			size += toast_raw_datum_size(d);
+	}
+	return size;
 }
 
 static void
@@ -1082,15 +1123,16 @@ capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 	}
 	if (r->kind == 'o' && change->action != REORDER_BUFFER_CHANGE_INSERT)
 		return;					/* an outbox table's rows are its inserts */
-	if (!capture_part_take(capture_tuple_size(oldtup) + capture_tuple_size(newtup)))
+	if (!capture_part_take(capture_tuple_size(oldtup, desc) + capture_tuple_size(newtup, desc)))
 		return;
 	capture_wal_one(r, desc, op, oldtup, newtup);
 }
 
 /*
- * TRUNCATE: one message per captured table, however many of its
- * partitions the record names (a partitioned table's own entry, each
- * leaf's, or a partition truncated alone).
+ * TRUNCATE of a captured table: one message.  The record of a partitioned
+ * table's TRUNCATE names it and each partition: only its own entry counts.
+ * A partition truncated alone is not captured (as in trigger mode: a
+ * message would say the whole table was emptied), with a warning.
  */
 static void
 capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
@@ -1098,27 +1140,33 @@ capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 {
 	int			i;
 	int			j;
-	WalRel	  **done;
 
 	if (dec->txn_skip)
 		return;
-	done = palloc0(nrelations * sizeof(WalRel *));
 	for (i = 0; i < nrelations; i++)
 	{
 		WalRel	   *r = capture_wal_rel(relations[i]);
-		bool		seen = false;
+		bool		root_named = false;
 
 		if (!r->captured || r->kind != 'c')
 			continue;
-		for (j = 0; j < i; j++)
-			if (done[j] != NULL && strcmp(done[j]->source, r->source) == 0)
-				seen = true;
-		done[i] = r;
-		if (seen || !capture_part_take(0))
+		if (RelationGetRelid(relations[i]) != r->root)
+		{
+			for (j = 0; j < nrelations; j++)
+				if (RelationGetRelid(relations[j]) == r->root)
+					root_named = true;
+			if (!root_named)
+			{
+				capture_note_error("TRUNCATE of partition %s of captured table %s at %s is not captured",
+								   RelationGetRelationName(relations[i]), r->source, dec->txn_lsn);
+				dec->skipped--;
+			}
+			continue;
+		}
+		if (!capture_part_take(0))
 			continue;
 		capture_wal_one(r, RelationGetDescr(relations[i]), "truncate", NULL, NULL);
 	}
-	pfree(done);
 }
 
 static void
@@ -1295,10 +1343,12 @@ capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done)
 }
 
 /*
- * Drop the slot if no WAL capture exists, holding outbox.captured_tables in
- * SHARE ROW EXCLUSIVE mode, the lock outbox.capture() takes before it looks
- * for the slot: a capture committed meanwhile keeps the slot.  Returns
- * whether no WAL capture exists.
+ * Drop the slot if no WAL capture exists, holding the advisory lock
+ * CAPTURE_LOCK_KEY, which outbox.capture() holds shared from before it
+ * looks for the slot until it commits: a capture committed meanwhile keeps
+ * the slot.  Only this worker, which has no transaction id, waits on it
+ * exclusively, so it closes no cycle of waits.  Returns whether no WAL
+ * capture exists.
  */
 static bool
 capture_drop_slot_if_unused(void)
@@ -1315,8 +1365,9 @@ capture_drop_slot_if_unused(void)
 	unused = true;
 	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &unused)))
 	{
-		capture_spi_exec("LOCK TABLE outbox.captured_tables IN SHARE ROW EXCLUSIVE MODE",
-						 SPI_OK_UTILITY);
+		if (SPI_execute("SELECT pg_catalog.pg_advisory_xact_lock(" CAPTURE_LOCK_KEY ")",
+						false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox capture: cannot take the capture lock");
 		PopActiveSnapshot();
 		PushActiveSnapshot(GetTransactionSnapshot());
 		if (SPI_execute("SELECT 1 FROM outbox.captured_tables WHERE mode OPERATOR(pg_catalog.=) 'wal' LIMIT 1",
@@ -1520,6 +1571,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 	TimestampTz last_offset_write = 0;
 	TimestampTz last_check = GetCurrentTimestamp();
 	XLogRecPtr	own_end = InvalidXLogRecPtr;
+	bool		foreign = false;	/* WAL not ours read since the last offset */
 
 	for (;;)
 	{
@@ -1544,7 +1596,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			if (!capture_same_extension())
 			{
 				ereport(LOG,
-						(errmsg("outbox capture restarts: the extension was created again")));
+						(errmsg("outbox capture restarts: the extension was dropped or created again")));
 				proc_exit(1);
 			}
 			if (!capture_read_offset(&e2, &p2, &d2))
@@ -1597,7 +1649,15 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			if (errm)
 				elog(ERROR, "outbox capture: could not read WAL: %s", errm);
 			if (record != NULL)
+			{
+				RmgrId		rmid = XLogRecGetRmid(ctx->reader);
+
+				/* WAL of others, not checkpoints and running-xacts records */
+				if (ctx->reader->ReadRecPtr >= own_end &&
+					rmid != RM_XLOG_ID && rmid != RM_STANDBY_ID)
+					foreign = true;
 				LogicalDecodingProcessRecord(ctx, ctx->reader);
+			}
 			read_any = true;
 			CHECK_FOR_INTERRUPTS();
 		}
@@ -1620,7 +1680,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			ctx = NULL;
 		}
 		else if (dec->nmsgs > 0 ||
-				 (ctx->reader->EndRecPtr > end_lsn && ctx->reader->EndRecPtr > own_end &&
+				 (ctx->reader->EndRecPtr > end_lsn && foreign &&
 				  TimestampDifferenceExceeds(last_offset_write, GetCurrentTimestamp(),
 											 CAPTURE_IDLE_OFFSET_MS)))
 		{
@@ -1629,10 +1689,12 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 
 			capture_handoff(new_end, InvalidXLogRecPtr, 0);
 			/*
-			 * The offset's own commit is WAL too: with nothing else after
-			 * it, an idle server is left alone (no write a second).
+			 * The offset's own commit is WAL too, and so are the
+			 * checkpoint and running-xacts records an idle server writes:
+			 * with nothing else after it, the offset is not written again.
 			 */
 			own_end = XactLastCommitEnd;
+			foreign = false;
 			last_offset_write = GetCurrentTimestamp();
 			end_lsn = new_end;
 			part_lsn = InvalidXLogRecPtr;

@@ -334,7 +334,7 @@ is( q1(q{SELECT string_agg(topic || ' ' || key || ' ' || payload::text || ' ' ||
 	'order o-1 {"n": 1} {"x-tenant": "acme"}; order o-3 {"n": 3} -',
 	'(c) an outbox table from the WAL: the rows as messages, deleted or not; the bad one skipped');
 like(q1(q{SELECT last_error FROM outbox.captures WHERE table_name = 'app_outbox'::regclass}),
-	qr/not a valid message: outbox topic contains a character/, '(c) ... and named in last_error');
+	qr/cannot become a message: outbox topic contains a character/, '(c) ... and named in last_error');
 q1(q{SELECT outbox.uncapture('app_outbox')});
 
 # One bad value never stops the capture (a json value jsonb refuses), nor
