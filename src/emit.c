@@ -109,7 +109,8 @@ typedef struct OutboxBufferReader
 	size_t		mem_pos;		/* next byte to read from mem */
 	char	   *record;			/* holds one record read from the file */
 	size_t		record_cap;		/* bytes allocated for record */
-	char		commit_time[OUTBOX_COMMIT_TIME_LEN + 1];	/* as text */
+	char		commit_time[OUTBOX_COMMIT_TIME_LEN + 1];	/* as text, once a
+																 * record needs it */
 } OutboxBufferReader;
 
 static void outbox_buffer_close_spill(void);
@@ -329,11 +330,13 @@ outbox_buffer_truncate(uint64 position, int64 count)
 }
 
 /*
- * Decode the record at rec into msg; write commit_time, if given, into the
- * headers' commit time slot (the record is the reader's to change).
+ * Decode the record at rec into msg; write the commit time into the
+ * headers' commit time slot, if it has one (the record is the reader's to
+ * change).  The time is taken and formatted when the first record needs it:
+ * the messages of outbox_emit() have no slot and pay nothing.
  */
 static void
-outbox_decode_record(char *rec, OutboxMessage *msg, const char *commit_time)
+outbox_decode_record(char *rec, OutboxMessage *msg, char *commit_time)
 {
 	OutboxRecordHeader hdr;
 	size_t		off = RECORD_HEADER_SIZE;
@@ -347,9 +350,13 @@ outbox_decode_record(char *rec, OutboxMessage *msg, const char *commit_time)
 	if (hdr.headers_len >= 0)
 	{
 		msg->headers = (struct varlena *) (rec + off);
-		if (hdr.commit_time_off >= 0 && commit_time != NULL)
+		if (hdr.commit_time_off >= 0)
+		{
+			if (commit_time[0] == '\0')
+				outbox_format_commit_time(GetCurrentTimestamp(), commit_time);
 			memcpy((char *) msg->headers + hdr.commit_time_off, commit_time,
 				   OUTBOX_COMMIT_TIME_LEN);
+		}
 		off += MAXALIGN(hdr.headers_len);
 	}
 	else
@@ -462,7 +469,6 @@ outbox_store_buffer(void)
 	first_id = outbox_writer_reserve(writer, xbuf->count);
 
 	memset(&reader, 0, sizeof(reader));
-	outbox_format_commit_time(GetCurrentTimestamp(), reader.commit_time);
 	outbox_writer_store(writer, first_id, xbuf->count,
 						outbox_buffer_next, &reader);
 	outbox_writer_end(writer);
