@@ -291,7 +291,8 @@ typedef struct WalRel
 	Oid			root;			/* the captured table (relid, or an ancestor) */
 	bool		valid;			/* cleared by a relcache invalidation */
 	MemoryContext cxt;			/* what the entry points to */
-	/* the historic snapshot it was read with: valid for that one only */
+	/* the transaction and historic snapshot it was read with */
+	uint64		txn_seq;
 	Snapshot	snap;
 	TransactionId snap_xmin;
 	TransactionId snap_xmax;
@@ -321,10 +322,11 @@ typedef struct Collected
 typedef struct CaptureDecoding
 {
 	MemoryContext collect_cxt;	/* the messages of this pass */
-	MemoryContext rel_cxt;		/* rels, reset at each transaction */
+	MemoryContext rel_cxt;		/* rels and their entries' contexts */
 	MemoryContext change_cxt;	/* one change's work, reset after it */
 	HTAB	   *rels;
 	Oid			captured_tables;	/* outbox.captured_tables */
+	Oid			outbox_namespace;	/* schema outbox */
 	/* the offset the pass started from */
 	XLogRecPtr	start_lsn;
 	XLogRecPtr	part_commit_lsn;
@@ -341,6 +343,8 @@ typedef struct CaptureDecoding
 	int			txn_part_count;
 	Size		txn_part_bytes;
 	int			txn_first_msg;	/* index in msgs of its first message */
+	uint64		txn_seq;		/* transactions begun: what rels hold for */
+	TransactionId txn_xid_raw;
 	char		txn_xid[32];
 	char		txn_lsn[32];
 	char		txn_time[OUTBOX_COMMIT_TIME_LEN + 1];
@@ -537,13 +541,14 @@ capture_wal_rel(Relation relation)
 
 	/*
 	 * Whether a table is captured is decided with the catalog as of the
-	 * change: an entry holds, within its transaction (capture_begin resets
-	 * them all), for the historic snapshot it was read with, and is read
+	 * change: an entry holds, within its transaction (capture_begin counts
+	 * them), for the historic snapshot it was read with, and is read
 	 * again under another (a command id of the transaction's own catalog
 	 * changes, or a catalog change committed meanwhile).
 	 */
 	r = hash_search(dec->rels, &relid, HASH_ENTER, &found);
-	if (found && r->valid && r->snap == snap && r->snap_xmin == snap->xmin &&
+	if (found && r->valid && r->txn_seq == dec->txn_seq &&
+		r->snap == snap && r->snap_xmin == snap->xmin &&
 		r->snap_xmax == snap->xmax && r->snap_curcid == snap->curcid &&
 		r->snap_xcnt == snap->xcnt)
 		return r;
@@ -551,6 +556,7 @@ capture_wal_rel(Relation relation)
 		MemoryContextDelete(r->cxt);
 	memset((char *) r + sizeof(Oid), 0, sizeof(WalRel) - sizeof(Oid));
 	r->valid = true;
+	r->txn_seq = dec->txn_seq;
 	r->snap = snap;
 	r->snap_xmin = snap->xmin;
 	r->snap_xmax = snap->xmax;
@@ -558,7 +564,9 @@ capture_wal_rel(Relation relation)
 	r->snap_xcnt = snap->xcnt;
 
 	oldcxt = MemoryContextSwitchTo(dec->change_cxt);
-	if (relid == dec->captured_tables || get_rel_namespace(relid) == PG_CATALOG_NAMESPACE)
+	/* the outbox's own tables and the catalogs cannot be captured */
+	if (relation->rd_rel->relnamespace == dec->outbox_namespace ||
+		relation->rd_rel->relnamespace == PG_CATALOG_NAMESPACE)
 	{
 		MemoryContextSwitchTo(oldcxt);
 		return r;
@@ -940,8 +948,8 @@ capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 }
 
 /*
- * Forget what is known of the tables (capture_wal_rel says when an entry
- * holds).  DDL on a table invalidates its entry
+ * The table of what is known of the tables, made once (capture_wal_rel
+ * says when an entry holds).  DDL on a table invalidates its entry
  * (capture_wal_relcache_callback).
  */
 static void
@@ -977,11 +985,8 @@ capture_startup(LogicalDecodingContext *ctx, OutputPluginOptions *opt, bool is_i
 static void
 capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
 {
-	FullTransactionId next = ReadNextFullTransactionId();
-	uint32		epoch = EpochFromFullTransactionId(next);
-
 	/* a transaction's own uncommitted captures are its alone */
-	capture_reset_rels();
+	dec->txn_seq++;
 	MemoryContextReset(dec->change_cxt);
 	dec->txn_commit_lsn = txn->final_lsn;
 	dec->txn_skip = txn->final_lsn < dec->start_lsn;
@@ -990,12 +995,27 @@ capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
 	dec->txn_part_bytes = 0;
 	dec->txn_first_msg = dec->nmsgs;
 	dec->txn_commit_time = txn->xact_time.commit_time;
-	if (txn->xid > XidFromFullTransactionId(next))
+	dec->txn_xid_raw = txn->xid;
+	dec->txn_xid[0] = '\0';	/* capture_txn_strings, at its first message */
+}
+
+/* The source transaction's header values, made once it has a message. */
+static void
+capture_txn_strings(void)
+{
+	FullTransactionId next;
+	uint32		epoch;
+
+	if (dec->txn_xid[0] != '\0')
+		return;
+	next = ReadNextFullTransactionId();
+	epoch = EpochFromFullTransactionId(next);
+	if (dec->txn_xid_raw > XidFromFullTransactionId(next))
 		epoch--;
 	snprintf(dec->txn_xid, sizeof(dec->txn_xid), UINT64_FORMAT,
-			 U64FromFullTransactionId(FullTransactionIdFromEpochAndXid(epoch, txn->xid)));
-	snprintf(dec->txn_lsn, sizeof(dec->txn_lsn), "%X/%X", LSN_FORMAT_ARGS(txn->final_lsn));
-	outbox_format_commit_time(txn->xact_time.commit_time, dec->txn_time);
+			 U64FromFullTransactionId(FullTransactionIdFromEpochAndXid(epoch, dec->txn_xid_raw)));
+	snprintf(dec->txn_lsn, sizeof(dec->txn_lsn), "%X/%X", LSN_FORMAT_ARGS(dec->txn_commit_lsn));
+	outbox_format_commit_time(dec->txn_commit_time, dec->txn_time);
 }
 
 #if PG_VERSION_NUM >= 170000
@@ -1035,6 +1055,7 @@ capture_wal_one(WalRel *r, TupleDesc desc, const char *op,
 {
 	MemoryContext oldcxt = MemoryContextSwitchTo(dec->change_cxt);
 
+	capture_txn_strings();
 	PG_TRY();
 	{
 		if (r->kind == 'o')
@@ -1070,23 +1091,22 @@ capture_tuple_size(HeapTuple t, TupleDesc desc)
 {
 	Size		size;
 	int			i;
+	Datum	   *values;
+	bool	   *nulls;
 
 	if (t == NULL)
 		return 0;
 	size = t->t_len;
 	if (!HeapTupleHasVarWidth(t))
 		return size;
+	/* one pass over the tuple (in the change's context, reset after it) */
+	values = MemoryContextAlloc(dec->change_cxt, desc->natts * sizeof(Datum));
+	nulls = MemoryContextAlloc(dec->change_cxt, desc->natts * sizeof(bool));
+	heap_deform_tuple(t, desc, values, nulls);
 	for (i = 0; i < desc->natts; i++)
-	{
-		bool		isnull;
-		Datum		d;
-
-		if (TupleDescAttr(desc, i)->attlen != -1)
-			continue;
-		d = heap_getattr(t, i + 1, desc, &isnull);
-		if (!isnull && VARATT_IS_EXTENDED(DatumGetPointer(d)))
-			size += toast_raw_datum_size(d);
-	}
+		if (!nulls[i] && TupleDescAttr(desc, i)->attlen == -1 &&
+			VARATT_IS_EXTENDED(DatumGetPointer(values[i])))
+			size += toast_raw_datum_size(values[i]);
 	return size;
 }
 
@@ -1157,6 +1177,7 @@ capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 					root_named = true;
 			if (!root_named)
 			{
+				capture_txn_strings();
 				capture_note_error("TRUNCATE of partition %s of captured table %s at %s is not captured",
 								   RelationGetRelationName(relations[i]), r->source, dec->txn_lsn);
 				dec->skipped--;
@@ -1533,11 +1554,13 @@ outbox_capture_main(Datum main_arg)
 										 ALLOCSET_DEFAULT_SIZES);
 	dec->change_cxt = AllocSetContextCreate(TopMemoryContext, "outbox capture change",
 											ALLOCSET_DEFAULT_SIZES);
+	capture_reset_rels();
 	CacheRegisterRelcacheCallback(capture_wal_relcache_callback, (Datum) 0);
 	{
 		StartTransactionCommand();
+		dec->outbox_namespace = get_namespace_oid("outbox", false);
 		dec->captured_tables = get_relname_relid("captured_tables",
-												 get_namespace_oid("outbox", false));
+												 dec->outbox_namespace);
 		CommitTransactionCommand();
 	}
 	SpinLockAcquire(&capture_shared->mutex);
