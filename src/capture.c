@@ -99,12 +99,7 @@ typedef struct CaptureEntry
 	int			nkeys;
 	CaptureColumn *keys;
 	/* kind 'o' */
-	AttrNumber	topic_att;
-	AttrNumber	key_att;		/* 0 for none */
-	AttrNumber	payload_att;
-	AttrNumber	headers_att;	/* 0 for none */
-	Oid			payload_type;	/* JSONBOID, JSONOID or TEXTOID */
-	FmgrInfo	key_att_out;
+	CaptureOutboxColumns oc;
 	/* the headers for the transaction they were last built for */
 	FullTransactionId headers_xid;
 	Jsonb	   *headers;
@@ -229,25 +224,25 @@ capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
 
 		if (n != 8)
 			capture_bad_arguments(tg, "An outbox table capture has 8 arguments.");
-		e->topic_att = capture_column(rel, a[4], tg);
-		e->key_att = a[5][0] ? capture_column(rel, a[5], tg) : 0;
-		e->payload_att = capture_column(rel, a[6], tg);
-		e->headers_att = a[7][0] ? capture_column(rel, a[7], tg) : 0;
-		e->payload_type = TupleDescAttr(desc, e->payload_att - 1)->atttypid;
-		if (e->key_att)
+		e->oc.topic_att = capture_column(rel, a[4], tg);
+		e->oc.key_att = a[5][0] ? capture_column(rel, a[5], tg) : 0;
+		e->oc.payload_att = capture_column(rel, a[6], tg);
+		e->oc.headers_att = a[7][0] ? capture_column(rel, a[7], tg) : 0;
+		e->oc.payload_type = TupleDescAttr(desc, e->oc.payload_att - 1)->atttypid;
+		if (e->oc.key_att)
 		{
-			getTypeOutputInfo(TupleDescAttr(desc, e->key_att - 1)->atttypid,
+			getTypeOutputInfo(TupleDescAttr(desc, e->oc.key_att - 1)->atttypid,
 							  &outfn, &varlena);
-			fmgr_info_cxt(outfn, &e->key_att_out, e->cxt);
+			fmgr_info_cxt(outfn, &e->oc.key_out, e->cxt);
 		}
-		if (getBaseType(TupleDescAttr(desc, e->topic_att - 1)->atttypid) != TEXTOID &&
-			getBaseType(TupleDescAttr(desc, e->topic_att - 1)->atttypid) != VARCHAROID)
+		if (getBaseType(TupleDescAttr(desc, e->oc.topic_att - 1)->atttypid) != TEXTOID &&
+			getBaseType(TupleDescAttr(desc, e->oc.topic_att - 1)->atttypid) != VARCHAROID)
 			capture_bad_arguments(tg, "The topic column is not of type text.");
-		if (e->payload_type != JSONBOID && e->payload_type != JSONOID &&
-			e->payload_type != TEXTOID)
+		if (e->oc.payload_type != JSONBOID && e->oc.payload_type != JSONOID &&
+			e->oc.payload_type != TEXTOID)
 			capture_bad_arguments(tg, "The payload column is not of type jsonb, json or text.");
-		if (e->headers_att &&
-			TupleDescAttr(desc, e->headers_att - 1)->atttypid != JSONBOID)
+		if (e->oc.headers_att &&
+			TupleDescAttr(desc, e->oc.headers_att - 1)->atttypid != JSONBOID)
 			capture_bad_arguments(tg, "The headers column is not of type jsonb.");
 	}
 	else
@@ -403,53 +398,58 @@ capture_change(CaptureEntry *e, TupleDesc desc, const char *op,
 	msg->commit_time_off = e->commit_time_off;
 }
 
-/* A row of an outbox table: its topic, key, payload and headers. */
-static void
-capture_outbox_row(CaptureEntry *e, TriggerData *td, OutboxMessage *msg)
+/*
+ * A row of a captured outbox table as its message: its topic, key, payload
+ * and headers, checked as outbox_emit() checks its arguments.  For both
+ * modes: the trigger lets the error fail the insert, the WAL worker skips
+ * the row (capture_wal.c).  source names the table in the errors.
+ */
+void
+outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
+						  const CaptureOutboxColumns *oc, const char *source,
+						  OutboxMessage *msg)
 {
-	TupleDesc	desc = RelationGetDescr(td->tg_relation);
-	HeapTuple	row = td->tg_trigtuple;
 	bool		isnull;
 	Datum		d;
 
-	d = heap_getattr(row, e->topic_att, desc, &isnull);
+	d = heap_getattr(row, oc->topic_att, desc, &isnull);
 	if (isnull)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("outbox topic must not be null"),
 				 errdetail("The row inserted into captured outbox table \"%s\" has a null topic column.",
-						   e->source),
+						   source),
 				 errhint("Name the topic, for example 'orders.created'.")));
 	outbox_check_topic(DatumGetTextPP(d), &msg->topic, &msg->topic_len);
 
-	if (e->key_att)
+	if (oc->key_att)
 	{
-		d = heap_getattr(row, e->key_att, desc, &isnull);
+		d = heap_getattr(row, oc->key_att, desc, &isnull);
 		if (!isnull)
 		{
-			char	   *s = OutputFunctionCall(&e->key_att_out, d);
+			char	   *s = OutputFunctionCall((FmgrInfo *) &oc->key_out, d);
 
 			outbox_check_key(cstring_to_text(s), &msg->key, &msg->key_len);
 		}
 	}
 
-	d = heap_getattr(row, e->payload_att, desc, &isnull);
+	d = heap_getattr(row, oc->payload_att, desc, &isnull);
 	if (isnull)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("outbox payload must not be null"),
 				 errdetail("The row inserted into captured outbox table \"%s\" has a null payload column.",
-						   e->source),
+						   source),
 				 errhint("Store 'null'::jsonb or '{}' for a message without a body.")));
-	if (e->payload_type != JSONBOID)
+	if (oc->payload_type != JSONBOID)
 		d = DirectFunctionCall1(jsonb_in,
 								CStringGetDatum(TextDatumGetCString(d)));
 	outbox_check_payload_size(d);
 	msg->payload = (struct varlena *) DatumGetJsonbP(d);
 
-	if (e->headers_att)
+	if (oc->headers_att)
 	{
-		d = heap_getattr(row, e->headers_att, desc, &isnull);
+		d = heap_getattr(row, oc->headers_att, desc, &isnull);
 		if (!isnull)
 		{
 			Jsonb	   *h = DatumGetJsonbP(d);
@@ -497,7 +497,8 @@ outbox_capture_trigger(PG_FUNCTION_ARGS)
 	{
 		if (!TRIGGER_FIRED_BY_INSERT(td->tg_event))
 			return PointerGetDatum(NULL);	/* only inserts are messages */
-		capture_outbox_row(e, td, &msg);
+		outbox_capture_outbox_row(td->tg_trigtuple, RelationGetDescr(td->tg_relation),
+								  &e->oc, e->source, &msg);
 	}
 	else
 	{

@@ -16,6 +16,8 @@
 #include "fmgr.h"
 #include "utils/jsonb.h"
 
+#include "outbox.h"
+
 /* How a column's values are written in JSON (capture_json.c). */
 typedef struct CaptureColumn
 {
@@ -53,5 +55,20 @@ extern void outbox_capture_push_string(JsonbParseState **st,
 extern char *outbox_capture_key(HeapTuple tuple, TupleDesc desc,
 								const CaptureColumn *keys, int nkeys,
 								int *len);
+
+/* The columns of a captured outbox table (capture.c). */
+typedef struct CaptureOutboxColumns
+{
+	AttrNumber	topic_att;
+	AttrNumber	key_att;		/* 0 for none */
+	AttrNumber	payload_att;
+	AttrNumber	headers_att;	/* 0 for none */
+	Oid			payload_type;	/* JSONBOID, JSONOID or TEXTOID */
+	FmgrInfo	key_out;		/* the key column's output function */
+} CaptureOutboxColumns;
+
+extern void outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
+									  const CaptureOutboxColumns *oc,
+									  const char *source, OutboxMessage *msg);
 
 #endif							/* OUTBOX_CAPTURE_H */

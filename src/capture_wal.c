@@ -306,12 +306,7 @@ typedef struct WalRel
 	CaptureColumn *cols;
 	int			nkeys;
 	CaptureColumn *keys;
-	AttrNumber	topic_att;
-	AttrNumber	key_att;
-	AttrNumber	payload_att;
-	AttrNumber	headers_att;
-	Oid			payload_type;
-	FmgrInfo	key_out;
+	CaptureOutboxColumns oc;	/* kind 'o' */
 } WalRel;
 
 typedef struct Collected
@@ -616,11 +611,11 @@ capture_wal_rel(Relation relation)
 		text	   *p = capture_getarg_text(cfg, cfgdesc, "payload_column");
 
 		r->kind = 'o';
-		r->topic_att = capture_attnum(desc, text_to_cstring(t));
-		r->payload_att = p ? capture_attnum(desc, text_to_cstring(p)) : 0;
-		r->key_att = k ? capture_attnum(desc, text_to_cstring(k)) : 0;
-		r->headers_att = h ? capture_attnum(desc, text_to_cstring(h)) : 0;
-		if (r->topic_att == 0 || r->payload_att == 0)
+		r->oc.topic_att = capture_attnum(desc, text_to_cstring(t));
+		r->oc.payload_att = p ? capture_attnum(desc, text_to_cstring(p)) : 0;
+		r->oc.key_att = k ? capture_attnum(desc, text_to_cstring(k)) : 0;
+		r->oc.headers_att = h ? capture_attnum(desc, text_to_cstring(h)) : 0;
+		if (r->oc.topic_att == 0 || r->oc.payload_att == 0)
 		{
 			capture_note_error("the topic or payload column of captured outbox table %s no longer exists",
 							   r->source);
@@ -632,12 +627,12 @@ capture_wal_rel(Relation relation)
 			Oid			outfn;
 			bool		varlena;
 
-			r->payload_type = TupleDescAttr(desc, r->payload_att - 1)->atttypid;
-			if (r->key_att)
+			r->oc.payload_type = TupleDescAttr(desc, r->oc.payload_att - 1)->atttypid;
+			if (r->oc.key_att)
 			{
-				getTypeOutputInfo(TupleDescAttr(desc, r->key_att - 1)->atttypid,
+				getTypeOutputInfo(TupleDescAttr(desc, r->oc.key_att - 1)->atttypid,
 								  &outfn, &varlena);
-				fmgr_info_cxt(outfn, &r->key_out, r->cxt);
+				fmgr_info_cxt(outfn, &r->oc.key_out, r->cxt);
 			}
 		}
 	}
@@ -898,50 +893,18 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 }
 
 /*
- * A row of a captured outbox table as its message, checked as outbox_emit()
- * checks its arguments; a bad row raises a data exception, which
- * capture_wal_one turns into a skipped change.
+ * A row of a captured outbox table as its message (outbox_capture_outbox_row
+ * checks it); a bad row raises a data exception, which capture_wal_one turns
+ * into a skipped change.
  */
 static void
 capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 {
 	OutboxMessage m;
-	bool		isnull;
-	Datum		d;
 
 	memset(&m, 0, sizeof(m));
 	m.commit_time_off = -1;
-	d = heap_getattr(tup, r->topic_att, desc, &isnull);
-	if (isnull)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("outbox topic must not be null")));
-	outbox_check_topic(DatumGetTextPP(d), &m.topic, &m.topic_len);
-	if (r->key_att)
-	{
-		d = heap_getattr(tup, r->key_att, desc, &isnull);
-		if (!isnull)
-			outbox_check_key(cstring_to_text(OutputFunctionCall(&r->key_out, d)),
-							 &m.key, &m.key_len);
-	}
-	d = heap_getattr(tup, r->payload_att, desc, &isnull);
-	if (isnull)
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("outbox payload must not be null")));
-	if (r->payload_type != JSONBOID)
-		d = DirectFunctionCall1(jsonb_in, CStringGetDatum(TextDatumGetCString(d)));
-	outbox_check_payload_size(d);
-	m.payload = (struct varlena *) DatumGetJsonbP(d);
-	if (r->headers_att)
-	{
-		d = heap_getattr(tup, r->headers_att, desc, &isnull);
-		if (!isnull)
-		{
-			outbox_check_headers(DatumGetJsonbP(d));
-			m.headers = (struct varlena *) DatumGetJsonbP(d);
-		}
-	}
+	outbox_capture_outbox_row(tup, desc, &r->oc, r->source, &m);
 	m.emitted_at = dec->txn_commit_time;
 	outbox_make_uuid(&m.msg_id, m.emitted_at);
 	capture_collect(&m);
@@ -1754,25 +1717,4 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			nap = Min(nap * 2, CAPTURE_MAX_NAP_MS);
 		}
 	}
-}
-
-/* Start the worker (for the launcher); NULL if no slot is free. */
-BackgroundWorkerHandle *
-outbox_capture_start(void)
-{
-	BackgroundWorker worker;
-	BackgroundWorkerHandle *handle;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	worker.bgw_notify_pid = MyProcPid;
-	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "outbox_capture_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "outbox capture", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "outbox capture", BGW_MAXLEN);
-	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
-		return NULL;
-	return handle;
 }

@@ -77,11 +77,13 @@ outbox_register_launcher(void)
 }
 
 /*
- * Start the relay (relay_main.c) as a dynamic worker; NULL if no slot is
- * free.
+ * Start a dynamic worker running function of this library: the relay
+ * (outbox_worker_main, relay_main.c) or the capture worker
+ * (outbox_capture_main, capture_wal.c); NULL if no slot is free.  The
+ * launcher is notified of its exit and starts it again itself.
  */
 static BackgroundWorkerHandle *
-launcher_start_relay(void)
+launcher_start_worker(const char *function, const char *name)
 {
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
@@ -92,9 +94,9 @@ launcher_start_relay(void)
 	worker.bgw_restart_time = BGW_NEVER_RESTART;	/* we restart it */
 	worker.bgw_notify_pid = MyProcPid;
 	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "outbox_worker_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "outbox relay", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "outbox relay", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, function, BGW_MAXLEN);
+	strlcpy(worker.bgw_name, name, BGW_MAXLEN);
+	strlcpy(worker.bgw_type, name, BGW_MAXLEN);
 	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
 		return NULL;
 	return handle;
@@ -221,7 +223,7 @@ outbox_launcher_main(Datum main_arg)
 
 				if (state == LAUNCHER_DB_USABLE)
 				{
-					relay = launcher_start_relay();
+					relay = launcher_start_worker("outbox_worker_main", "outbox relay");
 					if (relay != NULL)
 					{
 						relay_started = now;
@@ -277,7 +279,7 @@ outbox_launcher_main(Datum main_arg)
 				timeout = Min(timeout, (long) ((capture_next_start - now) / 1000) + 1);
 			else
 			{
-				capture = outbox_capture_start();
+				capture = launcher_start_worker("outbox_capture_main", "outbox capture");
 				capture_started = now;
 				if (capture != NULL)
 					capture_no_slot_logged = false;

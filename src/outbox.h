@@ -68,13 +68,11 @@ typedef bool (*OutboxNextMessage) (void *state, OutboxMessage *msg);
 extern void outbox_register_launcher(void);
 
 /*---- capture_wal.c: the capture worker, started by the launcher ----*/
-struct BackgroundWorkerHandle;
 struct Latch;
 extern Size outbox_capture_shmem_size(void);
 extern void outbox_capture_shmem_init(void);
 extern void outbox_capture_init(void);
 extern bool outbox_capture_wanted(struct Latch *launcher_latch);
-extern struct BackgroundWorkerHandle *outbox_capture_start(void);
 
 /*---- shmem.c ----*/
 struct Latch;
