@@ -489,6 +489,16 @@ relay_http_lane_init(RelayLane *lane)
 #endif
 	curl_easy_setopt(easy, CURLOPT_POST, 1L);
 	curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+#if LIBCURL_VERSION_NUM >= 0x075700
+	/*
+	 * A request given up while its name is being resolved (its timeout, a
+	 * lane released) leaves the resolver thread to finish on its own:
+	 * otherwise libcurl joins it there, and the whole relay waits for the
+	 * DNS server (seconds, when it does not answer), every target's
+	 * requests timing out meanwhile.
+	 */
+	curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
+#endif
 	curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
 	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox/" OUTBOX_VERSION);
 	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, h->errbuf);
