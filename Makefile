@@ -36,6 +36,7 @@ OBJS = \
 	src/relay_http.o \
 	src/relay_lane.o \
 	src/relay_main.o \
+	src/relay_nats.o \
 	src/relay_notify.o \
 	src/relay_progress.o \
 	src/relay_read.o \
@@ -68,7 +69,7 @@ PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags) -DOUTBOX_VERSION=
 PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wshadow=compatible-local \
 	$(if $(WERROR),-Werror)
-SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lcrypto
+SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lcrypto
 
 EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip
 

@@ -9,8 +9,10 @@
  *	   +- relay_read.c		frontier -> read -> route to lanes
  *	   +- relay_progress.c	progress and dead-letter writes
  *	   +- relay_retention.c	retention step, current chunk
- *	   +- relay_http.c, relay_notify.c	transports: send, then report an
- *								outcome; they know nothing of dead letters
+ *	   +- relay_http.c, relay_notify.c, relay_nats.c	transports (a
+ *								RelayTransport each): send, then report
+ *								an outcome; they know nothing of dead
+ *								letters
  *	   +- all use: relay_lane.c (FIFO, caps, backoff, what an outcome does),
  *				   relay_dead_letters.c (dead letters waiting to be
  *				   written) and relay_envelope.c (formats)
@@ -39,6 +41,8 @@ typedef struct RelayMessage
 {
 	struct RelayMessage *next;	/* next message of the lane */
 	int64		id;				/* commit-ordered id */
+	uint32		key_hash;		/* hash of key, for a transport that
+								 * acknowledges each message */
 	Size		mem_size;		/* bytes this message takes in memory */
 	char		msg_id[RELAY_UUID_LEN + 1]; /* stable id, text form */
 	TimestampTz emitted_at;		/* when it was emitted */
@@ -59,7 +63,6 @@ typedef struct RelayMessage
 typedef OutboxSubscription RelaySubscription;
 
 struct RelayTarget;
-struct RelayHttpLane;
 
 /*
  * What a transport says of one request (a message or a batch); the lane
@@ -82,6 +85,12 @@ typedef struct RelayOutcome
 	int			status;			/* HTTP status, 0 for none */
 	const char *error;			/* what went wrong, or NULL */
 	int			retry_after_s;	/* the receiver's Retry-After, 0 for none */
+	int			ndelivered;		/* a transport that acknowledges each
+								 * message: how many at the head of the
+								 * request were acknowledged before the one
+								 * kind is about (delivered, then kind
+								 * applies to that one message, and the
+								 * rest of the request is sent again) */
 } RelayOutcome;
 
 /* A FIFO of one target: at most one request in flight. */
@@ -118,22 +127,73 @@ typedef struct RelayLane
 	char	   *last_error;		/* last failure, or NULL */
 	TimestampTz last_error_at;	/* when it happened */
 	bool		error_dirty;	/* last_error not yet written */
-	struct RelayHttpLane *http; /* libcurl state of an HTTP lane */
+	void	   *priv;			/* the transport's state of the lane */
 } RelayLane;
 
 typedef enum RelayTargetKind
 {
 	RELAY_HTTP,
-	RELAY_NOTIFY
+	RELAY_NOTIFY,
+	RELAY_NATS
 } RelayTargetKind;
+
+struct RelayTarget;
+
+/* Called by a transport when a lane's request has ended. */
+typedef void (*RelayFinishedFn) (RelayLane *lane, const RelayOutcome *outcome);
+
+/*
+ * A kind of target: everything the relay knows of a protocol.  A transport
+ * sends a lane's next request (the cut_n messages relay_lane_cut() chose),
+ * reports its outcome through drive(), and knows nothing of dead letters,
+ * progress or order: relay_lane.c decides what an outcome does.  Adding a
+ * kind: docs/internals.md, "Adding a kind of target".
+ */
+typedef struct RelayTransport
+{
+	const char *kind;			/* outbox.targets.kind */
+	RelayTargetKind id;
+	bool		header_lines;	/* messages carry their headers as "Name:
+								 * value" lines (RelayMessage.header_lines) */
+	bool		per_message;	/* acknowledges each message of a request:
+								 * a request holds at most one message of a
+								 * key, so that no later message of a key is
+								 * acknowledged ahead of an earlier one that
+								 * is to be sent again */
+	/* At relay start: a descriptor the loop waits on, or -1; at exit. */
+	int			(*start) (void);
+	void		(*stop) (void);
+	/* A target's lanes are made and freed (either may be NULL). */
+	void		(*lane_init) (RelayLane *lane);
+	void		(*lane_release) (RelayLane *lane);
+	/*
+	 * Start the lane's request; false, with *failed set, when it could not
+	 * be started.  NULL for a transport with deliver instead.
+	 */
+	bool		(*send) (RelayLane *lane, RelayOutcome *failed);
+	/* Instead of send: deliver the queue at once (NOTIFY, in a transaction). */
+	void		(*deliver) (struct RelayTarget *t);
+	/* Make progress; report requests that ended.  NULL for none. */
+	void		(*drive) (RelayFinishedFn finished);
+	/* Milliseconds until drive must be called, or -1. */
+	long		(*timeout) (void);
+} RelayTransport;
+
+extern const RelayTransport relay_http_transport;
+extern const RelayTransport relay_notify_transport;
+extern const RelayTransport relay_nats_transport;
+extern const RelayTransport *const relay_transports[];
 
 typedef struct RelayTarget
 {
 	int			id;				/* outbox.targets.id */
 	char	   *name;			/* outbox.targets.name */
-	RelayTargetKind kind;		/* http or notify */
-	char	   *url;			/* HTTP */
+	RelayTargetKind kind;		/* http, notify or nats */
+	const RelayTransport *transport;	/* of the kind */
+	void	   *priv;			/* the transport's state of the target */
+	char	   *url;			/* HTTP, NATS */
 	char	   *channel;		/* NOTIFY */
+	char	   *subject;		/* NATS: the subject template */
 	char	  **header_lines;	/* "Name: value" of the target's headers */
 	char	  **header_names;	/* their names */
 	int			nheader_lines;	/* entries in header_lines */
@@ -148,6 +208,7 @@ typedef struct RelayTarget
 	int			nlanes;			/* lanes */
 	int			max_attempts;	/* 0 = retry forever */
 	int			timeout_ms;		/* per request */
+	bool		strict;			/* ordering 'strict': commit order over all keys */
 	RelaySubscription *subs;	/* subscriptions */
 	int			nsubs;			/* entries in subs */
 	RelayLane  *lanes;			/* nlanes lanes */
@@ -235,6 +296,7 @@ extern bool relay_progress_has_batch_end;	/* schema 0.2 or later */
 extern bool relay_config_incomplete;	/* a target waits for its progress rows */
 extern bool relay_dead_letters_keep_payload;	/* schema 0.2 or later */
 extern bool relay_schema_operations;	/* states, replay: 0.2 or later */
+extern bool relay_schema_brokers;	/* targets.subject: 0.3 or later */
 extern TimestampTz relay_last_progress_write;
 
 /*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
@@ -313,26 +375,18 @@ relay_test_fault(const char *where, const char *topic)
 		elog(ERROR, "outbox: injected fault while preparing a message of topic \"%s\"", topic);
 }
 
-/*---- relay_http.c: the HTTP transport (all of libcurl) ----*/
-extern int	relay_http_init(void);
-extern void relay_http_shutdown(void);
-extern void relay_http_lane_init(RelayLane *lane);
-extern void relay_http_lane_release(RelayLane *lane);
-extern bool relay_http_send(RelayLane *lane, RelayOutcome *failed);
-extern RelayOutcomeKind relay_http_status_class(long status);
-extern void relay_http_drive(void (*finished) (RelayLane *lane,
-											   const RelayOutcome *outcome));
-extern long relay_http_timeout(void);
-extern int	relay_http_in_flight(void);
-extern int	relay_http_target_in_flight(RelayTarget *t);
-
 /*---- relay_main.c ----*/
 extern void relay_publish_stats(TimestampTz now, const char *state, bool force);
 
 /*---- relay_retention.c: emptying finished chunks ----*/
 extern long relay_retention_maybe(TimestampTz now);
 
-/*---- relay_notify.c: the NOTIFY transport ----*/
-extern int	relay_notify_send(RelayLane *lane);
+/*---- relay_nats.c: checks of a NATS target's options ----*/
+extern const char *relay_nats_check_url(const char *url);
+extern const char *relay_nats_check_subject(const char *s, bool template);
+
+/*---- relay_main.c: what every transport's lanes have on the wire ----*/
+extern int	relay_in_flight(void);
+extern int	relay_target_in_flight(RelayTarget *t);
 
 #endif							/* OUTBOX_RELAY_H */

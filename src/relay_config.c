@@ -61,6 +61,15 @@ bool		relay_progress_has_batch_end = false;
 bool		relay_config_incomplete = false;
 bool		relay_dead_letters_keep_payload = false;
 bool		relay_schema_operations = false;
+bool		relay_schema_brokers = false;
+
+/* Every kind of target the relay delivers to. */
+const RelayTransport *const relay_transports[] = {
+	&relay_http_transport,
+	&relay_notify_transport,
+	&relay_nats_transport,
+	NULL
+};
 
 /* The extension whose targets relay_targets holds. */
 static Oid	loaded_extension = InvalidOid;
@@ -85,8 +94,9 @@ relay_free_target(RelayTarget *t)
 {
 	int			i;
 
-	for (i = 0; i < t->nlanes; i++)
-		relay_http_lane_release(&t->lanes[i]);
+	if (t->transport != NULL && t->transport->lane_release != NULL)
+		for (i = 0; i < t->nlanes; i++)
+			t->transport->lane_release(&t->lanes[i]);
 	MemoryContextDelete(t->cxt);
 }
 
@@ -212,22 +222,42 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	t->max_attempts = (int) relay_spi_int(tup, desc, 8, &isnull);
 	t->timeout_ms = (int) relay_spi_int(tup, desc, 9, &isnull);
 
-	if (s != NULL && strcmp(s, "http") == 0)
+	for (i = 0; s != NULL && relay_transports[i] != NULL; i++)
+		if (strcmp(s, relay_transports[i]->kind) == 0)
+			t->transport = relay_transports[i];
+	if (t->transport == NULL)
+		*problem = "kind is not 'http', 'notify' or 'nats'";
+	else
+		t->kind = t->transport->id;
+	t->subject = relay_spi_text(tup, desc, 25);
+	s = relay_spi_text(tup, desc, 24);
+	t->strict = (s != NULL && strcmp(s, "strict") == 0);
+
+	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
-		t->kind = RELAY_HTTP;
 		/* The URL itself is checked below (outbox_url_host). */
 		if (t->url == NULL)
 			*problem = "url is missing";
 	}
-	else if (s != NULL && strcmp(s, "notify") == 0)
+	else if (t->kind == RELAY_NOTIFY && *problem == NULL)
 	{
-		t->kind = RELAY_NOTIFY;
 		if (t->channel == NULL || t->channel[0] == '\0' ||
 			strlen(t->channel) >= NAMEDATALEN)
 			*problem = "channel is not a channel name of 1 to 63 bytes";
 	}
-	else
-		*problem = "kind is neither 'http' nor 'notify'";
+	else if (t->kind == RELAY_NATS && *problem == NULL)
+	{
+		const char *why;
+
+		if (t->url == NULL)
+			*problem = "url is missing";
+		else if ((why = relay_nats_check_url(t->url)) != NULL)
+			*problem = MemoryContextStrdup(oldcxt, psprintf("url: %s", why));
+		else if (t->subject == NULL ||
+				 (why = relay_nats_check_subject(t->subject, true)) != NULL)
+			*problem = MemoryContextStrdup(oldcxt, psprintf("subject: %s",
+															t->subject ? why : "it is missing"));
+	}
 
 	if (*problem == NULL && (t->batch_size < 1 || t->batch_size > 1000))
 		*problem = "batch_size is not between 1 and 1000";
@@ -308,8 +338,8 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		t->lanes[i].target = t;
 		t->lanes[i].index = i;
 		t->lanes[i].done_id = -1;
-		if (t->kind == RELAY_HTTP)
-			relay_http_lane_init(&t->lanes[i]);
+		if (t->transport->lane_init != NULL)
+			t->transport->lane_init(&t->lanes[i]);
 	}
 	t->read_id = -1;
 	MemoryContextSwitchTo(oldcxt);
@@ -391,6 +421,7 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 		MemoryContextDelete(t->opts_cxt);
 	t->opts_cxt = n->cxt;
 	t->url = n->url;
+	t->subject = n->subject;
 	t->header_lines = n->header_lines;
 	t->header_names = n->header_names;
 	t->nheader_lines = n->nheader_lines;
@@ -477,6 +508,8 @@ relay_load_config(void)
 			get_attnum(dead, "payload") != InvalidAttrNumber;
 		relay_schema_operations = OidIsValid(progress) &&
 			get_attnum(progress, "generation") != InvalidAttrNumber;
+		relay_schema_brokers = get_attnum(get_relname_relid("targets", nsp), "subject") !=
+			InvalidAttrNumber;
 	}
 
 	/*
@@ -488,7 +521,7 @@ relay_load_config(void)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-		if (t->rebuild && relay_http_target_in_flight(t) == 0)
+		if (t->rebuild && relay_target_in_flight(t) == 0)
 			t->seen = false;
 		else
 			t->seen = true;
@@ -513,24 +546,29 @@ relay_load_config(void)
 	foreach(lc, relay_targets)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
-	if (SPI_execute(relay_schema_operations ?
-					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
-					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
-					"       t.state, t.max_rate,"
-					"       (extract(epoch FROM least(t.disable_after, interval '100 years')) * 1000)::bigint,"
-					"       t.pending_lanes, t.pending_ordering,"
-					"       md5(row(t.url, t.headers, t.secret, t.batch_size, t.lanes, t.max_attempts,"
-					"               t.timeout_ms, t.state, t.max_rate, t.disable_after,"
-					"               t.pending_lanes, t.pending_ordering, t.previous_secret, t.ca_file,"
-					"               t.client_cert, t.client_key, t.envelope_only)::text),"
-					"       EXISTS (SELECT 1 FROM outbox.dead_letters d"
-					"                WHERE d.target = t.name AND d.retry_requested_at IS NOT NULL),"
-					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only"
-					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id" :
+	/* Columns 24 and 25: ordering, and the subject (schema 0.3). */
+#define RELAY_TARGETS_QUERY(subject) \
+					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
+					"       t.max_attempts, t.timeout_ms, t.secret, t.headers," \
+					"       t.state, t.max_rate," \
+					"       (extract(epoch FROM least(t.disable_after, interval '100 years')) * 1000)::bigint," \
+					"       t.pending_lanes, t.pending_ordering," \
+					"       md5(row(t.url, t.headers, t.secret, t.batch_size, t.lanes, t.max_attempts," \
+					"               t.timeout_ms, t.state, t.max_rate, t.disable_after," \
+					"               t.pending_lanes, t.pending_ordering, t.previous_secret, t.ca_file," \
+					"               t.client_cert, t.client_key, t.envelope_only, " subject ")::text)," \
+					"       EXISTS (SELECT 1 FROM outbox.dead_letters d" \
+					"                WHERE d.target = t.name AND d.retry_requested_at IS NOT NULL)," \
+					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
+					"       t.ordering, " subject \
+					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
+	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject") :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text") :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
-					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false"
+					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
+					"       t.ordering, NULL::text"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

@@ -48,7 +48,7 @@
 /* Bytes of a response body kept for last_error. */
 #define RELAY_ERROR_KEEP	200
 
-/* libcurl state of one HTTP lane. */
+/* libcurl state of one HTTP lane (RelayLane.priv). */
 typedef struct RelayHttpLane
 {
 	CURL	   *easy;			/* reused for every request of the lane */
@@ -78,6 +78,8 @@ typedef struct RelayHttpLane
 	StringInfoData sig;			/* webhook-signature of the request */
 } RelayHttpLane;
 
+#define HTTP(lane)	((RelayHttpLane *) (lane)->priv)
+
 /*
  * What is read of a response: the body up to RELAY_MAX_RESPONSE_BODY bytes
  * (then the connection is closed, and the status decides), the headers up
@@ -94,7 +96,6 @@ static CURLM *multi = NULL;
 static int	epoll_fd = -1;
 static TimestampTz timer_deadline = 0;	/* libcurl wants a call by then */
 static bool timer_set = false;	/* timer_deadline is meaningful */
-static int	requests_in_flight = 0;
 static uint64 destinations_seen = 0;	/* outbox_destinations_generation */
 static char *default_cainfo = NULL; /* libcurl's built-in CA bundle path */
 static char *default_capath = NULL; /* and CA directory */
@@ -254,7 +255,7 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 		why = "not an Internet address";
 	if (why != NULL)
 	{
-		snprintf(lane->http->refused, sizeof(lane->http->refused),
+		snprintf(HTTP(lane)->refused, sizeof(HTTP(lane)->refused),
 				 "connection refused by the relay: %s", why);
 		return CURL_SOCKET_BAD;
 	}
@@ -268,7 +269,7 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 	{
 		RelaySocketState *st = relay_socket_state(s);
 
-		lane->http->opened = true;
+		HTTP(lane)->opened = true;
 		/* A new descriptor is in no epoll set. */
 		if (st != NULL)
 		{
@@ -354,7 +355,7 @@ relay_header_cb(char *data, size_t size, size_t nmemb, void *userdata)
  * Set up libcurl and the epoll set.  Returns the epoll descriptor, which the
  * caller adds to its WaitEventSet as readable.
  */
-int
+static int
 relay_http_init(void)
 {
 	CURLcode	rc = curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -412,7 +413,7 @@ relay_http_init(void)
 	return epoll_fd;
 }
 
-void
+static void
 relay_http_shutdown(void)
 {
 	if (multi != NULL)
@@ -441,7 +442,7 @@ static void
 relay_http_lane_options(RelayLane *lane)
 {
 	RelayTarget *t = lane->target;
-	CURL	   *easy = lane->http->easy;
+	CURL	   *easy = HTTP(lane)->easy;
 
 	curl_easy_setopt(easy, CURLOPT_URL, t->url);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
@@ -459,7 +460,7 @@ relay_http_lane_options(RelayLane *lane)
 }
 
 /* Create the easy handle of an HTTP lane. */
-void
+static void
 relay_http_lane_init(RelayLane *lane)
 {
 	RelayTarget *t = lane->target;
@@ -476,7 +477,7 @@ relay_http_lane_init(RelayLane *lane)
 	h->hoff = palloc(sizeof(int) * h->maxlines);
 	h->nodes = palloc(sizeof(struct curl_slist) * h->maxlines);
 	h->easy = easy;
-	lane->http = h;
+	lane->priv = h;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
 	curl_easy_setopt(easy, CURLOPT_PROXY, "");
 	curl_easy_setopt(easy, CURLOPT_NOPROXY, "*");
@@ -518,21 +519,20 @@ relay_http_lane_init(RelayLane *lane)
 }
 
 /* Abandon the lane's request, if any, and free its handle. */
-void
+static void
 relay_http_lane_release(RelayLane *lane)
 {
-	RelayHttpLane *h = lane->http;
+	RelayHttpLane *h = HTTP(lane);
 
 	if (h == NULL)
 		return;
 	if (lane->in_flight)
 	{
 		curl_multi_remove_handle(multi, h->easy);
-		requests_in_flight--;
 		lane->in_flight = false;
 	}
 	curl_easy_cleanup(h->easy);
-	lane->http = NULL;
+	lane->priv = NULL;
 }
 
 /* Start a header line: note where it begins. */
@@ -611,11 +611,11 @@ relay_target_has_header(RelayTarget *t, const char *line)
  * payload itself; otherwise a JSON array of envelopes.  Returns false,
  * with *failed set, when the request could not be started.
  */
-bool
+static bool
 relay_http_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
-	RelayHttpLane *h = lane->http;
+	RelayHttpLane *h = HTTP(lane);
 	RelayMessage *first = lane->head;
 	RelayMessage *last = first;
 	RelayMessage *m;
@@ -752,7 +752,6 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		return false;
 	}
 	lane->in_flight = true;
-	requests_in_flight++;
 	return true;
 }
 
@@ -761,7 +760,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
  * status we do not know is never taken to mean "drop the message": an
  * unknown 4xx holds the target, anything else is retried.
  */
-RelayOutcomeKind
+static RelayOutcomeKind
 relay_http_status_class(long status)
 {
 	if (status >= 200 && status < 300)
@@ -827,8 +826,7 @@ relay_http_error_class(CURLcode result)
 
 /* A request finished: classify the outcome and tell the lane. */
 static void
-relay_http_finish(CURL *easy, CURLcode result,
-				  void (*finished) (RelayLane *lane, const RelayOutcome *outcome))
+relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
 {
 	RelayLane  *lane = NULL;
 	RelayHttpLane *h;
@@ -838,13 +836,12 @@ relay_http_finish(CURL *easy, CURLcode result,
 	char		msg[CURL_ERROR_SIZE + 400];
 
 	curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **) &lane);
-	h = lane->http;
+	h = HTTP(lane);
 	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
 #if LIBCURL_VERSION_NUM >= 0x074200
 	curl_easy_getinfo(easy, CURLINFO_RETRY_AFTER, &retry_after);
 #endif
 	curl_multi_remove_handle(multi, easy);
-	requests_in_flight--;
 	lane->in_flight = false;
 
 	/* Give back the memory of a large batch body. */
@@ -908,8 +905,8 @@ relay_http_finish(CURL *easy, CURLcode result,
  * every time, without waiting: the worker's wait returns only the latch
  * when it is set, even if sockets are ready too.
  */
-void
-relay_http_drive(void (*finished) (RelayLane *lane, const RelayOutcome *outcome))
+static void
+relay_http_drive(RelayFinishedFn finished)
 {
 	struct epoll_event events[64];
 	int			running;
@@ -985,7 +982,7 @@ relay_http_drive(void (*finished) (RelayLane *lane, const RelayOutcome *outcome)
 }
 
 /* Milliseconds until libcurl needs a call, or -1 for no limit. */
-long
+static long
 relay_http_timeout(void)
 {
 	long		secs;
@@ -997,21 +994,15 @@ relay_http_timeout(void)
 	return secs * 1000 + (usecs + 999) / 1000;
 }
 
-int
-relay_http_in_flight(void)
-{
-	return requests_in_flight;
-}
-
-/* Requests of target t on the wire. */
-int
-relay_http_target_in_flight(RelayTarget *t)
-{
-	int			i;
-	int			n = 0;
-
-	for (i = 0; i < t->nlanes; i++)
-		if (t->lanes[i].in_flight)
-			n++;
-	return n;
-}
+const RelayTransport relay_http_transport = {
+	.kind = "http",
+	.id = RELAY_HTTP,
+	.header_lines = true,
+	.start = relay_http_init,
+	.stop = relay_http_shutdown,
+	.lane_init = relay_http_lane_init,
+	.lane_release = relay_http_lane_release,
+	.send = relay_http_send,
+	.drive = relay_http_drive,
+	.timeout = relay_http_timeout,
+};

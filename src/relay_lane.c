@@ -371,11 +371,30 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 				 errdetail("Nothing is dead-lettered; delivery resumes in order when the receiver accepts requests again.")));
 }
 
-/* What a transport reported for the lane's request. */
+/*
+ * What a transport reported for the lane's request.  A transport that
+ * acknowledges each message reports the messages acknowledged at the head
+ * of the request (ndelivered) and what happened to the next one: those are
+ * delivered, the outcome is that one message's, and the rest of the
+ * request is sent again after it (a broker that stored them takes them
+ * again as duplicates of the same id).
+ */
 void
 relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 {
 	RelayTarget *t = lane->target;
+
+	if (t->transport->per_message && outcome->kind != RELAY_DELIVERED)
+	{
+		if (outcome->ndelivered > 0)
+		{
+			lane->nbatch = Min(outcome->ndelivered, lane->nbatch);
+			relay_lane_succeeded(lane);
+		}
+		if (lane->nqueued == 0)
+			return;
+		lane->nbatch = 1;
+	}
 
 	switch (outcome->kind)
 	{
@@ -423,6 +442,50 @@ relay_lane_may_send(RelayLane *lane, TimestampTz now)
 			t->probe_lane = lane->index;
 		return lane->index == t->probe_lane && now >= t->held_until;
 	}
+	return true;
+}
+
+/*
+ * The next request of a lane whose transport acknowledges each message
+ * (relay_lane_cut): up to batch_size messages from the head, stopping
+ * before the second message of a key, so that a message is sent only once
+ * every earlier message of its key is acknowledged (I4, whatever fails in
+ * between); a target with strict ordering sends one message at a time.
+ * Nothing is recorded: each message goes under its own id, so a request's
+ * members do not matter when it is sent again.
+ */
+static bool
+relay_lane_cut_keys(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *m = lane->head;
+	RelayMessage *first = m;
+	int			max = t->strict ? 1 : t->batch_size;
+	int			n = 0;
+	Size		bytes = 0;
+
+	for (; m != NULL && n < max && !m->retry; m = m->next, n++)
+	{
+		if (n > 0 && m->key != NULL)
+		{
+			RelayMessage *o = first;
+			int			i;
+
+			/* Batches are small (batch_size <= 1000): compare hashes. */
+			for (i = 0; i < n; i++, o = o->next)
+				if (o->key != NULL && o->key_hash == m->key_hash &&
+					strcmp(o->key, m->key) == 0)
+					break;
+			if (i < n)
+				break;
+		}
+		bytes += m->payload_len;
+		lane->cut_last = m->id;
+	}
+	lane->cut_n = Max(n, 1);
+	if (n == 0)
+		lane->cut_last = first->id;
+	lane->cut_bytes = bytes;
 	return true;
 }
 
@@ -487,6 +550,8 @@ relay_lane_cut(RelayLane *lane)
 		lane->cut_bytes = bytes;
 		return true;
 	}
+	if (t->transport->per_message)
+		return relay_lane_cut_keys(lane);
 	for (; m != NULL && n < t->batch_size && !m->retry; m = m->next, n++)
 	{
 		Size		add = t->batch_size > 1 ? relay_envelope_size(m) : 0;

@@ -93,7 +93,7 @@ relay_lane_start(RelayLane *lane)
 	memset(&failed, 0, sizeof(failed));
 	PG_TRY();
 	{
-		started = relay_http_send(lane, &failed);
+		started = lane->target->transport->send(lane, &failed);
 	}
 	PG_CATCH();
 	{
@@ -132,62 +132,9 @@ relay_lane_start(RelayLane *lane)
 }
 
 /*
- * Deliver a NOTIFY target's queued messages: notify and record progress in
- * one transaction, so a listener sees each message once, in order.
- */
-static void
-relay_deliver_notify(RelayTarget *t)
-{
-	RelayLane  *lane = &t->lanes[0];
-	MemoryContext oldcxt = CurrentMemoryContext;
-	volatile int64 done = 0;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	pgstat_report_activity(STATE_RUNNING, "notifying outbox listeners");
-	PG_TRY();
-	{
-		int			n = relay_notify_send(lane);
-		RelayMessage *last = lane->head;
-		int			i;
-
-		t->stats.requests += n;
-		t->stats.bytes += last->payload_len;
-		for (i = 1; i < n; i++)
-		{
-			last = last->next;
-			t->stats.bytes += last->payload_len;
-		}
-		/* All of it sent: finished up to what was read. */
-		done = (n == lane->nqueued) ? Max(last->id, t->read_id) : last->id;
-		SPI_connect();
-		PushActiveSnapshot(GetTransactionSnapshot());
-		relay_progress_notified(t, n, last->id, done);
-		PopActiveSnapshot();
-		SPI_finish();
-		CommitTransactionCommand();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		relay_lane_retry_later(lane, edata->message);
-		FreeErrorData(edata);
-		pgstat_report_activity(STATE_IDLE, NULL);
-		return;
-	}
-	PG_END_TRY();
-	pgstat_report_activity(STATE_IDLE, NULL);
-	relay_lane_notified(lane, done);
-}
-
-/*
- * Start a request on every idle HTTP lane whose next batch is due; batches
- * that must be recorded first are recorded together, then sent.
+ * Start a request on every idle lane whose next batch is due; batches that
+ * must be recorded first are recorded together, then sent.  A transport
+ * that delivers a whole queue at once (NOTIFY) does so here.
  */
 static void
 relay_dispatch(TimestampTz now)
@@ -202,12 +149,12 @@ relay_dispatch(TimestampTz now)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
-		if (t->kind == RELAY_NOTIFY)
+		if (t->transport->deliver != NULL)
 		{
 			/* One lane, delivered in the worker's own transactions. */
 			if (t->nqueued > 0 && now >= t->lanes[0].next_attempt &&
 				relay_target_may_send(t, now, NULL))
-				relay_deliver_notify(t);
+				t->transport->deliver(t);
 			continue;
 		}
 		for (i = 0; i < t->nlanes; i++)
@@ -241,6 +188,42 @@ relay_dispatch(TimestampTz now)
 	}
 	if (cut)
 		pfree(cut);
+}
+
+/* Let every transport make progress and report what ended. */
+static void
+relay_drive(void)
+{
+	int			i;
+
+	for (i = 0; relay_transports[i] != NULL; i++)
+		if (relay_transports[i]->drive != NULL)
+			relay_transports[i]->drive(relay_lane_outcome);
+}
+
+/* Requests of target t on the wire. */
+int
+relay_target_in_flight(RelayTarget *t)
+{
+	int			i;
+	int			n = 0;
+
+	for (i = 0; i < t->nlanes; i++)
+		if (t->lanes[i].in_flight)
+			n++;
+	return n;
+}
+
+/* Requests on the wire, over all targets. */
+int
+relay_in_flight(void)
+{
+	ListCell   *lc;
+	int			n = 0;
+
+	foreach(lc, relay_targets)
+		n += relay_target_in_flight((RelayTarget *) lfirst(lc));
+	return n;
 }
 
 /* How often the relay publishes its figures (stats.c). */
@@ -351,11 +334,17 @@ static long
 relay_sleep_ms(int64 frontier, TimestampTz now)
 {
 	long		timeout = outbox_poll_interval;
-	long		curl_ms = relay_http_timeout();
 	ListCell   *lc;
+	int			k;
 
-	if (curl_ms >= 0 && curl_ms < timeout)
-		timeout = curl_ms;
+	for (k = 0; relay_transports[k] != NULL; k++)
+	{
+		long		ms = relay_transports[k]->timeout ?
+			relay_transports[k]->timeout() : -1;
+
+		if (ms >= 0 && ms < timeout)
+			timeout = ms;
+	}
 
 	if (!outbox_enabled)
 		return timeout;
@@ -435,7 +424,7 @@ relay_extension_ready(void)
 static void
 relay_shutdown(void)
 {
-	relay_http_drive(relay_lane_outcome);
+	relay_drive();
 	if (relay_progress_pending())
 		relay_write_progress();
 	proc_exit(0);
@@ -445,14 +434,17 @@ static void
 relay_worker_exit(int code, Datum arg)
 {
 	OutboxWorkerStatus w;
+	int			i;
 
 	/* What this relay published no longer describes a running one. */
 	memset(&w, 0, sizeof(w));
 	strlcpy(w.state, "stopped", sizeof(w.state));
 	outbox_stats_publish(&w, NULL, 0);
 	outbox_relay_release();
-	/* Close the connections (never called from inside libcurl). */
-	relay_http_shutdown();
+	/* Close the connections (never called from inside a library). */
+	for (i = 0; relay_transports[i] != NULL; i++)
+		if (relay_transports[i]->stop != NULL)
+			relay_transports[i]->stop();
 }
 
 void
@@ -460,7 +452,6 @@ outbox_worker_main(Datum main_arg)
 {
 	WaitEventSet *wait_set;
 	WaitEventSet *quiet_set;
-	int			quiet_epoll_pos;
 	bool		ready = false;
 	bool		waiting_logged = false;
 	uint64		loaded_generation = 0;
@@ -516,17 +507,29 @@ outbox_worker_main(Datum main_arg)
 	before_shmem_exit(relay_worker_exit, (Datum) 0);
 
 	{
-		int			epfd = relay_http_init();
+		int			fds[8];
+		int			nfds = 0;
+		int			i;
 
-		wait_set = outbox_create_wait_event_set(3);
+		/* Each transport may give a descriptor to wait on. */
+		for (i = 0; relay_transports[i] != NULL; i++)
+		{
+			int			fd = relay_transports[i]->start ? relay_transports[i]->start() : -1;
+
+			if (fd >= 0 && nfds < lengthof(fds))
+				fds[nfds++] = fd;
+		}
+		wait_set = outbox_create_wait_event_set(2 + nfds);
 		AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-		AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+		for (i = 0; i < nfds; i++)
+			AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, fds[i], NULL, NULL);
 
 		/* The same without the latch, for the pause after a read. */
-		quiet_set = outbox_create_wait_event_set(2);
+		quiet_set = outbox_create_wait_event_set(1 + nfds);
 		AddWaitEventToSet(quiet_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-		quiet_epoll_pos = AddWaitEventToSet(quiet_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+		for (i = 0; i < nfds; i++)
+			AddWaitEventToSet(quiet_set, WL_SOCKET_READABLE, fds[i], NULL, NULL);
 	}
 
 	for (;;)
@@ -606,10 +609,10 @@ outbox_worker_main(Datum main_arg)
 		relay_stats_check_reset(GetCurrentTimestamp());
 
 		/* Collect answers, then start what is due on the free lanes. */
-		relay_http_drive(relay_lane_outcome);
+		relay_drive();
 		if (outbox_enabled)
 			relay_dispatch(GetCurrentTimestamp());
-		relay_http_drive(relay_lane_outcome);
+		relay_drive();
 
 		/*
 		 * Targets replayed or with new lanes are made afresh from the
@@ -630,7 +633,7 @@ outbox_worker_main(Datum main_arg)
 						relay_write_progress();
 					relay_resize_target(t);
 				}
-				if (t->rebuild && relay_http_target_in_flight(t) == 0)
+				if (t->rebuild && relay_target_in_flight(t) == 0)
 					force_reload = true;
 			}
 		}
@@ -643,7 +646,7 @@ outbox_worker_main(Datum main_arg)
 		if (relay_progress_pending())
 		{
 			/* Write now when idle or due, else wake up when it is due. */
-			if (relay_http_in_flight() == 0 ||
+			if (relay_in_flight() == 0 ||
 				TimestampDifferenceExceeds(relay_last_progress_write, now,
 										   RELAY_PROGRESS_INTERVAL_MS))
 				relay_write_progress();
@@ -652,7 +655,7 @@ outbox_worker_main(Datum main_arg)
 		}
 
 		relay_publish_stats(now, !outbox_enabled ? "disabled (outbox.enabled = off)" :
-							relay_http_in_flight() > 0 || did_read ? "delivering" : "idle",
+							relay_in_flight() > 0 || did_read ? "delivering" : "idle",
 							false);
 
 		/* Empty finished chunks (I8), whether or not there are targets. */
@@ -663,7 +666,7 @@ outbox_worker_main(Datum main_arg)
 			long		pause = Min(timeout, RELAY_READ_PAUSE_MS);
 
 			if (WaitEventSetWait(quiet_set, pause, &event, 1, PG_WAIT_EXTENSION) > 0 &&
-				event.pos == quiet_epoll_pos)
+				(event.events & WL_SOCKET_READABLE))
 				continue;
 			timeout -= pause;
 		}

@@ -12,8 +12,8 @@
  * listener reads the message from outbox.messages by its seq.
  *
  * An envelope whose headers alone are too large drops them as well
- * ("headers_omitted": true).  This file only issues the notifications; the
- * loop (relay_main.c) runs the transaction and records the progress in it.
+ * ("headers_omitted": true).  The transaction is this file's too; the
+ * progress it records is relay_progress.c's.
  * A failure (the notification queue is full, for example) rolls the
  * transaction back; the messages stay queued and are retried with backoff,
  * and the error shows in outbox.lag.
@@ -22,7 +22,12 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "commands/async.h"
+#include "executor/spi.h"
+#include "pgstat.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
 
 #include "relay.h"
 
@@ -39,7 +44,7 @@
  * progress it records.  Returns the number notified; errors (the
  * notification queue is full, say) are thrown to the caller.
  */
-int
+static int
 relay_notify_send(RelayLane *lane)
 {
 	RelayTarget *t = lane->target;
@@ -71,3 +76,63 @@ relay_notify_send(RelayLane *lane)
 	lane->nbatch = n;
 	return n;
 }
+
+/*
+ * Deliver a NOTIFY target's queued messages: notify and record progress in
+ * one transaction, so a listener sees each message once, in order.
+ */
+static void
+relay_notify_deliver(RelayTarget *t)
+{
+	RelayLane  *lane = &t->lanes[0];
+	MemoryContext oldcxt = CurrentMemoryContext;
+	volatile int64 done = 0;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	pgstat_report_activity(STATE_RUNNING, "notifying outbox listeners");
+	PG_TRY();
+	{
+		int			n = relay_notify_send(lane);
+		RelayMessage *last = lane->head;
+		int			i;
+
+		t->stats.requests += n;
+		t->stats.bytes += last->payload_len;
+		for (i = 1; i < n; i++)
+		{
+			last = last->next;
+			t->stats.bytes += last->payload_len;
+		}
+		/* All of it sent: finished up to what was read. */
+		done = (n == lane->nqueued) ? Max(last->id, t->read_id) : last->id;
+		SPI_connect();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		relay_progress_notified(t, n, last->id, done);
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		relay_lane_retry_later(lane, edata->message);
+		FreeErrorData(edata);
+		pgstat_report_activity(STATE_IDLE, NULL);
+		return;
+	}
+	PG_END_TRY();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	relay_lane_notified(lane, done);
+}
+
+const RelayTransport relay_notify_transport = {
+	.kind = "notify",
+	.id = RELAY_NOTIFY,
+	.deliver = relay_notify_deliver,
+};

@@ -184,9 +184,9 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	/*
 	 * outbox_emit() refuses keys and topics with control characters or
 	 * line separators; one stored by an earlier version is not sent raw in
-	 * an HTTP header: the message becomes a dead letter.
+	 * an HTTP (or NATS) header: the message becomes a dead letter.
 	 */
-	if (t->kind == RELAY_HTTP)
+	if (t->transport->header_lines)
 	{
 		pg_wchar	bad;
 
@@ -237,12 +237,12 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	if (!isnull)
 	{
 		jb = DatumGetJsonbP(d);
-		if (t->kind == RELAY_NOTIFY || t->batch_size > 1)
+		if (t->kind == RELAY_NOTIFY || (t->kind == RELAY_HTTP && t->batch_size > 1))
 		{
 			headers = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
 			headers_len = strlen(headers);
 		}
-		if (t->kind == RELAY_HTTP && JsonContainerSize(&jb->root) > 0)
+		if (t->transport->header_lines && JsonContainerSize(&jb->root) > 0)
 			lines = relay_header_lines(jb, &lines_len);
 	}
 
@@ -254,6 +254,8 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	m->next = NULL;
 	m->retry = false;
 	m->id = id;
+	m->key_hash = (key != NULL && t->transport->per_message) ?
+		hash_bytes((const unsigned char *) key, strlen(key)) : 0;
 	m->mem_size = size;
 
 	relay_uuid_text(DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)), m->msg_id);
