@@ -523,3 +523,263 @@ SELECT ct.tbl AS table_name,
 REVOKE ALL ON outbox.captures FROM PUBLIC;
 GRANT SELECT ON outbox.captures TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION outbox.capture_status() TO outbox_monitor;
+
+---------------------------------------------------------------------------
+-- NATS JetStream targets (src/relay_nats.c): each message is published
+-- with Nats-Msg-Id = its id and waited for its JetStream acknowledgement.
+---------------------------------------------------------------------------
+ALTER TABLE outbox.targets ADD COLUMN subject text;
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_kind_check,
+	ADD CONSTRAINT targets_kind_check CHECK (kind IN ('http', 'notify', 'queue', 'nats'));
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_check,
+	ADD CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats')) = (url IS NOT NULL));
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
+	ADD CONSTRAINT targets_lanes_check CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats') OR lanes = 1)),
+	ADD CONSTRAINT targets_subject_check CHECK ((kind = 'nats') = (subject IS NOT NULL));
+
+-- The checks of a NATS target's url and subject template (in C, as the
+-- relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_nats_target(url text, subject text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_nats_target';
+REVOKE ALL ON FUNCTION outbox.check_nats_target(text, text) FROM PUBLIC;
+
+-- The checks of a NATS target's options, shared by create_nats_target and
+-- alter_target.
+CREATE FUNCTION outbox.check_nats_options(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.check_nats_target(t.url, t.subject);
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'It is how many messages of different keys a lane has waiting for their acknowledgements.';
+	END IF;
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.';
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_nats_options(outbox.targets) FROM PUBLIC;
+
+-- add_target stores the subject too.
+CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	new_id int;
+	violated text;
+BEGIN
+	BEGIN
+		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
+									ordering, max_attempts, timeout_ms, ca_file, client_cert,
+									client_key, envelope_only, subject)
+		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
+				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
+				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
+				target.ca_file, target.client_cert, target.client_key,
+				coalesce(target.envelope_only, false), target.subject)
+		RETURNING id INTO new_id;
+	EXCEPTION WHEN unique_violation THEN
+		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+		IF violated IS DISTINCT FROM 'targets_name_key' THEN
+			RAISE;
+		END IF;
+		RAISE EXCEPTION 'outbox target "%" already exists', target.name
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
+	END;
+	INSERT INTO outbox.progress (target_id, lane, done_id)
+	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+-- A target that publishes messages into NATS JetStream streams.
+CREATE FUNCTION outbox.create_nats_target(
+	name		 text,
+	url			 text,
+	subject		 text	DEFAULT '{topic}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'nats';
+	t.url := url;
+	t.subject := subject;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	PERFORM outbox.check_nats_options(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+	UPDATE outbox.targets x SET subject = t.subject WHERE x.name = t.name;
+END
+$$;
+COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int) IS
+	'create a target that publishes messages into NATS JetStream, each acknowledged by its stream';
+REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int) FROM PUBLIC;
+
+DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean);
+-- Change a target's options; NULL leaves an option as it is.  secret => ''
+-- removes the secret, max_rate => 0 removes the rate limit, disable_after
+-- => interval '0' never disables.  Takes effect without a restart: the
+-- next request uses the new URL, headers, secret, batch size, timeout and
+-- rate; new lanes or ordering once the target's lanes are idle (the relay
+-- stops reading for it, delivers what it holds, then redistributes keys).
+-- A NATS target takes url, subject, batch_size, lanes, ordering,
+-- max_attempts, timeout_ms, max_rate and disable_after.  Returns the number
+-- of options changed.
+CREATE FUNCTION outbox.alter_target(
+	name		  text,
+	url			  text		DEFAULT NULL,
+	headers		  jsonb		DEFAULT NULL,
+	secret		  text		DEFAULT NULL,
+	batch_size	  int		DEFAULT NULL,
+	lanes		  int		DEFAULT NULL,
+	ordering	  text		DEFAULT NULL,
+	max_attempts  int		DEFAULT NULL,
+	timeout_ms	  int		DEFAULT NULL,
+	max_rate	  float8	DEFAULT NULL,
+	disable_after interval	DEFAULT NULL,
+	ca_file		  text		DEFAULT NULL,
+	client_cert	  text		DEFAULT NULL,
+	client_key	  text		DEFAULT NULL,
+	envelope_only boolean	DEFAULT NULL,
+	subject		  text		DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(alter_target.name);
+	old outbox.targets;
+	t outbox.targets;
+	n int := 0;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	t := old;
+	IF old.kind NOT IN ('http', 'nats') AND (url IS NOT NULL OR batch_size IS NOT NULL
+											 OR lanes IS NOT NULL OR ordering IS NOT NULL
+											 OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP and NATS targets have a URL, batches, lanes, a timeout or a rate.';
+	END IF;
+	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
+							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets have headers, a secret or TLS files.';
+	END IF;
+	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a subject.';
+	END IF;
+	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
+	END IF;
+	t.url := coalesce(url, old.url);
+	t.headers := coalesce(headers, old.headers);
+	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
+	t.batch_size := coalesce(batch_size, old.batch_size);
+	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
+	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
+	t.max_attempts := coalesce(max_attempts, old.max_attempts);
+	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
+	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
+	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
+							ELSE coalesce(disable_after, old.disable_after) END;
+	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
+	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
+	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
+	t.envelope_only := coalesce(envelope_only, old.envelope_only);
+	t.subject := coalesce(subject, old.subject);
+	IF t.secret IS NULL THEN
+		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
+	END IF;
+	IF old.kind = 'http' THEN
+		PERFORM outbox.check_http_target(t);
+	ELSIF old.kind = 'nats' THEN
+		PERFORM outbox.check_nats_options(t);
+	ELSE
+		PERFORM outbox.check_target_options(t);
+	END IF;
+	IF t.ordering = 'strict' THEN
+		IF lanes IS NOT NULL AND lanes <> 1 THEN
+			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
+		END IF;
+		t.lanes := 1;
+	END IF;
+
+	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
+		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
+		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
+		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
+		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
+		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
+		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
+		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
+		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
+		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
+		+ (t.client_key IS DISTINCT FROM old.client_key)::int
+		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
+		+ (t.subject IS DISTINCT FROM old.subject)::int;
+
+	UPDATE outbox.targets x
+	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
+		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
+		   disable_after = t.disable_after, previous_secret = t.previous_secret,
+		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
+		   envelope_only = t.envelope_only, subject = t.subject,
+		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
+		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text) IS
+	'change a target''s options without a restart; returns how many changed';
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text) FROM PUBLIC;

@@ -1,0 +1,1075 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_nats.c
+ *	  Delivery to NATS JetStream with libnats.  All libnats use is here.
+ *
+ * A NATS target has one connection, shared by its lanes.  Each message is
+ * published with Nats-Msg-Id = its stable id and a reply subject of the
+ * target's inbox naming its lane, request and position; the stream's
+ * acknowledgement (a PubAck, or a JetStream error) comes back there.  So a
+ * message sent again after a crash or a lost acknowledgement is taken by
+ * the stream as a duplicate of the same id within its duplicate window, and
+ * the stream holds it once.  A request (relay_lane_cut_keys) never holds
+ * two messages of a key, so no message of a key is stored before an earlier
+ * one that is to be sent again.
+ *
+ * Threads.  libnats runs its own threads (a reader and a reconnecter per
+ * connection, a delivery thread per subscription, timers).  They never run
+ * PostgreSQL code: the acknowledgement and connection callbacks only append
+ * to a queue under a pthread mutex (malloc, no palloc) and write a byte to
+ * a pipe whose read end is in the relay's WaitEventSet; the relay's thread
+ * takes the queue in relay_nats_drive() and does everything else.  libnats
+ * does not mask signals, and its threads inherit the mask of the thread
+ * that creates them, so every call that may start a thread runs with all
+ * signals blocked: PostgreSQL's handlers then run on the relay's thread
+ * only.
+ *
+ * Destinations: the relay resolves the URLs' host names itself, checks
+ * every address with outbox.denied_destinations / allowed_destinations,
+ * and gives libnats the allowed addresses only, with the servers a cluster
+ * advertises ignored; the rules changing (a reload) makes the connection
+ * anew.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <nats/nats.h>
+
+#include "fmgr.h"
+#include "storage/fd.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "relay.h"
+
+/* Most servers in a target's url. */
+#define NATS_MAX_SERVERS	16
+/* Longest subject, in bytes, once the template is filled in. */
+#define NATS_MAX_SUBJECT	1024
+/* Longest acknowledgement read; a longer one is not understood. */
+#define NATS_MAX_ACK		4096
+/* Most events waiting for the relay; more are dropped (a flooding peer). */
+#define NATS_MAX_EVENTS		1000000
+/* JetStream's error code for a message above the stream's max_msg_size. */
+#define NATS_JS_ERR_MSG_SIZE	10054
+
+typedef enum NatsEventKind
+{
+	NATS_EVENT_ACK,				/* a message on the inbox */
+	NATS_EVENT_DISCONNECTED		/* the connection was lost */
+} NatsEventKind;
+
+/* What a libnats thread hands the relay's thread. */
+typedef struct NatsEvent
+{
+	struct NatsEvent *next;
+	NatsEventKind kind;
+	uint64		conn;			/* the connection's serial number */
+	natsMsg    *msg;			/* NATS_EVENT_ACK */
+} NatsEvent;
+
+static pthread_mutex_t events_lock = PTHREAD_MUTEX_INITIALIZER;
+static NatsEvent *events_head = NULL;
+static NatsEvent *events_tail = NULL;
+static int	events_count = 0;
+static int	wake_pipe[2] = {-1, -1};
+static bool nats_opened = false;
+static uint64 next_conn_serial = 1;
+static int	requests_in_flight = 0;
+
+/* A target's connection (RelayTarget.priv). */
+typedef struct RelayNatsTarget
+{
+	natsConnection *nc;
+	natsSubscription *sub;
+	uint64		serial;			/* events name the connection by this */
+	char		inbox[64];		/* reply subjects start with it */
+	char	   *url;			/* the url it was made for */
+	uint64		destinations;	/* outbox_destinations_generation then */
+	char		refused[256];	/* every address refused: why, or "" */
+	StringInfoData subject;		/* reused: a message's subject */
+	StringInfoData reply;		/* reused: its reply subject */
+} RelayNatsTarget;
+
+/* A lane's request in flight (RelayLane.priv). */
+typedef struct RelayNatsLane
+{
+	uint32		request;		/* serial of the request, in reply subjects */
+	int			nsent;			/* messages published */
+	int			prefix;			/* acknowledged at the head, in a row */
+	int			first_bad;		/* position of the first failure, or nsent */
+	bool	   *acked;			/* acknowledged, by position */
+	int			maxacked;		/* entries in acked */
+	RelayOutcomeKind bad_kind;	/* what the first failure was */
+	char		bad_error[RELAY_MAX_ERROR_LEN + 1];
+	TimestampTz deadline;		/* no acknowledgement after this: retry */
+} RelayNatsLane;
+
+#define NATS_TARGET(t)	((RelayNatsTarget *) (t)->priv)
+#define NATS_LANE(lane)	((RelayNatsLane *) (lane)->priv)
+
+/*---- on libnats threads: queue, wake, nothing else ----*/
+
+static void
+nats_push_event(NatsEventKind kind, uint64 conn, natsMsg *msg)
+{
+	NatsEvent  *ev = NULL;
+	bool		wake = false;
+
+	pthread_mutex_lock(&events_lock);
+	if (events_count < NATS_MAX_EVENTS)
+		ev = malloc(sizeof(NatsEvent));
+	if (ev != NULL)
+	{
+		ev->next = NULL;
+		ev->kind = kind;
+		ev->conn = conn;
+		ev->msg = msg;
+		if (events_tail)
+			events_tail->next = ev;
+		else
+		{
+			events_head = ev;
+			wake = true;
+		}
+		events_tail = ev;
+		events_count++;
+	}
+	pthread_mutex_unlock(&events_lock);
+	if (ev == NULL && msg != NULL)
+		natsMsg_Destroy(msg);
+	if (wake)
+	{
+		char		c = 1;
+
+		/* Non-blocking: a full pipe has woken the relay already. */
+		if (write(wake_pipe[1], &c, 1) < 0)
+			return;
+	}
+}
+
+static void
+nats_ack_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+	nats_push_event(NATS_EVENT_ACK, (uint64) (uintptr_t) closure, msg);
+}
+
+static void
+nats_disconnected_cb(natsConnection *nc, void *closure)
+{
+	nats_push_event(NATS_EVENT_DISCONNECTED, (uint64) (uintptr_t) closure, NULL);
+}
+
+/* Connected after a failed first attempt: a held target probes at its time. */
+static void
+nats_connected_cb(natsConnection *nc, void *closure)
+{
+}
+
+/*---- checks, for the SQL functions and for rows read ----*/
+
+/*
+ * Whether url is a list of NATS server URLs the relay can use:
+ * nats://host[:port], comma-separated, at most NATS_MAX_SERVERS.  Returns
+ * why not, or NULL.  With hosts, fills hosts[i] and ports[i] (palloc'd).
+ */
+static const char *
+nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
+{
+	const char *p = url;
+	int			n = 0;
+
+	if (url == NULL || *url == '\0')
+		return "it is empty";
+	for (;;)
+	{
+		const char *h;
+		const char *hend;
+		long		port = 4222;
+
+		while (*p == ' ')
+			p++;
+		if (strncmp(p, "nats://", 7) != 0)
+			return strncmp(p, "tls://", 6) == 0 ?
+				"tls:// is not supported yet" :
+				"each server must be a nats://host:port URL";
+		p += 7;
+		if (strcspn(p, "@") < strcspn(p, ","))
+			return "a server URL has user information; give none (credentials are not supported yet)";
+		if (*p == '[')
+		{
+			h = ++p;
+			while (*p && *p != ']')
+				p++;
+			if (*p != ']')
+				return "an IPv6 address lacks its ']'";
+			hend = p++;
+		}
+		else
+		{
+			h = p;
+			while (*p && (isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+				p++;
+			hend = p;
+		}
+		if (hend == h || hend - h > 253)
+			return "a server URL has no host, or one that is too long";
+		if (*p == ':')
+		{
+			char	   *end;
+
+			p++;
+			if (!isdigit((unsigned char) *p))
+				return "a port is not a number";
+			port = strtol(p, &end, 10);
+			p = end;
+			if (port < 1 || port > 65535)
+				return "a port is not between 1 and 65535";
+		}
+		if (*p == '@' || *p == '/' || *p == '?')
+			return "a server URL has user information, a path or a query; only nats://host:port is taken";
+		if (n == NATS_MAX_SERVERS)
+			return "it has more than 16 servers";
+		if (hosts)
+		{
+			hosts[n] = pnstrdup(h, hend - h);
+			ports[n] = (int) port;
+		}
+		n++;
+		while (*p == ' ')
+			p++;
+		if (*p == '\0')
+			break;
+		if (*p != ',')
+			return "servers must be separated by commas";
+		p++;
+	}
+	if (nservers)
+		*nservers = n;
+	return NULL;
+}
+
+const char *
+relay_nats_check_url(const char *url)
+{
+	return nats_parse_url(url, NULL, NULL, NULL);
+}
+
+/*
+ * Whether s (len bytes) is a subject NATS takes for publishing: tokens of
+ * printable ASCII without spaces, wildcards or empty tokens, separated by
+ * dots.  With template, "{topic}" and "{key}" stand for a token's part,
+ * and no other braces are allowed.  Returns why not, or NULL.
+ */
+static const char *
+nats_check_subject_len(const char *s, int len, bool template)
+{
+	int			i;
+	bool		token_empty = true;
+
+	if (len == 0)
+		return "it is empty";
+	if (len > NATS_MAX_SUBJECT)
+		return "it is longer than 1024 bytes";
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		if (template && c == '{')
+		{
+			if (len - i >= 7 && strncmp(s + i, "{topic}", 7) == 0)
+				i += 6;
+			else if (len - i >= 5 && strncmp(s + i, "{key}", 5) == 0)
+				i += 4;
+			else
+				return "only {topic} and {key} may stand in braces";
+			token_empty = false;
+			continue;
+		}
+		if (c == '.')
+		{
+			if (token_empty)
+				return "it has an empty token (a leading, trailing or doubled dot)";
+			token_empty = true;
+			continue;
+		}
+		if (c <= 0x20 || c >= 0x7f)
+			return "it has a space, a control character or a character that is not ASCII";
+		if (c == '*' || c == '>')
+			return "it has a wildcard (* or >), which is for subscribing";
+		if (template && c == '}')
+			return "only {topic} and {key} may stand in braces";
+		token_empty = false;
+	}
+	if (token_empty)
+		return "it has an empty token (a leading, trailing or doubled dot)";
+	return NULL;
+}
+
+const char *
+relay_nats_check_subject(const char *s, bool template)
+{
+	return nats_check_subject_len(s, strlen(s), template);
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_nats_target);
+
+/*
+ * outbox.check_nats_target(url, subject): the checks of a NATS target's
+ * options, for create_nats_target() and alter_target().
+ */
+Datum
+outbox_check_nats_target(PG_FUNCTION_ARGS)
+{
+	char	   *url = PG_ARGISNULL(0) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char	   *subject = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
+	const char *why;
+
+	if ((why = relay_nats_check_url(url)) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid NATS server URL %s", url ? quote_literal_cstr(url) : "NULL"),
+				 errdetail("The URL is not usable: %s.", why),
+				 errhint("Give nats://host:port, or several separated by commas.")));
+	if (subject == NULL || (why = relay_nats_check_subject(subject, true)) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid NATS subject %s", subject ? quote_literal_cstr(subject) : "NULL"),
+				 errdetail("The subject is not usable: %s.", subject ? why : "it is NULL"),
+				 errhint("Give dot-separated tokens of printable ASCII, with {topic} or {key} standing for the message's topic or key, as in 'orders.{topic}'.")));
+	PG_RETURN_VOID();
+}
+
+/*---- on the relay's thread ----*/
+
+/* Block every signal around a libnats call that may start a thread. */
+#define NATS_NO_SIGNALS(call) \
+	do { \
+		sigset_t	all_, old_; \
+		sigfillset(&all_); \
+		pthread_sigmask(SIG_SETMASK, &all_, &old_); \
+		call; \
+		pthread_sigmask(SIG_SETMASK, &old_, NULL); \
+	} while (0)
+
+static int
+relay_nats_start(void)
+{
+	if (pipe(wake_pipe) != 0)
+		elog(ERROR, "outbox: could not create a pipe: %m");
+	if (fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC) != 0 ||
+		fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC) != 0)
+		elog(ERROR, "outbox: could not set up a pipe: %m");
+	ReserveExternalFD();
+	ReserveExternalFD();
+	return wake_pipe[0];
+}
+
+/* Close a target's connection (no callback runs for it afterwards). */
+static void
+nats_disconnect(RelayNatsTarget *nt)
+{
+	if (nt->sub != NULL)
+	{
+		natsSubscription_Destroy(nt->sub);
+		nt->sub = NULL;
+	}
+	if (nt->nc != NULL)
+	{
+		natsConnection_Destroy(nt->nc);
+		nt->nc = NULL;
+	}
+}
+
+static void
+relay_nats_stop(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_NATS && t->priv != NULL)
+			nats_disconnect(NATS_TARGET(t));
+	}
+	if (nats_opened)
+		nats_CloseAndWait(2000);
+	nats_opened = false;
+}
+
+/*
+ * Resolve the url's hosts and keep the addresses the destination rules
+ * allow, as nats://address:port strings (palloc'd) in servers.  Returns the
+ * number kept; with none, nt->refused says why.
+ */
+static int
+nats_allowed_servers(RelayTarget *t, RelayNatsTarget *nt, char **servers)
+{
+	char	   *hosts[NATS_MAX_SERVERS];
+	int			ports[NATS_MAX_SERVERS];
+	int			nhosts = 0;
+	int			n = 0;
+	int			i;
+
+	nt->refused[0] = '\0';
+	if (nats_parse_url(t->url, hosts, ports, &nhosts) != NULL)
+	{
+		strlcpy(nt->refused, "the url is not usable", sizeof(nt->refused));
+		return 0;
+	}
+	for (i = 0; i < nhosts && n < NATS_MAX_SERVERS; i++)
+	{
+		struct addrinfo hints;
+		struct addrinfo *res = NULL;
+		struct addrinfo *ai;
+		char		port[8];
+		int			rc;
+
+		memset(&hints, 0, sizeof(hints));
+		hints.ai_family = AF_UNSPEC;
+		hints.ai_socktype = SOCK_STREAM;
+		snprintf(port, sizeof(port), "%d", ports[i]);
+		rc = getaddrinfo(hosts[i], port, &hints, &res);
+		if (rc != 0)
+		{
+			snprintf(nt->refused, sizeof(nt->refused), "could not resolve \"%s\": %s",
+					 hosts[i], gai_strerror(rc));
+			continue;
+		}
+		for (ai = res; ai != NULL && n < NATS_MAX_SERVERS; ai = ai->ai_next)
+		{
+			const char *why = NULL;
+			char		addr[INET6_ADDRSTRLEN];
+
+			if (ai->ai_family == AF_INET)
+			{
+				struct in_addr *a = &((struct sockaddr_in *) ai->ai_addr)->sin_addr;
+
+				why = outbox_destination_refused(AF_INET, a, hosts[i]);
+				inet_ntop(AF_INET, a, addr, sizeof(addr));
+				if (why == NULL)
+					servers[n++] = psprintf("nats://%s:%d", addr, ports[i]);
+			}
+			else if (ai->ai_family == AF_INET6)
+			{
+				struct in6_addr *a = &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr;
+
+				why = outbox_destination_refused(AF_INET6, a, hosts[i]);
+				inet_ntop(AF_INET6, a, addr, sizeof(addr));
+				if (why == NULL)
+					servers[n++] = psprintf("nats://[%s]:%d", addr, ports[i]);
+			}
+			if (why != NULL)
+				snprintf(nt->refused, sizeof(nt->refused),
+						 "connection refused by the relay: %s", why);
+		}
+		freeaddrinfo(res);
+	}
+	return n;
+}
+
+/*
+ * Make the target's connection if it has none, or one made for another url
+ * or under other destination rules.  It connects in the background (libnats
+ * retries), so this does not wait for the server.  Returns false, with
+ * *why, when no address may be dialled.
+ */
+static bool
+nats_connect(RelayTarget *t, const char **why)
+{
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	char	   *servers[NATS_MAX_SERVERS];
+	int			n;
+	natsOptions *opts = NULL;
+	natsStatus	s;
+	MemoryContext oldcxt;
+
+	if (nt->nc != NULL && nt->destinations == outbox_destinations_generation &&
+		strcmp(nt->url, t->url) == 0)
+		return true;
+	nats_disconnect(nt);
+	if (!nats_opened)
+	{
+		NATS_NO_SIGNALS(s = nats_Open(-1));
+		if (s != NATS_OK)
+		{
+			*why = "could not initialise libnats";
+			return false;
+		}
+		nats_opened = true;
+	}
+	oldcxt = MemoryContextSwitchTo(t->cxt);
+	if (nt->url)
+		pfree(nt->url);
+	nt->url = pstrdup(t->url);
+	nt->destinations = outbox_destinations_generation;
+	n = nats_allowed_servers(t, nt, servers);
+	MemoryContextSwitchTo(oldcxt);
+	if (n == 0)
+	{
+		*why = nt->refused;
+		return false;
+	}
+	nt->serial = next_conn_serial++;
+
+	s = natsOptions_Create(&opts);
+	if (s == NATS_OK)
+		s = natsOptions_SetServers(opts, (const char **) servers, n);
+	if (s == NATS_OK)
+		s = natsOptions_SetIgnoreDiscoveredServers(opts, true);
+	if (s == NATS_OK)
+		s = natsOptions_SetSendAsap(opts, true);
+	if (s == NATS_OK)
+		s = natsOptions_SetName(opts, "outbox relay");
+	if (s == NATS_OK)
+		s = natsOptions_SetTimeout(opts, Min(t->timeout_ms, 10000));
+	if (s == NATS_OK)
+		s = natsOptions_SetMaxReconnect(opts, -1);
+	if (s == NATS_OK)
+		s = natsOptions_SetReconnectWait(opts, 200);
+	if (s == NATS_OK)
+		s = natsOptions_SetPingInterval(opts, 5000);
+	if (s == NATS_OK)
+		s = natsOptions_SetMaxPingsOut(opts, 2);
+	if (s == NATS_OK)
+		s = natsOptions_SetDisconnectedCB(opts, nats_disconnected_cb,
+										  (void *) (uintptr_t) nt->serial);
+	/* Connect in the background, retrying, and keep at it. */
+	if (s == NATS_OK)
+		s = natsOptions_SetRetryOnFailedConnect(opts, true, nats_connected_cb,
+												(void *) (uintptr_t) nt->serial);
+	if (s == NATS_OK)
+	{
+		NATS_NO_SIGNALS(s = natsConnection_Connect(&nt->nc, opts));
+		if (s == NATS_NOT_YET_CONNECTED)
+			s = NATS_OK;
+	}
+	if (s == NATS_OK)
+	{
+		natsInbox  *inbox = NULL;
+		char		filter[80];
+
+		s = natsInbox_Create(&inbox);
+		if (s == NATS_OK)
+		{
+			strlcpy(nt->inbox, inbox, sizeof(nt->inbox));
+			natsInbox_Destroy(inbox);
+			snprintf(filter, sizeof(filter), "%s.>", nt->inbox);
+			NATS_NO_SIGNALS(s = natsConnection_Subscribe(&nt->sub, nt->nc, filter, nats_ack_cb,
+														 (void *) (uintptr_t) nt->serial));
+		}
+		if (s == NATS_OK)
+			s = natsSubscription_SetPendingLimits(nt->sub, 1000000, 256 * 1024 * 1024);
+	}
+	if (opts)
+		natsOptions_Destroy(opts);
+	if (s != NATS_OK)
+	{
+		snprintf(nt->refused, sizeof(nt->refused), "could not set up the NATS connection: %s",
+				 natsStatus_GetText(s));
+		nats_disconnect(nt);
+		*why = nt->refused;
+		return false;
+	}
+	return true;
+}
+
+static void
+relay_nats_lane_init(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+
+	if (t->priv == NULL)
+	{
+		RelayNatsTarget *nt = MemoryContextAllocZero(t->cxt, sizeof(RelayNatsTarget));
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+		initStringInfo(&nt->subject);
+		initStringInfo(&nt->reply);
+		MemoryContextSwitchTo(oldcxt);
+		t->priv = nt;
+	}
+	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayNatsLane));
+}
+
+static void
+relay_nats_lane_release(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+
+	if (lane->in_flight)
+	{
+		requests_in_flight--;
+		lane->in_flight = false;
+	}
+	/* The last lane closes the target's connection. */
+	if (lane->index == t->nlanes - 1 && t->priv != NULL)
+	{
+		nats_disconnect(NATS_TARGET(t));
+		t->priv = NULL;
+	}
+}
+
+/*
+ * The message's subject: the template with {topic} and {key} filled in.
+ * Returns why it is not a subject, or NULL.
+ */
+static const char *
+nats_subject(RelayTarget *t, RelayMessage *m, StringInfo buf)
+{
+	const char *p;
+
+	resetStringInfo(buf);
+	for (p = t->subject; *p; p++)
+	{
+		if (*p == '{' && strncmp(p, "{topic}", 7) == 0)
+		{
+			appendStringInfoString(buf, m->topic);
+			p += 6;
+		}
+		else if (*p == '{' && strncmp(p, "{key}", 5) == 0)
+		{
+			if (m->key == NULL || m->key[0] == '\0')
+				return "the subject template has {key} and the message has no key";
+			appendStringInfoString(buf, m->key);
+			p += 4;
+		}
+		else
+			appendStringInfoChar(buf, *p);
+	}
+	return nats_check_subject_len(buf->data, buf->len, false);
+}
+
+/* Set the first failure of the lane's request, unless one came before. */
+static void
+nats_lane_bad(RelayNatsLane *nl, int pos, RelayOutcomeKind kind, const char *error)
+{
+	if (pos >= nl->first_bad)
+		return;
+	nl->first_bad = pos;
+	nl->bad_kind = kind;
+	strlcpy(nl->bad_error, error, sizeof(nl->bad_error));
+}
+
+static natsStatus
+nats_header(natsMsg *msg, const char *name, const char *value)
+{
+	return natsMsgHeader_Set(msg, name, value);
+}
+
+/*
+ * Publish the lane's next request: the cut_n messages at its head, each
+ * with its own reply subject.  Returns false, with *failed set, when not
+ * one could be published.
+ */
+static bool
+relay_nats_send(RelayLane *lane, RelayOutcome *failed)
+{
+	RelayTarget *t = lane->target;
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	RelayNatsLane *nl = NATS_LANE(lane);
+	RelayMessage *m;
+	const char *why = NULL;
+	char		number[32];
+	int			i;
+
+	Assert(!lane->in_flight && lane->nqueued > 0);
+	memset(failed, 0, sizeof(*failed));
+	relay_test_fault("send", lane->head->topic);
+
+	if (!nats_connect(t, &why))
+	{
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = why;
+		return false;
+	}
+	if (natsConnection_Status(nt->nc) != NATS_CONN_STATUS_CONNECTED)
+	{
+		const char *last = NULL;
+
+		(void) natsConnection_GetLastError(nt->nc, &last);
+		snprintf(nt->refused, sizeof(nt->refused), "not connected to the NATS server%s%s",
+				 last && *last ? ": " : "", last && *last ? last : "");
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = nt->refused;
+		return false;
+	}
+
+	if (nl->maxacked < lane->cut_n)
+	{
+		int			n = Max(lane->cut_n, 16);
+
+		if (nl->acked)
+			pfree(nl->acked);
+		nl->acked = MemoryContextAlloc(t->cxt, n * sizeof(bool));
+		nl->maxacked = n;
+	}
+	memset(nl->acked, 0, lane->cut_n * sizeof(bool));
+	nl->request++;
+	nl->nsent = 0;
+	nl->prefix = 0;
+	nl->first_bad = lane->cut_n;
+	lane->nbatch = lane->cut_n;
+
+	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
+	{
+		natsMsg    *msg = NULL;
+		natsStatus	s;
+		const char *bad = nats_subject(t, m, &nt->subject);
+		char	   *p;
+
+		if (bad != NULL)
+		{
+			char		error[RELAY_MAX_ERROR_LEN + 1];
+
+			snprintf(error, sizeof(error), "the subject is not a valid NATS subject: %s", bad);
+			nats_lane_bad(nl, i, RELAY_REJECTED, error);
+			break;
+		}
+		resetStringInfo(&nt->reply);
+		appendStringInfo(&nt->reply, "%s.%d.%u.%d", nt->inbox, lane->index, nl->request, i);
+		s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, m->payload, m->payload_len);
+		if (s == NATS_OK)
+			s = nats_header(msg, "Nats-Msg-Id", m->msg_id);
+		if (s == NATS_OK)
+			s = nats_header(msg, "webhook-id", m->msg_id);
+		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+		if (s == NATS_OK)
+			s = nats_header(msg, "outbox-seq", number);
+		if (s == NATS_OK)
+			s = nats_header(msg, "outbox-topic", m->topic);
+		if (s == NATS_OK && m->key != NULL)
+			s = nats_header(msg, "outbox-key", m->key);
+		/* The message's own headers: "Name: value" lines, NUL-separated. */
+		for (p = m->header_lines; s == NATS_OK && p != NULL && *p; p += strlen(p) + 1)
+		{
+			char	   *colon = strchr(p, ':');
+			char		name[256];
+
+			if (colon == NULL || colon - p >= (int) sizeof(name))
+				continue;
+			memcpy(name, p, colon - p);
+			name[colon - p] = '\0';
+			s = natsMsgHeader_Add(msg, name, colon[1] == ' ' ? colon + 2 : colon + 1);
+		}
+		if (s == NATS_OK)
+			s = natsConnection_PublishMsg(nt->nc, msg);
+		if (msg)
+			natsMsg_Destroy(msg);
+		if (s != NATS_OK)
+		{
+			char		error[RELAY_MAX_ERROR_LEN + 1];
+
+			snprintf(error, sizeof(error), "could not publish to NATS: %s", natsStatus_GetText(s));
+			/* Too large for the server: the message's fault, not the target's. */
+			nats_lane_bad(nl, i, s == NATS_MAX_PAYLOAD ? RELAY_REJECTED :
+						  i == 0 ? RELAY_RECEIVER_FAILED : RELAY_RETRY, error);
+			break;
+		}
+		nl->nsent++;
+	}
+	if (nl->nsent == 0)
+	{
+		failed->kind = nl->bad_kind;
+		failed->error = nl->bad_error;
+		return false;
+	}
+	nl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
+	lane->in_flight = true;
+	requests_in_flight++;
+	return true;
+}
+
+/* Read an integer member "name":N of a small JSON text, or -1. */
+static long
+nats_json_int(const char *json, const char *name)
+{
+	const char *p = strstr(json, name);
+
+	if (p == NULL)
+		return -1;
+	p += strlen(name);
+	while (*p == ' ' || *p == ':')
+		p++;
+	return isdigit((unsigned char) *p) ? strtol(p, NULL, 10) : -1;
+}
+
+/*
+ * What an acknowledgement says: delivered (stored, or a duplicate of what
+ * the stream holds), or the failure class and its text in error.
+ */
+static RelayOutcomeKind
+nats_ack_class(natsMsg *msg, RelayTarget *t, char *error, size_t size)
+{
+	const char *data = natsMsg_GetData(msg);
+	int			len = natsMsg_GetDataLength(msg);
+	char		json[NATS_MAX_ACK + 1];
+	const char *d;
+	int			i;
+	long		code;
+	long		err_code;
+
+	if (natsMsg_IsNoResponders(msg))
+	{
+		snprintf(error, size, "no JetStream stream takes the subject (no responders): create a stream whose subjects match \"%s\"",
+				 t->subject);
+		return RELAY_RECEIVER_FAILED;
+	}
+	if (data == NULL || len <= 0 || len > NATS_MAX_ACK)
+	{
+		snprintf(error, size, "the acknowledgement is not a JetStream reply (%d bytes)", len);
+		return RELAY_RETRY;
+	}
+	/* Printable ASCII only: it may end up in last_error. */
+	for (i = 0; i < len; i++)
+		json[i] = ((unsigned char) data[i] >= 0x20 && (unsigned char) data[i] < 0x7f) ? data[i] : '?';
+	json[len] = '\0';
+	d = strstr(json, "\"error\"");
+	if (d == NULL)
+	{
+		if (strstr(json, "\"stream\"") != NULL && strstr(json, "\"seq\"") != NULL)
+			return RELAY_DELIVERED;
+		snprintf(error, size, "the acknowledgement is not a JetStream reply: %.200s", json);
+		return RELAY_RETRY;
+	}
+	code = nats_json_int(d, "\"code\"");
+	err_code = nats_json_int(d, "\"err_code\"");
+	{
+		const char *desc = strstr(d, "\"description\"");
+		int			dlen = 0;
+
+		if (desc != NULL && (desc = strchr(desc + 13, '"')) != NULL)
+		{
+			desc++;
+			while (desc[dlen] && desc[dlen] != '"' && dlen < 200)
+				dlen++;
+		}
+		snprintf(error, size, "JetStream error %ld (%ld): %.*s", code, err_code,
+				 dlen, desc ? desc : "");
+	}
+	if (err_code == NATS_JS_ERR_MSG_SIZE)
+		return RELAY_REJECTED;
+	if (code == 503 || code == 408)
+		return RELAY_RETRY;
+	/* Not known to be the message's fault: hold the target, drop nothing. */
+	return RELAY_RECEIVER_FAILED;
+}
+
+/* The lane's request ended: report it. */
+static void
+nats_finish(RelayLane *lane, RelayFinishedFn finished, RelayOutcomeKind kind,
+			const char *error)
+{
+	RelayNatsLane *nl = NATS_LANE(lane);
+	RelayOutcome outcome;
+
+	memset(&outcome, 0, sizeof(outcome));
+	lane->in_flight = false;
+	requests_in_flight--;
+	nl->request++;				/* late acknowledgements are ignored */
+	if (nl->prefix >= lane->cut_n)
+		outcome.kind = RELAY_DELIVERED;
+	else
+	{
+		outcome.kind = kind;
+		outcome.error = error;
+		outcome.ndelivered = nl->prefix;
+	}
+	finished(lane, &outcome);
+}
+
+/* Finish the lane's request if what is acknowledged decides it. */
+static void
+nats_lane_check(RelayLane *lane, RelayFinishedFn finished)
+{
+	RelayNatsLane *nl = NATS_LANE(lane);
+
+	while (nl->prefix < nl->nsent && nl->acked[nl->prefix])
+		nl->prefix++;
+	if (nl->prefix >= lane->cut_n)
+		nats_finish(lane, finished, RELAY_DELIVERED, NULL);
+	else if (nl->prefix >= nl->first_bad)
+		nats_finish(lane, finished, nl->bad_kind, nl->bad_error);
+}
+
+static RelayTarget *
+nats_target_of(uint64 conn)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_NATS && t->priv != NULL && NATS_TARGET(t)->serial == conn)
+			return t;
+	}
+	return NULL;
+}
+
+/* An acknowledgement on a target's inbox: note it in its lane. */
+static void
+nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
+{
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	const char *subj = natsMsg_GetSubject(msg);
+	size_t		plen = strlen(nt->inbox);
+	unsigned int lane_index;
+	unsigned int request;
+	int			pos;
+	char		extra;
+	RelayLane  *lane;
+	RelayNatsLane *nl;
+	RelayOutcomeKind kind;
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+
+	if (subj == NULL || strncmp(subj, nt->inbox, plen) != 0 || subj[plen] != '.' ||
+		sscanf(subj + plen + 1, "%u.%u.%d%c", &lane_index, &request, &pos, &extra) != 3 ||
+		lane_index >= (unsigned int) t->nlanes)
+		return;
+	lane = &t->lanes[lane_index];
+	nl = NATS_LANE(lane);
+	if (!lane->in_flight || request != nl->request || pos < 0 || pos >= nl->nsent ||
+		nl->acked[pos])
+		return;
+	kind = nats_ack_class(msg, t, error, sizeof(error));
+	if (kind == RELAY_DELIVERED)
+		nl->acked[pos] = true;
+	else
+		nats_lane_bad(nl, pos, kind, error);
+	nats_lane_check(lane, finished);
+}
+
+/*
+ * Take what libnats' threads queued: acknowledgements and lost
+ * connections; then end requests past their timeout.
+ */
+static void
+relay_nats_drive(RelayFinishedFn finished)
+{
+	NatsEvent  *ev;
+	char		buf[256];
+	TimestampTz now;
+	ListCell   *lc;
+
+	if (wake_pipe[0] < 0)
+		return;
+	while (read(wake_pipe[0], buf, sizeof(buf)) > 0)
+		;
+	pthread_mutex_lock(&events_lock);
+	ev = events_head;
+	events_head = events_tail = NULL;
+	events_count = 0;
+	pthread_mutex_unlock(&events_lock);
+
+	while (ev != NULL)
+	{
+		NatsEvent  *next = ev->next;
+		RelayTarget *t = nats_target_of(ev->conn);
+
+		if (t != NULL && ev->kind == NATS_EVENT_ACK)
+			nats_ack(t, ev->msg, finished);
+		else if (t != NULL && ev->kind == NATS_EVENT_DISCONNECTED)
+		{
+			int			i;
+
+			/* Acknowledgements on the lost connection will not come. */
+			for (i = 0; i < t->nlanes; i++)
+				if (t->lanes[i].in_flight)
+				{
+					RelayNatsLane *nl = NATS_LANE(&t->lanes[i]);
+
+					nats_lane_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED,
+								  "the connection to the NATS server was lost");
+					nats_lane_check(&t->lanes[i], finished);
+				}
+		}
+		if (ev->msg)
+			natsMsg_Destroy(ev->msg);
+		free(ev);
+		ev = next;
+	}
+
+	if (requests_in_flight == 0)
+		return;
+	now = GetCurrentTimestamp();
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_NATS)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+			RelayNatsLane *nl = NATS_LANE(lane);
+
+			if (lane->in_flight && now >= nl->deadline)
+			{
+				char		error[RELAY_MAX_ERROR_LEN + 1];
+
+				snprintf(error, sizeof(error), "no JetStream acknowledgement within %d ms",
+						 t->timeout_ms);
+				nats_lane_bad(nl, nl->prefix, RELAY_RETRY, error);
+				nats_lane_check(lane, finished);
+			}
+		}
+	}
+}
+
+/* Milliseconds until the first request in flight times out, or -1. */
+static long
+relay_nats_timeout(void)
+{
+	TimestampTz first = 0;
+	TimestampTz now;
+	ListCell   *lc;
+
+	if (requests_in_flight == 0)
+		return -1;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_NATS)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+			if (t->lanes[i].in_flight &&
+				(first == 0 || NATS_LANE(&t->lanes[i])->deadline < first))
+				first = NATS_LANE(&t->lanes[i])->deadline;
+	}
+	if (first == 0)
+		return -1;
+	now = GetCurrentTimestamp();
+	return first <= now ? 0 : (long) ((first - now + 999) / 1000);
+}
+
+const RelayTransport relay_nats_transport = {
+	.kind = "nats",
+	.id = RELAY_NATS,
+	.header_lines = true,
+	.per_message = true,
+	.start = relay_nats_start,
+	.stop = relay_nats_stop,
+	.lane_init = relay_nats_lane_init,
+	.lane_release = relay_nats_lane_release,
+	.send = relay_nats_send,
+	.drive = relay_nats_drive,
+	.timeout = relay_nats_timeout,
+};

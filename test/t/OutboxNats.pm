@@ -1,0 +1,120 @@
+# Helpers of the NATS tests (test/t/050_*, 051_*): real nats-server
+# processes with JetStream on loopback ports, in throwaway store
+# directories, and test/nats/outbox_nats (built here on first use) to
+# create streams and read back what they hold.
+package OutboxNats;
+
+use strict;
+use warnings;
+
+use Cwd qw(abs_path);
+use Exporter 'import';
+use File::Basename qw(dirname);
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+
+our @EXPORT = qw(nats_start nats_stop nats_kill nats_tool nats_dump nats_count nats_wait_ready);
+
+my $src = abs_path(dirname(__FILE__) . '/../nats/outbox_nats.c');
+my $tool;
+my $json = JSON::PP->new->utf8;
+
+# The tool, compiled once per test run.
+sub nats_tool_path
+{
+	return $tool if $tool;
+	$tool = "$PostgreSQL::Test::Utils::tmp_check/outbox_nats";
+	system('cc', '-O2', '-o', $tool, $src, '-lnats') == 0
+	  or BAIL_OUT("could not build $src");
+	return $tool;
+}
+
+# Start a nats-server with JetStream.  %opts: port (default: a free one),
+# dir (store; default a new one under tmp_check), name (server name),
+# cluster_port and routes (array of route ports) for a cluster.  Returns a
+# hash: port, url, dir, name, harness, log.
+sub nats_start
+{
+	my ($name, %opts) = @_;
+	my $port = $opts{port} // PostgreSQL::Test::Cluster::get_free_port();
+	my $dir = $opts{dir} // "$PostgreSQL::Test::Utils::tmp_check/nats_$name";
+	mkdir $dir;
+	my $log = "$PostgreSQL::Test::Utils::log_path/nats_$name.log";
+	my @cmd = ('nats-server', '-a', '127.0.0.1', '-p', $port, '-js', '-sd', $dir,
+		'-n', $name, '-l', $log);
+	if ($opts{cluster_port})
+	{
+		push @cmd, '--cluster_name', 'outbox', '--cluster',
+		  "nats://127.0.0.1:$opts{cluster_port}", '--routes',
+		  join(',', map { "nats://127.0.0.1:$_" } @{ $opts{routes} });
+	}
+	my $h = IPC::Run::start(\@cmd, '<', \undef, '>>', "$log.out", '2>>', "$log.out");
+	my $s = { name => $name, port => $port, url => "nats://127.0.0.1:$port",
+		dir => $dir, harness => $h, log => $log, opts => \%opts };
+	nats_wait_ready($s);
+	return $s;
+}
+
+# Wait until the server accepts connections.
+sub nats_wait_ready
+{
+	my ($s) = @_;
+	my $deadline = time + 30;
+	while (time < $deadline)
+	{
+		return 1 if -f $s->{log} && slurp_file($s->{log}) =~ /Server is ready/;
+		usleep(50_000);
+	}
+	BAIL_OUT("nats-server $s->{name} did not start");
+}
+
+# Stop the server (SIGTERM), or kill it (SIGKILL).
+sub nats_stop
+{
+	my ($s) = @_;
+	return unless $s->{harness};
+	$s->{harness}->signal('TERM');
+	eval { $s->{harness}->finish };
+	$s->{harness} = undef;
+}
+
+sub nats_kill
+{
+	my ($s) = @_;
+	return unless $s->{harness};
+	$s->{harness}->signal('KILL');
+	eval { $s->{harness}->finish };
+	$s->{harness} = undef;
+}
+
+# Run the tool; returns its output, dies on failure unless $may_fail.
+sub nats_tool
+{
+	my ($url, @args) = @_;
+	my ($out, $err) = ('', '');
+	my $ok = IPC::Run::run([ nats_tool_path(), $args[0], $url, @args[ 1 .. $#args ] ],
+		'>', \$out, '2>', \$err);
+	die "outbox_nats @args: $err" unless $ok;
+	return $out;
+}
+
+# What the stream holds: an array of hashes (seq, subject, id, key, oseq,
+# topic, payload), in stream order.
+sub nats_dump
+{
+	my ($url, $stream) = @_;
+	return [ map { $json->decode($_) } split /\n/, nats_tool($url, 'dump', $stream) ];
+}
+
+sub nats_count
+{
+	my ($url, $stream) = @_;
+	my $n = eval { nats_tool($url, 'count', $stream) };
+	return defined $n ? $n + 0 : -1;
+}
+
+1;
