@@ -825,7 +825,7 @@ nats_ack_class(natsMsg *msg, RelayTarget *t, char *error, size_t size)
 
 	if (natsMsg_IsNoResponders(msg))
 	{
-		snprintf(error, size, "no JetStream stream takes the subject (no responders): create a stream whose subjects match \"%s\"",
+		snprintf(error, size, "no JetStream stream answered for the subject (no responders): no stream takes \"%s\", or its leader is being elected",
 				 t->subject);
 		return RELAY_RECEIVER_FAILED;
 	}

@@ -14,6 +14,10 @@ packages=(
 	postgresql-server-dev-15
 	postgresql-contrib
 	libcurl4-openssl-dev
+	# NATS JetStream targets: libnats for the relay (and test/nats/), a real
+	# nats-server for the tests
+	libnats-dev
+	nats-server
 	libipc-run-perl
 	cppcheck
 	python3

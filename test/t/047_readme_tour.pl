@@ -2,7 +2,8 @@
 # "<!-- tour:start -->" and "<!-- tour:end -->" in README.md runs, in order,
 # in one psql session (ON_ERROR_STOP) against a fresh server with the
 # library preloaded and the extension not yet created; the tour's webhook
-# URL http://127.0.0.1:8080 is pointed at the test receiver.  Then every
+# URL http://127.0.0.1:8080 is pointed at the test receiver, its NATS URL
+# at a real nats-server -js with a stream taking orders.>.  Then every
 # message the tour emitted and committed reaches the receiver or its other
 # targets, none of the rolled-back ones does, and nothing is pending.
 use strict;
@@ -11,6 +12,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use OutboxRelayTest;
+use OutboxNats;
 
 my $root = $ENV{TESTDIR} // '.';
 my $readme = slurp_file("$root/README.md");
@@ -26,7 +28,11 @@ unlike($sql, qr/^\s*\\/m, 'the tour has no psql meta-commands');
 
 my $node = relay_node('tour', create_extension => 0);
 my $sink = start_sink('tour');
+my $nats = nats_start('tour');
+nats_tool($nats->{url}, 'create', 'ORDERS', 'orders.>');
+like($sql, qr{'nats://127\.0\.0\.1:4222'}, 'the tour names the NATS URL the test replaces');
 (my $run = $sql) =~ s{http://127\.0\.0\.1:8080}{$sink->{url}}g;
+$run =~ s{nats://127\.0\.0\.1:4222}{$nats->{url}}g;
 
 my ($stdout, $stderr);
 my $ok = $node->psql('postgres', $run, stdout => \$stdout, stderr => \$stderr,
@@ -45,7 +51,11 @@ cmp_ok(scalar(@records), '>', 0, 'the receiver got the tour\'s webhooks (' . sca
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'), '0', 'no dead letter');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.lag WHERE last_error IS NOT NULL}),
 	'0', 'no target reports an error');
+my $stored = nats_dump($nats->{url}, 'ORDERS');
+is(join(' ', map { $_->{subject} } @$stored), 'orders.created orders.changed',
+	'the stream holds the committed orders messages, once each');
 stop_sink($sink);
+nats_stop($nats);
 relay_no_crash($node);
 $node->stop;
 done_testing();

@@ -142,7 +142,7 @@ ok( wait_until(
 		sub {
 			$node->safe_psql('postgres',
 				q{SELECT state || ' ' || coalesce(last_error, '') FROM outbox.lag WHERE target = 'nostream'})
-			  =~ /^failing .*no JetStream stream takes the subject/;
+			  =~ /^failing .*no JetStream stream answered for the subject \(no responders\)/;
 		}, 30),
 	'a subject no stream takes: the target is held, with the reason');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'nostream'}),
