@@ -34,6 +34,7 @@ OBJS = \
 	src/relay_dead_letters.o \
 	src/relay_envelope.o \
 	src/relay_http.o \
+	src/relay_kafka.o \
 	src/relay_lane.o \
 	src/relay_main.o \
 	src/relay_nats.o \
@@ -69,7 +70,7 @@ PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags) -DOUTBOX_VERSION=
 PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wshadow=compatible-local \
 	$(if $(WERROR),-Werror)
-SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lcrypto
+SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lcrypto
 
 EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip
 

@@ -2573,17 +2573,26 @@ GRANT SELECT ON outbox.captures TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION outbox.capture_status() TO outbox_monitor;
 
 ---------------------------------------------------------------------------
--- NATS JetStream targets (src/relay_nats.c): each message is published
--- with Nats-Msg-Id = its id and waited for its JetStream acknowledgement.
+-- Broker targets: NATS JetStream (src/relay_nats.c), each message
+-- published with Nats-Msg-Id = its id and waited for its JetStream
+-- acknowledgement; Kafka (src/relay_kafka.c), an idempotent producer.  A
+-- Kafka target's url is its bootstrap list.
 ---------------------------------------------------------------------------
-ALTER TABLE outbox.targets ADD COLUMN subject text;
+ALTER TABLE outbox.targets
+	ADD COLUMN subject text,			-- NATS: the subject template
+	ADD COLUMN topic text,				-- Kafka: the topic template
+	ADD COLUMN properties jsonb;		-- Kafka: librdkafka settings
 ALTER TABLE outbox.targets DROP CONSTRAINT targets_kind_check,
-	ADD CONSTRAINT targets_kind_check CHECK (kind IN ('http', 'notify', 'queue', 'nats'));
+	ADD CONSTRAINT targets_kind_check CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka'));
 ALTER TABLE outbox.targets DROP CONSTRAINT targets_check,
-	ADD CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats')) = (url IS NOT NULL));
+	ADD CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka')) = (url IS NOT NULL));
 ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
-	ADD CONSTRAINT targets_lanes_check CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats') OR lanes = 1)),
-	ADD CONSTRAINT targets_subject_check CHECK ((kind = 'nats') = (subject IS NOT NULL));
+	ADD CONSTRAINT targets_lanes_check
+		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka') OR lanes = 1)),
+	ADD CONSTRAINT targets_subject_check CHECK ((kind = 'nats') = (subject IS NOT NULL)),
+	ADD CONSTRAINT targets_topic_check CHECK ((kind = 'kafka') = (topic IS NOT NULL)),
+	ADD CONSTRAINT targets_properties_check
+		CHECK (properties IS NULL OR (kind = 'kafka' AND jsonb_typeof(properties) = 'object'));
 
 -- The checks of a NATS target's url and subject template (in C, as the
 -- relay makes them of every row it reads).
@@ -2594,15 +2603,28 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_check_nats_target';
 REVOKE ALL ON FUNCTION outbox.check_nats_target(text, text) FROM PUBLIC;
 
--- The checks of a NATS target's options, shared by create_nats_target and
--- alter_target.
-CREATE FUNCTION outbox.check_nats_options(t outbox.targets)
+-- The checks of a Kafka target's bootstrap list, topic template and
+-- properties (in C, as the relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_kafka_target(brokers text, topic text, properties jsonb)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_kafka_target';
+REVOKE ALL ON FUNCTION outbox.check_kafka_target(text, text, jsonb) FROM PUBLIC;
+
+-- The checks of a broker target's options (NATS or Kafka), shared by the
+-- create functions and alter_target.
+CREATE FUNCTION outbox.check_broker_options(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	PERFORM outbox.check_nats_target(t.url, t.subject);
+	IF t.kind = 'nats' THEN
+		PERFORM outbox.check_nats_target(t.url, t.subject);
+	ELSE
+		PERFORM outbox.check_kafka_target(t.url, t.topic, t.properties);
+	END IF;
 	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
 		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
 			USING ERRCODE = 'invalid_parameter_value',
@@ -2628,9 +2650,9 @@ BEGIN
 	END IF;
 END
 $$;
-REVOKE ALL ON FUNCTION outbox.check_nats_options(outbox.targets) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.check_broker_options(outbox.targets) FROM PUBLIC;
 
--- add_target stores the subject too.
+-- add_target stores the subject, topic and properties too.
 CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -2643,12 +2665,13 @@ BEGIN
 	BEGIN
 		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
 									ordering, max_attempts, timeout_ms, ca_file, client_cert,
-									client_key, envelope_only, subject)
+									client_key, envelope_only, subject, topic, properties)
 		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
 				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
 				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
 				target.ca_file, target.client_cert, target.client_key,
-				coalesce(target.envelope_only, false), target.subject)
+				coalesce(target.envelope_only, false), target.subject, target.topic,
+				target.properties)
 		RETURNING id INTO new_id;
 	EXCEPTION WHEN unique_violation THEN
 		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -2692,7 +2715,7 @@ BEGIN
 	t.ordering := ordering;
 	t.max_attempts := max_attempts;
 	t.timeout_ms := timeout_ms;
-	PERFORM outbox.check_nats_options(t);
+	PERFORM outbox.check_broker_options(t);
 	IF ordering = 'strict' THEN
 		t.lanes := 1;
 	END IF;
@@ -2704,6 +2727,47 @@ COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, 
 	'create a target that publishes messages into NATS JetStream, each acknowledged by its stream';
 REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int) FROM PUBLIC;
 
+-- A target that produces messages into Kafka topics, with an idempotent
+-- producer.
+CREATE FUNCTION outbox.create_kafka_target(
+	name		 text,
+	brokers		 text,
+	topic		 text	DEFAULT '{topic}',
+	properties	 jsonb	DEFAULT '{}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 30000)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'kafka';
+	t.url := brokers;
+	t.topic := topic;
+	t.properties := coalesce(properties, '{}');
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	PERFORM outbox.check_broker_options(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int) IS
+	'create a target that produces messages into Kafka topics, with an idempotent producer';
+REVOKE ALL ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int) FROM PUBLIC;
+
 DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean);
 -- Change a target's options; NULL leaves an option as it is.  secret => ''
 -- removes the secret, max_rate => 0 removes the rate limit, disable_after
@@ -2712,7 +2776,8 @@ DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, 
 -- rate; new lanes or ordering once the target's lanes are idle (the relay
 -- stops reading for it, delivers what it holds, then redistributes keys).
 -- A NATS target takes url, subject, batch_size, lanes, ordering,
--- max_attempts, timeout_ms, max_rate and disable_after.  Returns the number
+-- max_attempts, timeout_ms, max_rate and disable_after; a Kafka target the
+-- same with topic and properties instead of subject (url is its brokers).  Returns the number
 -- of options changed.
 CREATE FUNCTION outbox.alter_target(
 	name		  text,
@@ -2730,7 +2795,9 @@ CREATE FUNCTION outbox.alter_target(
 	client_cert	  text		DEFAULT NULL,
 	client_key	  text		DEFAULT NULL,
 	envelope_only boolean	DEFAULT NULL,
-	subject		  text		DEFAULT NULL)
+	subject		  text		DEFAULT NULL,
+	topic		  text		DEFAULT NULL,
+	properties	  jsonb		DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -2743,12 +2810,12 @@ DECLARE
 BEGIN
 	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
 	t := old;
-	IF old.kind NOT IN ('http', 'nats') AND (url IS NOT NULL OR batch_size IS NOT NULL
-											 OR lanes IS NOT NULL OR ordering IS NOT NULL
-											 OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
+	IF old.kind NOT IN ('http', 'nats', 'kafka') AND (url IS NOT NULL OR batch_size IS NOT NULL
+													  OR lanes IS NOT NULL OR ordering IS NOT NULL
+													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP and NATS targets have a URL, batches, lanes, a timeout or a rate.';
+				  DETAIL = 'Only HTTP, NATS and Kafka targets have a URL (brokers), batches, lanes, a timeout or a rate.';
 	END IF;
 	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
 							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
@@ -2760,6 +2827,11 @@ BEGIN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only NATS targets have a subject.';
+	END IF;
+	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Kafka targets have a topic and properties.';
 	END IF;
 	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -2782,13 +2854,15 @@ BEGIN
 	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
 	t.envelope_only := coalesce(envelope_only, old.envelope_only);
 	t.subject := coalesce(subject, old.subject);
+	t.topic := coalesce(topic, old.topic);
+	t.properties := coalesce(properties, old.properties);
 	IF t.secret IS NULL THEN
 		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
 	END IF;
 	IF old.kind = 'http' THEN
 		PERFORM outbox.check_http_target(t);
-	ELSIF old.kind = 'nats' THEN
-		PERFORM outbox.check_nats_options(t);
+	ELSIF old.kind IN ('nats', 'kafka') THEN
+		PERFORM outbox.check_broker_options(t);
 	ELSE
 		PERFORM outbox.check_target_options(t);
 	END IF;
@@ -2813,14 +2887,17 @@ BEGIN
 		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
 		+ (t.client_key IS DISTINCT FROM old.client_key)::int
 		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
-		+ (t.subject IS DISTINCT FROM old.subject)::int;
+		+ (t.subject IS DISTINCT FROM old.subject)::int
+		+ (t.topic IS DISTINCT FROM old.topic)::int
+		+ (t.properties IS DISTINCT FROM old.properties)::int;
 
 	UPDATE outbox.targets x
 	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
 		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
 		   disable_after = t.disable_after, previous_secret = t.previous_secret,
 		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
-		   envelope_only = t.envelope_only, subject = t.subject,
+		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
+		   properties = t.properties,
 		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
 		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
 	 WHERE x.id = tid;
@@ -2828,9 +2905,9 @@ BEGIN
 	RETURN n;
 END
 $$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text) IS
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb) IS
 	'change a target''s options without a restart; returns how many changed';
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb) FROM PUBLIC;
 
 -- A relay waiting for CREATE EXTENSION starts delivering when this commits
 -- (only where the library is preloaded: outbox.database exists then).

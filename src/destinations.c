@@ -326,11 +326,17 @@ outbox_host_rule_matches(const DestinationRule *r, const char *host)
 	return pg_strcasecmp(host, r->text) == 0;
 }
 
-/* The rules for one address (IPv4 in 4 bytes, IPv6 in 16); NULL: allowed. */
+/*
+ * The rules for one address (IPv4 in 4 bytes, IPv6 in 16) under the
+ * rules denied and allowed; NULL: allowed, else why not, in why.  Plain C
+ * on memory the caller owns: a library thread may run it on a snapshot
+ * (outbox_destinations_snapshot).
+ */
 static const char *
-outbox_address_refused(int family, const unsigned char *addr, const char *host)
+outbox_address_refused(const DestinationRules *denied, const DestinationRules *allowed,
+					   int family, const unsigned char *addr, const char *host,
+					   char *why, size_t size)
 {
-	static char why[512];
 	char		shown[INET6_ADDRSTRLEN];
 	int			i;
 
@@ -338,35 +344,35 @@ outbox_address_refused(int family, const unsigned char *addr, const char *host)
 	if ((family == AF_INET && addr[0] == 0) ||
 		(family == AF_INET6 && memcmp(addr, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 16) == 0))
 	{
-		snprintf(why, sizeof(why), "%s is an unspecified address, which is never allowed", shown);
+		snprintf(why, size, "%s is an unspecified address, which is never allowed", shown);
 		return why;
 	}
-	if (allowed_rules)
-		for (i = 0; i < allowed_rules->nrules; i++)
-			if (outbox_rule_holds(&allowed_rules->rules[i], family, addr))
+	if (allowed)
+		for (i = 0; i < allowed->nrules; i++)
+			if (outbox_rule_holds(&allowed->rules[i], family, addr))
 				return NULL;
-	if (denied_rules)
-		for (i = 0; i < denied_rules->nrules; i++)
-			if (outbox_rule_holds(&denied_rules->rules[i], family, addr))
+	if (denied)
+		for (i = 0; i < denied->nrules; i++)
+			if (outbox_rule_holds(&denied->rules[i], family, addr))
 			{
-				snprintf(why, sizeof(why), "%s is denied by outbox.denied_destinations entry \"%s\"",
-						 shown, denied_rules->rules[i].text);
+				snprintf(why, size, "%s is denied by outbox.denied_destinations entry \"%s\"",
+						 shown, denied->rules[i].text);
 				return why;
 			}
-	if (allowed_rules == NULL || allowed_rules->nrules == 0)
+	if (allowed == NULL || allowed->nrules == 0)
 		return NULL;
-	for (i = 0; i < allowed_rules->nrules; i++)
-		if (outbox_host_rule_matches(&allowed_rules->rules[i], host))
+	for (i = 0; i < allowed->nrules; i++)
+		if (outbox_host_rule_matches(&allowed->rules[i], host))
 			return NULL;
-	snprintf(why, sizeof(why), "%s%s%s is not in outbox.allowed_destinations",
+	snprintf(why, size, "%s%s%s is not in outbox.allowed_destinations",
 			 host ? host : "", host ? " at " : "", shown);
 	return why;
 }
 
 /*
- * Whether a request to host (the URL's, or NULL) may connect to the address
- * family/address (a struct in_addr or in6_addr).  Returns NULL if so, else
- * why not (in a static buffer).
+ * Whether a connection for host (the URL's, or NULL) may go to the address
+ * family/address (a struct in_addr or in6_addr) under the rules denied
+ * and allowed.  Returns NULL if so, else why not (in why).
  *
  * IPv6 addresses that carry an IPv4 address must pass the rules as that
  * address too: IPv4-mapped ::ffff:a.b.c.d (only as the IPv4 address: it
@@ -374,35 +380,117 @@ outbox_address_refused(int family, const unsigned char *addr, const char *host)
  * local-use 64:ff9b:1::/48 (they reach IPv4 networks through a
  * translator), and 6to4 2002:aabb:ccdd::/48.
  */
-const char *
-outbox_destination_refused(int family, const void *address, const char *host)
+static const char *
+outbox_refused_under(const DestinationRules *denied, const DestinationRules *allowed,
+					 int family, const void *address, const char *host,
+					 char *why, size_t size)
 {
 	static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 	static const unsigned char nat64[12] = {0, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0};
 	static const unsigned char nat64_local[6] = {0, 0x64, 0xff, 0x9b, 0, 0x01};
 	static const unsigned char zero[12] = {0};
-	static char why[512];
 	const unsigned char *a = address;
 	const char *r;
 
 	if (family == AF_INET)
-		return outbox_address_refused(AF_INET, a, host);
+		return outbox_address_refused(denied, allowed, AF_INET, a, host, why, size);
 	if (family != AF_INET6)
 	{
-		snprintf(why, sizeof(why), "address family %d is not an Internet address", family);
+		snprintf(why, size, "address family %d is not an Internet address", family);
 		return why;
 	}
 	if (memcmp(a, mapped, 12) == 0)
-		return outbox_address_refused(AF_INET, a + 12, host);
-	r = outbox_address_refused(AF_INET6, a, host);
+		return outbox_address_refused(denied, allowed, AF_INET, a + 12, host, why, size);
+	r = outbox_address_refused(denied, allowed, AF_INET6, a, host, why, size);
 	if (r != NULL)
 		return r;
 	if (memcmp(a, nat64, 12) == 0 || memcmp(a, nat64_local, 6) == 0 ||
 		(memcmp(a, zero, 12) == 0 && a[12] != 0))
-		return outbox_address_refused(AF_INET, a + 12, host);
+		return outbox_address_refused(denied, allowed, AF_INET, a + 12, host, why, size);
 	if (a[0] == 0x20 && a[1] == 0x02)
-		return outbox_address_refused(AF_INET, a + 2, host);
+		return outbox_address_refused(denied, allowed, AF_INET, a + 2, host, why, size);
 	return NULL;
+}
+
+/*
+ * Whether a request to host may connect to an address, under the settings
+ * in force (outbox_refused_under).  Returns NULL if so, else why not (in a
+ * static buffer).
+ */
+const char *
+outbox_destination_refused(int family, const void *address, const char *host)
+{
+	static char why[512];
+
+	return outbox_refused_under(denied_rules, allowed_rules, family, address, host,
+								why, sizeof(why));
+}
+
+/* A copy of the rules in force, for a library thread (malloc'd). */
+struct OutboxDestinations
+{
+	DestinationRules *denied;
+	DestinationRules *allowed;
+};
+
+static DestinationRules *
+outbox_rules_copy(const DestinationRules *r)
+{
+	DestinationRules *c;
+	size_t		size;
+
+	if (r == NULL)
+		return NULL;
+	size = offsetof(DestinationRules, rules) + sizeof(DestinationRule) * r->nrules;
+	c = malloc(size);
+	if (c != NULL)
+		memcpy(c, r, size);
+	return c;
+}
+
+/*
+ * The rules in force, copied into memory of their own (malloc, not palloc)
+ * that stays valid however the settings change: for code that checks
+ * addresses on a library's thread (relay_kafka.c's connect callback).
+ * NULL when out of memory.
+ */
+OutboxDestinations *
+outbox_destinations_snapshot(void)
+{
+	OutboxDestinations *d = malloc(sizeof(OutboxDestinations));
+
+	if (d == NULL)
+		return NULL;
+	d->denied = outbox_rules_copy(denied_rules);
+	d->allowed = outbox_rules_copy(allowed_rules);
+	if ((denied_rules && !d->denied) || (allowed_rules && !d->allowed))
+	{
+		outbox_destinations_free(d);
+		return NULL;
+	}
+	return d;
+}
+
+void
+outbox_destinations_free(OutboxDestinations *d)
+{
+	if (d == NULL)
+		return;
+	free(d->denied);
+	free(d->allowed);
+	free(d);
+}
+
+/*
+ * outbox_destination_refused() under a snapshot, with why in the caller's
+ * buffer: safe on any thread (no palloc, no ereport, no shared state).
+ */
+const char *
+outbox_destination_refused_in(const OutboxDestinations *d, int family,
+							  const void *address, const char *host,
+							  char *why, size_t size)
+{
+	return outbox_refused_under(d->denied, d->allowed, family, address, host, why, size);
 }
 
 /*

@@ -188,6 +188,12 @@ extern char *outbox_allowed_destinations;
 extern uint64 outbox_destinations_generation;
 extern void outbox_destinations_define_gucs(void);
 extern const char *outbox_destination_refused(int family, const void *address, const char *host);
+typedef struct OutboxDestinations OutboxDestinations;
+extern OutboxDestinations *outbox_destinations_snapshot(void);
+extern void outbox_destinations_free(OutboxDestinations *d);
+extern const char *outbox_destination_refused_in(const OutboxDestinations *d, int family,
+												 const void *address, const char *host,
+												 char *why, size_t size);
 extern char *outbox_url_host(const char *url, const char **why);
 
 /* topic_grants.c: per-topic emit rights */

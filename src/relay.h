@@ -134,7 +134,8 @@ typedef enum RelayTargetKind
 {
 	RELAY_HTTP,
 	RELAY_NOTIFY,
-	RELAY_NATS
+	RELAY_NATS,
+	RELAY_KAFKA
 } RelayTargetKind;
 
 struct RelayTarget;
@@ -182,6 +183,7 @@ typedef struct RelayTransport
 extern const RelayTransport relay_http_transport;
 extern const RelayTransport relay_notify_transport;
 extern const RelayTransport relay_nats_transport;
+extern const RelayTransport relay_kafka_transport;
 extern const RelayTransport *const relay_transports[];
 
 typedef struct RelayTarget
@@ -191,9 +193,12 @@ typedef struct RelayTarget
 	RelayTargetKind kind;		/* http, notify or nats */
 	const RelayTransport *transport;	/* of the kind */
 	void	   *priv;			/* the transport's state of the target */
-	char	   *url;			/* HTTP, NATS */
+	char	   *url;			/* HTTP, NATS; Kafka: the bootstrap list */
 	char	   *channel;		/* NOTIFY */
 	char	   *subject;		/* NATS: the subject template */
+	char	   *topic;			/* Kafka: the topic template */
+	char	   *properties;		/* Kafka: librdkafka settings (JSON text) */
+	Jsonb	   *properties_jb;	/* the same, or NULL */
 	char	  **header_lines;	/* "Name: value" of the target's headers */
 	char	  **header_names;	/* their names */
 	int			nheader_lines;	/* entries in header_lines */
@@ -296,7 +301,7 @@ extern bool relay_progress_has_batch_end;	/* schema 0.2 or later */
 extern bool relay_config_incomplete;	/* a target waits for its progress rows */
 extern bool relay_dead_letters_keep_payload;	/* schema 0.2 or later */
 extern bool relay_schema_operations;	/* states, replay: 0.2 or later */
-extern bool relay_schema_brokers;	/* targets.subject: 0.3 or later */
+extern bool relay_schema_brokers;	/* targets.subject, topic, properties: 0.3 */
 extern TimestampTz relay_last_progress_write;
 
 /*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
@@ -384,6 +389,11 @@ extern long relay_retention_maybe(TimestampTz now);
 /*---- relay_nats.c: checks of a NATS target's options ----*/
 extern const char *relay_nats_check_url(const char *url);
 extern const char *relay_nats_check_subject(const char *s, bool template);
+
+/*---- relay_kafka.c: checks of a Kafka target's options ----*/
+extern const char *relay_kafka_check_brokers(const char *brokers);
+extern const char *relay_kafka_check_topic(const char *template);
+extern const char *relay_kafka_check_properties(Jsonb *jb);
 
 /*---- relay_main.c: what every transport's lanes have on the wire ----*/
 extern int	relay_in_flight(void);

@@ -68,6 +68,7 @@ const RelayTransport *const relay_transports[] = {
 	&relay_http_transport,
 	&relay_notify_transport,
 	&relay_nats_transport,
+	&relay_kafka_transport,
 	NULL
 };
 
@@ -226,7 +227,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		if (strcmp(s, relay_transports[i]->kind) == 0)
 			t->transport = relay_transports[i];
 	if (t->transport == NULL)
-		*problem = "kind is not 'http', 'notify' or 'nats'";
+		*problem = "kind is not 'http', 'notify', 'nats' or 'kafka'";
 	else
 		t->kind = t->transport->id;
 	t->subject = relay_spi_text(tup, desc, 25);
@@ -244,6 +245,26 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		if (t->channel == NULL || t->channel[0] == '\0' ||
 			strlen(t->channel) >= NAMEDATALEN)
 			*problem = "channel is not a channel name of 1 to 63 bytes";
+	}
+	else if (t->kind == RELAY_KAFKA && *problem == NULL)
+	{
+		const char *why;
+
+		t->topic = relay_spi_text(tup, desc, 26);
+		d = SPI_getbinval(tup, desc, 27, &isnull);
+		if (!isnull)
+		{
+			t->properties_jb = DatumGetJsonbPCopy(d);
+			t->properties = JsonbToCString(NULL, &t->properties_jb->root,
+										   VARSIZE(t->properties_jb));
+		}
+		if ((why = relay_kafka_check_brokers(t->url)) != NULL)
+			*problem = MemoryContextStrdup(oldcxt, psprintf("brokers: %s", why));
+		else if (t->topic == NULL || (why = relay_kafka_check_topic(t->topic)) != NULL)
+			*problem = MemoryContextStrdup(oldcxt, psprintf("topic: %s",
+															t->topic ? why : "it is missing"));
+		else if ((why = relay_kafka_check_properties(t->properties_jb)) != NULL)
+			*problem = MemoryContextStrdup(oldcxt, psprintf("properties: %s", why));
 	}
 	else if (t->kind == RELAY_NATS && *problem == NULL)
 	{
@@ -422,6 +443,9 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->opts_cxt = n->cxt;
 	t->url = n->url;
 	t->subject = n->subject;
+	t->topic = n->topic;
+	t->properties = n->properties;
+	t->properties_jb = n->properties_jb;
 	t->header_lines = n->header_lines;
 	t->header_names = n->header_names;
 	t->nheader_lines = n->nheader_lines;
@@ -546,8 +570,11 @@ relay_load_config(void)
 	foreach(lc, relay_targets)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
-	/* Columns 24 and 25: ordering, and the subject (schema 0.3). */
-#define RELAY_TARGETS_QUERY(subject) \
+	/*
+	 * Columns 24 to 27: ordering; the subject, topic and properties
+	 * (schema 0.3).
+	 */
+#define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers," \
 					"       t.state, t.max_rate," \
@@ -556,19 +583,19 @@ relay_load_config(void)
 					"       md5(row(t.url, t.headers, t.secret, t.batch_size, t.lanes, t.max_attempts," \
 					"               t.timeout_ms, t.state, t.max_rate, t.disable_after," \
 					"               t.pending_lanes, t.pending_ordering, t.previous_secret, t.ca_file," \
-					"               t.client_cert, t.client_key, t.envelope_only, " subject ")::text)," \
+					"               t.client_cert, t.client_key, t.envelope_only, " brokers ")::text)," \
 					"       EXISTS (SELECT 1 FROM outbox.dead_letters d" \
 					"                WHERE d.target = t.name AND d.retry_requested_at IS NOT NULL)," \
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
-					"       t.ordering, " subject \
+					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject") :
-					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text") :
+	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties") :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb") :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
 					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
-					"       t.ordering, NULL::text"
+					"       t.ordering, NULL::text, NULL::text, NULL::jsonb"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

@@ -14,11 +14,14 @@
  * one that is to be sent again.
  *
  * Threads.  libnats runs its own threads (a reader and a reconnecter per
- * connection, a delivery thread per subscription, timers).  They never run
- * PostgreSQL code: the acknowledgement and connection callbacks only append
- * to a queue under a pthread mutex (malloc, no palloc) and write a byte to
- * a pipe whose read end is in the relay's WaitEventSet; the relay's thread
- * takes the queue in relay_nats_drive() and does everything else.  libnats
+ * connection, timers).  They never run PostgreSQL code.  The
+ * acknowledgements arrive on a synchronous subscription: libnats' reader
+ * queues them, and the relay's thread takes them without waiting
+ * (natsSubscription_NextMsg, timeout 0) in relay_nats_drive(), every
+ * millisecond while requests are in flight (no thread hand-off per
+ * acknowledgement).  The connection callbacks only append to a queue under
+ * a pthread mutex (malloc, no palloc) and write a byte to a pipe whose read
+ * end is in the relay's WaitEventSet.  libnats
  * does not mask signals, and its threads inherit the mask of the thread
  * that creates them, so every call that may start a thread runs with all
  * signals blocked: PostgreSQL's handlers then run on the relay's thread
@@ -59,14 +62,15 @@
 #define NATS_MAX_SUBJECT	1024
 /* Longest acknowledgement read; a longer one is not understood. */
 #define NATS_MAX_ACK		4096
-/* Most events waiting for the relay; more are dropped (a flooding peer). */
-#define NATS_MAX_EVENTS		1000000
+/* Most events waiting for the relay; more are dropped (they repeat). */
+#define NATS_MAX_EVENTS		10000
+/* How often acknowledgements are collected while requests are in flight. */
+#define NATS_ACK_POLL_MS	1
 /* JetStream's error code for a message above the stream's max_msg_size. */
 #define NATS_JS_ERR_MSG_SIZE	10054
 
 typedef enum NatsEventKind
 {
-	NATS_EVENT_ACK,				/* a message on the inbox */
 	NATS_EVENT_DISCONNECTED		/* the connection was lost */
 } NatsEventKind;
 
@@ -76,7 +80,6 @@ typedef struct NatsEvent
 	struct NatsEvent *next;
 	NatsEventKind kind;
 	uint64		conn;			/* the connection's serial number */
-	natsMsg    *msg;			/* NATS_EVENT_ACK */
 } NatsEvent;
 
 static pthread_mutex_t events_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -122,7 +125,7 @@ typedef struct RelayNatsLane
 /*---- on libnats threads: queue, wake, nothing else ----*/
 
 static void
-nats_push_event(NatsEventKind kind, uint64 conn, natsMsg *msg)
+nats_push_event(NatsEventKind kind, uint64 conn)
 {
 	NatsEvent  *ev = NULL;
 	bool		wake = false;
@@ -135,7 +138,6 @@ nats_push_event(NatsEventKind kind, uint64 conn, natsMsg *msg)
 		ev->next = NULL;
 		ev->kind = kind;
 		ev->conn = conn;
-		ev->msg = msg;
 		if (events_tail)
 			events_tail->next = ev;
 		else
@@ -147,8 +149,6 @@ nats_push_event(NatsEventKind kind, uint64 conn, natsMsg *msg)
 		events_count++;
 	}
 	pthread_mutex_unlock(&events_lock);
-	if (ev == NULL && msg != NULL)
-		natsMsg_Destroy(msg);
 	if (wake)
 	{
 		char		c = 1;
@@ -160,15 +160,9 @@ nats_push_event(NatsEventKind kind, uint64 conn, natsMsg *msg)
 }
 
 static void
-nats_ack_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
-{
-	nats_push_event(NATS_EVENT_ACK, (uint64) (uintptr_t) closure, msg);
-}
-
-static void
 nats_disconnected_cb(natsConnection *nc, void *closure)
 {
-	nats_push_event(NATS_EVENT_DISCONNECTED, (uint64) (uintptr_t) closure, NULL);
+	nats_push_event(NATS_EVENT_DISCONNECTED, (uint64) (uintptr_t) closure);
 }
 
 /* Connected after a failed first attempt: a held target probes at its time. */
@@ -569,8 +563,7 @@ nats_connect(RelayTarget *t, const char **why)
 			strlcpy(nt->inbox, inbox, sizeof(nt->inbox));
 			natsInbox_Destroy(inbox);
 			snprintf(filter, sizeof(filter), "%s.>", nt->inbox);
-			NATS_NO_SIGNALS(s = natsConnection_Subscribe(&nt->sub, nt->nc, filter, nats_ack_cb,
-														 (void *) (uintptr_t) nt->serial));
+			NATS_NO_SIGNALS(s = natsConnection_SubscribeSync(&nt->sub, nt->nc, filter));
 		}
 		if (s == NATS_OK)
 			s = natsSubscription_SetPendingLimits(nt->sub, 1000000, 256 * 1024 * 1024);
@@ -955,6 +948,31 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 }
 
 /*
+ * A "no responders" answer: libnats gives it without the message, so it is
+ * not known which request it answers.  No stream took a subject of the
+ * target (none exists, or its leader is being elected): every request of
+ * the target waiting is held at its first unacknowledged message, those
+ * acknowledged before it delivered.
+ */
+static void
+nats_no_responders(RelayTarget *t, RelayFinishedFn finished)
+{
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+	int			i;
+
+	snprintf(error, sizeof(error), "no JetStream stream answered for the subject (no responders): no stream takes \"%s\", or its leader is being elected",
+			 t->subject);
+	for (i = 0; i < t->nlanes; i++)
+		if (t->lanes[i].in_flight)
+		{
+			RelayNatsLane *nl = NATS_LANE(&t->lanes[i]);
+
+			nats_lane_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED, error);
+			nats_lane_check(&t->lanes[i], finished);
+		}
+}
+
+/*
  * Take what libnats' threads queued: acknowledgements and lost
  * connections; then end requests past their timeout.
  */
@@ -963,11 +981,36 @@ relay_nats_drive(RelayFinishedFn finished)
 {
 	NatsEvent  *ev;
 	char		buf[256];
-	TimestampTz now;
+	TimestampTz now = 0;
 	ListCell   *lc;
 
 	if (wake_pipe[0] < 0)
 		return;
+
+	/* First the acknowledgements libnats' reader queued, without waiting. */
+	if (requests_in_flight > 0)
+		foreach(lc, relay_targets)
+		{
+			RelayTarget *t = (RelayTarget *) lfirst(lc);
+			natsMsg    *msg = NULL;
+			natsStatus	st;
+
+			if (t->kind != RELAY_NATS || t->priv == NULL || NATS_TARGET(t)->sub == NULL)
+				continue;
+			while ((st = natsSubscription_NextMsg(&msg, NATS_TARGET(t)->sub, 0)) == NATS_OK ||
+				   st == NATS_NO_RESPONDERS)
+			{
+				if (st == NATS_OK)
+					nats_ack(t, msg, finished);
+				else
+					nats_no_responders(t, finished);
+				if (msg)
+					natsMsg_Destroy(msg);
+				msg = NULL;
+			}
+		}
+
+	/* Then lost connections: what is still waiting will not be answered. */
 	while (read(wake_pipe[0], buf, sizeof(buf)) > 0)
 		;
 	pthread_mutex_lock(&events_lock);
@@ -975,38 +1018,28 @@ relay_nats_drive(RelayFinishedFn finished)
 	events_head = events_tail = NULL;
 	events_count = 0;
 	pthread_mutex_unlock(&events_lock);
-
 	while (ev != NULL)
 	{
 		NatsEvent  *next = ev->next;
 		RelayTarget *t = nats_target_of(ev->conn);
+		int			i;
 
-		if (t != NULL && ev->kind == NATS_EVENT_ACK)
-			nats_ack(t, ev->msg, finished);
-		else if (t != NULL && ev->kind == NATS_EVENT_DISCONNECTED)
-		{
-			int			i;
+		for (i = 0; t != NULL && i < t->nlanes; i++)
+			if (t->lanes[i].in_flight)
+			{
+				RelayNatsLane *nl = NATS_LANE(&t->lanes[i]);
 
-			/* Acknowledgements on the lost connection will not come. */
-			for (i = 0; i < t->nlanes; i++)
-				if (t->lanes[i].in_flight)
-				{
-					RelayNatsLane *nl = NATS_LANE(&t->lanes[i]);
-
-					nats_lane_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED,
-								  "the connection to the NATS server was lost");
-					nats_lane_check(&t->lanes[i], finished);
-				}
-		}
-		if (ev->msg)
-			natsMsg_Destroy(ev->msg);
+				nats_lane_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED,
+							  "the connection to the NATS server was lost");
+				nats_lane_check(&t->lanes[i], finished);
+			}
 		free(ev);
 		ev = next;
 	}
 
+	/* Then requests past their time. */
 	if (requests_in_flight == 0)
 		return;
-	now = GetCurrentTimestamp();
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
@@ -1019,7 +1052,11 @@ relay_nats_drive(RelayFinishedFn finished)
 			RelayLane  *lane = &t->lanes[i];
 			RelayNatsLane *nl = NATS_LANE(lane);
 
-			if (lane->in_flight && now >= nl->deadline)
+			if (!lane->in_flight)
+				continue;
+			if (now == 0)
+				now = GetCurrentTimestamp();
+			if (now >= nl->deadline)
 			{
 				char		error[RELAY_MAX_ERROR_LEN + 1];
 
@@ -1032,32 +1069,15 @@ relay_nats_drive(RelayFinishedFn finished)
 	}
 }
 
-/* Milliseconds until the first request in flight times out, or -1. */
+/*
+ * Milliseconds the loop may sleep: while requests are in flight, 1, as
+ * their acknowledgements are collected without a wake-up (a callback
+ * would cost a thread hand-off per acknowledgement); else no limit.
+ */
 static long
 relay_nats_timeout(void)
 {
-	TimestampTz first = 0;
-	TimestampTz now;
-	ListCell   *lc;
-
-	if (requests_in_flight == 0)
-		return -1;
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		int			i;
-
-		if (t->kind != RELAY_NATS)
-			continue;
-		for (i = 0; i < t->nlanes; i++)
-			if (t->lanes[i].in_flight &&
-				(first == 0 || NATS_LANE(&t->lanes[i])->deadline < first))
-				first = NATS_LANE(&t->lanes[i])->deadline;
-	}
-	if (first == 0)
-		return -1;
-	now = GetCurrentTimestamp();
-	return first <= now ? 0 : (long) ((first - now + 999) / 1000);
+	return requests_in_flight > 0 ? NATS_ACK_POLL_MS : -1;
 }
 
 const RelayTransport relay_nats_transport = {

@@ -18,6 +18,9 @@ packages=(
 	# nats-server for the tests
 	libnats-dev
 	nats-server
+	# Kafka targets: librdkafka for the relay, and its mock cluster for the
+	# tests (test/kafka/)
+	librdkafka-dev
 	libipc-run-perl
 	cppcheck
 	python3

@@ -101,6 +101,15 @@ my $id = $node->safe_psql('postgres', q{SELECT msg_id FROM outbox.messages WHERE
 is($m->{id}, $id, 'Nats-Msg-Id is the message id');
 is($node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'js'}), '200',
 	'outbox.lag counts them');
+is($node->safe_psql('postgres', q{SELECT kind FROM outbox.lag WHERE target = 'js'}), 'nats',
+	'... as a nats target');
+ok( wait_until(
+		sub {
+			$node->safe_psql('postgres', q{SELECT messages FROM outbox.stats WHERE target = 'js'}) eq '200';
+		}),
+	'outbox.stats counts them');
+like($node->safe_psql('postgres', q{SELECT outbox.metrics()}),
+	qr/^outbox_delivered_messages_total\{target="js"\} 200$/m, 'and outbox.metrics()');
 
 # --- the relay killed mid-stream (slowed down, so that it is mid-stream) ---
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('js', batch_size => 10, max_rate => 40)});

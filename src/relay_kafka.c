@@ -1,0 +1,1076 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_kafka.c
+ *	  Delivery to Kafka with librdkafka.  All librdkafka use is here.
+ *
+ * A Kafka target has one producer, shared by its lanes: idempotent
+ * (enable.idempotence, acks=all), so per partition the broker keeps the
+ * order librdkafka sent in through its retries and leader changes, and
+ * partitioner murmur2_random, so keys land on the partitions the Java
+ * client would pick.  Each record: key = the message's key, value = its
+ * payload, headers = its headers plus webhook-id, outbox-seq,
+ * outbox-topic and outbox-key, on the topic the target's template names.
+ * A request (relay_lane_cut_keys) never holds two messages of a key, so a
+ * message that fails for good (its message.timeout.ms, = timeout_ms,
+ * passed, say) is sent again before any later message of its key is
+ * produced: per key, the first copy of each message in the partition is in
+ * commit order.  A message sent again may be there twice, with the same
+ * webhook-id.
+ *
+ * Threads.  librdkafka's threads block every signal and never run
+ * PostgreSQL code: delivery reports, errors and logs (log.queue) wait on
+ * the producer's main queue, which writes a byte to a pipe in the relay's
+ * WaitEventSet when it becomes non-empty (rd_kafka_queue_io_event_enable);
+ * the relay's thread serves them in rd_kafka_poll(), where the callbacks
+ * only note what happened, and acts on it afterwards.  The one callback on
+ * a librdkafka thread is connect_cb: it checks the address about to be
+ * dialled against a copy of outbox.denied_destinations /
+ * allowed_destinations (outbox_destinations_snapshot, under a mutex), so
+ * the rules apply to every broker address, not only to the bootstrap list.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "fmgr.h"
+#include "storage/fd.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/numeric.h"
+#include "utils/timestamp.h"
+
+#include "relay.h"
+
+/* Most brokers in a target's bootstrap list. */
+#define KAFKA_MAX_BROKERS	32
+/* Kafka's longest topic name. */
+#define KAFKA_MAX_TOPIC		249
+/* Extra wait beyond message.timeout.ms before the relay gives up itself. */
+#define KAFKA_TIMEOUT_GRACE_MS	5000
+
+/*
+ * librdkafka settings a target's properties may give; everything else is
+ * refused (the relay runs as a superuser: no plugin libraries, no
+ * commands, no settings that would break the guarantees).  Some take only
+ * the values in kafka_check_value().
+ */
+static const char *const kafka_allowed_properties[] = {
+	"acks", "request.required.acks", "enable.idempotence", "partitioner",
+	"compression.type", "compression.codec", "compression.level",
+	"linger.ms", "queue.buffering.max.ms", "batch.num.messages", "batch.size",
+	"message.max.bytes", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
+	"max.in.flight", "max.in.flight.requests.per.connection",
+	"request.timeout.ms", "socket.timeout.ms", "socket.keepalive.enable",
+	"socket.nagle.disable", "socket.send.buffer.bytes", "socket.receive.buffer.bytes",
+	"socket.connection.setup.timeout.ms", "connections.max.idle.ms",
+	"reconnect.backoff.ms", "reconnect.backoff.max.ms", "retry.backoff.ms",
+	"retry.backoff.max.ms", "topic.metadata.refresh.interval.ms",
+	"metadata.max.age.ms", "broker.address.family", "client.id", "client.rack",
+	"security.protocol", "ssl.ca.location", "ssl.certificate.location",
+	"ssl.key.location", "ssl.key.password", "ssl.endpoint.identification.algorithm",
+	"ssl.cipher.suites", "ssl.curves.list", "ssl.sigalgs.list",
+	"enable.ssl.certificate.verification", "sasl.mechanism", "sasl.mechanisms",
+	"sasl.username", "sasl.password", "api.version.request",
+	"broker.version.fallback", "sticky.partitioning.linger.ms",
+	NULL
+};
+
+/* Properties whose values are secrets: never in a message. */
+static bool
+kafka_secret_property(const char *name)
+{
+	return strcmp(name, "sasl.password") == 0 || strcmp(name, "ssl.key.password") == 0;
+}
+
+/* Events of the pipe librdkafka writes to; shared by every producer. */
+static int	wake_pipe[2] = {-1, -1};
+static uint64 next_serial = 1;
+static int	requests_in_flight = 0;
+
+/* The destination rules connect_cb checks, and why it last refused. */
+static pthread_mutex_t rules_lock = PTHREAD_MUTEX_INITIALIZER;
+static OutboxDestinations *rules = NULL;
+static uint64 rules_generation = 0;
+
+/* A target's producer (RelayTarget.priv). */
+typedef struct RelayKafkaTarget
+{
+	rd_kafka_t *rk;
+	uint64		serial;			/* connect_cb and callbacks name it so */
+	char	   *brokers;		/* the bootstrap list it was made for */
+	char	   *properties;		/* and the properties (their JSON text) */
+	uint64		destinations;	/* outbox_destinations_generation then */
+	bool		broken;			/* a fatal error: make it anew */
+	char		down[RELAY_MAX_ERROR_LEN + 1];	/* why brokers are out of
+												 * reach, or "" */
+	TimestampTz down_at;		/* when that was said */
+	char		refused[RELAY_MAX_ERROR_LEN + 1];	/* connect_cb's last
+													 * refusal (under
+													 * rules_lock) */
+	char		fatal[RELAY_MAX_ERROR_LEN + 1];
+	char		last_log[RELAY_MAX_ERROR_LEN + 1];	/* a warning to log */
+	TimestampTz logged_at;		/* when the relay last logged one */
+	StringInfoData topic;		/* reused: a message's topic */
+} RelayKafkaTarget;
+
+/* A lane's request in flight (RelayLane.priv). */
+typedef struct RelayKafkaLane
+{
+	uint32		request;		/* serial of the request, in msg_opaque */
+	int			nsent;			/* messages produced */
+	int			prefix;			/* delivered at the head, in a row */
+	int			first_bad;		/* position of the first failure, or nsent */
+	bool	   *acked;			/* delivered, by position */
+	int			maxacked;		/* entries in acked */
+	RelayOutcomeKind bad_kind;
+	char		bad_error[RELAY_MAX_ERROR_LEN + 1];
+	TimestampTz deadline;
+} RelayKafkaLane;
+
+#define KAFKA_TARGET(t)	((RelayKafkaTarget *) (t)->priv)
+#define KAFKA_LANE(lane)	((RelayKafkaLane *) (lane)->priv)
+
+/* msg_opaque: lane (9 bits), request (32 bits), position (16 bits). */
+#define KAFKA_OPAQUE(lane, request, pos) \
+	((void *) (uintptr_t) (((uint64) (lane) << 48) | ((uint64) (request) << 16) | (uint64) (pos)))
+
+StaticAssertDecl(sizeof(void *) >= 8, "msg_opaque packs 57 bits into a pointer");
+
+/*---- checks, for the SQL functions and for rows read ----*/
+
+/*
+ * Whether brokers is a bootstrap list the relay takes: host:port entries
+ * separated by commas.  Returns why not, or NULL.
+ */
+const char *
+relay_kafka_check_brokers(const char *brokers)
+{
+	const char *p = brokers;
+	int			n = 0;
+
+	if (brokers == NULL || *brokers == '\0')
+		return "it is empty";
+	for (;;)
+	{
+		const char *h;
+		long		port;
+		char	   *end;
+
+		while (*p == ' ')
+			p++;
+		h = p;
+		if (*p == '[')
+		{
+			while (*p && *p != ']')
+				p++;
+			if (*p != ']')
+				return "an IPv6 address lacks its ']'";
+			p++;
+		}
+		else
+			while (*p && (isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+				p++;
+		if (p == h || p - h > 255)
+			return "a broker has no host, or one that is too long";
+		if (*p != ':' || !isdigit((unsigned char) p[1]))
+			return "each broker must be host:port (no scheme, no user information)";
+		port = strtol(p + 1, &end, 10);
+		if (port < 1 || port > 65535)
+			return "a port is not between 1 and 65535";
+		p = end;
+		if (++n > KAFKA_MAX_BROKERS)
+			return "it has more than 32 brokers";
+		while (*p == ' ')
+			p++;
+		if (*p == '\0')
+			return NULL;
+		if (*p != ',')
+			return "brokers must be host:port separated by commas";
+		p++;
+	}
+}
+
+/* Whether s[0..len) is a Kafka topic name: [A-Za-z0-9._-], 1 to 249. */
+static bool
+kafka_valid_topic(const char *s, int len)
+{
+	int			i;
+
+	if (len < 1 || len > KAFKA_MAX_TOPIC || (len == 1 && s[0] == '.') ||
+		(len == 2 && s[0] == '.' && s[1] == '.'))
+		return false;
+	for (i = 0; i < len; i++)
+		if (!isalnum((unsigned char) s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
+			return false;
+	return true;
+}
+
+/*
+ * Whether template is a topic template: a Kafka topic name in which
+ * {topic} stands for the message's topic.  Returns why not, or NULL.
+ */
+const char *
+relay_kafka_check_topic(const char *template)
+{
+	StringInfoData buf;
+	const char *p;
+	bool		ok;
+
+	initStringInfo(&buf);
+	for (p = template; *p; p++)
+	{
+		if (*p == '{' && strncmp(p, "{topic}", 7) == 0)
+		{
+			appendStringInfoChar(&buf, 't');
+			p += 6;
+		}
+		else
+			appendStringInfoChar(&buf, *p);
+	}
+	ok = kafka_valid_topic(buf.data, buf.len);
+	pfree(buf.data);
+	if (!ok)
+		return "it is not a Kafka topic name (1 to 249 of A-Z a-z 0-9 . _ -) with {topic} standing for the message's topic";
+	return NULL;
+}
+
+/* A value the relay takes for a property that must keep the guarantees. */
+static const char *
+kafka_check_value(const char *name, const char *value)
+{
+	if ((strcmp(name, "acks") == 0 || strcmp(name, "request.required.acks") == 0) &&
+		strcmp(value, "all") != 0 && strcmp(value, "-1") != 0)
+		return "acks must be all: a record counts as delivered only once every in-sync replica has it";
+	if (strcmp(name, "enable.idempotence") == 0 && strcmp(value, "true") != 0)
+		return "enable.idempotence must be true: without it retries may reorder a partition";
+	if (strcmp(name, "partitioner") == 0 &&
+		strcmp(value, "murmur2_random") != 0 && strcmp(value, "murmur2") != 0 &&
+		strcmp(value, "consistent_random") != 0 && strcmp(value, "consistent") != 0 &&
+		strcmp(value, "fnv1a_random") != 0 && strcmp(value, "fnv1a") != 0)
+		return "partitioner must be one that sends a key to one partition: murmur2_random (the default, as the Java client), murmur2, consistent_random, consistent, fnv1a_random or fnv1a";
+	if ((strcmp(name, "max.in.flight") == 0 ||
+		 strcmp(name, "max.in.flight.requests.per.connection") == 0) &&
+		(atoi(value) < 1 || atoi(value) > 5))
+		return "max.in.flight must be between 1 and 5 with the idempotent producer";
+	return NULL;
+}
+
+/*
+ * Walk a properties object: call fn for each name and value (text; a
+ * number or boolean in its JSON form).  Returns why the object is not
+ * usable, or NULL.
+ */
+static const char *
+kafka_properties(Jsonb *jb, void (*fn) (const char *name, const char *value, void *arg),
+				 void *arg)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *name = NULL;
+	static char why[300];
+
+	if (jb == NULL)
+		return NULL;
+	if (!JB_ROOT_IS_OBJECT(jb) || JB_ROOT_IS_SCALAR(jb))
+		return "properties is not a JSON object";
+	it = JsonbIteratorInit(&jb->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+			name = pnstrdup(v.val.string.val, v.val.string.len);
+		else if (tok == WJB_VALUE)
+		{
+			char	   *value;
+			const char *bad;
+			int			i;
+
+			for (i = 0; kafka_allowed_properties[i] != NULL; i++)
+				if (strcmp(kafka_allowed_properties[i], name) == 0)
+					break;
+			if (kafka_allowed_properties[i] == NULL)
+			{
+				snprintf(why, sizeof(why), "property \"%.100s\" is not one the relay passes on", name);
+				return why;
+			}
+			if (v.type == jbvString)
+				value = pnstrdup(v.val.string.val, v.val.string.len);
+			else if (v.type == jbvNumeric)
+				value = DatumGetCString(DirectFunctionCall1(numeric_out,
+															NumericGetDatum(v.val.numeric)));
+			else if (v.type == jbvBool)
+				value = pstrdup(v.val.boolean ? "true" : "false");
+			else
+			{
+				snprintf(why, sizeof(why), "property \"%.100s\" is not a string, number or boolean", name);
+				return why;
+			}
+			if (strlen(value) >= 4096)
+				return "a property value is too long";
+			if ((bad = kafka_check_value(name, value)) != NULL)
+				return bad;
+			if (fn)
+				fn(name, value, arg);
+		}
+	}
+	return NULL;
+}
+
+const char *
+relay_kafka_check_properties(Jsonb *jb)
+{
+	return kafka_properties(jb, NULL, NULL);
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_kafka_target);
+
+/*
+ * outbox.check_kafka_target(brokers, topic, properties): the checks of a
+ * Kafka target's options, for create_kafka_target() and alter_target().
+ */
+Datum
+outbox_check_kafka_target(PG_FUNCTION_ARGS)
+{
+	char	   *brokers = PG_ARGISNULL(0) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char	   *topic = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
+	Jsonb	   *props = PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2);
+	const char *why;
+
+	if ((why = relay_kafka_check_brokers(brokers)) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid Kafka bootstrap list %s", brokers ? quote_literal_cstr(brokers) : "NULL"),
+				 errdetail("The list is not usable: %s.", why),
+				 errhint("Give host:port, or several separated by commas, as in 'kafka1:9092,kafka2:9092'.")));
+	if (topic == NULL || (why = relay_kafka_check_topic(topic)) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid Kafka topic %s", topic ? quote_literal_cstr(topic) : "NULL"),
+				 errdetail("The topic is not usable: %s.", topic ? why : "it is NULL"),
+				 errhint("Give a topic name, or a template such as 'outbox.{topic}'.")));
+	if ((why = relay_kafka_check_properties(props)) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid Kafka properties"),
+				 errdetail("The properties are not usable: %s.", why),
+				 errhint("Properties pass librdkafka settings such as TLS, SASL, compression and linger.ms; docs/brokers.md lists those taken.")));
+	PG_RETURN_VOID();
+}
+
+/*---- on librdkafka's threads: connect_cb only ----*/
+
+static int
+kafka_connect_cb(int sockfd, const struct sockaddr *addr, int addrlen, const char *id,
+				 void *opaque)
+{
+	char		why[RELAY_MAX_ERROR_LEN + 1];
+	const char *refused = NULL;
+
+	pthread_mutex_lock(&rules_lock);
+	if (rules == NULL)
+		refused = "the destination rules are not known";
+	else if (addr->sa_family == AF_INET)
+		refused = outbox_destination_refused_in(rules, AF_INET,
+												&((const struct sockaddr_in *) addr)->sin_addr,
+												NULL, why, sizeof(why));
+	else if (addr->sa_family == AF_INET6)
+		refused = outbox_destination_refused_in(rules, AF_INET6,
+												&((const struct sockaddr_in6 *) addr)->sin6_addr,
+												NULL, why, sizeof(why));
+	else
+		refused = "not an Internet address";
+	if (refused != NULL && opaque != NULL)
+	{
+		RelayKafkaTarget *kt = (RelayKafkaTarget *) opaque;
+
+		snprintf(kt->refused, sizeof(kt->refused), "connection refused by the relay: %s",
+				 refused);
+	}
+	pthread_mutex_unlock(&rules_lock);
+	if (refused != NULL)
+		return ECONNREFUSED;
+	if (connect(sockfd, addr, addrlen) != 0 && errno != EINPROGRESS)
+		return errno;
+	return 0;
+}
+
+/*---- callbacks served by rd_kafka_poll() on the relay's thread ----*/
+
+static RelayOutcomeKind
+kafka_error_class(RelayKafkaTarget *kt, rd_kafka_resp_err_t err)
+{
+	switch (err)
+	{
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+		case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG:
+			return RELAY_REJECTED;
+		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+		case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+		case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+		case RD_KAFKA_RESP_ERR__SSL:
+			return RELAY_RECEIVER_FAILED;
+		case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+		case RD_KAFKA_RESP_ERR__TIMED_OUT:
+		case RD_KAFKA_RESP_ERR__TRANSPORT:
+		case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+			/* The brokers are out of reach: hold, rather than use up attempts. */
+			return kt->down[0] != '\0' ? RELAY_RECEIVER_FAILED : RELAY_RETRY;
+		default:
+			return RELAY_RETRY;
+	}
+}
+
+static RelayTarget *
+kafka_target_of(uint64 serial)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_KAFKA && t->priv != NULL && KAFKA_TARGET(t)->serial == serial)
+			return t;
+	}
+	return NULL;
+}
+
+/* Set the first failure of the lane's request, unless one came before. */
+static void
+kafka_lane_bad(RelayKafkaLane *kl, int pos, RelayOutcomeKind kind, const char *error)
+{
+	if (pos >= kl->first_bad)
+		return;
+	kl->first_bad = pos;
+	kl->bad_kind = kind;
+	strlcpy(kl->bad_error, error, sizeof(kl->bad_error));
+}
+
+/* A delivery report: note it in its lane (acted on after the poll). */
+static void
+kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
+{
+	RelayKafkaTarget *kt = (RelayKafkaTarget *) opaque;
+	RelayTarget *t = kafka_target_of(kt->serial);
+	uint64		packed = (uint64) (uintptr_t) msg->_private;
+	int			lane_index = (int) (packed >> 48);
+	uint32		request = (uint32) (packed >> 16);
+	int			pos = (int) (packed & 0xffff);
+	RelayLane  *lane;
+	RelayKafkaLane *kl;
+
+	if (t == NULL || t->priv != kt || lane_index >= t->nlanes)
+		return;
+	lane = &t->lanes[lane_index];
+	kl = KAFKA_LANE(lane);
+	if (!lane->in_flight || request != kl->request || pos >= kl->nsent || kl->acked[pos])
+		return;
+	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		kl->acked[pos] = true;
+		kt->down[0] = '\0';	/* a message went through: the brokers are back */
+	}
+	else
+	{
+		char		error[RELAY_MAX_ERROR_LEN + 1];
+		RelayOutcomeKind kind = kafka_error_class(kt, msg->err);
+
+		if (kind == RELAY_RECEIVER_FAILED && kt->down[0] != '\0' &&
+			(msg->err == RD_KAFKA_RESP_ERR__MSG_TIMED_OUT ||
+			 msg->err == RD_KAFKA_RESP_ERR__TRANSPORT ||
+			 msg->err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN))
+			snprintf(error, sizeof(error), "%s (%s)", rd_kafka_err2str(msg->err), kt->down);
+		else
+			snprintf(error, sizeof(error), "%s", rd_kafka_err2str(msg->err));
+		kafka_lane_bad(kl, pos, kind, error);
+	}
+}
+
+/* An error of the producer: note what it says of the brokers. */
+static void
+kafka_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+	RelayKafkaTarget *kt = (RelayKafkaTarget *) opaque;
+
+	if (err == RD_KAFKA_RESP_ERR__FATAL)
+	{
+		char		fatal[RELAY_MAX_ERROR_LEN + 1];
+
+		(void) rd_kafka_fatal_error(rk, fatal, sizeof(fatal));
+		snprintf(kt->fatal, sizeof(kt->fatal), "%s", fatal);
+		kt->broken = true;
+		return;
+	}
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || err == RD_KAFKA_RESP_ERR__TRANSPORT ||
+		err == RD_KAFKA_RESP_ERR__RESOLVE || err == RD_KAFKA_RESP_ERR__AUTHENTICATION ||
+		err == RD_KAFKA_RESP_ERR__SSL)
+	{
+		pthread_mutex_lock(&rules_lock);
+		if (kt->refused[0] != '\0')
+			snprintf(kt->down, sizeof(kt->down), "%s", kt->refused);
+		else
+			snprintf(kt->down, sizeof(kt->down), "%s", reason ? reason : rd_kafka_err2str(err));
+		pthread_mutex_unlock(&rules_lock);
+		kt->down_at = GetCurrentTimestamp();
+	}
+}
+
+/* A log line (log.queue: served by poll): kept, logged after the poll. */
+static void
+kafka_log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+	RelayKafkaTarget *kt = (RelayKafkaTarget *) rd_kafka_opaque(rk);
+
+	if (kt != NULL && level <= 4)	/* LOG_WARNING and worse */
+		snprintf(kt->last_log, sizeof(kt->last_log), "%s: %s", fac, buf);
+}
+
+/*---- on the relay's thread ----*/
+
+static int
+relay_kafka_start(void)
+{
+	if (pipe(wake_pipe) != 0)
+		elog(ERROR, "outbox: could not create a pipe: %m");
+	if (fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC) != 0 ||
+		fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC) != 0)
+		elog(ERROR, "outbox: could not set up a pipe: %m");
+	ReserveExternalFD();
+	ReserveExternalFD();
+	return wake_pipe[0];
+}
+
+/* Drop a target's producer: what it still holds is given up. */
+static void
+kafka_destroy(RelayKafkaTarget *kt)
+{
+	if (kt->rk == NULL)
+		return;
+	(void) rd_kafka_purge(kt->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+	rd_kafka_destroy(kt->rk);
+	kt->rk = NULL;
+}
+
+static void
+relay_kafka_stop(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_KAFKA && t->priv != NULL)
+			kafka_destroy(KAFKA_TARGET(t));
+	}
+}
+
+/* Take the destination rules in force for connect_cb, if they changed. */
+static void
+kafka_refresh_rules(void)
+{
+	OutboxDestinations *fresh;
+	OutboxDestinations *old;
+
+	if (rules != NULL && rules_generation == outbox_destinations_generation)
+		return;
+	fresh = outbox_destinations_snapshot();
+	if (fresh == NULL)
+		return;
+	pthread_mutex_lock(&rules_lock);
+	old = rules;
+	rules = fresh;
+	rules_generation = outbox_destinations_generation;
+	pthread_mutex_unlock(&rules_lock);
+	outbox_destinations_free(old);
+}
+
+typedef struct KafkaConfArg
+{
+	rd_kafka_conf_t *conf;
+	char	   *errstr;
+	size_t		errsize;
+	bool		failed;
+} KafkaConfArg;
+
+static void
+kafka_set_property(const char *name, const char *value, void *arg)
+{
+	KafkaConfArg *a = (KafkaConfArg *) arg;
+
+	if (a->failed)
+		return;
+	if (rd_kafka_conf_set(a->conf, name, value, a->errstr, a->errsize) != RD_KAFKA_CONF_OK)
+	{
+		a->failed = true;
+		/* librdkafka may quote the value: not for a secret. */
+		if (kafka_secret_property(name))
+			snprintf(a->errstr, a->errsize, "property \"%s\" is not accepted by librdkafka", name);
+	}
+}
+
+/* The fail-everything-in-flight of a target whose producer goes. */
+static void
+kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error);
+
+/*
+ * Make the target's producer if it has none, or one made for another
+ * bootstrap list, other properties or other destination rules.  Returns
+ * false, with *why, when it cannot be made.
+ */
+static bool
+kafka_connect(RelayTarget *t, const char **why)
+{
+	RelayKafkaTarget *kt = KAFKA_TARGET(t);
+	rd_kafka_conf_t *conf;
+	static char errstr[512];
+	const char *props = t->properties ? t->properties : "";
+	KafkaConfArg arg;
+	char		number[32];
+	MemoryContext oldcxt;
+
+	kafka_refresh_rules();
+	if (kt->rk != NULL && !kt->broken && kt->destinations == outbox_destinations_generation &&
+		strcmp(kt->brokers, t->url) == 0 && strcmp(kt->properties, props) == 0)
+		return true;
+	if (kt->rk != NULL)
+	{
+		kafka_fail_in_flight(t, RELAY_RETRY, kt->broken ?
+							 "the Kafka producer failed for good, and is made anew" :
+							 "the target's settings changed: its producer is made anew");
+		kafka_destroy(kt);
+	}
+	kt->broken = false;
+	kt->down[0] = '\0';
+	kt->refused[0] = '\0';
+
+	conf = rd_kafka_conf_new();
+	errstr[0] = '\0';
+	arg.conf = conf;
+	arg.errstr = errstr;
+	arg.errsize = sizeof(errstr);
+	arg.failed = false;
+	/* The guarantees first; then the target's properties, checked. */
+	kafka_set_property("bootstrap.servers", t->url, &arg);
+	kafka_set_property("enable.idempotence", "true", &arg);
+	kafka_set_property("acks", "all", &arg);
+	kafka_set_property("partitioner", "murmur2_random", &arg);
+	snprintf(number, sizeof(number), "%d", t->timeout_ms);
+	kafka_set_property("message.timeout.ms", number, &arg);
+	kafka_set_property("topic.metadata.propagation.max.ms", "2000", &arg);
+	kafka_set_property("log.queue", "true", &arg);
+	/*
+	 * A lane waits for its reports before it sends on: Nagle's algorithm
+	 * with delayed ACKs would add ~40 ms to each of those rounds, and a
+	 * long linger adds itself.  Both may be set in properties.
+	 */
+	kafka_set_property("socket.nagle.disable", "true", &arg);
+	kafka_set_property("linger.ms", "1", &arg);
+	kafka_set_property("client.id", "outbox-relay", &arg);
+	if (!arg.failed && t->properties_jb != NULL)
+	{
+		const char *bad = kafka_properties(t->properties_jb, kafka_set_property, &arg);
+
+		if (bad != NULL)
+		{
+			snprintf(errstr, sizeof(errstr), "%s", bad);
+			arg.failed = true;
+		}
+	}
+	if (arg.failed)
+	{
+		rd_kafka_conf_destroy(conf);
+		*why = errstr;
+		return false;
+	}
+	kt->serial = next_serial++;
+	rd_kafka_conf_set_opaque(conf, kt);
+	rd_kafka_conf_set_dr_msg_cb(conf, kafka_dr_cb);
+	rd_kafka_conf_set_error_cb(conf, kafka_error_cb);
+	rd_kafka_conf_set_log_cb(conf, kafka_log_cb);
+	rd_kafka_conf_set_connect_cb(conf, kafka_connect_cb);
+
+	/* librdkafka blocks every signal in the threads it starts. */
+	kt->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+	if (kt->rk == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		*why = errstr;
+		return false;
+	}
+	(void) rd_kafka_set_log_queue(kt->rk, NULL);
+	{
+		rd_kafka_queue_t *q = rd_kafka_queue_get_main(kt->rk);
+
+		rd_kafka_queue_io_event_enable(q, wake_pipe[1], "k", 1);
+		rd_kafka_queue_destroy(q);
+	}
+	oldcxt = MemoryContextSwitchTo(t->cxt);
+	if (kt->brokers)
+		pfree(kt->brokers);
+	if (kt->properties)
+		pfree(kt->properties);
+	kt->brokers = pstrdup(t->url);
+	kt->properties = pstrdup(props);
+	MemoryContextSwitchTo(oldcxt);
+	kt->destinations = outbox_destinations_generation;
+	return true;
+}
+
+static void
+relay_kafka_lane_init(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+
+	if (t->priv == NULL)
+	{
+		RelayKafkaTarget *kt = MemoryContextAllocZero(t->cxt, sizeof(RelayKafkaTarget));
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+		initStringInfo(&kt->topic);
+		MemoryContextSwitchTo(oldcxt);
+		t->priv = kt;
+	}
+	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayKafkaLane));
+}
+
+static void
+relay_kafka_lane_release(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+
+	if (lane->in_flight)
+	{
+		requests_in_flight--;
+		lane->in_flight = false;
+	}
+	/* The last lane drops the target's producer. */
+	if (lane->index == t->nlanes - 1 && t->priv != NULL)
+	{
+		kafka_destroy(KAFKA_TARGET(t));
+		t->priv = NULL;
+	}
+}
+
+/* The record's topic: the template with {topic} filled in; NULL if invalid. */
+static const char *
+kafka_topic(RelayTarget *t, RelayMessage *m, StringInfo buf)
+{
+	const char *p;
+
+	resetStringInfo(buf);
+	for (p = t->topic; *p; p++)
+	{
+		if (*p == '{' && strncmp(p, "{topic}", 7) == 0)
+		{
+			appendStringInfoString(buf, m->topic);
+			p += 6;
+		}
+		else
+			appendStringInfoChar(buf, *p);
+	}
+	return kafka_valid_topic(buf->data, buf->len) ? buf->data : NULL;
+}
+
+/*
+ * Produce the lane's next request: the cut_n messages at its head.
+ * Returns false, with *failed set, when not one could be produced.
+ */
+static bool
+relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
+{
+	RelayTarget *t = lane->target;
+	RelayKafkaTarget *kt = KAFKA_TARGET(t);
+	RelayKafkaLane *kl = KAFKA_LANE(lane);
+	RelayMessage *m;
+	const char *why = NULL;
+	char		number[32];
+	int			i;
+
+	Assert(!lane->in_flight && lane->nqueued > 0);
+	memset(failed, 0, sizeof(*failed));
+	relay_test_fault("send", lane->head->topic);
+
+	if (!kafka_connect(t, &why))
+	{
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = why;
+		return false;
+	}
+	if (kl->maxacked < lane->cut_n)
+	{
+		int			n = Max(lane->cut_n, 16);
+
+		if (kl->acked)
+			pfree(kl->acked);
+		kl->acked = MemoryContextAlloc(t->cxt, n * sizeof(bool));
+		kl->maxacked = n;
+	}
+	memset(kl->acked, 0, lane->cut_n * sizeof(bool));
+	kl->request++;
+	kl->nsent = 0;
+	kl->prefix = 0;
+	kl->first_bad = lane->cut_n;
+	lane->nbatch = lane->cut_n;
+
+	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
+	{
+		const char *topic = kafka_topic(t, m, &kt->topic);
+		rd_kafka_headers_t *hdrs;
+		rd_kafka_resp_err_t err;
+		char	   *p;
+
+		if (topic == NULL)
+		{
+			kafka_lane_bad(kl, i, RELAY_REJECTED,
+						   "the topic template filled in with the message's topic is not a Kafka topic name");
+			break;
+		}
+		hdrs = rd_kafka_headers_new(8);
+		rd_kafka_header_add(hdrs, "webhook-id", -1, m->msg_id, -1);
+		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+		rd_kafka_header_add(hdrs, "outbox-seq", -1, number, -1);
+		rd_kafka_header_add(hdrs, "outbox-topic", -1, m->topic, -1);
+		if (m->key != NULL)
+			rd_kafka_header_add(hdrs, "outbox-key", -1, m->key, -1);
+		/* The message's own headers: "Name: value" lines, NUL-separated. */
+		for (p = m->header_lines; p != NULL && *p; p += strlen(p) + 1)
+		{
+			char	   *colon = strchr(p, ':');
+			char	   *semi = strchr(p, ';');
+
+			if (colon != NULL)
+				rd_kafka_header_add(hdrs, p, colon - p, colon[1] == ' ' ? colon + 2 : colon + 1, -1);
+			else if (semi != NULL)
+				rd_kafka_header_add(hdrs, p, semi - p, "", 0);
+		}
+		err = rd_kafka_producev(kt->rk,
+								RD_KAFKA_V_TOPIC(topic),
+								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+								RD_KAFKA_V_VALUE(m->payload, (size_t) m->payload_len),
+								RD_KAFKA_V_KEY(m->key, m->key ? strlen(m->key) : 0),
+								RD_KAFKA_V_HEADERS(hdrs),
+								RD_KAFKA_V_OPAQUE(KAFKA_OPAQUE(lane->index, kl->request, i)),
+								RD_KAFKA_V_END);
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			char		error[RELAY_MAX_ERROR_LEN + 1];
+
+			rd_kafka_headers_destroy(hdrs);
+			snprintf(error, sizeof(error), "could not produce to Kafka: %s", rd_kafka_err2str(err));
+			kafka_lane_bad(kl, i, err == RD_KAFKA_RESP_ERR__QUEUE_FULL ? RELAY_RETRY :
+						   kafka_error_class(kt, err), error);
+			if (err == RD_KAFKA_RESP_ERR__FATAL)
+				kt->broken = true;
+			break;
+		}
+		kl->nsent++;
+	}
+	if (kl->nsent == 0)
+	{
+		failed->kind = kl->bad_kind;
+		failed->error = kl->bad_error;
+		return false;
+	}
+	kl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+											   t->timeout_ms + KAFKA_TIMEOUT_GRACE_MS);
+	lane->in_flight = true;
+	requests_in_flight++;
+	return true;
+}
+
+/* The lane's request ended: report it. */
+static void
+kafka_finish(RelayLane *lane, RelayFinishedFn finished)
+{
+	RelayKafkaLane *kl = KAFKA_LANE(lane);
+	RelayOutcome outcome;
+
+	memset(&outcome, 0, sizeof(outcome));
+	lane->in_flight = false;
+	requests_in_flight--;
+	kl->request++;				/* late reports are ignored */
+	if (kl->prefix >= lane->cut_n)
+		outcome.kind = RELAY_DELIVERED;
+	else
+	{
+		outcome.kind = kl->bad_kind;
+		outcome.error = kl->bad_error;
+		outcome.ndelivered = kl->prefix;
+	}
+	finished(lane, &outcome);
+}
+
+/* Whether what is reported decides the lane's request. */
+static bool
+kafka_lane_decided(RelayLane *lane)
+{
+	RelayKafkaLane *kl = KAFKA_LANE(lane);
+
+	while (kl->prefix < kl->nsent && kl->acked[kl->prefix])
+		kl->prefix++;
+	return kl->prefix >= lane->cut_n || kl->prefix >= kl->first_bad;
+}
+
+/* Finished requests of a target, collected before they are reported. */
+static RelayFinishedFn fail_finished = NULL;
+
+static void
+kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
+{
+	int			i;
+
+	for (i = 0; i < t->nlanes; i++)
+	{
+		RelayLane  *lane = &t->lanes[i];
+		RelayKafkaLane *kl = KAFKA_LANE(lane);
+
+		if (!lane->in_flight)
+			continue;
+		(void) kafka_lane_decided(lane);
+		kafka_lane_bad(kl, kl->prefix, kind, error);
+		if (fail_finished != NULL)
+			kafka_finish(lane, fail_finished);
+		else
+		{
+			/* No one to tell (shutting down): forget it. */
+			lane->in_flight = false;
+			requests_in_flight--;
+			kl->request++;
+		}
+	}
+}
+
+/*
+ * Serve every producer's queue (delivery reports, errors, logs), then
+ * report the requests they decided, and those past their time.
+ */
+static void
+relay_kafka_drive(RelayFinishedFn finished)
+{
+	char		buf[256];
+	TimestampTz now = 0;
+	ListCell   *lc;
+
+	if (wake_pipe[0] < 0)
+		return;
+	while (read(wake_pipe[0], buf, sizeof(buf)) > 0)
+		;
+	fail_finished = finished;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		RelayKafkaTarget *kt;
+		int			i;
+
+		if (t->kind != RELAY_KAFKA || t->priv == NULL || KAFKA_TARGET(t)->rk == NULL)
+			continue;
+		kt = KAFKA_TARGET(t);
+		while (rd_kafka_poll(kt->rk, 0) > 0)
+			;
+		if (kt->last_log[0] != '\0')
+		{
+			if (now == 0)
+				now = GetCurrentTimestamp();
+			if (TimestampDifferenceExceeds(kt->logged_at, now, 10000))
+			{
+				ereport(LOG,
+						(errmsg("outbox relay: Kafka target \"%s\": %s", t->name, kt->last_log)));
+				kt->logged_at = now;
+			}
+			kt->last_log[0] = '\0';
+		}
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (!lane->in_flight)
+				continue;
+			if (!kafka_lane_decided(lane))
+			{
+				if (now == 0)
+					now = GetCurrentTimestamp();
+				if (now < KAFKA_LANE(lane)->deadline)
+					continue;
+				kafka_lane_bad(KAFKA_LANE(lane), KAFKA_LANE(lane)->prefix, RELAY_RETRY,
+							   "no delivery report within timeout_ms");
+			}
+			kafka_finish(lane, finished);
+		}
+		if (kt->broken)
+		{
+			char		error[RELAY_MAX_ERROR_LEN + 1];
+
+			snprintf(error, sizeof(error), "the Kafka producer failed for good: %s", kt->fatal);
+			ereport(LOG,
+					(errmsg("outbox relay: Kafka target \"%s\": %s; it is made anew", t->name, kt->fatal)));
+			kafka_fail_in_flight(t, RELAY_RETRY, error);
+			kafka_destroy(kt);
+		}
+	}
+	fail_finished = NULL;
+}
+
+/* Milliseconds until a request in flight must be looked at, or -1. */
+static long
+relay_kafka_timeout(void)
+{
+	TimestampTz first = 0;
+	TimestampTz now;
+	ListCell   *lc;
+
+	if (requests_in_flight == 0)
+		return -1;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_KAFKA)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+			if (t->lanes[i].in_flight &&
+				(first == 0 || KAFKA_LANE(&t->lanes[i])->deadline < first))
+				first = KAFKA_LANE(&t->lanes[i])->deadline;
+	}
+	if (first == 0)
+		return -1;
+	now = GetCurrentTimestamp();
+	/* librdkafka's own timers report through the pipe; this is a net. */
+	return first <= now ? 0 : (long) ((first - now + 999) / 1000);
+}
+
+const RelayTransport relay_kafka_transport = {
+	.kind = "kafka",
+	.id = RELAY_KAFKA,
+	.header_lines = true,
+	.per_message = true,
+	.start = relay_kafka_start,
+	.stop = relay_kafka_stop,
+	.lane_init = relay_kafka_lane_init,
+	.lane_release = relay_kafka_lane_release,
+	.send = relay_kafka_send,
+	.drive = relay_kafka_drive,
+	.timeout = relay_kafka_timeout,
+};
