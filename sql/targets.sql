@@ -104,3 +104,35 @@ SELECT outbox.drop_target('billing');
 SELECT count(*) AS leftover FROM outbox.subscriptions s
  WHERE NOT EXISTS (SELECT 1 FROM outbox.targets t WHERE t.id = s.target_id);
 SELECT name FROM outbox.targets ORDER BY id;
+
+-- Broker targets: their options checked at create and alter time, each
+-- kind taking only its own.
+SELECT outbox.create_nats_target('js', 'nats://127.0.0.1:4222,nats://[::1]:4223', subject => 'orders.{topic}');
+SELECT outbox.create_kafka_target('kf', '127.0.0.1:9092', topic => 'outbox.{topic}',
+                                  properties => '{"linger.ms": 5, "compression.type": "zstd"}');
+SELECT name, kind, url, subject, topic, properties, batch_size, lanes, timeout_ms
+  FROM outbox.targets WHERE kind IN ('nats', 'kafka') ORDER BY id;
+SELECT outbox.create_nats_target('x', 'nats://:4222');
+SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:99999');
+SELECT outbox.create_nats_target('x', 'tls://127.0.0.1:4222');
+SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:4222', subject => 'a.*.b');
+SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:4222', subject => NULL);
+SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:4222', lanes => 0);
+SELECT outbox.create_kafka_target('x', '127.0.0.1');
+SELECT outbox.create_kafka_target('x', '127.0.0.1:9092', topic => '{key}');
+SELECT outbox.create_kafka_target('x', '127.0.0.1:9092', properties => '{"debug": "all"}');
+SELECT outbox.create_kafka_target('x', '127.0.0.1:9092', properties => '{"linger.ms": [1]}');
+SELECT outbox.create_kafka_target('x', '127.0.0.1:9092', properties => '{"max.in.flight": 6}');
+SELECT outbox.alter_target('js', subject => 'orders.{key}', lanes => 4);
+SELECT outbox.alter_target('js', topic => 'x');
+SELECT outbox.alter_target('kf', subject => 'x');
+SELECT outbox.alter_target('kf', headers => '{}');
+SELECT outbox.alter_target('kf', properties => '{"acks": 0}');
+SELECT outbox.alter_target('kf', properties => '{"acks": "all"}', topic => 'fixed');
+SELECT outbox.create_http_target('hb', 'http://127.0.0.1:9/');
+SELECT outbox.alter_target('hb', subject => 'x');
+SELECT outbox.drop_target('hb');
+SELECT name, subject, topic, properties, pending_lanes FROM outbox.targets
+ WHERE kind IN ('nats', 'kafka') ORDER BY id;
+SELECT outbox.drop_target('js');
+SELECT outbox.drop_target('kf');

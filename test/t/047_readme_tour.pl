@@ -3,7 +3,8 @@
 # in one psql session (ON_ERROR_STOP) against a fresh server with the
 # library preloaded and the extension not yet created; the tour's webhook
 # URL http://127.0.0.1:8080 is pointed at the test receiver, its NATS URL
-# at a real nats-server -js with a stream taking orders.>.  Then every
+# at a real nats-server -js with a stream taking orders.>, its Kafka broker
+# at librdkafka's mock cluster with a topic orders.  Then every
 # message the tour emitted and committed reaches the receiver or its other
 # targets, none of the rolled-back ones does, and nothing is pending.
 use strict;
@@ -13,6 +14,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use OutboxRelayTest;
 use OutboxNats;
+use OutboxKafka;
 
 my $root = $ENV{TESTDIR} // '.';
 my $readme = slurp_file("$root/README.md");
@@ -33,6 +35,9 @@ nats_tool($nats->{url}, 'create', 'ORDERS', 'orders.>');
 like($sql, qr{'nats://127\.0\.0\.1:4222'}, 'the tour names the NATS URL the test replaces');
 (my $run = $sql) =~ s{http://127\.0\.0\.1:8080}{$sink->{url}}g;
 $run =~ s{nats://127\.0\.0\.1:4222}{$nats->{url}}g;
+my $kafka = kafka_mock('orders', 3);
+like($sql, qr{'127\.0\.0\.1:9092'}, 'the tour names the Kafka broker the test replaces');
+$run =~ s{'127\.0\.0\.1:9092'}{'$kafka->{bootstrap}'}g;
 
 my ($stdout, $stderr);
 my $ok = $node->psql('postgres', $run, stdout => \$stdout, stderr => \$stderr,
@@ -54,8 +59,11 @@ is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.lag WHERE last_err
 my $stored = nats_dump($nats->{url}, 'ORDERS');
 is(join(' ', map { $_->{subject} } @$stored), 'orders.created orders.changed',
 	'the stream holds the committed orders messages, once each');
+is(join(' ', sort map { $_->{headers}{'outbox-topic'} } @{ kafka_consume($kafka, 'orders') }),
+	'orders.changed orders.created', 'the Kafka topic holds them too');
 stop_sink($sink);
 nats_stop($nats);
+kafka_stop($kafka);
 relay_no_crash($node);
 $node->stop;
 done_testing();

@@ -13,7 +13,7 @@
 #    flow; retried after the limit is raised, it is delivered;
 #  - an authorization error holds the target with the broker's reason,
 #    nothing dead-lettered, and it delivers once the error stops;
-#  - pause and resume; the destination rules refuse the brokers'
+#  - pause and resume, replay; the destination rules refuse the brokers'
 #    addresses at connect;
 #  - properties that would break the guarantees, or run code, are refused.
 use strict;
@@ -111,6 +111,10 @@ ok( wait_until(
 	'everything delivered');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'kf'}), '0',
 	'no dead letters');
+is($node->safe_psql('postgres', q{SELECT kind FROM outbox.lag WHERE target = 'kf'}), 'kafka',
+	'outbox.lag shows a kafka target');
+like($node->safe_psql('postgres', q{SELECT outbox.metrics()}),
+	qr/^outbox_target_state\{target="kf",state="idle"\} 1$/m, 'outbox.metrics() has its state');
 
 my $records = kafka_consume($mock, 'orders');
 my (%first, %part, %ids, $bad_part, $split, $disorder, $mixed_ids, %last);
@@ -228,6 +232,13 @@ sleep 2;
 is(scalar(@{ kafka_consume($mock, 'other') }), 0, 'a paused target produces nothing');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('kother')});
 ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 10 }, 60), 'resumed: it produces what waited');
+$node->safe_psql('postgres', q{SELECT outbox.replay('kother', now() - interval '1 hour')});
+ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 20 }, 60),
+	'replay produces the messages again');
+my %replayed;
+$replayed{ $_->{headers}{'outbox-seq'} }{ $_->{headers}{'webhook-id'} }++ for @{ kafka_consume($mock, 'other') };
+is(scalar(grep { keys %{ $replayed{$_} } == 1 && (values %{ $replayed{$_} })[0] == 2 } keys %replayed), 10,
+	'... each twice, under its own webhook-id');
 
 # --- destination rules ---
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.denied_destinations = '127.0.0.0/8'});
@@ -242,12 +253,12 @@ ok( wait_until(
 		},
 		60),
 	'a denied broker address is refused at connect, with the reason');
-is(scalar(@{ kafka_consume($mock, 'other') }), 10, 'nothing was produced');
+is(scalar(@{ kafka_consume($mock, 'other') }), 20, 'nothing was produced');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'kother'}),
 	'0', '... and nothing dead-lettered');
 $node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.denied_destinations});
 $node->reload;
-ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 15 }, 60), 'allowed again: delivered');
+ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 25 }, 60), 'allowed again: delivered');
 
 relay_no_crash($node, $pid);
 $node->stop;
