@@ -107,7 +107,10 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 	*key_len = len;
 }
 
-/* Headers the relay sets itself, which a message may not override. */
+/*
+ * Headers the relay sets itself, which a message may not override, and
+ * those a broker acts on (nats-*).
+ */
 static bool
 outbox_is_reserved_header(const char *name, int len)
 {
@@ -121,6 +124,9 @@ outbox_is_reserved_header(const char *name, int len)
 	if (len >= 8 && pg_strncasecmp(name, "webhook-", 8) == 0)
 		return true;
 	if (len >= 7 && pg_strncasecmp(name, "outbox-", 7) == 0)
+		return true;
+	/* JetStream reads these (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup). */
+	if (len >= 5 && pg_strncasecmp(name, "nats-", 5) == 0)
 		return true;
 	for (i = 0; i < lengthof(reserved); i++)
 		if ((int) strlen(reserved[i]) == len &&

@@ -41,8 +41,11 @@
 
 #include <librdkafka/rdkafka.h>
 
+#include "catalog/pg_authid.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "storage/fd.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
@@ -110,6 +113,7 @@ typedef struct RelayKafkaTarget
 	char	   *brokers;		/* the bootstrap list it was made for */
 	char	   *properties;		/* and the properties (their JSON text) */
 	uint64		destinations;	/* outbox_destinations_generation then */
+	int			timeout_ms;		/* message.timeout.ms it was made with */
 	bool		broken;			/* a fatal error: make it anew */
 	char		down[RELAY_MAX_ERROR_LEN + 1];	/* why brokers are out of
 												 * reach, or "" */
@@ -332,6 +336,23 @@ relay_kafka_check_properties(Jsonb *jb)
 	return kafka_properties(jb, NULL, NULL);
 }
 
+/*
+ * A property naming a file the relay (the server's user) would read: only
+ * for a role that may read server files, as with an HTTP target's TLS
+ * files.
+ */
+static void
+kafka_check_file_property(const char *name, const char *value, void *arg)
+{
+	if (strncmp(name, "ssl.", 4) == 0 && strlen(name) > 9 &&
+		strcmp(name + strlen(name) - 9, ".location") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to name a server file in property \"%s\"", name),
+				 errdetail("The relay reads the file as the database server's user."),
+				 errhint("Only roles with privileges of pg_read_server_files may set it.")));
+}
+
 PG_FUNCTION_INFO_V1(outbox_check_kafka_target);
 
 /*
@@ -358,6 +379,8 @@ outbox_check_kafka_target(PG_FUNCTION_ARGS)
 				 errmsg("invalid Kafka topic %s", topic ? quote_literal_cstr(topic) : "NULL"),
 				 errdetail("The topic is not usable: %s.", topic ? why : "it is NULL"),
 				 errhint("Give a topic name, or a template such as 'outbox.{topic}'.")));
+	if (props != NULL && !has_privs_of_role(GetUserId(), ROLE_PG_READ_SERVER_FILES))
+		kafka_properties(props, kafka_check_file_property, NULL);
 	if ((why = relay_kafka_check_properties(props)) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -652,6 +675,7 @@ kafka_connect(RelayTarget *t, const char **why)
 
 	kafka_refresh_rules();
 	if (kt->rk != NULL && !kt->broken && kt->destinations == outbox_destinations_generation &&
+		kt->timeout_ms == t->timeout_ms &&
 		strcmp(kt->brokers, t->url) == 0 && strcmp(kt->properties, props) == 0)
 		return true;
 	if (kt->rk != NULL)
@@ -735,6 +759,7 @@ kafka_connect(RelayTarget *t, const char **why)
 	kt->properties = pstrdup(props);
 	MemoryContextSwitchTo(oldcxt);
 	kt->destinations = outbox_destinations_generation;
+	kt->timeout_ms = t->timeout_ms;
 	return true;
 }
 
@@ -873,13 +898,25 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 								RD_KAFKA_V_HEADERS(hdrs),
 								RD_KAFKA_V_OPAQUE(KAFKA_OPAQUE(lane->index, kl->request, i)),
 								RD_KAFKA_V_END);
+		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && i > 0)
+		{
+			/*
+			 * The producer's queue is full (queue.buffering.max.messages):
+			 * the request is what went in; the rest waits for the next.
+			 */
+			rd_kafka_headers_destroy(hdrs);
+			lane->cut_n = lane->nbatch = i;
+			kl->first_bad = i;
+			break;
+		}
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];
 
 			rd_kafka_headers_destroy(hdrs);
 			snprintf(error, sizeof(error), "could not produce to Kafka: %s", rd_kafka_err2str(err));
-			kafka_lane_bad(kl, i, err == RD_KAFKA_RESP_ERR__QUEUE_FULL ? RELAY_RETRY :
+			/* A full queue is no fault of the message: hold, count nothing. */
+			kafka_lane_bad(kl, i, err == RD_KAFKA_RESP_ERR__QUEUE_FULL ? RELAY_RECEIVER_FAILED :
 						   kafka_error_class(kt, err), error);
 			if (err == RD_KAFKA_RESP_ERR__FATAL)
 				kt->broken = true;
@@ -933,7 +970,7 @@ kafka_lane_decided(RelayLane *lane)
 	return kl->prefix >= lane->cut_n || kl->prefix >= kl->first_bad;
 }
 
-/* Finished requests of a target, collected before they are reported. */
+/* Where kafka_fail_in_flight() reports, while relay_kafka_drive() runs. */
 static RelayFinishedFn fail_finished = NULL;
 
 static void
@@ -954,7 +991,12 @@ kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
 			kafka_finish(lane, fail_finished);
 		else
 		{
-			/* No one to tell (shutting down): forget it. */
+			/*
+			 * Outside relay_kafka_drive (the producer is made anew from
+			 * send, or the relay exits): no one to tell.  The request is
+			 * forgotten; its messages stay queued and go again in the next
+			 * request (what the old producer delivered of them twice).
+			 */
 			lane->in_flight = false;
 			requests_in_flight--;
 			kl->request++;

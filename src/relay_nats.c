@@ -43,6 +43,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -64,6 +65,12 @@
 #define NATS_MAX_ACK		4096
 /* Most events waiting for the relay; more are dropped (they repeat). */
 #define NATS_MAX_EVENTS		10000
+/* nats_ack_class(): a reply that is not JetStream's, to ignore. */
+#define NATS_NOT_AN_ACK		((RelayOutcomeKind) -1)
+/* Most acknowledgements taken in one call of relay_nats_drive(). */
+#define NATS_MAX_DRAIN		100000
+/* Longest the relay waits for the servers' host names when it connects. */
+#define NATS_LOOKUP_WAIT_MS	50
 /* How often acknowledgements are collected while requests are in flight. */
 #define NATS_ACK_POLL_MS	1
 /* JetStream's error code for a message above the stream's max_msg_size. */
@@ -101,6 +108,9 @@ typedef struct RelayNatsTarget
 	char	   *url;			/* the url it was made for */
 	uint64		destinations;	/* outbox_destinations_generation then */
 	char		refused[256];	/* every address refused: why, or "" */
+	struct NatsLookup *lookups[NATS_MAX_SERVERS];	/* host names being resolved */
+	int			nlookups;
+	char		lookups_url[2048];	/* the url they are for */
 	StringInfoData subject;		/* reused: a message's subject */
 	StringInfoData reply;		/* reused: its reply subject */
 } RelayNatsTarget;
@@ -406,45 +416,117 @@ relay_nats_stop(void)
 }
 
 /*
- * Resolve the url's hosts and keep the addresses the destination rules
- * allow, as nats://address:port strings (palloc'd) in servers.  Returns the
- * number kept; with none, nt->refused says why.
+ * Host names are resolved with getaddrinfo_a(): a slow DNS server must not
+ * stop the relay (its other targets wait on this thread).  The requests
+ * and their strings are malloc'd: glibc's resolver thread writes to them.
  */
-static int
-nats_allowed_servers(RelayTarget *t, RelayNatsTarget *nt, char **servers)
+typedef struct NatsLookup
+{
+	struct gaicb cb;
+	struct addrinfo hints;
+	char		name[256];
+	char		service[8];
+} NatsLookup;
+
+/* Drop the lookups of a target; one still running is left to glibc. */
+static void
+nats_lookups_forget(RelayNatsTarget *nt)
+{
+	int			i;
+
+	for (i = 0; i < nt->nlookups; i++)
+	{
+		NatsLookup *l = nt->lookups[i];
+
+		if (l == NULL)
+			continue;
+		if (gai_error(&l->cb) == EAI_INPROGRESS && gai_cancel(&l->cb) != EAI_CANCELED)
+			continue;			/* glibc still owns it: a small leak */
+		if (l->cb.ar_result)
+			freeaddrinfo(l->cb.ar_result);
+		free(l);
+	}
+	nt->nlookups = 0;
+	nt->lookups_url[0] = '\0';
+}
+
+/*
+ * Start resolving the url's host names that are not addresses already.
+ * Returns why the url cannot be used, or NULL.
+ */
+static const char *
+nats_lookups_start(RelayTarget *t, RelayNatsTarget *nt)
 {
 	char	   *hosts[NATS_MAX_SERVERS];
 	int			ports[NATS_MAX_SERVERS];
 	int			nhosts = 0;
+	struct gaicb *list[NATS_MAX_SERVERS];
+	int			nlist = 0;
+	int			i;
+
+	nats_lookups_forget(nt);
+	if (nats_parse_url(t->url, hosts, ports, &nhosts) != NULL)
+		return "the url is not usable";
+	for (i = 0; i < nhosts; i++)
+	{
+		NatsLookup *l = calloc(1, sizeof(NatsLookup));
+
+		if (l == NULL)
+			return "out of memory";
+		strlcpy(l->name, hosts[i], sizeof(l->name));
+		snprintf(l->service, sizeof(l->service), "%d", ports[i]);
+		l->hints.ai_family = AF_UNSPEC;
+		l->hints.ai_socktype = SOCK_STREAM;
+		l->cb.ar_name = l->name;
+		l->cb.ar_service = l->service;
+		l->cb.ar_request = &l->hints;
+		nt->lookups[nt->nlookups++] = l;
+		list[nlist++] = &l->cb;
+	}
+	strlcpy(nt->lookups_url, t->url, sizeof(nt->lookups_url));
+	/* Its thread must not take PostgreSQL's signals. */
+	{
+		int			rc;
+
+		NATS_NO_SIGNALS(rc = getaddrinfo_a(GAI_NOWAIT, list, nlist, NULL));
+		if (rc != 0)
+		{
+			nats_lookups_forget(nt);
+			return gai_strerror(rc);
+		}
+	}
+	return NULL;
+}
+
+/*
+ * Once every lookup has ended: the addresses the destination rules allow,
+ * as nats://address:port strings (palloc'd) in servers.  Returns the
+ * number kept, with none nt->refused saying why; or -1 while a lookup is
+ * still running.
+ */
+static int
+nats_allowed_servers(RelayNatsTarget *nt, char **servers)
+{
 	int			n = 0;
 	int			i;
 
+	for (i = 0; i < nt->nlookups; i++)
+		if (gai_error(&nt->lookups[i]->cb) == EAI_INPROGRESS)
+			return -1;
 	nt->refused[0] = '\0';
-	if (nats_parse_url(t->url, hosts, ports, &nhosts) != NULL)
+	for (i = 0; i < nt->nlookups && n < NATS_MAX_SERVERS; i++)
 	{
-		strlcpy(nt->refused, "the url is not usable", sizeof(nt->refused));
-		return 0;
-	}
-	for (i = 0; i < nhosts && n < NATS_MAX_SERVERS; i++)
-	{
-		struct addrinfo hints;
-		struct addrinfo *res = NULL;
+		NatsLookup *l = nt->lookups[i];
 		struct addrinfo *ai;
-		char		port[8];
-		int			rc;
+		int			rc = gai_error(&l->cb);
 
-		memset(&hints, 0, sizeof(hints));
-		hints.ai_family = AF_UNSPEC;
-		hints.ai_socktype = SOCK_STREAM;
-		snprintf(port, sizeof(port), "%d", ports[i]);
-		rc = getaddrinfo(hosts[i], port, &hints, &res);
 		if (rc != 0)
 		{
 			snprintf(nt->refused, sizeof(nt->refused), "could not resolve \"%s\": %s",
-					 hosts[i], gai_strerror(rc));
+					 l->name, gai_strerror(rc));
 			continue;
 		}
-		for (ai = res; ai != NULL && n < NATS_MAX_SERVERS; ai = ai->ai_next)
+		for (ai = l->cb.ar_result; ai != NULL && n < NATS_MAX_SERVERS; ai = ai->ai_next)
 		{
 			const char *why = NULL;
 			char		addr[INET6_ADDRSTRLEN];
@@ -453,25 +535,24 @@ nats_allowed_servers(RelayTarget *t, RelayNatsTarget *nt, char **servers)
 			{
 				struct in_addr *a = &((struct sockaddr_in *) ai->ai_addr)->sin_addr;
 
-				why = outbox_destination_refused(AF_INET, a, hosts[i]);
+				why = outbox_destination_refused(AF_INET, a, l->name);
 				inet_ntop(AF_INET, a, addr, sizeof(addr));
 				if (why == NULL)
-					servers[n++] = psprintf("nats://%s:%d", addr, ports[i]);
+					servers[n++] = psprintf("nats://%s:%s", addr, l->service);
 			}
 			else if (ai->ai_family == AF_INET6)
 			{
 				struct in6_addr *a = &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr;
 
-				why = outbox_destination_refused(AF_INET6, a, hosts[i]);
+				why = outbox_destination_refused(AF_INET6, a, l->name);
 				inet_ntop(AF_INET6, a, addr, sizeof(addr));
 				if (why == NULL)
-					servers[n++] = psprintf("nats://[%s]:%d", addr, ports[i]);
+					servers[n++] = psprintf("nats://[%s]:%s", addr, l->service);
 			}
 			if (why != NULL)
 				snprintf(nt->refused, sizeof(nt->refused),
 						 "connection refused by the relay: %s", why);
 		}
-		freeaddrinfo(res);
 	}
 	return n;
 }
@@ -491,10 +572,25 @@ nats_connect(RelayTarget *t, const char **why)
 	natsOptions *opts = NULL;
 	natsStatus	s;
 	MemoryContext oldcxt;
+	MemoryContext tmpcxt;
 
 	if (nt->nc != NULL && nt->destinations == outbox_destinations_generation &&
 		strcmp(nt->url, t->url) == 0)
 		return true;
+	/* The servers' addresses first, resolved without waiting here. */
+	if (nt->nlookups == 0 || strcmp(nt->lookups_url, t->url) != 0 ||
+		nt->destinations != outbox_destinations_generation)
+	{
+		const char *bad = nats_lookups_start(t, nt);
+
+		nt->destinations = outbox_destinations_generation;
+		if (bad != NULL)
+		{
+			snprintf(nt->refused, sizeof(nt->refused), "could not resolve the servers: %s", bad);
+			*why = nt->refused;
+			return false;
+		}
+	}
 	nats_disconnect(nt);
 	if (!nats_opened)
 	{
@@ -506,18 +602,44 @@ nats_connect(RelayTarget *t, const char **why)
 		}
 		nats_opened = true;
 	}
+	/* Addresses and local names take microseconds: wait that long at most. */
+	{
+		TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														NATS_LOOKUP_WAIT_MS);
+		int			i;
+
+		for (i = 0; i < nt->nlookups; i++)
+		{
+			const struct gaicb *one[1] = {&nt->lookups[i]->cb};
+			long		left = (long) ((until - GetCurrentTimestamp()) / 1000);
+			struct timespec ts;
+
+			if (left <= 0)
+				break;
+			ts.tv_sec = left / 1000;
+			ts.tv_nsec = (left % 1000) * 1000000L;
+			while (gai_error(&nt->lookups[i]->cb) == EAI_INPROGRESS &&
+				   gai_suspend(one, 1, &ts) == EAI_INTR)
+				;
+		}
+	}
+	tmpcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox NATS connect",
+								   ALLOCSET_SMALL_SIZES);
+	oldcxt = MemoryContextSwitchTo(tmpcxt);
+	n = nats_allowed_servers(nt, servers);
+	MemoryContextSwitchTo(oldcxt);
+	if (n <= 0)
+	{
+		MemoryContextDelete(tmpcxt);
+		*why = n < 0 ? "resolving the NATS servers' host names" : nt->refused;
+		return false;
+	}
+	/* Resolved: the next connection (a reconnect) resolves anew. */
 	oldcxt = MemoryContextSwitchTo(t->cxt);
 	if (nt->url)
 		pfree(nt->url);
 	nt->url = pstrdup(t->url);
-	nt->destinations = outbox_destinations_generation;
-	n = nats_allowed_servers(t, nt, servers);
 	MemoryContextSwitchTo(oldcxt);
-	if (n == 0)
-	{
-		*why = nt->refused;
-		return false;
-	}
 	nt->serial = next_conn_serial++;
 
 	s = natsOptions_Create(&opts);
@@ -570,6 +692,8 @@ nats_connect(RelayTarget *t, const char **why)
 	}
 	if (opts)
 		natsOptions_Destroy(opts);
+	MemoryContextDelete(tmpcxt);
+	nats_lookups_forget(nt);
 	if (s != NATS_OK)
 	{
 		snprintf(nt->refused, sizeof(nt->refused), "could not set up the NATS connection: %s",
@@ -613,6 +737,7 @@ relay_nats_lane_release(RelayLane *lane)
 	if (lane->index == t->nlanes - 1 && t->priv != NULL)
 	{
 		nats_disconnect(NATS_TARGET(t));
+		nats_lookups_forget(NATS_TARGET(t));
 		t->priv = NULL;
 	}
 }
@@ -753,7 +878,9 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			char	   *colon = strchr(p, ':');
 			char		name[256];
 
-			if (colon == NULL || colon - p >= (int) sizeof(name))
+			/* JetStream acts on nats-* headers: never a message's own. */
+			if (colon == NULL || colon - p >= (int) sizeof(name) ||
+				pg_strncasecmp(p, "nats-", 5) == 0)
 				continue;
 			memcpy(name, p, colon - p);
 			name[colon - p] = '\0';
@@ -823,22 +950,23 @@ nats_ack_class(natsMsg *msg, RelayTarget *t, char *error, size_t size)
 		return RELAY_RECEIVER_FAILED;
 	}
 	if (data == NULL || len <= 0 || len > NATS_MAX_ACK)
-	{
-		snprintf(error, size, "the acknowledgement is not a JetStream reply (%d bytes)", len);
-		return RELAY_RETRY;
-	}
+		return NATS_NOT_AN_ACK;
 	/* Printable ASCII only: it may end up in last_error. */
 	for (i = 0; i < len; i++)
 		json[i] = ((unsigned char) data[i] >= 0x20 && (unsigned char) data[i] < 0x7f) ? data[i] : '?';
 	json[len] = '\0';
+	/* A PubAck: {"stream":"NAME","seq":N[,"duplicate":true]}, or an error. */
 	d = strstr(json, "\"error\"");
 	if (d == NULL)
 	{
-		if (strstr(json, "\"stream\"") != NULL && strstr(json, "\"seq\"") != NULL)
+		if (json[0] == '{' && strncmp(json, "{\"stream\":", 10) == 0 &&
+			strstr(json, "\"seq\":") != NULL)
 			return RELAY_DELIVERED;
-		snprintf(error, size, "the acknowledgement is not a JetStream reply: %.200s", json);
-		return RELAY_RETRY;
+		/* Not JetStream's (someone else answering requests): not the answer. */
+		return NATS_NOT_AN_ACK;
 	}
+	if (strncmp(json, "{\"error\":", 9) != 0)
+		return NATS_NOT_AN_ACK;
 	code = nats_json_int(d, "\"code\"");
 	err_code = nats_json_int(d, "\"err_code\"");
 	{
@@ -940,6 +1068,8 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 		nl->acked[pos])
 		return;
 	kind = nats_ack_class(msg, t, error, sizeof(error));
+	if (kind == NATS_NOT_AN_ACK)
+		return;
 	if (kind == RELAY_DELIVERED)
 		nl->acked[pos] = true;
 	else
@@ -994,11 +1124,13 @@ relay_nats_drive(RelayFinishedFn finished)
 			RelayTarget *t = (RelayTarget *) lfirst(lc);
 			natsMsg    *msg = NULL;
 			natsStatus	st;
+			int			n = 0;
 
 			if (t->kind != RELAY_NATS || t->priv == NULL || NATS_TARGET(t)->sub == NULL)
 				continue;
-			while ((st = natsSubscription_NextMsg(&msg, NATS_TARGET(t)->sub, 0)) == NATS_OK ||
-				   st == NATS_NO_RESPONDERS)
+			while (n++ < NATS_MAX_DRAIN &&
+				   ((st = natsSubscription_NextMsg(&msg, NATS_TARGET(t)->sub, 0)) == NATS_OK ||
+					st == NATS_NO_RESPONDERS))
 			{
 				if (st == NATS_OK)
 					nats_ack(t, msg, finished);

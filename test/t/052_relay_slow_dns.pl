@@ -5,7 +5,9 @@
 # joined the resolver thread in the relay's own thread, so every given-up
 # lookup stopped the whole relay until the DNS answer came, and every
 # other target's messages waited (and their requests timed out); fixed
-# with CURLOPT_QUICK_EXIT.
+# with CURLOPT_QUICK_EXIT.  A NATS target of such a host does not hold it
+# up either: the relay resolves NATS servers' names with getaddrinfo_a(),
+# waiting at most 50 ms (it used to call getaddrinfo() at every attempt).
 #
 # No DNS server is involved: test/dns/slow_getaddrinfo.c, preloaded into
 # the server (LD_PRELOAD), makes getaddrinfo() take 3 s to fail for names
@@ -73,6 +75,9 @@ BEGIN;
 SELECT outbox.create_http_target('slow', 'http://x.slow.invalid/', lanes => 8,
 	timeout_ms => 100, max_attempts => 0);
 SELECT outbox.subscribe('slow', 'slow');
+SELECT outbox.create_nats_target('slow_nats', 'nats://x.slow.invalid:4222', lanes => 8,
+	max_attempts => 0);
+SELECT outbox.subscribe('slow_nats', 'slow');
 COMMIT;
 });
 $node->safe_psql('postgres',
@@ -127,6 +132,8 @@ is($lag->{delivered}, 0, 'the slow target delivered nothing');
 is($lag->{pending}, 50, '... has its 50 messages pending');
 cmp_ok($lag->{error_age}, '<', time - $t0, '... and failed again while the healthy target received its messages')
   or diag($json->encode($lag));
+
+is(lag_of('slow_nats')->{delivered}, 0, 'the NATS target of a slow host delivered nothing either');
 
 stop_sink($sink);
 relay_no_crash($node);
