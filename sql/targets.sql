@@ -136,3 +136,22 @@ SELECT name, subject, topic, properties, pending_lanes FROM outbox.targets
  WHERE kind IN ('nats', 'kafka') ORDER BY id;
 SELECT outbox.drop_target('js');
 SELECT outbox.drop_target('kf');
+-- JetStream acts on nats-* headers: a message may not carry one.
+BEGIN;
+SELECT outbox_emit('t', '{}', NULL, '{"Nats-Expected-Stream": "OTHER"}');
+ROLLBACK;
+-- Files the relay would read for a Kafka target: pg_read_server_files only.
+CREATE ROLE outbox_kafka_admin;
+GRANT USAGE ON SCHEMA outbox TO outbox_kafka_admin;
+GRANT EXECUTE ON FUNCTION outbox.check_kafka_target(text, text, jsonb) TO outbox_kafka_admin;
+SET ROLE outbox_kafka_admin;
+SELECT outbox.check_kafka_target('127.0.0.1:9092', 'x', '{"linger.ms": 5}');
+SELECT outbox.check_kafka_target('127.0.0.1:9092', 'x', '{"ssl.ca.location": "/etc/passwd"}');
+RESET ROLE;
+GRANT pg_read_server_files TO outbox_kafka_admin;
+SET ROLE outbox_kafka_admin;
+SELECT outbox.check_kafka_target('127.0.0.1:9092', 'x', '{"ssl.ca.location": "/etc/ssl/certs/ca-certificates.crt"}');
+RESET ROLE;
+REVOKE USAGE ON SCHEMA outbox FROM outbox_kafka_admin;
+REVOKE EXECUTE ON FUNCTION outbox.check_kafka_target(text, text, jsonb) FROM outbox_kafka_admin;
+DROP ROLE outbox_kafka_admin;

@@ -187,6 +187,8 @@ outbox_check_headers(Jsonb *headers)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("outbox header name \"%.*s\" is reserved",
 								name_len, name),
+						 (name_len >= 5 && pg_strncasecmp(name, "nats-", 5) == 0) ?
+						 errdetail("NATS JetStream acts on nats-* headers; the relay sets Nats-Msg-Id itself.") :
 						 errdetail("The relay sets this header itself."),
 						 errhint("Choose another header name, for example one starting with \"x-\".")));
 		}
