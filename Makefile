@@ -30,6 +30,7 @@ OBJS = \
 	src/queue_shmem.o \
 	src/queue_stats.o \
 	src/queue_xact.o \
+	src/relay_acks.o \
 	src/relay_config.o \
 	src/relay_dead_letters.o \
 	src/relay_envelope.o \

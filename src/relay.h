@@ -386,6 +386,29 @@ extern void relay_publish_stats(TimestampTz now, const char *state, bool force);
 /*---- relay_retention.c: emptying finished chunks ----*/
 extern long relay_retention_maybe(TimestampTz now);
 
+/*---- relay_acks.c: per-message acknowledgements (NATS, Kafka) ----*/
+typedef struct RelayAcks
+{
+	uint32		request;		/* serial of the request */
+	int			n;				/* its messages */
+	int			nsent;			/* of them sent */
+	int			prefix;			/* acknowledged at the head, in a row */
+	int			first_bad;		/* position of the first failure, or n */
+	bool	   *acked;			/* acknowledged, by position */
+	int			maxacked;		/* entries in acked */
+	RelayOutcomeKind bad_kind;	/* what the first failure was */
+	char		bad_error[RELAY_MAX_ERROR_LEN + 1];
+	TimestampTz deadline;		/* given up after this */
+} RelayAcks;
+
+extern void relay_acks_begin(RelayAcks *a, int n, MemoryContext cxt);
+extern void relay_acks_bad(RelayAcks *a, int pos, RelayOutcomeKind kind, const char *error);
+extern bool relay_acks_waits(RelayAcks *a, uint32 request, int pos);
+extern bool relay_acks_decided(RelayAcks *a);
+extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
+extern int	relay_wake_pipe(int fds[2]);
+extern void relay_wake_pipe_drain(int fd);
+
 /*---- relay_nats.c: checks of a NATS target's options ----*/
 extern const char *relay_nats_check_url(const char *url);
 extern const char *relay_nats_check_subject(const char *s, bool template);

@@ -33,7 +33,6 @@
 #include "postgres.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -127,22 +126,10 @@ typedef struct RelayKafkaTarget
 	StringInfoData topic;		/* reused: a message's topic */
 } RelayKafkaTarget;
 
-/* A lane's request in flight (RelayLane.priv). */
-typedef struct RelayKafkaLane
-{
-	uint32		request;		/* serial of the request, in msg_opaque */
-	int			nsent;			/* messages produced */
-	int			prefix;			/* delivered at the head, in a row */
-	int			first_bad;		/* position of the first failure, or nsent */
-	bool	   *acked;			/* delivered, by position */
-	int			maxacked;		/* entries in acked */
-	RelayOutcomeKind bad_kind;
-	char		bad_error[RELAY_MAX_ERROR_LEN + 1];
-	TimestampTz deadline;
-} RelayKafkaLane;
+/* A lane's request in flight: RelayLane.priv is its RelayAcks. */
 
 #define KAFKA_TARGET(t)	((RelayKafkaTarget *) (t)->priv)
-#define KAFKA_LANE(lane)	((RelayKafkaLane *) (lane)->priv)
+#define KAFKA_LANE(lane)	((RelayAcks *) (lane)->priv)
 
 /* msg_opaque: lane (9 bits), request (32 bits), position (16 bits). */
 #define KAFKA_OPAQUE(lane, request, pos) \
@@ -477,17 +464,6 @@ kafka_target_of(uint64 serial)
 	return NULL;
 }
 
-/* Set the first failure of the lane's request, unless one came before. */
-static void
-kafka_lane_bad(RelayKafkaLane *kl, int pos, RelayOutcomeKind kind, const char *error)
-{
-	if (pos >= kl->first_bad)
-		return;
-	kl->first_bad = pos;
-	kl->bad_kind = kind;
-	strlcpy(kl->bad_error, error, sizeof(kl->bad_error));
-}
-
 /* A delivery report: note it in its lane (acted on after the poll). */
 static void
 kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
@@ -499,13 +475,13 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	uint32		request = (uint32) (packed >> 16);
 	int			pos = (int) (packed & 0xffff);
 	RelayLane  *lane;
-	RelayKafkaLane *kl;
+	RelayAcks  *kl;
 
 	if (t == NULL || t->priv != kt || lane_index >= t->nlanes)
 		return;
 	lane = &t->lanes[lane_index];
 	kl = KAFKA_LANE(lane);
-	if (!lane->in_flight || request != kl->request || pos >= kl->nsent || kl->acked[pos])
+	if (!lane->in_flight || !relay_acks_waits(kl, request, pos))
 		return;
 	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
@@ -524,7 +500,7 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 			snprintf(error, sizeof(error), "%s (%s)", rd_kafka_err2str(msg->err), kt->down);
 		else
 			snprintf(error, sizeof(error), "%s", rd_kafka_err2str(msg->err));
-		kafka_lane_bad(kl, pos, kind, error);
+		relay_acks_bad(kl, pos, kind, error);
 	}
 }
 
@@ -572,16 +548,7 @@ kafka_log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 static int
 relay_kafka_start(void)
 {
-	if (pipe(wake_pipe) != 0)
-		elog(ERROR, "outbox: could not create a pipe: %m");
-	if (fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC) != 0 ||
-		fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC) != 0)
-		elog(ERROR, "outbox: could not set up a pipe: %m");
-	ReserveExternalFD();
-	ReserveExternalFD();
-	return wake_pipe[0];
+	return relay_wake_pipe(wake_pipe);
 }
 
 /* Drop a target's producer: what it still holds is given up. */
@@ -777,7 +744,7 @@ relay_kafka_lane_init(RelayLane *lane)
 		MemoryContextSwitchTo(oldcxt);
 		t->priv = kt;
 	}
-	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayKafkaLane));
+	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayAcks));
 }
 
 static void
@@ -827,7 +794,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
 	RelayKafkaTarget *kt = KAFKA_TARGET(t);
-	RelayKafkaLane *kl = KAFKA_LANE(lane);
+	RelayAcks  *kl = KAFKA_LANE(lane);
 	RelayMessage *m;
 	const char *why = NULL;
 	char		number[32];
@@ -843,20 +810,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		failed->error = why;
 		return false;
 	}
-	if (kl->maxacked < lane->cut_n)
-	{
-		int			n = Max(lane->cut_n, 16);
-
-		if (kl->acked)
-			pfree(kl->acked);
-		kl->acked = MemoryContextAlloc(t->cxt, n * sizeof(bool));
-		kl->maxacked = n;
-	}
-	memset(kl->acked, 0, lane->cut_n * sizeof(bool));
-	kl->request++;
-	kl->nsent = 0;
-	kl->prefix = 0;
-	kl->first_bad = lane->cut_n;
+	relay_acks_begin(kl, lane->cut_n, t->cxt);
 	lane->nbatch = lane->cut_n;
 
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
@@ -868,7 +822,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 
 		if (topic == NULL)
 		{
-			kafka_lane_bad(kl, i, RELAY_REJECTED,
+			relay_acks_bad(kl, i, RELAY_REJECTED,
 						   "the topic template filled in with the message's topic is not a Kafka topic name");
 			break;
 		}
@@ -905,8 +859,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			 * the request is what went in; the rest waits for the next.
 			 */
 			rd_kafka_headers_destroy(hdrs);
-			lane->cut_n = lane->nbatch = i;
-			kl->first_bad = i;
+			lane->cut_n = lane->nbatch = kl->n = kl->first_bad = i;
 			break;
 		}
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -916,7 +869,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			rd_kafka_headers_destroy(hdrs);
 			snprintf(error, sizeof(error), "could not produce to Kafka: %s", rd_kafka_err2str(err));
 			/* A full queue is no fault of the message: hold, count nothing. */
-			kafka_lane_bad(kl, i, err == RD_KAFKA_RESP_ERR__QUEUE_FULL ? RELAY_RECEIVER_FAILED :
+			relay_acks_bad(kl, i, err == RD_KAFKA_RESP_ERR__QUEUE_FULL ? RELAY_RECEIVER_FAILED :
 						   kafka_error_class(kt, err), error);
 			if (err == RD_KAFKA_RESP_ERR__FATAL)
 				kt->broken = true;
@@ -937,37 +890,16 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 	return true;
 }
 
-/* The lane's request ended: report it. */
+/* The lane's request ended (decided, or given up): report it. */
 static void
 kafka_finish(RelayLane *lane, RelayFinishedFn finished)
 {
-	RelayKafkaLane *kl = KAFKA_LANE(lane);
 	RelayOutcome outcome;
 
-	memset(&outcome, 0, sizeof(outcome));
+	relay_acks_outcome(KAFKA_LANE(lane), &outcome);
 	lane->in_flight = false;
 	requests_in_flight--;
-	kl->request++;				/* late reports are ignored */
-	if (kl->prefix >= lane->cut_n)
-		outcome.kind = RELAY_DELIVERED;
-	else
-	{
-		outcome.kind = kl->bad_kind;
-		outcome.error = kl->bad_error;
-		outcome.ndelivered = kl->prefix;
-	}
 	finished(lane, &outcome);
-}
-
-/* Whether what is reported decides the lane's request. */
-static bool
-kafka_lane_decided(RelayLane *lane)
-{
-	RelayKafkaLane *kl = KAFKA_LANE(lane);
-
-	while (kl->prefix < kl->nsent && kl->acked[kl->prefix])
-		kl->prefix++;
-	return kl->prefix >= lane->cut_n || kl->prefix >= kl->first_bad;
 }
 
 /* Where kafka_fail_in_flight() reports, while relay_kafka_drive() runs. */
@@ -981,12 +913,12 @@ kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
 	for (i = 0; i < t->nlanes; i++)
 	{
 		RelayLane  *lane = &t->lanes[i];
-		RelayKafkaLane *kl = KAFKA_LANE(lane);
+		RelayAcks  *kl = KAFKA_LANE(lane);
 
 		if (!lane->in_flight)
 			continue;
-		(void) kafka_lane_decided(lane);
-		kafka_lane_bad(kl, kl->prefix, kind, error);
+		(void) relay_acks_decided(KAFKA_LANE(lane));
+		relay_acks_bad(kl, kl->prefix, kind, error);
 		if (fail_finished != NULL)
 			kafka_finish(lane, fail_finished);
 		else
@@ -999,7 +931,7 @@ kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
 			 */
 			lane->in_flight = false;
 			requests_in_flight--;
-			kl->request++;
+			kl->request++;		/* its reports are ignored */
 		}
 	}
 }
@@ -1011,14 +943,12 @@ kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
 static void
 relay_kafka_drive(RelayFinishedFn finished)
 {
-	char		buf[256];
 	TimestampTz now = 0;
 	ListCell   *lc;
 
 	if (wake_pipe[0] < 0)
 		return;
-	while (read(wake_pipe[0], buf, sizeof(buf)) > 0)
-		;
+	relay_wake_pipe_drain(wake_pipe[0]);
 	fail_finished = finished;
 	foreach(lc, relay_targets)
 	{
@@ -1049,13 +979,13 @@ relay_kafka_drive(RelayFinishedFn finished)
 
 			if (!lane->in_flight)
 				continue;
-			if (!kafka_lane_decided(lane))
+			if (!relay_acks_decided(KAFKA_LANE(lane)))
 			{
 				if (now == 0)
 					now = GetCurrentTimestamp();
 				if (now < KAFKA_LANE(lane)->deadline)
 					continue;
-				kafka_lane_bad(KAFKA_LANE(lane), KAFKA_LANE(lane)->prefix, RELAY_RETRY,
+				relay_acks_bad(KAFKA_LANE(lane), KAFKA_LANE(lane)->prefix, RELAY_RETRY,
 							   "no delivery report within timeout_ms");
 			}
 			kafka_finish(lane, finished);

@@ -38,7 +38,6 @@
 #include "postgres.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -115,22 +114,10 @@ typedef struct RelayNatsTarget
 	StringInfoData reply;		/* reused: its reply subject */
 } RelayNatsTarget;
 
-/* A lane's request in flight (RelayLane.priv). */
-typedef struct RelayNatsLane
-{
-	uint32		request;		/* serial of the request, in reply subjects */
-	int			nsent;			/* messages published */
-	int			prefix;			/* acknowledged at the head, in a row */
-	int			first_bad;		/* position of the first failure, or nsent */
-	bool	   *acked;			/* acknowledged, by position */
-	int			maxacked;		/* entries in acked */
-	RelayOutcomeKind bad_kind;	/* what the first failure was */
-	char		bad_error[RELAY_MAX_ERROR_LEN + 1];
-	TimestampTz deadline;		/* no acknowledgement after this: retry */
-} RelayNatsLane;
+/* A lane's request in flight: RelayLane.priv is its RelayAcks. */
 
 #define NATS_TARGET(t)	((RelayNatsTarget *) (t)->priv)
-#define NATS_LANE(lane)	((RelayNatsLane *) (lane)->priv)
+#define NATS_LANE(lane)	((RelayAcks *) (lane)->priv)
 
 /*---- on libnats threads: queue, wake, nothing else ----*/
 
@@ -370,16 +357,7 @@ outbox_check_nats_target(PG_FUNCTION_ARGS)
 static int
 relay_nats_start(void)
 {
-	if (pipe(wake_pipe) != 0)
-		elog(ERROR, "outbox: could not create a pipe: %m");
-	if (fcntl(wake_pipe[0], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK) != 0 ||
-		fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC) != 0 ||
-		fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC) != 0)
-		elog(ERROR, "outbox: could not set up a pipe: %m");
-	ReserveExternalFD();
-	ReserveExternalFD();
-	return wake_pipe[0];
+	return relay_wake_pipe(wake_pipe);
 }
 
 /* Close a target's connection (no callback runs for it afterwards). */
@@ -720,7 +698,7 @@ relay_nats_lane_init(RelayLane *lane)
 		MemoryContextSwitchTo(oldcxt);
 		t->priv = nt;
 	}
-	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayNatsLane));
+	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayAcks));
 }
 
 static void
@@ -772,17 +750,6 @@ nats_subject(RelayTarget *t, RelayMessage *m, StringInfo buf)
 	return nats_check_subject_len(buf->data, buf->len, false);
 }
 
-/* Set the first failure of the lane's request, unless one came before. */
-static void
-nats_lane_bad(RelayNatsLane *nl, int pos, RelayOutcomeKind kind, const char *error)
-{
-	if (pos >= nl->first_bad)
-		return;
-	nl->first_bad = pos;
-	nl->bad_kind = kind;
-	strlcpy(nl->bad_error, error, sizeof(nl->bad_error));
-}
-
 static natsStatus
 nats_header(natsMsg *msg, const char *name, const char *value)
 {
@@ -799,7 +766,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
 	RelayNatsTarget *nt = NATS_TARGET(t);
-	RelayNatsLane *nl = NATS_LANE(lane);
+	RelayAcks  *nl = NATS_LANE(lane);
 	RelayMessage *m;
 	const char *why = NULL;
 	char		number[32];
@@ -827,20 +794,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		return false;
 	}
 
-	if (nl->maxacked < lane->cut_n)
-	{
-		int			n = Max(lane->cut_n, 16);
-
-		if (nl->acked)
-			pfree(nl->acked);
-		nl->acked = MemoryContextAlloc(t->cxt, n * sizeof(bool));
-		nl->maxacked = n;
-	}
-	memset(nl->acked, 0, lane->cut_n * sizeof(bool));
-	nl->request++;
-	nl->nsent = 0;
-	nl->prefix = 0;
-	nl->first_bad = lane->cut_n;
+	relay_acks_begin(nl, lane->cut_n, t->cxt);
 	lane->nbatch = lane->cut_n;
 
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
@@ -855,7 +809,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			char		error[RELAY_MAX_ERROR_LEN + 1];
 
 			snprintf(error, sizeof(error), "the subject is not a valid NATS subject: %s", bad);
-			nats_lane_bad(nl, i, RELAY_REJECTED, error);
+			relay_acks_bad(nl, i, RELAY_REJECTED, error);
 			break;
 		}
 		resetStringInfo(&nt->reply);
@@ -896,7 +850,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 
 			snprintf(error, sizeof(error), "could not publish to NATS: %s", natsStatus_GetText(s));
 			/* Too large for the server: the message's fault, not the target's. */
-			nats_lane_bad(nl, i, s == NATS_MAX_PAYLOAD ? RELAY_REJECTED :
+			relay_acks_bad(nl, i, s == NATS_MAX_PAYLOAD ? RELAY_REJECTED :
 						  i == 0 ? RELAY_RECEIVER_FAILED : RELAY_RETRY, error);
 			break;
 		}
@@ -990,41 +944,18 @@ nats_ack_class(natsMsg *msg, RelayTarget *t, char *error, size_t size)
 	return RELAY_RECEIVER_FAILED;
 }
 
-/* The lane's request ended: report it. */
-static void
-nats_finish(RelayLane *lane, RelayFinishedFn finished, RelayOutcomeKind kind,
-			const char *error)
-{
-	RelayNatsLane *nl = NATS_LANE(lane);
-	RelayOutcome outcome;
-
-	memset(&outcome, 0, sizeof(outcome));
-	lane->in_flight = false;
-	requests_in_flight--;
-	nl->request++;				/* late acknowledgements are ignored */
-	if (nl->prefix >= lane->cut_n)
-		outcome.kind = RELAY_DELIVERED;
-	else
-	{
-		outcome.kind = kind;
-		outcome.error = error;
-		outcome.ndelivered = nl->prefix;
-	}
-	finished(lane, &outcome);
-}
-
-/* Finish the lane's request if what is acknowledged decides it. */
+/* Report the lane's request if what came back decides it. */
 static void
 nats_lane_check(RelayLane *lane, RelayFinishedFn finished)
 {
-	RelayNatsLane *nl = NATS_LANE(lane);
+	RelayOutcome outcome;
 
-	while (nl->prefix < nl->nsent && nl->acked[nl->prefix])
-		nl->prefix++;
-	if (nl->prefix >= lane->cut_n)
-		nats_finish(lane, finished, RELAY_DELIVERED, NULL);
-	else if (nl->prefix >= nl->first_bad)
-		nats_finish(lane, finished, nl->bad_kind, nl->bad_error);
+	if (!relay_acks_decided(NATS_LANE(lane)))
+		return;
+	relay_acks_outcome(NATS_LANE(lane), &outcome);
+	lane->in_flight = false;
+	requests_in_flight--;
+	finished(lane, &outcome);
 }
 
 static RelayTarget *
@@ -1054,7 +985,7 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 	int			pos;
 	char		extra;
 	RelayLane  *lane;
-	RelayNatsLane *nl;
+	RelayAcks  *nl;
 	RelayOutcomeKind kind;
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 
@@ -1064,8 +995,7 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 		return;
 	lane = &t->lanes[lane_index];
 	nl = NATS_LANE(lane);
-	if (!lane->in_flight || request != nl->request || pos < 0 || pos >= nl->nsent ||
-		nl->acked[pos])
+	if (!lane->in_flight || !relay_acks_waits(nl, request, pos))
 		return;
 	kind = nats_ack_class(msg, t, error, sizeof(error));
 	if (kind == NATS_NOT_AN_ACK)
@@ -1073,7 +1003,7 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 	if (kind == RELAY_DELIVERED)
 		nl->acked[pos] = true;
 	else
-		nats_lane_bad(nl, pos, kind, error);
+		relay_acks_bad(nl, pos, kind, error);
 	nats_lane_check(lane, finished);
 }
 
@@ -1095,9 +1025,10 @@ nats_no_responders(RelayTarget *t, RelayFinishedFn finished)
 	for (i = 0; i < t->nlanes; i++)
 		if (t->lanes[i].in_flight)
 		{
-			RelayNatsLane *nl = NATS_LANE(&t->lanes[i]);
+			RelayAcks  *nl = NATS_LANE(&t->lanes[i]);
 
-			nats_lane_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED, error);
+			(void) relay_acks_decided(nl);
+			relay_acks_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED, error);
 			nats_lane_check(&t->lanes[i], finished);
 		}
 }
@@ -1110,7 +1041,6 @@ static void
 relay_nats_drive(RelayFinishedFn finished)
 {
 	NatsEvent  *ev;
-	char		buf[256];
 	TimestampTz now = 0;
 	ListCell   *lc;
 
@@ -1143,8 +1073,7 @@ relay_nats_drive(RelayFinishedFn finished)
 		}
 
 	/* Then lost connections: what is still waiting will not be answered. */
-	while (read(wake_pipe[0], buf, sizeof(buf)) > 0)
-		;
+	relay_wake_pipe_drain(wake_pipe[0]);
 	pthread_mutex_lock(&events_lock);
 	ev = events_head;
 	events_head = events_tail = NULL;
@@ -1159,9 +1088,10 @@ relay_nats_drive(RelayFinishedFn finished)
 		for (i = 0; t != NULL && i < t->nlanes; i++)
 			if (t->lanes[i].in_flight)
 			{
-				RelayNatsLane *nl = NATS_LANE(&t->lanes[i]);
+				RelayAcks  *nl = NATS_LANE(&t->lanes[i]);
 
-				nats_lane_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED,
+				(void) relay_acks_decided(nl);
+				relay_acks_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED,
 							  "the connection to the NATS server was lost");
 				nats_lane_check(&t->lanes[i], finished);
 			}
@@ -1182,7 +1112,7 @@ relay_nats_drive(RelayFinishedFn finished)
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
-			RelayNatsLane *nl = NATS_LANE(lane);
+			RelayAcks  *nl = NATS_LANE(lane);
 
 			if (!lane->in_flight)
 				continue;
@@ -1194,7 +1124,8 @@ relay_nats_drive(RelayFinishedFn finished)
 
 				snprintf(error, sizeof(error), "no JetStream acknowledgement within %d ms",
 						 t->timeout_ms);
-				nats_lane_bad(nl, nl->prefix, RELAY_RETRY, error);
+				(void) relay_acks_decided(nl);
+				relay_acks_bad(nl, nl->prefix, RELAY_RETRY, error);
 				nats_lane_check(lane, finished);
 			}
 		}

@@ -1,0 +1,126 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_acks.c
+ *	  What the transports that acknowledge each message share (NATS,
+ *	  Kafka): the acknowledgements of a lane's request, position by
+ *	  position, and the pipe their libraries' threads wake the relay with.
+ *
+ * A request's messages are acknowledged one by one, in any order.  It is
+ * decided once every message up to the first failure is acknowledged (or
+ * all of them are): those at the head are delivered, and the failure is
+ * the outcome of the next one (RelayOutcome.ndelivered, relay_lane.c).
+ * Every request has a serial number, which the transport puts in what
+ * comes back (a reply subject, a msg_opaque): an acknowledgement of an
+ * earlier request, late, is not taken for one of this request.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "storage/fd.h"
+#include "utils/memutils.h"
+
+#include "relay.h"
+
+/* A new request of n messages; acked grows in cxt as needed. */
+void
+relay_acks_begin(RelayAcks *a, int n, MemoryContext cxt)
+{
+	if (a->maxacked < n)
+	{
+		int			size = Max(n, 16);
+
+		if (a->acked)
+			pfree(a->acked);
+		a->acked = MemoryContextAlloc(cxt, size * sizeof(bool));
+		a->maxacked = size;
+	}
+	memset(a->acked, 0, n * sizeof(bool));
+	a->request++;
+	a->n = n;
+	a->nsent = 0;
+	a->prefix = 0;
+	a->first_bad = n;
+	a->bad_error[0] = '\0';
+}
+
+/* Message pos failed (kind, error), unless one before it failed already. */
+void
+relay_acks_bad(RelayAcks *a, int pos, RelayOutcomeKind kind, const char *error)
+{
+	if (pos >= a->first_bad)
+		return;
+	a->first_bad = pos;
+	a->bad_kind = kind;
+	strlcpy(a->bad_error, error, sizeof(a->bad_error));
+}
+
+/*
+ * Whether pos of request is a message this request waits for (sent, not
+ * acknowledged yet): what came back for anything else is ignored.
+ */
+bool
+relay_acks_waits(RelayAcks *a, uint32 request, int pos)
+{
+	return request == a->request && pos >= 0 && pos < a->nsent && !a->acked[pos];
+}
+
+/* Whether what came back decides the request. */
+bool
+relay_acks_decided(RelayAcks *a)
+{
+	while (a->prefix < a->nsent && a->acked[a->prefix])
+		a->prefix++;
+	return a->prefix >= a->n || a->prefix >= a->first_bad;
+}
+
+/*
+ * The outcome of a decided request (or one given up: its failure set at
+ * a->prefix first); later acknowledgements of it are ignored.
+ */
+void
+relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome)
+{
+	memset(outcome, 0, sizeof(*outcome));
+	a->request++;
+	if (a->prefix >= a->n)
+		outcome->kind = RELAY_DELIVERED;
+	else
+	{
+		outcome->kind = a->bad_kind;
+		outcome->error = a->bad_error;
+		outcome->ndelivered = a->prefix;
+	}
+}
+
+/*
+ * A pipe for a library's threads to wake the relay: both ends
+ * non-blocking.  Returns the read end, for the relay's WaitEventSet.
+ */
+int
+relay_wake_pipe(int fds[2])
+{
+	if (pipe(fds) != 0)
+		elog(ERROR, "outbox: could not create a pipe: %m");
+	if (fcntl(fds[0], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(fds[1], F_SETFL, O_NONBLOCK) != 0 ||
+		fcntl(fds[0], F_SETFD, FD_CLOEXEC) != 0 ||
+		fcntl(fds[1], F_SETFD, FD_CLOEXEC) != 0)
+		elog(ERROR, "outbox: could not set up a pipe: %m");
+	ReserveExternalFD();
+	ReserveExternalFD();
+	return fds[0];
+}
+
+/* Empty the read end. */
+void
+relay_wake_pipe_drain(int fd)
+{
+	char		buf[256];
+
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+}
