@@ -164,6 +164,12 @@ typedef struct RelayTransport
 	/* At relay start: a descriptor the loop waits on, or -1; at exit. */
 	int			(*start) (void);
 	void		(*stop) (void);
+	/*
+	 * The kind's own options of a target row read (its url, subject, topic,
+	 * properties), checked: why the row cannot be used, or NULL.  NULL for
+	 * a kind relay_config.c checks itself.
+	 */
+	const char *(*check) (struct RelayTarget *t);
 	/* A target's lanes are made and freed (either may be NULL). */
 	void		(*lane_init) (RelayLane *lane);
 	void		(*lane_release) (RelayLane *lane);
@@ -184,7 +190,8 @@ extern const RelayTransport relay_http_transport;
 extern const RelayTransport relay_notify_transport;
 extern const RelayTransport relay_nats_transport;
 extern const RelayTransport relay_kafka_transport;
-extern const RelayTransport *const relay_transports[];
+extern const RelayTransport *const relay_transports[];	/* relay_main.c */
+extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
 
 typedef struct RelayTarget
 {
@@ -335,6 +342,7 @@ extern Size relay_envelope_size(RelayMessage *m);
 extern void relay_append_time(StringInfo buf, TimestampTz t);
 extern char *relay_header_lines(Jsonb *jb, int *len);
 extern void relay_uuid_text(const pg_uuid_t *uuid, char *out);
+extern bool relay_template_fill(const char *template, RelayMessage *m, StringInfo buf);
 
 /*---- relay_config.c: targets loaded from the tables ----*/
 extern RelayTarget *relay_find_target(int id);
@@ -418,7 +426,7 @@ extern const char *relay_kafka_check_brokers(const char *brokers);
 extern const char *relay_kafka_check_topic(const char *template);
 extern const char *relay_kafka_check_properties(Jsonb *jb);
 
-/*---- relay_main.c: what every transport's lanes have on the wire ----*/
+/*---- relay_config.c: what every transport's lanes have on the wire ----*/
 extern int	relay_in_flight(void);
 extern int	relay_target_in_flight(RelayTarget *t);
 

@@ -63,14 +63,37 @@ bool		relay_dead_letters_keep_payload = false;
 bool		relay_schema_operations = false;
 bool		relay_schema_brokers = false;
 
-/* Every kind of target the relay delivers to. */
-const RelayTransport *const relay_transports[] = {
-	&relay_http_transport,
-	&relay_notify_transport,
-	&relay_nats_transport,
-	&relay_kafka_transport,
-	NULL
-};
+/*
+ * Every kind of target the relay delivers to (relay_transports[], set by
+ * relay_main.c): looked up by kind, reached only through the table, so
+ * that this file, which every other one uses, uses no transport.
+ */
+const RelayTransport *const *relay_kinds = NULL;
+
+/* Requests of target t on the wire. */
+int
+relay_target_in_flight(RelayTarget *t)
+{
+	int			i;
+	int			n = 0;
+
+	for (i = 0; i < t->nlanes; i++)
+		if (t->lanes[i].in_flight)
+			n++;
+	return n;
+}
+
+/* Requests on the wire, over all targets. */
+int
+relay_in_flight(void)
+{
+	ListCell   *lc;
+	int			n = 0;
+
+	foreach(lc, relay_targets)
+		n += relay_target_in_flight((RelayTarget *) lfirst(lc));
+	return n;
+}
 
 /* The extension whose targets relay_targets holds. */
 static Oid	loaded_extension = InvalidOid;
@@ -223,16 +246,24 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	t->max_attempts = (int) relay_spi_int(tup, desc, 8, &isnull);
 	t->timeout_ms = (int) relay_spi_int(tup, desc, 9, &isnull);
 
-	for (i = 0; s != NULL && relay_transports[i] != NULL; i++)
-		if (strcmp(s, relay_transports[i]->kind) == 0)
-			t->transport = relay_transports[i];
+	for (i = 0; s != NULL && relay_kinds != NULL && relay_kinds[i] != NULL; i++)
+		if (strcmp(s, relay_kinds[i]->kind) == 0)
+			t->transport = relay_kinds[i];
 	if (t->transport == NULL)
 		*problem = "kind is not 'http', 'notify', 'nats' or 'kafka'";
 	else
 		t->kind = t->transport->id;
-	t->subject = relay_spi_text(tup, desc, 25);
 	s = relay_spi_text(tup, desc, 24);
 	t->strict = (s != NULL && strcmp(s, "strict") == 0);
+	t->subject = relay_spi_text(tup, desc, 25);
+	t->topic = relay_spi_text(tup, desc, 26);
+	d = SPI_getbinval(tup, desc, 27, &isnull);
+	if (!isnull)
+	{
+		t->properties_jb = DatumGetJsonbPCopy(d);
+		t->properties = JsonbToCString(NULL, &t->properties_jb->root,
+									   VARSIZE(t->properties_jb));
+	}
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -246,38 +277,13 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 			strlen(t->channel) >= NAMEDATALEN)
 			*problem = "channel is not a channel name of 1 to 63 bytes";
 	}
-	else if (t->kind == RELAY_KAFKA && *problem == NULL)
+	else if (*problem == NULL && t->transport->check != NULL)
 	{
-		const char *why;
+		/* The kind's own options (NATS, Kafka), checked by its transport. */
+		const char *why = t->transport->check(t);
 
-		t->topic = relay_spi_text(tup, desc, 26);
-		d = SPI_getbinval(tup, desc, 27, &isnull);
-		if (!isnull)
-		{
-			t->properties_jb = DatumGetJsonbPCopy(d);
-			t->properties = JsonbToCString(NULL, &t->properties_jb->root,
-										   VARSIZE(t->properties_jb));
-		}
-		if ((why = relay_kafka_check_brokers(t->url)) != NULL)
-			*problem = MemoryContextStrdup(oldcxt, psprintf("brokers: %s", why));
-		else if (t->topic == NULL || (why = relay_kafka_check_topic(t->topic)) != NULL)
-			*problem = MemoryContextStrdup(oldcxt, psprintf("topic: %s",
-															t->topic ? why : "it is missing"));
-		else if ((why = relay_kafka_check_properties(t->properties_jb)) != NULL)
-			*problem = MemoryContextStrdup(oldcxt, psprintf("properties: %s", why));
-	}
-	else if (t->kind == RELAY_NATS && *problem == NULL)
-	{
-		const char *why;
-
-		if (t->url == NULL)
-			*problem = "url is missing";
-		else if ((why = relay_nats_check_url(t->url)) != NULL)
-			*problem = MemoryContextStrdup(oldcxt, psprintf("url: %s", why));
-		else if (t->subject == NULL ||
-				 (why = relay_nats_check_subject(t->subject, true)) != NULL)
-			*problem = MemoryContextStrdup(oldcxt, psprintf("subject: %s",
-															t->subject ? why : "it is missing"));
+		if (why != NULL)
+			*problem = MemoryContextStrdup(oldcxt, why);
 	}
 
 	if (*problem == NULL && (t->batch_size < 1 || t->batch_size > 1000))

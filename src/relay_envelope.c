@@ -179,3 +179,35 @@ relay_uuid_text(const pg_uuid_t *uuid, char *out)
 	}
 	out[j] = '\0';
 }
+
+/*
+ * Fill in a broker target's template (a NATS subject, a Kafka topic):
+ * {topic} with the message's topic, {key} with its key.  Returns false,
+ * with buf holding nothing usable, when it has {key} and the message no
+ * key.
+ */
+bool
+relay_template_fill(const char *template, RelayMessage *m, StringInfo buf)
+{
+	const char *p;
+
+	resetStringInfo(buf);
+	for (p = template; *p; p++)
+	{
+		if (*p == '{' && strncmp(p, "{topic}", 7) == 0)
+		{
+			appendStringInfoString(buf, m->topic);
+			p += 6;
+		}
+		else if (*p == '{' && strncmp(p, "{key}", 5) == 0)
+		{
+			if (m->key == NULL || m->key[0] == '\0')
+				return false;
+			appendStringInfoString(buf, m->key);
+			p += 4;
+		}
+		else
+			appendStringInfoChar(buf, *p);
+	}
+	return true;
+}

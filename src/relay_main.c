@@ -190,6 +190,15 @@ relay_dispatch(TimestampTz now)
 		pfree(cut);
 }
 
+/* Every kind of target the relay delivers to (relay_kinds). */
+const RelayTransport *const relay_transports[] = {
+	&relay_http_transport,
+	&relay_notify_transport,
+	&relay_nats_transport,
+	&relay_kafka_transport,
+	NULL
+};
+
 /* Let every transport make progress and report what ended. */
 static void
 relay_drive(void)
@@ -199,31 +208,6 @@ relay_drive(void)
 	for (i = 0; relay_transports[i] != NULL; i++)
 		if (relay_transports[i]->drive != NULL)
 			relay_transports[i]->drive(relay_lane_outcome);
-}
-
-/* Requests of target t on the wire. */
-int
-relay_target_in_flight(RelayTarget *t)
-{
-	int			i;
-	int			n = 0;
-
-	for (i = 0; i < t->nlanes; i++)
-		if (t->lanes[i].in_flight)
-			n++;
-	return n;
-}
-
-/* Requests on the wire, over all targets. */
-int
-relay_in_flight(void)
-{
-	ListCell   *lc;
-	int			n = 0;
-
-	foreach(lc, relay_targets)
-		n += relay_target_in_flight((RelayTarget *) lfirst(lc));
-	return n;
 }
 
 /* How often the relay publishes its figures (stats.c). */
@@ -503,6 +487,7 @@ outbox_worker_main(Datum main_arg)
 
 	relay_cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
 									  ALLOCSET_DEFAULT_SIZES);
+	relay_kinds = relay_transports;
 
 	before_shmem_exit(relay_worker_exit, (Datum) 0);
 

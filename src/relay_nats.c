@@ -727,26 +727,8 @@ relay_nats_lane_release(RelayLane *lane)
 static const char *
 nats_subject(RelayTarget *t, RelayMessage *m, StringInfo buf)
 {
-	const char *p;
-
-	resetStringInfo(buf);
-	for (p = t->subject; *p; p++)
-	{
-		if (*p == '{' && strncmp(p, "{topic}", 7) == 0)
-		{
-			appendStringInfoString(buf, m->topic);
-			p += 6;
-		}
-		else if (*p == '{' && strncmp(p, "{key}", 5) == 0)
-		{
-			if (m->key == NULL || m->key[0] == '\0')
-				return "the subject template has {key} and the message has no key";
-			appendStringInfoString(buf, m->key);
-			p += 4;
-		}
-		else
-			appendStringInfoChar(buf, *p);
-	}
+	if (!relay_template_fill(t->subject, m, buf))
+		return "the subject template has {key} and the message has no key";
 	return nats_check_subject_len(buf->data, buf->len, false);
 }
 
@@ -1143,11 +1125,29 @@ relay_nats_timeout(void)
 	return requests_in_flight > 0 ? NATS_ACK_POLL_MS : -1;
 }
 
+/* The options of a NATS target row read (relay_config.c). */
+static const char *
+relay_nats_check(RelayTarget *t)
+{
+	const char *why;
+
+	if (t->url == NULL)
+		return "url is missing";
+	if ((why = relay_nats_check_url(t->url)) != NULL)
+		return psprintf("url: %s", why);
+	if (t->subject == NULL)
+		return "subject: it is missing";
+	if ((why = relay_nats_check_subject(t->subject, true)) != NULL)
+		return psprintf("subject: %s", why);
+	return NULL;
+}
+
 const RelayTransport relay_nats_transport = {
 	.kind = "nats",
 	.id = RELAY_NATS,
 	.header_lines = true,
 	.per_message = true,
+	.check = relay_nats_check,
 	.start = relay_nats_start,
 	.stop = relay_nats_stop,
 	.lane_init = relay_nats_lane_init,
