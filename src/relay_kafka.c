@@ -490,9 +490,11 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		 * acknowledgement of a batch that failed, because a later one of
 		 * its partition got through.  A broker would have refused the later
 		 * one had the first not been stored, but not every broker (the mock
-		 * cluster does not check): sent again, a duplicate at worst.
+		 * cluster does not check): sent again, a duplicate at worst, the
+		 * target held a moment (no attempt counted: it is not the
+		 * message's fault).
 		 */
-		relay_acks_bad(kl, pos, RELAY_RETRY,
+		relay_acks_bad(kl, pos, RELAY_RECEIVER_FAILED,
 					   "delivery reported without an offset (acknowledged by a later batch): sent again");
 	}
 	else if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)

@@ -109,7 +109,8 @@ typedef struct RelayNatsTarget
 	char		refused[256];	/* every address refused: why, or "" */
 	struct NatsLookup *lookups[NATS_MAX_SERVERS];	/* host names being resolved */
 	int			nlookups;
-	char		lookups_url[2048];	/* the url they are for */
+	char	   *lookups_url;	/* the url they are for (in the target's
+								 * context), or NULL */
 	StringInfoData subject;		/* reused: a message's subject */
 	StringInfoData reply;		/* reused: its reply subject */
 } RelayNatsTarget;
@@ -418,19 +419,29 @@ nats_lookups_forget(RelayNatsTarget *nt)
 
 		if (l == NULL)
 			continue;
-		if (gai_error(&l->cb) == EAI_INPROGRESS && gai_cancel(&l->cb) != EAI_CANCELED)
-			continue;			/* glibc still owns it: a small leak */
+		if (gai_error(&l->cb) == EAI_INPROGRESS)
+		{
+			int			rc = gai_cancel(&l->cb);
+
+			/* Still running: glibc owns it (a small leak). */
+			if (rc != EAI_CANCELED && rc != EAI_ALLDONE)
+				continue;
+		}
 		if (l->cb.ar_result)
 			freeaddrinfo(l->cb.ar_result);
 		free(l);
 	}
 	nt->nlookups = 0;
-	nt->lookups_url[0] = '\0';
+	if (nt->lookups_url)
+		pfree(nt->lookups_url);
+	nt->lookups_url = NULL;
 }
 
 /*
- * Start resolving the url's host names that are not addresses already.
- * Returns why the url cannot be used, or NULL.
+ * Start resolving the url's hosts (an address, too, goes through
+ * getaddrinfo_a: it comes back at once).  Returns why the url cannot be
+ * used, or NULL.  The url's parts are parsed in the caller's (short-lived)
+ * memory context.
  */
 static const char *
 nats_lookups_start(RelayTarget *t, RelayNatsTarget *nt)
@@ -461,7 +472,7 @@ nats_lookups_start(RelayTarget *t, RelayNatsTarget *nt)
 		nt->lookups[nt->nlookups++] = l;
 		list[nlist++] = &l->cb;
 	}
-	strlcpy(nt->lookups_url, t->url, sizeof(nt->lookups_url));
+	nt->lookups_url = MemoryContextStrdup(t->cxt, t->url);
 	/* Its thread must not take PostgreSQL's signals. */
 	{
 		int			rc;
@@ -555,16 +566,22 @@ nats_connect(RelayTarget *t, const char **why)
 	if (nt->nc != NULL && nt->destinations == outbox_destinations_generation &&
 		strcmp(nt->url, t->url) == 0)
 		return true;
+	tmpcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox NATS connect",
+								   ALLOCSET_SMALL_SIZES);
 	/* The servers' addresses first, resolved without waiting here. */
-	if (nt->nlookups == 0 || strcmp(nt->lookups_url, t->url) != 0 ||
+	if (nt->nlookups == 0 || nt->lookups_url == NULL || strcmp(nt->lookups_url, t->url) != 0 ||
 		nt->destinations != outbox_destinations_generation)
 	{
-		const char *bad = nats_lookups_start(t, nt);
+		const char *bad;
 
+		oldcxt = MemoryContextSwitchTo(tmpcxt);
+		bad = nats_lookups_start(t, nt);
+		MemoryContextSwitchTo(oldcxt);
 		nt->destinations = outbox_destinations_generation;
 		if (bad != NULL)
 		{
 			snprintf(nt->refused, sizeof(nt->refused), "could not resolve the servers: %s", bad);
+			MemoryContextDelete(tmpcxt);
 			*why = nt->refused;
 			return false;
 		}
@@ -575,6 +592,7 @@ nats_connect(RelayTarget *t, const char **why)
 		NATS_NO_SIGNALS(s = nats_Open(-1));
 		if (s != NATS_OK)
 		{
+			MemoryContextDelete(tmpcxt);
 			*why = "could not initialise libnats";
 			return false;
 		}
@@ -601,14 +619,15 @@ nats_connect(RelayTarget *t, const char **why)
 				;
 		}
 	}
-	tmpcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox NATS connect",
-								   ALLOCSET_SMALL_SIZES);
 	oldcxt = MemoryContextSwitchTo(tmpcxt);
 	n = nats_allowed_servers(nt, servers);
 	MemoryContextSwitchTo(oldcxt);
 	if (n <= 0)
 	{
 		MemoryContextDelete(tmpcxt);
+		/* Nothing usable came back: the next attempt looks the names up again. */
+		if (n == 0)
+			nats_lookups_forget(nt);
 		*why = n < 0 ? "resolving the NATS servers' host names" : nt->refused;
 		return false;
 	}

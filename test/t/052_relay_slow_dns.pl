@@ -6,8 +6,12 @@
 # lookup stopped the whole relay until the DNS answer came, and every
 # other target's messages waited (and their requests timed out); fixed
 # with CURLOPT_QUICK_EXIT.  A NATS target of such a host does not hold it
-# up either: the relay resolves NATS servers' names with getaddrinfo_a(),
-# waiting at most 50 ms (it used to call getaddrinfo() at every attempt).
+# up either: the relay used to resolve NATS servers' names with the
+# blocking getaddrinfo() at every attempt (with the preloaded library that
+# stopped the relay 3 s each time; this test failed so); it now uses
+# getaddrinfo_a(), waiting at most 50 ms.  (glibc's getaddrinfo_a() does
+# not go through the preloaded getaddrinfo(), so that it does not wait is
+# glibc's, not shown here.)
 #
 # No DNS server is involved: test/dns/slow_getaddrinfo.c, preloaded into
 # the server (LD_PRELOAD), makes getaddrinfo() take 3 s to fail for names
