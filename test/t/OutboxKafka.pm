@@ -19,6 +19,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(kafka_mock kafka_command kafka_stop kafka_consume kafka_tool java_partition murmur2);
 
 my $src = abs_path(dirname(__FILE__) . '/../kafka/outbox_kafka.c');
+my @mocks;    # every mock cluster started, stopped at exit even if a test dies
 my $tool;
 my $json = JSON::PP->new->utf8;
 
@@ -48,6 +49,7 @@ sub kafka_mock
 	}
 	my ($bootstrap) = $out =~ /^(\S+)\n/ or BAIL_OUT("the mock cluster did not start: $out");
 	my $m = { bootstrap => $bootstrap, harness => $h, in => \$in, out => \$out };
+	push @mocks, $m;
 	$out = '';
 	return $m;
 }
@@ -71,8 +73,20 @@ sub kafka_command
 sub kafka_stop
 {
 	my ($m) = @_;
+	return unless $m->{harness};
 	${ $m->{in} } .= "quit\n";
 	eval { $m->{harness}->finish };
+	$m->{harness} = undef;
+}
+
+END
+{
+	local $?;
+	for my $m (grep { $_->{harness} } @mocks)
+	{
+		eval { $m->{harness}->kill_kill };
+		$m->{harness} = undef;
+	}
 }
 
 # Every record of a topic: an array of hashes (partition, offset, key,

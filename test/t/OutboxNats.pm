@@ -20,6 +20,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(nats_start nats_stop nats_kill nats_tool nats_dump nats_count nats_wait_ready);
 
 my $src = abs_path(dirname(__FILE__) . '/../nats/outbox_nats.c');
+my @started;    # every server started, stopped at exit even if a test dies
 my $tool;
 my $json = JSON::PP->new->utf8;
 
@@ -55,6 +56,7 @@ sub nats_start
 	my $h = IPC::Run::start(\@cmd, '<', \undef, '>>', "$log.out", '2>>', "$log.out");
 	my $s = { name => $name, port => $port, url => "nats://127.0.0.1:$port",
 		dir => $dir, harness => $h, log => $log, opts => \%opts };
+	push @started, $s;
 	nats_wait_ready($s);
 	return $s;
 }
@@ -115,6 +117,12 @@ sub nats_count
 	my ($url, $stream) = @_;
 	my $n = eval { nats_tool($url, 'count', $stream) };
 	return defined $n ? $n + 0 : -1;
+}
+
+END
+{
+	local $?;
+	nats_kill($_) for grep { $_->{harness} } @started;
 }
 
 1;
