@@ -20,6 +20,7 @@ OBJS = \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \
+	src/databases.o \
 	src/launcher.o \
 	src/outbox.o \
 	src/queue_compact.o \

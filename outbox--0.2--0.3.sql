@@ -52,6 +52,15 @@ AS 'MODULE_PATHNAME', 'outbox_capture_wake'
 LANGUAGE C;
 REVOKE ALL ON FUNCTION outbox.capture_wake() FROM PUBLIC;
 
+-- The replication slot of this database's WAL capture: outbox_capture_
+-- and the database's oid (slot names are the cluster's).
+CREATE FUNCTION outbox.capture_slot_name()
+RETURNS name
+AS 'MODULE_PATHNAME', 'outbox_capture_slot_name'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION outbox.capture_slot_name() IS
+	'the replication slot of this database''s WAL capture';
+
 -- The capture worker's state, from shared memory.
 CREATE FUNCTION outbox.capture_status(OUT pid int, OUT state text, OUT last_error text,
 									  OUT last_commit_lsn pg_lsn, OUT last_commit_at timestamptz,
@@ -93,6 +102,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	slot name := outbox.capture_slot_name();
 	rel record;
 	source text;
 	args text[];
@@ -328,7 +338,7 @@ BEGIN
 		-- while this capture commits (capture_drop_slot_if_unused in
 		-- src/capture_wal.c, which takes it exclusive).
 		PERFORM pg_advisory_xact_lock_shared(7386912245760017);
-		IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_capture') THEN
+		IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = slot) THEN
 			IF (SELECT count(*) FROM pg_replication_slots) >= current_setting('max_replication_slots')::int THEN
 				RAISE EXCEPTION 'no replication slot is free for the WAL capture'
 					USING ERRCODE = 'configuration_limit_exceeded',
@@ -337,25 +347,25 @@ BEGIN
 						  HINT = 'Raise max_replication_slots and restart the server, or drop an unused slot.';
 			END IF;
 			BEGIN
-				PERFORM pg_create_logical_replication_slot('outbox_capture', 'outbox');
+				PERFORM pg_create_logical_replication_slot(slot, 'outbox');
 				-- the worker drops the slot again if this capture fails
 				PERFORM outbox.capture_wake();
 				-- a new slot: an offset left by an earlier one means nothing
-				DELETE FROM outbox.capture_progress WHERE slot_name = 'outbox_capture';
+				DELETE FROM outbox.capture_progress WHERE slot_name = slot;
 			EXCEPTION WHEN active_sql_transaction THEN
 				RAISE EXCEPTION 'cannot start a WAL capture in a transaction that has written'
 					USING ERRCODE = 'active_sql_transaction',
-						  DETAIL = 'The first WAL capture creates the replication slot "outbox_capture", which PostgreSQL creates only before any write of the transaction.',
+						  DETAIL = format('The first WAL capture creates the replication slot "%s", which PostgreSQL creates only before any write of the transaction.', slot),
 						  HINT = 'Call outbox.capture(..., mode => ''wal'') in a transaction of its own.';
 			END;
 		ELSIF EXISTS (SELECT 1 FROM pg_replication_slots
-					   WHERE slot_name = 'outbox_capture'
+					   WHERE slot_name = slot
 						 AND (database IS DISTINCT FROM current_database() OR plugin IS DISTINCT FROM 'outbox')) THEN
-			RAISE EXCEPTION 'replication slot "outbox_capture" belongs to another database or plugin'
+			RAISE EXCEPTION 'replication slot "%" belongs to another database or plugin', slot
 				USING ERRCODE = 'object_not_in_prerequisite_state',
-					  HINT = 'Drop that slot with pg_drop_replication_slot(''outbox_capture'') if nothing uses it.';
+					  HINT = format('Drop that slot with pg_drop_replication_slot(%L) if nothing uses it.', slot);
 		ELSIF EXISTS (SELECT 1 FROM pg_replication_slots
-					   WHERE slot_name = 'outbox_capture' AND wal_status = 'lost') THEN
+					   WHERE slot_name = slot AND wal_status = 'lost') THEN
 			RAISE EXCEPTION 'the WAL capture is lost'
 				USING ERRCODE = 'object_not_in_prerequisite_state',
 					  DETAIL = 'Its replication slot was invalidated: the WAL it needed was removed.',
@@ -488,9 +498,9 @@ SELECT ct.tbl AS table_name,
 			pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint END AS retained_wal,
 	   CASE
 		   WHEN ct.mode = 'wal' AND s.slot_name IS NULL THEN
-			   'replication slot "outbox_capture" does not exist'
+			   'replication slot "' || outbox.capture_slot_name() || '" does not exist'
 		   WHEN ct.mode = 'wal' AND s.wal_status = 'lost' THEN
-			   'replication slot "outbox_capture" was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)'
+			   'replication slot "' || outbox.capture_slot_name() || '" was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)'
 		   WHEN ct.mode = 'wal' THEN w.last_error
 		   WHEN tg.missing > 0 OR tg.disabled > 0 THEN 'changes are not captured: trigger ' || tg.broken
 	   END AS last_error,
@@ -517,8 +527,8 @@ SELECT ct.tbl AS table_name,
 	 WHERE ct.mode = 'trigger'
 	   AND (n.name = 'outbox_capture'
 			OR (r.level = 0 AND ct.topic_column IS NULL))) tg ON true
-  LEFT JOIN pg_catalog.pg_replication_slots s ON ct.mode = 'wal' AND s.slot_name = 'outbox_capture'
-  LEFT JOIN outbox.capture_progress p ON ct.mode = 'wal' AND p.slot_name = 'outbox_capture'
+  LEFT JOIN pg_catalog.pg_replication_slots s ON ct.mode = 'wal' AND s.slot_name = outbox.capture_slot_name()
+  LEFT JOIN outbox.capture_progress p ON ct.mode = 'wal' AND p.slot_name = outbox.capture_slot_name()
   LEFT JOIN LATERAL outbox.capture_status() w ON ct.mode = 'wal';
 REVOKE ALL ON outbox.captures FROM PUBLIC;
 GRANT SELECT ON outbox.captures TO outbox_monitor;
@@ -860,3 +870,27 @@ $$;
 COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb) IS
 	'change a target''s options without a restart; returns how many changed';
 REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- One outbox per database: the relay of every database, seen from any.
+---------------------------------------------------------------------------
+
+-- From shared memory: each database that has an outbox slot (see
+-- outbox.max_databases), its relay and why none runs.
+CREATE FUNCTION outbox.relay_status(OUT datid oid, OUT database text, OUT pid int,
+								   OUT state text, OUT started_at timestamptz,
+								   OUT last_error text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_relays'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION outbox.relay_status() IS
+	'the relay of every database with the extension: pid, state, start, last error';
+REVOKE ALL ON FUNCTION outbox.relay_status() FROM PUBLIC;
+
+CREATE VIEW outbox.relays AS
+SELECT datid, database, pid, state, started_at, last_error
+  FROM outbox.relay_status()
+ ORDER BY database;
+COMMENT ON VIEW outbox.relays IS
+	'the relay of every database with the extension (superusers: it names every database)';
+REVOKE ALL ON outbox.relays FROM PUBLIC;

@@ -20,11 +20,16 @@
 
 #include "commands/dbcommands.h"
 #include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/varlena.h"
 
 #include "base.h"
 
 /*---- GUC variables (defined in _PG_init) ----*/
 char	   *outbox_database = NULL;
+char	   *outbox_databases = NULL;
+int			outbox_max_databases = 16;
+uint64		outbox_databases_generation = 0;
 char	   *outbox_relay_role = NULL;
 int			outbox_max_payload_size = 1024 * 1024;
 bool		outbox_enabled = true;
@@ -44,29 +49,119 @@ bool		outbox_preloaded = false;
 /* Set by the queues when the library is preloaded (outbox_queue_init). */
 OutboxWakeReceivers outbox_receivers_wake = NULL;
 
-/* Whether this backend's database is outbox.database: 0 unknown, 1 yes, -1 no. */
-static int	database_matches = 0;
+/*
+ * Whether outbox.databases is a valid value: '*' alone, or a list of
+ * database names.
+ */
+bool
+outbox_databases_valid(const char *value, const char **why)
+{
+	char	   *copy;
+	List	   *names;
+	ListCell   *lc;
+	bool		ok = true;
+
+	if (strcmp(value, "*") == 0)
+		return true;
+	copy = pstrdup(value);
+	if (!SplitGUCList(copy, ',', &names))
+	{
+		*why = "it is not a list of database names";
+		ok = false;
+	}
+	else if (names == NIL)
+	{
+		*why = "it names no database (use '*' for every database)";
+		ok = false;
+	}
+	else
+		foreach(lc, names)
+			if (strcmp((char *) lfirst(lc), "*") == 0 || ((char *) lfirst(lc))[0] == '\0')
+			{
+				*why = "'*' must stand alone";
+				ok = false;
+			}
+	list_free(names);
+	pfree(copy);
+	return ok;
+}
 
 /*
- * Refuse to run in a database other than outbox.database: the relay worker
- * serves only that one, so messages stored elsewhere would never leave.
+ * Whether the relay serves the database named dbname: outbox.database when
+ * set (the one-database form), else outbox.databases.
+ */
+bool
+outbox_database_served(const char *dbname)
+{
+	char	   *copy;
+	List	   *names;
+	ListCell   *lc;
+	bool		served = false;
+
+	if (outbox_database != NULL && outbox_database[0] != '\0')
+		return strcmp(dbname, outbox_database) == 0;
+	if (outbox_databases == NULL || strcmp(outbox_databases, "*") == 0)
+		return true;
+	copy = pstrdup(outbox_databases);
+	if (SplitGUCList(copy, ',', &names))
+		foreach(lc, names)
+			if (strcmp((char *) lfirst(lc), dbname) == 0)
+				served = true;
+	list_free(names);
+	pfree(copy);
+	return served;
+}
+
+/* Whether this backend's database is served, decided once per setting. */
+static uint64 decided_for = 0;	/* outbox_databases_generation + 1 */
+static bool served = false;
+
+/* Whether the relay serves this backend's database (catalog access). */
+bool
+outbox_this_database_served(void)
+{
+	if (decided_for != outbox_databases_generation + 1)
+	{
+		char	   *dbname = get_database_name(MyDatabaseId);
+
+		served = dbname != NULL && outbox_database_served(dbname);
+		decided_for = outbox_databases_generation + 1;
+	}
+	return served;
+}
+
+/* The same when known without a catalog lookup (commit callbacks). */
+bool
+outbox_this_database_served_known(void)
+{
+	return decided_for == outbox_databases_generation + 1 && served;
+}
+
+/*
+ * Refuse to run in a database the relay does not serve: messages stored
+ * there would never leave.
  */
 void
 outbox_check_database(const char *what)
 {
-	if (database_matches == 0)
-	{
-		char	   *dbname = get_database_name(MyDatabaseId);
-
-		database_matches = (dbname && strcmp(dbname, outbox_database) == 0) ? 1 : -1;
-	}
-	if (database_matches < 0)
+	(void) outbox_this_database_served();
+	if (served)
+		return;
+	if (outbox_database != NULL && outbox_database[0] != '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("%s cannot be used in database \"%s\"", what,
 						get_database_name(MyDatabaseId)),
 				 errdetail("The outbox relay serves database \"%s\" (outbox.database).",
 						   outbox_database),
-				 errhint("Connect to database \"%s\", or set outbox.database to \"%s\" and restart the server.",
+				 errhint("Connect to database \"%s\", or set outbox.database to \"%s\" and restart the server; with outbox.database empty, outbox.databases names the databases served.",
 						 outbox_database, get_database_name(MyDatabaseId))));
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("%s cannot be used in database \"%s\"", what,
+					get_database_name(MyDatabaseId)),
+			 errdetail("The outbox relays serve the databases outbox.databases names: %s.",
+					   outbox_databases),
+			 errhint("Add \"%s\" to outbox.databases, or set it to '*', and reload the configuration.",
+					 get_database_name(MyDatabaseId))));
 }

@@ -35,6 +35,9 @@
 
 /*---- settings: defined by _PG_init (outbox.c), stored in base.c ----*/
 extern char *outbox_database;
+extern char *outbox_databases;
+extern int	outbox_max_databases;
+extern uint64 outbox_databases_generation;	/* bumped when either changes */
 extern char *outbox_relay_role;
 extern int	outbox_max_payload_size;
 extern bool outbox_enabled;
@@ -53,6 +56,10 @@ extern bool outbox_preloaded;
 
 /*---- the database check ----*/
 extern void outbox_check_database(const char *what);
+extern bool outbox_database_served(const char *dbname);
+extern bool outbox_this_database_served(void);
+extern bool outbox_this_database_served_known(void);
+extern bool outbox_databases_valid(const char *value, const char **why);
 
 /*---- waking queue receivers ----*/
 

@@ -107,7 +107,30 @@ PGDLLEXPORT void _PG_output_plugin_init(OutputPluginCallbacks *cb);
 PG_FUNCTION_INFO_V1(outbox_capture_wake);
 PG_FUNCTION_INFO_V1(outbox_capture_status);
 
-#define CAPTURE_SLOT			"outbox_capture"
+/*
+ * The replication slot of this database's WAL capture: slot names are the
+ * cluster's, so each database has its own, named by its oid (stable across
+ * ALTER DATABASE RENAME).  outbox.capture_slot_name() gives it to SQL.
+ */
+#define CAPTURE_SLOT			capture_slot_name()
+PG_FUNCTION_INFO_V1(outbox_capture_slot_name);
+
+static const char *
+capture_slot_name(void)
+{
+	static char name[NAMEDATALEN];
+
+	if (name[0] == '\0')
+		snprintf(name, sizeof(name), "outbox_capture_%u", MyDatabaseId);
+	return name;
+}
+
+/* outbox.capture_slot_name() -> name */
+Datum
+outbox_capture_slot_name(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_DATUM(DirectFunctionCall1(namein, CStringGetDatum(capture_slot_name())));
+}
 /*
  * The advisory lock (per database) outbox.capture() takes shared while it
  * looks for the slot, and the worker exclusive while it drops the slot.
@@ -121,9 +144,11 @@ PG_FUNCTION_INFO_V1(outbox_capture_status);
 #define CAPTURE_IDLE_OFFSET_MS	1000
 
 /*---- shared state ----*/
+/* One per database, in the entry of its directory slot (shmem.c). */
 typedef struct CaptureShared
 {
 	slock_t		mutex;
+	Oid			dboid;			/* whose state this is */
 	bool		wanted;			/* start the worker */
 	uint64		wakes;			/* outbox.capture_wake() calls */
 	pid_t		pid;			/* the worker, or 0 */
@@ -139,12 +164,14 @@ typedef struct CaptureShared
 	uint64		skipped;		/* changes that could not become messages */
 } CaptureShared;
 
+static CaptureShared *capture_array = NULL;
+/* This backend's database's entry, once capture_mine() found it. */
 static CaptureShared *capture_shared = NULL;
 
 Size
 outbox_capture_shmem_size(void)
 {
-	return MAXALIGN(sizeof(CaptureShared));
+	return mul_size(outbox_max_databases, sizeof(CaptureShared));
 }
 
 void
@@ -152,28 +179,73 @@ outbox_capture_shmem_init(void)
 {
 	bool		found;
 
-	capture_shared = ShmemInitStruct("outbox capture", sizeof(CaptureShared), &found);
+	capture_array = ShmemInitStruct("outbox capture", outbox_capture_shmem_size(), &found);
 	if (!found)
 	{
-		memset(capture_shared, 0, sizeof(CaptureShared));
-		SpinLockInit(&capture_shared->mutex);
-		capture_shared->wanted = true;	/* look once after start */
-		strlcpy(capture_shared->state, "stopped", sizeof(capture_shared->state));
+		int			i;
+
+		memset(capture_array, 0, outbox_capture_shmem_size());
+		for (i = 0; i < outbox_max_databases; i++)
+			SpinLockInit(&capture_array[i].mutex);
 	}
 }
 
-/* For the launcher: should a capture worker run? */
-bool
-outbox_capture_wanted(Latch *launcher_latch)
+/*
+ * The entry of slot index for dboid; one another database left is made
+ * afresh (the worker looks once whether a WAL capture exists).  Caller
+ * holds its mutex.
+ */
+static CaptureShared *
+capture_entry_locked(CaptureShared *c, Oid dboid)
 {
+	if (c->dboid != dboid)
+	{
+		c->dboid = dboid;
+		c->wanted = true;		/* look once after start */
+		c->wakes = 0;
+		c->pid = 0;
+		c->worker_latch = NULL;
+		strlcpy(c->state, "stopped", sizeof(c->state));
+		c->last_error[0] = '\0';
+		c->handed_lsn = c->end_lsn = c->decoded_lsn = InvalidXLogRecPtr;
+		c->handed_at = 0;
+		c->handed = c->skipped = 0;
+	}
+	return c;
+}
+
+/* This database's entry (its slot is taken if need be). */
+static bool
+capture_mine(bool report)
+{
+	if (capture_array == NULL)
+		return false;
+	if (report)
+		outbox_db_attach();
+	else if (!outbox_db_attach_noerror())
+		return false;
+	capture_shared = &capture_array[outbox_db_index()];
+	SpinLockAcquire(&capture_shared->mutex);
+	capture_entry_locked(capture_shared, MyDatabaseId);
+	SpinLockRelease(&capture_shared->mutex);
+	return true;
+}
+
+/* For the launcher: should a capture worker run in dboid (slot index)? */
+bool
+outbox_capture_wanted(Oid dboid, int index, Latch *launcher_latch)
+{
+	CaptureShared *c;
 	bool		wanted;
 
-	if (capture_shared == NULL || wal_level < WAL_LEVEL_LOGICAL)
+	if (capture_array == NULL || wal_level < WAL_LEVEL_LOGICAL)
 		return false;
-	SpinLockAcquire(&capture_shared->mutex);
-	capture_shared->launcher_latch = launcher_latch;
-	wanted = capture_shared->wanted;
-	SpinLockRelease(&capture_shared->mutex);
+	c = &capture_array[index];
+	SpinLockAcquire(&c->mutex);
+	capture_entry_locked(c, dboid);
+	c->launcher_latch = launcher_latch;
+	wanted = c->wanted;
+	SpinLockRelease(&c->mutex);
 	return wanted;
 }
 
@@ -216,7 +288,7 @@ capture_xact_callback(XactEvent event, void *arg)
 	 * the slot, which the worker drops when it finds no WAL capture.
 	 */
 	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT) &&
-		wake_at_commit && capture_shared != NULL)
+		wake_at_commit && capture_mine(false))
 		capture_wake_now();
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PREPARE)
@@ -256,7 +328,7 @@ outbox_capture_status(PG_FUNCTION_ARGS)
 
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
-	if (capture_shared == NULL)
+	if (!capture_mine(true))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox.capture_status() requires the outbox library to be preloaded")));
@@ -1242,8 +1314,9 @@ capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done)
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox capture: cannot read outbox.captured_tables");
 	any = SPI_processed > 0;
-	if (SPI_execute("SELECT end_lsn, part_commit_lsn, parts_done FROM outbox.capture_progress"
-					" WHERE slot_name OPERATOR(pg_catalog.=) '" CAPTURE_SLOT "'", true, 0) != SPI_OK_SELECT)
+	if (SPI_execute(psprintf("SELECT end_lsn, part_commit_lsn, parts_done FROM outbox.capture_progress"
+							 " WHERE slot_name OPERATOR(pg_catalog.=) '%s'", CAPTURE_SLOT),
+					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox capture: cannot read outbox.capture_progress");
 	if (SPI_processed > 0)
 	{
@@ -1292,11 +1365,11 @@ capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done)
 			strlcpy(part, "NULL::pg_lsn", sizeof(part));
 		snprintf(sql, sizeof(sql),
 				 "INSERT INTO outbox.capture_progress AS p (slot_name, end_lsn, part_commit_lsn,"
-				 " parts_done, updated_at) VALUES ('" CAPTURE_SLOT "', '%X/%X'::pg_lsn, %s, %d, now())"
+				 " parts_done, updated_at) VALUES ('%s', '%X/%X'::pg_lsn, %s, %d, now())"
 				 " ON CONFLICT (slot_name) DO UPDATE SET end_lsn = excluded.end_lsn,"
 				 " part_commit_lsn = excluded.part_commit_lsn, parts_done = excluded.parts_done,"
 				 " updated_at = excluded.updated_at",
-				 LSN_FORMAT_ARGS(end_lsn), part, parts_done);
+				 CAPTURE_SLOT, LSN_FORMAT_ARGS(end_lsn), part, parts_done);
 		capture_spi_exec(sql, SPI_OK_INSERT);
 		PopActiveSnapshot();
 		SPI_finish();
@@ -1360,7 +1433,8 @@ capture_drop_slot_if_unused(void)
 		unused = SPI_processed == 0;
 		/* the offset goes with the slot: a new slot starts afresh */
 		if (unused)
-			capture_spi_exec("DELETE FROM outbox.capture_progress WHERE slot_name OPERATOR(pg_catalog.=) '" CAPTURE_SLOT "'",
+			capture_spi_exec(psprintf("DELETE FROM outbox.capture_progress WHERE slot_name OPERATOR(pg_catalog.=) '%s'",
+									  CAPTURE_SLOT),
 							 SPI_OK_DELETE);
 	}
 	else
@@ -1465,11 +1539,16 @@ outbox_capture_main(Datum main_arg)
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, die);
 	BackgroundWorkerUnblockSignals();
-	BackgroundWorkerInitializeConnection(outbox_database, NULL, 0);
+	/* main_arg is the database's oid, bgw_extra its name (launcher.c) */
+	BackgroundWorkerInitializeConnection(MyBgworkerEntry->bgw_extra, NULL, 0);
+	if (MyDatabaseId != DatumGetObjectId(main_arg))
+		proc_exit(1);			/* renamed meanwhile: the launcher looks again */
 	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
 	/* a superuser's queries: nothing of the database's search_path */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 	pgstat_report_appname("outbox capture");
+	if (!capture_mine(false))
+		proc_exit(0);			/* no slot for this database (any more) */
 
 	SpinLockAcquire(&capture_shared->mutex);
 	capture_shared->pid = MyProcPid;
@@ -1487,7 +1566,7 @@ outbox_capture_main(Datum main_arg)
 		proc_exit(1);			/* a capture came and went meanwhile: again */
 	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
 	if (slot == NULL)
-		capture_lost("replication slot \"" CAPTURE_SLOT "\" does not exist", wakes_seen);
+		capture_lost(psprintf("replication slot \"%s\" does not exist", CAPTURE_SLOT), wakes_seen);
 #if PG_VERSION_NUM >= 180000
 	ReplicationSlotAcquire(CAPTURE_SLOT, true, false);
 #else
@@ -1495,7 +1574,8 @@ outbox_capture_main(Datum main_arg)
 #endif
 	slot = MyReplicationSlot;
 	if (capture_slot_invalidated(slot))
-		capture_lost("replication slot \"" CAPTURE_SLOT "\" was invalidated (max_slot_wal_keep_size)",
+		capture_lost(psprintf("replication slot \"%s\" was invalidated (max_slot_wal_keep_size)",
+							  CAPTURE_SLOT),
 					 wakes_seen);
 	if (end_lsn == InvalidXLogRecPtr)
 	{

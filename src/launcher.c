@@ -1,19 +1,35 @@
 /*-------------------------------------------------------------------------
  *
  * launcher.c
- *	  The relay's launcher: a background worker connected to no database
- *	  that starts the relay once outbox.database can be connected to.
+ *	  The launcher: a background worker connected to no database that
+ *	  starts one relay per database that has the extension, and the
+ *	  capture worker of each database that captures from the WAL.
  *
  * A background worker that connects to a database that does not exist dies
  * with a FATAL error and is restarted, again and again; and one that exits
- * to be restarted waits bgw_restart_time first.  So the relay is not a
- * static worker: the launcher, registered at server start, looks at
- * pg_database (a shared catalog, readable without a database connection),
- * says once what it waits for, and registers the relay as a dynamic worker
- * the moment the database is usable.  It notices the relay's exit (it is
- * notified, as bgw_notify_pid) and starts a new one: at once after a
- * deliberate exit, after a backoff when the relay keeps failing soon after
- * its start.  A normal start logs nothing that looks like a failure.
+ * to be restarted waits bgw_restart_time first.  So relays are not static
+ * workers: the launcher, registered at server start, reads pg_database (a
+ * shared catalog, readable without a database connection) every second or
+ * when woken, and keeps a list of the databases it serves (outbox.database,
+ * or outbox.databases; never a template or one that refuses connections).
+ *
+ * Which of them have the extension it cannot see from here.  A database has
+ * a slot of shared state (shmem.c) once anything of the extension ran in it
+ * since the start: CREATE EXTENSION takes it and wakes the launcher.  So a
+ * database with a slot gets a relay; one without, a single relay started
+ * to look (after the server starts, when the database appears or is
+ * renamed), which exits at once when it finds no extension.  At most
+ * LAUNCHER_MAX_PROBES look at a time, so a cluster of many databases does
+ * not use up the worker slots.  A relay exits when the extension is
+ * dropped, giving its slot back, and the launcher gives back the slot of
+ * a dropped database.
+ *
+ * It notices a relay's exit (it is notified, as bgw_notify_pid) and starts
+ * a new one: at once after a deliberate exit, after a backoff when the
+ * relay keeps failing soon after its start, each database on its own.  A
+ * database being dropped or renamed (the utility hook, databases.c) holds
+ * its relay off until that is done.  Running out of worker slots is said
+ * once at LOG and shown in outbox.worker and outbox.relays.
  *
  *-------------------------------------------------------------------------
  */
@@ -33,17 +49,21 @@
 #include "storage/latch.h"
 #include "tcop/tcopprot.h"
 #include "utils/guc.h"
+#include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
 
-/* How often the launcher looks for the database while waiting for it. */
+/* How often the launcher reads pg_database at most, and at least. */
 #define LAUNCHER_DB_POLL_MS		250
+#define LAUNCHER_SCAN_MS		1000
 /* A relay that ran at least this long is restarted at once. */
 #define LAUNCHER_STABLE_MS		10000
 /* Longest pause before restarting a relay that keeps failing. */
 #define LAUNCHER_MAX_BACKOFF_MS	30000
+/* Relays that look for the extension at the same time. */
+#define LAUNCHER_MAX_PROBES		4
 
 PGDLLEXPORT void outbox_launcher_main(Datum main_arg);
 
@@ -53,8 +73,35 @@ typedef enum LauncherDatabaseState
 	LAUNCHER_DB_USABLE,
 	LAUNCHER_DB_MISSING,
 	LAUNCHER_DB_NO_CONNECTIONS,
-	LAUNCHER_DB_INVALID
+	LAUNCHER_DB_INVALID,
+	LAUNCHER_DB_TEMPLATE
 } LauncherDatabaseState;
+
+/* A worker the launcher keeps running, and when to start it again. */
+typedef struct LauncherWorker
+{
+	BackgroundWorkerHandle *handle;
+	TimestampTz started;
+	TimestampTz next_start;
+	long		backoff;
+	bool		no_slot_logged;
+} LauncherWorker;
+
+/* A database the launcher serves. */
+typedef struct LauncherDb
+{
+	Oid			oid;
+	char		name[NAMEDATALEN];
+	bool		served;			/* in the last scan, and served */
+	bool		exists;			/* in the last scan */
+	bool		probed;			/* a relay looked since it got this name */
+	LauncherWorker relay;
+	LauncherWorker capture;
+} LauncherDb;
+
+static LauncherDb *ldbs = NULL;
+static int	nldbs = 0;
+static int	maxldbs = 0;
 
 /*
  * Register the launcher.  Called from _PG_init while shared_preload_libraries
@@ -77,13 +124,14 @@ outbox_register_launcher(void)
 }
 
 /*
- * Start a dynamic worker running function of this library: the relay
- * (outbox_worker_main, relay_main.c) or the capture worker
- * (outbox_capture_main, capture_wal.c); NULL if no slot is free.  The
- * launcher is notified of its exit and starts it again itself.
+ * Start a dynamic worker running function of this library in database db:
+ * the relay (outbox_worker_main, relay_main.c) or the capture worker
+ * (outbox_capture_main, capture_wal.c); NULL if no slot is free.  Its
+ * argument is the database's oid, bgw_extra its name.  The launcher is
+ * notified of its exit and starts it again itself.
  */
 static BackgroundWorkerHandle *
-launcher_start_worker(const char *function, const char *name)
+launcher_start_worker(const char *function, const char *type, const LauncherDb *db)
 {
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
@@ -93,49 +141,46 @@ launcher_start_worker(const char *function, const char *name)
 	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
 	worker.bgw_restart_time = BGW_NEVER_RESTART;	/* we restart it */
 	worker.bgw_notify_pid = MyProcPid;
+	worker.bgw_main_arg = ObjectIdGetDatum(db->oid);
 	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
 	strlcpy(worker.bgw_function_name, function, BGW_MAXLEN);
-	strlcpy(worker.bgw_name, name, BGW_MAXLEN);
-	strlcpy(worker.bgw_type, name, BGW_MAXLEN);
+	snprintf(worker.bgw_name, BGW_MAXLEN, "%s for database %s", type, db->name);
+	strlcpy(worker.bgw_type, type, BGW_MAXLEN);
+	StaticAssertStmt(NAMEDATALEN <= BGW_EXTRALEN, "a database name fits in bgw_extra");
+	strlcpy(worker.bgw_extra, db->name, BGW_EXTRALEN);
 	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
 		return NULL;
 	return handle;
 }
 
-/* The caller is connected to no database: pg_database is a shared catalog. */
-static LauncherDatabaseState
-launcher_database_state(void)
+static LauncherDb *
+launcher_find(Oid oid)
 {
-	Relation	rel;
-	TableScanDesc scan;
-	HeapTuple	tup;
-	LauncherDatabaseState state = LAUNCHER_DB_MISSING;
+	int			i;
 
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	(void) GetTransactionSnapshot();
-	rel = table_open(DatabaseRelationId, AccessShareLock);
-	scan = table_beginscan_catalog(rel, 0, NULL);
-	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	for (i = 0; i < nldbs; i++)
+		if (ldbs[i].oid == oid)
+			return &ldbs[i];
+	return NULL;
+}
+
+static LauncherDb *
+launcher_add(Oid oid, const char *name)
+{
+	LauncherDb *db;
+
+	if (nldbs == maxldbs)
 	{
-		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
-
-		if (strcmp(NameStr(db->datname), outbox_database) != 0)
-			continue;
-		if (!db->datallowconn)
-			state = LAUNCHER_DB_NO_CONNECTIONS;
-#ifdef DATCONNLIMIT_INVALID_DB
-		else if (db->datconnlimit == DATCONNLIMIT_INVALID_DB)
-			state = LAUNCHER_DB_INVALID;	/* left by an interrupted DROP */
-#endif
-		else
-			state = LAUNCHER_DB_USABLE;
-		break;
+		maxldbs = Max(16, maxldbs * 2);
+		ldbs = ldbs == NULL ?
+			MemoryContextAlloc(TopMemoryContext, sizeof(LauncherDb) * maxldbs) :
+			repalloc(ldbs, sizeof(LauncherDb) * maxldbs);
 	}
-	table_endscan(scan);
-	table_close(rel, AccessShareLock);
-	CommitTransactionCommand();
-	return state;
+	db = &ldbs[nldbs++];
+	memset(db, 0, sizeof(LauncherDb));
+	db->oid = oid;
+	strlcpy(db->name, name, NAMEDATALEN);
+	return db;
 }
 
 static void
@@ -147,35 +192,146 @@ launcher_log_waiting(LauncherDatabaseState state)
 			 errdetail("The database does not exist.") :
 			 state == LAUNCHER_DB_NO_CONNECTIONS ?
 			 errdetail("The database does not allow connections.") :
+			 state == LAUNCHER_DB_TEMPLATE ?
+			 errdetail("The database is a template, which gets no relay.") :
 			 errdetail("The database is invalid: a DROP DATABASE of it was interrupted."),
 			 errhint("Create the database, or set outbox.database to the database that has the extension and restart the server.")));
+}
+
+/*
+ * Read pg_database: which databases are served now.  The caller is
+ * connected to no database: pg_database is a shared catalog.  Returns the
+ * state of outbox.database in the one-database form.
+ */
+static LauncherDatabaseState
+launcher_scan(void)
+{
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+	LauncherDatabaseState one = LAUNCHER_DB_MISSING;
+	bool		one_form = outbox_database != NULL && outbox_database[0] != '\0';
+	int			i;
+
+	for (i = 0; i < nldbs; i++)
+		ldbs[i].served = ldbs[i].exists = false;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		Form_pg_database d = (Form_pg_database) GETSTRUCT(tup);
+		const char *name = NameStr(d->datname);
+		LauncherDatabaseState state = LAUNCHER_DB_USABLE;
+		LauncherDb *db;
+
+		if (!d->datallowconn)
+			state = LAUNCHER_DB_NO_CONNECTIONS;
+#ifdef DATCONNLIMIT_INVALID_DB
+		else if (d->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			state = LAUNCHER_DB_INVALID;	/* left by an interrupted DROP */
+#endif
+		else if (d->datistemplate)
+			state = LAUNCHER_DB_TEMPLATE;	/* CREATE DATABASE copies it */
+		if (one_form && strcmp(name, outbox_database) == 0)
+			one = state;
+
+		db = launcher_find(d->oid);
+		if (db != NULL)
+			db->exists = true;
+		if (state != LAUNCHER_DB_USABLE || !outbox_database_served(name))
+			continue;
+		if (db == NULL)
+		{
+			db = launcher_add(d->oid, name);
+			db->exists = true;
+		}
+		else if (strcmp(db->name, name) != 0)
+		{
+			/* renamed: workers connect by name, so look again */
+			strlcpy(db->name, name, NAMEDATALEN);
+			db->probed = false;
+		}
+		db->served = true;
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+	CommitTransactionCommand();
+	return one;
+}
+
+/* Whether the worker stopped; if so, when to start it again. */
+static bool
+launcher_reap(LauncherWorker *w, TimestampTz now, bool failed)
+{
+	pid_t		pid;
+
+	if (w->handle == NULL)
+		return true;
+	if (GetBackgroundWorkerPid(w->handle, &pid) != BGWH_STOPPED)
+		return false;
+	pfree(w->handle);
+	w->handle = NULL;
+	/* Restart at once after a long run or a deliberate exit, else back off. */
+	if (!failed || TimestampDifferenceExceeds(w->started, now, LAUNCHER_STABLE_MS))
+		w->backoff = 0;
+	else
+		w->backoff = Min(Max(w->backoff * 2, 500), LAUNCHER_MAX_BACKOFF_MS);
+	w->next_start = TimestampTzPlusMilliseconds(now, w->backoff);
+	return true;
+}
+
+/* Start w if it is due; returns the longest the launcher may sleep. */
+static long
+launcher_start(LauncherWorker *w, LauncherDb *db, const char *function,
+			   const char *type, TimestampTz now, bool has_slot)
+{
+	if (now < w->next_start)
+		return (long) ((w->next_start - now) / 1000) + 1;
+	w->handle = launcher_start_worker(function, type, db);
+	w->started = now;
+	if (w->handle != NULL)
+	{
+		w->no_slot_logged = false;
+		if (has_slot && strcmp(function, "outbox_worker_main") == 0)
+			outbox_db_set_note(db->oid, "");
+		return LONG_MAX;
+	}
+	if (!w->no_slot_logged)
+		ereport(LOG,
+				(errmsg("%s for database \"%s\" cannot start: no background worker slot is free",
+						type, db->name),
+				 errdetail("max_worker_processes is %d; the outbox needs the launcher, a relay for each database with the extension and a capture worker for each that captures from the WAL.",
+						   max_worker_processes),
+				 errhint("Raise max_worker_processes and restart the server.")));
+	w->no_slot_logged = true;
+	if (has_slot && strcmp(function, "outbox_worker_main") == 0)
+		outbox_db_set_note(db->oid, "waiting for a background worker (max_worker_processes)");
+	return 1000;
 }
 
 void
 outbox_launcher_main(Datum main_arg)
 {
-	BackgroundWorkerHandle *relay = NULL;
 	LauncherDatabaseState logged = LAUNCHER_DB_USABLE;
-	TimestampTz relay_started = 0;
-	TimestampTz next_start = 0;
-	long		backoff = 0;
-	bool		no_slot_logged = false;
-	BackgroundWorkerHandle *capture = NULL;
-	TimestampTz capture_started = 0;
-	TimestampTz capture_next_start = 0;
-	long		capture_backoff = 0;
-	bool		capture_no_slot_logged = false;
+	TimestampTz last_scan = 0;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 	pgstat_report_activity(STATE_IDLE, NULL);
+	outbox_set_launcher_latch(MyLatch);
 
 	for (;;)
 	{
-		long		timeout = outbox_poll_interval;
+		long		timeout = Min(outbox_poll_interval, LAUNCHER_SCAN_MS);
 		TimestampTz now;
+		int			probing = 0;
+		int			i;
 
 		CHECK_FOR_INTERRUPTS();
 		/* Exit code 1: a launcher terminated by hand is started again. */
@@ -188,110 +344,88 @@ outbox_launcher_main(Datum main_arg)
 		}
 
 		now = GetCurrentTimestamp();
-		if (relay != NULL)
+		if (TimestampDifferenceExceeds(last_scan, now, LAUNCHER_DB_POLL_MS) || last_scan == 0)
 		{
-			pid_t		pid;
+			LauncherDatabaseState one = launcher_scan();
 
-			if (GetBackgroundWorkerPid(relay, &pid) == BGWH_STOPPED)
+			last_scan = now;
+			/* The one-database form says once what it waits for. */
+			if (outbox_database[0] != '\0')
 			{
-				/* Restart at once after a long run, else back off. */
-				pfree(relay);
-				relay = NULL;
-				if (TimestampDifferenceExceeds(relay_started, now, LAUNCHER_STABLE_MS))
-					backoff = 0;
-				else
-					backoff = Min(Max(backoff * 2, 500), LAUNCHER_MAX_BACKOFF_MS);
-				next_start = TimestampTzPlusMilliseconds(now, backoff);
+				if (one != LAUNCHER_DB_USABLE && one != logged)
+					launcher_log_waiting(one);
+				logged = one;
 			}
 		}
 
-		if (relay == NULL && outbox_relay_running() != 0)
+		for (i = 0; i < nldbs; i++)
 		{
+			OutboxDbInfo info;
+
+			if (ldbs[i].relay.handle != NULL && !outbox_db_info_of(ldbs[i].oid, &info))
+				probing++;
+		}
+
+		for (i = 0; i < nldbs; i++)
+		{
+			LauncherDb *db = &ldbs[i];
+			OutboxDbInfo info;
+			bool		has_slot = outbox_db_info_of(db->oid, &info);
+
+			/* A relay that ends while the database has a slot failed. */
+			(void) launcher_reap(&db->relay, now, has_slot);
+			(void) launcher_reap(&db->capture, now, true);
+
+			if (!db->served)
+			{
+				/* dropped, renamed out, no longer listed: stop its workers */
+				if (db->relay.handle != NULL)
+					TerminateBackgroundWorker(db->relay.handle);
+				if (db->capture.handle != NULL)
+					TerminateBackgroundWorker(db->capture.handle);
+				if (db->relay.handle == NULL && db->capture.handle == NULL &&
+					(db->exists || outbox_db_release(db->oid)))
+				{
+					ldbs[i--] = ldbs[--nldbs];
+					continue;
+				}
+				timeout = Min(timeout, 100);
+				continue;
+			}
+
+			if (db->relay.handle == NULL)
+			{
+				if (has_slot && info.hold_until > now)
+					timeout = Min(timeout, (long) ((info.hold_until - now) / 1000) + 1);
+				else if (has_slot && info.relay_pid != 0)
+					timeout = Min(timeout, 1000);	/* an earlier launcher's relay */
+				else if (has_slot || (!db->probed && probing < LAUNCHER_MAX_PROBES))
+				{
+					timeout = Min(timeout, launcher_start(&db->relay, db, "outbox_worker_main",
+														  "outbox relay", now, has_slot));
+					if (db->relay.handle != NULL)
+					{
+						if (!has_slot)
+							probing++;
+						db->probed = true;
+					}
+				}
+			}
+
 			/*
-			 * A relay started by an earlier launcher (this one was restarted
-			 * after an error) still runs: wait for it to end.
+			 * The capture worker, once the relay runs: when a WAL capture
+			 * may exist.  It exits by itself when none is left; one that
+			 * keeps failing is started again after a backoff.
 			 */
-			timeout = Min(timeout, 1000);
-		}
-		else if (relay == NULL)
-		{
-			if (now < next_start)
-				timeout = Min(timeout, (long) ((next_start - now) / 1000) + 1);
-			else
+			if (db->capture.handle == NULL && db->relay.handle != NULL && has_slot &&
+				outbox_capture_wanted(db->oid, info.index, MyLatch))
+				timeout = Min(timeout, launcher_start(&db->capture, db, "outbox_capture_main",
+													  "outbox capture", now, has_slot));
+			else if (db->capture.handle == NULL)
 			{
-				LauncherDatabaseState state = launcher_database_state();
-
-				if (state == LAUNCHER_DB_USABLE)
-				{
-					relay = launcher_start_worker("outbox_worker_main", "outbox relay");
-					if (relay != NULL)
-					{
-						relay_started = now;
-						no_slot_logged = false;
-					}
-					else
-					{
-						if (!no_slot_logged)
-							ereport(LOG,
-									(errmsg("outbox relay cannot start: no background worker slot is free"),
-									 errhint("Raise max_worker_processes.")));
-						no_slot_logged = true;
-						timeout = Min(timeout, 1000);
-					}
-				}
-				else
-				{
-					/* Say it once, and again if the reason changes. */
-					if (state != logged)
-						launcher_log_waiting(state);
-					timeout = Min(timeout, LAUNCHER_DB_POLL_MS);
-				}
-				logged = state;
-			}
-		}
-
-		/*
-		 * The capture worker (capture_wal.c), once the relay runs: when a
-		 * WAL capture may exist.  It exits by itself when none is left;
-		 * one that keeps failing is started again after a backoff.
-		 */
-		if (capture != NULL)
-		{
-			pid_t		pid;
-
-			if (GetBackgroundWorkerPid(capture, &pid) == BGWH_STOPPED)
-			{
-				pfree(capture);
-				capture = NULL;
 				/* an exit with nothing left to capture is no failure */
-				if (!outbox_capture_wanted(MyLatch) ||
-					TimestampDifferenceExceeds(capture_started, now, LAUNCHER_STABLE_MS))
-					capture_backoff = 0;
-				else
-					capture_backoff = Min(Max(capture_backoff * 2, 500),
-										  LAUNCHER_MAX_BACKOFF_MS);
-				capture_next_start = TimestampTzPlusMilliseconds(now, capture_backoff);
-			}
-		}
-		if (capture == NULL && relay != NULL && outbox_capture_wanted(MyLatch))
-		{
-			if (now < capture_next_start)
-				timeout = Min(timeout, (long) ((capture_next_start - now) / 1000) + 1);
-			else
-			{
-				capture = launcher_start_worker("outbox_capture_main", "outbox capture");
-				capture_started = now;
-				if (capture != NULL)
-					capture_no_slot_logged = false;
-				else
-				{
-					if (!capture_no_slot_logged)
-						ereport(LOG,
-								(errmsg("outbox capture worker cannot start: no background worker slot is free"),
-								 errhint("Raise max_worker_processes.")));
-					capture_no_slot_logged = true;
-					timeout = Min(timeout, 1000);
-				}
+				db->capture.backoff = 0;
+				db->capture.next_start = 0;
 			}
 		}
 

@@ -39,6 +39,24 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 void		_PG_init(void);
 
+static bool
+outbox_databases_check(char **newval, void **extra, GucSource source)
+{
+	const char *why = NULL;
+
+	if (outbox_databases_valid(*newval, &why))
+		return true;
+	GUC_check_errdetail("outbox.databases is '*' or a list of database names: %s.", why);
+	return false;
+}
+
+/* The database check of the SQL functions decides again. */
+static void
+outbox_databases_assign(const char *newval, void *extra)
+{
+	outbox_databases_generation++;
+}
+
 /*
  * Shared memory of every part: the commit sequence (shmem.c), the delivery
  * statistics (stats.c) and the queues (queue_shmem.c).
@@ -177,13 +195,31 @@ _PG_init(void)
 	}
 
 	DefineCustomStringVariable("outbox.database",
-							   "Database whose outbox the relay serves.",
-							   "outbox_emit() is refused in other databases.",
+							   "The one database the outbox serves, or empty for outbox.databases.",
+							   "The one-database form of 0.2: when set, outbox_emit() is refused in every other database.",
 							   &outbox_database,
-							   "postgres",
+							   "",
 							   PGC_POSTMASTER,
 							   0,
-							   NULL, NULL, NULL);
+							   NULL, outbox_databases_assign, NULL);
+
+	DefineCustomStringVariable("outbox.databases",
+							   "Databases that get a relay: '*' for every database with the extension, or a list of names.",
+							   "Used when outbox.database is empty.  Templates and databases that refuse connections get none.",
+							   &outbox_databases,
+							   "*",
+							   PGC_SIGHUP,
+							   GUC_LIST_INPUT,
+							   outbox_databases_check, outbox_databases_assign, NULL);
+
+	DefineCustomIntVariable("outbox.max_databases",
+							"Databases that can have an outbox at once.",
+							"Each takes a slot of shared memory from CREATE EXTENSION until the extension or the database is dropped.",
+							&outbox_max_databases,
+							16, 1, 1024,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.max_queues",
 							"Queues that can be received from.",
@@ -221,6 +257,7 @@ _PG_init(void)
 	outbox_emit_init();
 	outbox_queue_init();
 	outbox_capture_init();
+	outbox_databases_init();
 	outbox_register_launcher();
 	outbox_preloaded = true;
 }

@@ -67,18 +67,33 @@ typedef bool (*OutboxNextMessage) (void *state, OutboxMessage *msg);
 /*---- launcher.c ----*/
 extern void outbox_register_launcher(void);
 
+/*---- databases.c: DROP DATABASE and RENAME with workers connected ----*/
+extern void outbox_databases_init(void);
+
 /*---- capture_wal.c: the capture worker, started by the launcher ----*/
 struct Latch;
 extern Size outbox_capture_shmem_size(void);
 extern void outbox_capture_shmem_init(void);
 extern void outbox_capture_init(void);
-extern bool outbox_capture_wanted(struct Latch *launcher_latch);
+extern bool outbox_capture_wanted(Oid dboid, int index, struct Latch *launcher_latch);
 
 /*---- shmem.c ----*/
 struct Latch;
 
 
 extern void outbox_shmem_request(void);
+/* one slot of shared state per database (outbox.max_databases) */
+extern void outbox_db_attach(void);
+extern bool outbox_db_attach_noerror(void);
+extern bool outbox_db_lookup(void);
+extern int	outbox_db_index(void);
+extern bool outbox_db_release(Oid dboid);
+extern void outbox_set_launcher_latch(struct Latch *latch);
+extern void outbox_wake_launcher(void);
+extern int	outbox_db_slots(void);
+extern void outbox_relay_set_error(const char *message);
+extern void outbox_db_set_note(Oid dboid, const char *note);
+extern pid_t outbox_db_hold(Oid dboid, TimestampTz until);
 extern void outbox_shmem_init(void);
 extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);
@@ -115,6 +130,20 @@ extern uint64 outbox_config_generation(void);
 extern void outbox_bump_config_generation(bool wake);
 /* Bytes of a status text kept in shared memory for the views. */
 #define OUTBOX_STATUS_LEN		256
+
+/* One database's slot, as the launcher and outbox.relays see it. */
+typedef struct OutboxDbInfo
+{
+	Oid			dboid;
+	int			index;			/* of the slot */
+	pid_t		relay_pid;		/* a live relay, or 0 */
+	TimestampTz started_at;		/* when it started */
+	TimestampTz hold_until;		/* no relay is started before */
+	char		error[OUTBOX_STATUS_LEN];	/* the last relay's last error */
+	char		note[OUTBOX_STATUS_LEN];	/* why no relay runs */
+} OutboxDbInfo;
+extern bool outbox_db_info(int i, OutboxDbInfo *info);
+extern bool outbox_db_info_of(Oid dboid, OutboxDbInfo *info);
 extern int	outbox_current_chunk(void);
 extern void outbox_set_retention_status(const char *held, TimestampTz at);
 extern TimestampTz outbox_get_retention_status(char *held);

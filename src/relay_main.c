@@ -398,6 +398,27 @@ relay_extension_ready(void)
 	return ready;
 }
 
+/* The one-database form of 0.2: outbox.database names the database. */
+static bool
+relay_one_database(void)
+{
+	return outbox_database != NULL && outbox_database[0] != '\0';
+}
+
+/*
+ * DROP EXTENSION: the relay gives back its database's slot and exits; the
+ * launcher starts none until the extension is created again.
+ */
+static void
+relay_extension_dropped(const char *dbname)
+{
+	ereport(LOG,
+			(errmsg("outbox relay for database \"%s\" stops: the extension was dropped", dbname)));
+	outbox_relay_release();
+	outbox_db_release(MyDatabaseId);
+	proc_exit(0);
+}
+
 /*
  * SIGTERM (server shutdown, or pg_terminate_backend): collect the answers
  * already received, record them, and exit.  Requests still unanswered are
@@ -420,49 +441,70 @@ relay_worker_exit(int code, Datum arg)
 	OutboxWorkerStatus w;
 	int			i;
 
-	/* What this relay published no longer describes a running one. */
-	memset(&w, 0, sizeof(w));
-	strlcpy(w.state, "stopped", sizeof(w.state));
-	outbox_stats_publish(&w, NULL, 0);
-	outbox_relay_release();
+	/*
+	 * What this relay published no longer describes a running one (unless
+	 * it gave its database's slot back: then nothing is left to say).
+	 */
+	if (outbox_db_lookup())
+	{
+		memset(&w, 0, sizeof(w));
+		strlcpy(w.state, "stopped", sizeof(w.state));
+		outbox_stats_publish(&w, NULL, 0);
+		outbox_relay_release();
+	}
 	/* Close the connections (never called from inside a library). */
 	for (i = 0; relay_transports[i] != NULL; i++)
 		if (relay_transports[i]->stop != NULL)
 			relay_transports[i]->stop();
 }
 
+static void relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set);
+
 void
 outbox_worker_main(Datum main_arg)
 {
 	WaitEventSet *wait_set;
 	WaitEventSet *quiet_set;
-	bool		ready = false;
-	bool		waiting_logged = false;
-	uint64		loaded_generation = 0;
-	bool		force_reload = true;
+	const char *dbname = MyBgworkerEntry->bgw_extra;
 
 	/* SIGTERM: record what was acknowledged, then exit (relay_shutdown). */
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	BackgroundWorkerUnblockSignals();
 
+	/*
+	 * The launcher (launcher.c) saw the database exist; its argument is the
+	 * database's oid, bgw_extra its name.  As the bootstrap superuser, or as
+	 * outbox.relay_role, which need not be a superuser: the relay reads and
+	 * writes only the outbox tables.
+	 */
+	BackgroundWorkerInitializeConnection(dbname,
+										 (outbox_relay_role && outbox_relay_role[0]) ?
+										 outbox_relay_role : NULL, 0);
+	if (MyDatabaseId != DatumGetObjectId(main_arg))
+		proc_exit(0);			/* renamed meanwhile: the launcher looks again */
+
+	/*
+	 * A database without the extension gets no relay: give back a slot left
+	 * from before a DROP EXTENSION, and exit.  CREATE EXTENSION takes a slot,
+	 * which makes the launcher start a relay again.  In the one-database
+	 * form (outbox.database) the relay waits for the extension instead, as
+	 * in 0.2.
+	 */
+	if (!relay_one_database() && !relay_extension_ready())
+	{
+		outbox_db_release(MyDatabaseId);
+		proc_exit(0);
+	}
+
 	/* One relay at a time: two would break per-key order (I4). */
 	if (!outbox_relay_claim())
 	{
 		ereport(LOG,
-				(errmsg("outbox relay not started: relay process %d is still running",
-						(int) outbox_relay_running())));
+				(errmsg("outbox relay not started for database \"%s\": relay process %d is still running",
+						dbname, (int) outbox_relay_running())));
 		proc_exit(0);
 	}
-
-	/*
-	 * The launcher (launcher.c) saw the database exist.  As the bootstrap
-	 * superuser, or as outbox.relay_role, which need not be a superuser: the
-	 * relay reads and writes only the outbox tables.
-	 */
-	BackgroundWorkerInitializeConnection(outbox_database,
-										 (outbox_relay_role && outbox_relay_role[0]) ?
-										 outbox_relay_role : NULL, 0);
 
 	/*
 	 * The relay runs as a superuser: whatever search_path the database or a
@@ -483,7 +525,7 @@ outbox_worker_main(Datum main_arg)
 	SetConfigOption("default_transaction_read_only", "off", PGC_SUSET,
 					PGC_S_OVERRIDE);
 	ereport(LOG,
-			(errmsg("outbox relay started for database \"%s\"", outbox_database)));
+			(errmsg("outbox relay started for database \"%s\"", dbname)));
 
 	relay_cxt = AllocSetContextCreate(TopMemoryContext, "outbox relay",
 									  ALLOCSET_DEFAULT_SIZES);
@@ -517,6 +559,33 @@ outbox_worker_main(Datum main_arg)
 			AddWaitEventToSet(quiet_set, WL_SOCKET_READABLE, fds[i], NULL, NULL);
 	}
 
+	/* The error a relay stops with is kept for outbox.relays. */
+	PG_TRY();
+	{
+		relay_loop(wait_set, quiet_set);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(TopMemoryContext);
+		edata = CopyErrorData();
+		outbox_relay_set_error(edata->message);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
+/* The relay's loop: read, dispatch, record, sleep; never returns. */
+static void
+relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
+{
+	uint64		loaded_generation = 0;
+	bool		force_reload = true;
+	bool		ready = false;
+	bool		waiting_logged = false;
+	const char *dbname = MyBgworkerEntry->bgw_extra;
+
 	for (;;)
 	{
 		WaitEvent	event;
@@ -541,12 +610,14 @@ outbox_worker_main(Datum main_arg)
 			ready = relay_extension_ready();
 			if (!ready)
 			{
+				if (!relay_one_database())
+					relay_extension_dropped(dbname);
 				if (!waiting_logged)
 					ereport(LOG,
 							(errmsg("outbox relay is waiting for the extension to be created in database \"%s\"",
-									outbox_database),
+									dbname),
 							 errhint("Run CREATE EXTENSION outbox in database \"%s\".",
-									  outbox_database)));
+									 dbname)));
 				waiting_logged = true;
 				relay_publish_stats(GetCurrentTimestamp(), "waiting for CREATE EXTENSION", false);
 				/* CREATE EXTENSION wakes us when it commits. */

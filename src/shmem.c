@@ -37,6 +37,7 @@
  */
 #include "postgres.h"
 
+#include "commands/dbcommands.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
 #include "postmaster/bgworker.h"
@@ -56,6 +57,10 @@
 
 typedef struct OutboxSharedState
 {
+	/* which database this slot serves: set under the directory's lock */
+	pg_atomic_uint32 dboid;		/* the database, or InvalidOid when free */
+	pg_atomic_uint32 generation;	/* bumped each time the slot is taken */
+	int			index;			/* in the directory */
 	LWLock	   *lock;			/* see the locking protocol above */
 	bool		counter_valid;	/* next_id initialised since the last start */
 	int64		next_id;		/* next id to hand out; at most
@@ -69,9 +74,13 @@ typedef struct OutboxSharedState
 	pg_atomic_uint64 config_generation; /* bumped when targets change */
 	pg_atomic_uint64 max_commit_end;	/* end LSN of the latest commit that
 										 * stored messages */
-	slock_t		status_mutex;	/* protects the relay status below */
+	slock_t		status_mutex;	/* protects the status below */
 	TimestampTz retention_checked_at;	/* last retention step, or 0 */
 	char		retention_held[OUTBOX_STATUS_LEN];	/* what keeps messages, or "" */
+	TimestampTz relay_started_at;	/* of the running relay, or 0 */
+	char		relay_error[OUTBOX_STATUS_LEN]; /* the last relay's last error */
+	char		launcher_note[OUTBOX_STATUS_LEN];	/* why no relay runs */
+	TimestampTz hold_until;		/* start no relay before (DROP, RENAME) */
 	pg_atomic_uint32 current_chunk; /* chunk table committers write into,
 									 * as the relay last published it; 0
 									 * before it did */
@@ -82,7 +91,28 @@ typedef struct OutboxSharedState
 														 * none */
 } OutboxSharedState;
 
+/*
+ * The directory: outbox.max_databases slots, one per database that has the
+ * extension, taken by the first backend of that database that needs it
+ * (CREATE EXTENSION, the relay, the first emit after a start) and given
+ * back when the database is gone or its extension was dropped.  Its lock is
+ * taken only to find or give back a slot: a backend remembers its slot, so
+ * the commit path takes only its own database's lock, never a shared one.
+ */
+typedef struct OutboxDirectory
+{
+	LWLock	   *lock;			/* assigns slots */
+	Latch	   *launcher_latch; /* the launcher's, or NULL */
+	int			ndbs;			/* slots */
+	Size		slot_size;		/* bytes of one, MAXALIGNed */
+	char		slots[FLEXIBLE_ARRAY_MEMBER];
+} OutboxDirectory;
+
+static OutboxDirectory *OutboxDir = NULL;
+
+/* This backend's database's slot, or NULL; see outbox_db_attach(). */
 static OutboxSharedState *OutboxShared = NULL;
+static uint32 attached_generation = 0;
 
 /* Whether this backend has published its slot and must clear it. */
 static bool slot_published = false;
@@ -98,10 +128,23 @@ outbox_slot_count(void)
 }
 
 static Size
+outbox_db_slot_size(void)
+{
+	return MAXALIGN(add_size(offsetof(OutboxSharedState, inflight),
+							 mul_size(outbox_slot_count(), sizeof(pg_atomic_uint64))));
+}
+
+static Size
 outbox_shmem_size(void)
 {
-	return add_size(offsetof(OutboxSharedState, inflight),
-					mul_size(outbox_slot_count(), sizeof(pg_atomic_uint64)));
+	return add_size(offsetof(OutboxDirectory, slots),
+					mul_size(outbox_max_databases, outbox_db_slot_size()));
+}
+
+static inline OutboxSharedState *
+outbox_db_slot(int i)
+{
+	return (OutboxSharedState *) (OutboxDir->slots + i * OutboxDir->slot_size);
 }
 
 /* Called from the shmem request hook (outbox.c). */
@@ -109,7 +152,7 @@ void
 outbox_shmem_request(void)
 {
 	RequestAddinShmemSpace(outbox_shmem_size());
-	RequestNamedLWLockTranche("outbox", 1);
+	RequestNamedLWLockTranche("outbox", 1 + outbox_max_databases);
 }
 
 /* Called from the shmem startup hook (outbox.c), under AddinShmemInitLock. */
@@ -118,29 +161,222 @@ outbox_shmem_init(void)
 {
 	bool		found;
 
-	OutboxShared = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
+	OutboxDir = ShmemInitStruct("outbox", outbox_shmem_size(), &found);
 	if (!found)
+	{
+		LWLockPadded *locks = GetNamedLWLockTranche("outbox");
+		int			i;
+
+		OutboxDir->lock = &locks[0].lock;
+		OutboxDir->launcher_latch = NULL;
+		OutboxDir->ndbs = outbox_max_databases;
+		OutboxDir->slot_size = outbox_db_slot_size();
+		for (i = 0; i < OutboxDir->ndbs; i++)
+		{
+			OutboxSharedState *s = outbox_db_slot(i);
+			int			j;
+
+			memset(s, 0, offsetof(OutboxSharedState, inflight));
+			pg_atomic_init_u32(&s->dboid, InvalidOid);
+			pg_atomic_init_u32(&s->generation, 0);
+			s->index = i;
+			s->lock = &locks[1 + i].lock;
+			pg_atomic_init_u64(&s->mark_end, 0);
+			pg_atomic_init_u64(&s->config_generation, 0);
+			pg_atomic_init_u64(&s->max_commit_end, 0);
+			pg_atomic_init_u32(&s->current_chunk, 0);
+			SpinLockInit(&s->status_mutex);
+			s->nslots = outbox_slot_count();
+			for (j = 0; j < s->nslots; j++)
+				pg_atomic_init_u64(&s->inflight[j], 0);
+		}
+	}
+}
+
+/*
+ * Make a free slot serve dboid.  Caller holds the directory's lock
+ * exclusively.  Every field starts afresh: the counter is initialised from
+ * the database's own tables (I6 per database).
+ */
+static void
+outbox_db_slot_take(OutboxSharedState *s, Oid dboid)
+{
+	LWLockAcquire(s->lock, LW_EXCLUSIVE);
+	s->counter_valid = false;
+	s->next_id = 1;
+	s->mark = 0;
+	pg_atomic_write_u64(&s->mark_end, 0);
+	s->worker_latch = NULL;
+	s->relay_pid = 0;
+	s->worker_wants_commits = false;
+	pg_atomic_write_u64(&s->max_commit_end, 0);
+	pg_atomic_write_u32(&s->current_chunk, 0);
+	SpinLockAcquire(&s->status_mutex);
+	s->retention_checked_at = 0;
+	s->retention_held[0] = '\0';
+	s->relay_started_at = 0;
+	s->relay_error[0] = '\0';
+	s->launcher_note[0] = '\0';
+	s->hold_until = 0;
+	SpinLockRelease(&s->status_mutex);
+	pg_atomic_fetch_add_u32(&s->generation, 1);
+	pg_write_barrier();
+	pg_atomic_write_u32(&s->dboid, dboid);
+	LWLockRelease(s->lock);
+}
+
+/* The slot serving dboid, or NULL.  Caller holds the directory's lock. */
+static OutboxSharedState *
+outbox_db_find(Oid dboid)
+{
+	int			i;
+
+	for (i = 0; i < OutboxDir->ndbs; i++)
+		if (pg_atomic_read_u32(&outbox_db_slot(i)->dboid) == dboid)
+			return outbox_db_slot(i);
+	return NULL;
+}
+
+/* Whether OutboxShared is this database's slot, as it was when attached. */
+static inline bool
+outbox_db_attached(void)
+{
+	return OutboxShared != NULL &&
+		pg_atomic_read_u32(&OutboxShared->dboid) == MyDatabaseId &&
+		pg_atomic_read_u32(&OutboxShared->generation) == attached_generation;
+}
+
+/*
+ * Find, or with create take, the slot of this backend's database; returns
+ * whether it is attached.  A new slot wakes the launcher, which starts the
+ * database's relay.  With report, running out of slots is an ERROR.
+ */
+static bool
+outbox_db_attach_internal(bool create, bool report)
+{
+	OutboxSharedState *s;
+	bool		taken = false;
+
+	if (outbox_db_attached())
+		return true;
+	if (OutboxDir == NULL || !OidIsValid(MyDatabaseId))
+		return false;
+	LWLockAcquire(OutboxDir->lock, create ? LW_EXCLUSIVE : LW_SHARED);
+	s = outbox_db_find(MyDatabaseId);
+	if (s == NULL && create)
+	{
+		s = outbox_db_find(InvalidOid);
+		if (s != NULL)
+		{
+			outbox_db_slot_take(s, MyDatabaseId);
+			taken = true;
+		}
+	}
+	if (s != NULL)
+	{
+		OutboxShared = s;
+		attached_generation = pg_atomic_read_u32(&s->generation);
+	}
+	LWLockRelease(OutboxDir->lock);
+	if (taken && OutboxDir->launcher_latch != NULL)
+		SetLatch(OutboxDir->launcher_latch);
+	if (s == NULL && create && report)
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("outbox cannot serve database \"%s\": all %d outbox database slots are in use",
+						get_database_name(MyDatabaseId), OutboxDir->ndbs),
+				 errdetail("Each database with the outbox extension takes one slot of shared memory, and outbox.max_databases is %d.",
+						   OutboxDir->ndbs),
+				 errhint("Raise outbox.max_databases and restart the server, or drop the extension in a database that no longer uses it.")));
+	return s != NULL;
+}
+
+/*
+ * The slot of this backend's database, taken if needed: ERROR when every
+ * slot serves another database.
+ */
+void
+outbox_db_attach(void)
+{
+	(void) outbox_db_attach_internal(true, true);
+}
+
+/* The same without an ERROR (commit callbacks): whether attached. */
+bool
+outbox_db_attach_noerror(void)
+{
+	return outbox_db_attach_internal(true, false);
+}
+
+/* Whether this database has a slot, without taking one. */
+bool
+outbox_db_lookup(void)
+{
+	return outbox_db_attach_internal(false, false);
+}
+
+/* Index of this database's slot (attached), for per-database state. */
+int
+outbox_db_index(void)
+{
+	return OutboxShared->index;
+}
+
+/* Ensure attachment or ERROR: the entry of the functions below. */
+#define DB_ATTACH()		do { if (!outbox_db_attached()) outbox_db_attach(); } while (0)
+
+/*
+ * Give back the slot of dboid unless a relay runs in it or a committer has
+ * ids in flight: the database is gone (the launcher) or has no extension
+ * any more (its relay).  Returns whether the database has no slot now.
+ */
+bool
+outbox_db_release(Oid dboid)
+{
+	OutboxSharedState *s;
+	bool		released = true;
+
+	LWLockAcquire(OutboxDir->lock, LW_EXCLUSIVE);
+	s = outbox_db_find(dboid);
+	if (s != NULL)
 	{
 		int			i;
 
-		OutboxShared->lock = &(GetNamedLWLockTranche("outbox"))->lock;
-		OutboxShared->counter_valid = false;
-		OutboxShared->next_id = 1;
-		OutboxShared->mark = 0;
-		pg_atomic_init_u64(&OutboxShared->mark_end, 0);
-		OutboxShared->worker_latch = NULL;
-		OutboxShared->relay_pid = 0;
-		OutboxShared->worker_wants_commits = false;
-		pg_atomic_init_u64(&OutboxShared->config_generation, 0);
-		pg_atomic_init_u64(&OutboxShared->max_commit_end, 0);
-		pg_atomic_init_u32(&OutboxShared->current_chunk, 0);
-		SpinLockInit(&OutboxShared->status_mutex);
-		OutboxShared->retention_checked_at = 0;
-		OutboxShared->retention_held[0] = '\0';
-		OutboxShared->nslots = outbox_slot_count();
-		for (i = 0; i < OutboxShared->nslots; i++)
-			pg_atomic_init_u64(&OutboxShared->inflight[i], 0);
+		LWLockAcquire(s->lock, LW_EXCLUSIVE);
+		if (s->relay_pid != 0 && s->relay_pid != MyProcPid &&
+			kill(s->relay_pid, 0) == 0)
+			released = false;
+		for (i = 0; released && i < s->nslots; i++)
+			if (pg_atomic_read_u64(&s->inflight[i]) != 0)
+				released = false;
+		if (released)
+		{
+			s->relay_pid = 0;
+			s->worker_latch = NULL;
+			s->worker_wants_commits = false;
+			pg_atomic_write_u32(&s->dboid, InvalidOid);
+		}
+		LWLockRelease(s->lock);
 	}
+	LWLockRelease(OutboxDir->lock);
+	return released;
+}
+
+/* The launcher publishes its latch: new slots and held relays wake it. */
+void
+outbox_set_launcher_latch(Latch *latch)
+{
+	OutboxDir->launcher_latch = latch;
+	pg_memory_barrier();
+}
+
+void
+outbox_wake_launcher(void)
+{
+	Latch	   *latch = OutboxDir ? OutboxDir->launcher_latch : NULL;
+
+	if (latch != NULL)
+		SetLatch(latch);
 }
 
 /*
@@ -158,7 +394,7 @@ outbox_shmem_exit(int code, Datum arg)
 bool
 outbox_shmem_ready(void)
 {
-	return OutboxShared != NULL;
+	return OutboxDir != NULL;
 }
 
 /*
@@ -169,15 +405,23 @@ outbox_shmem_ready(void)
 bool
 outbox_counter_valid(void)
 {
-	static bool seen_valid = false;
+	static OutboxSharedState *seen_slot = NULL;
+	static uint32 seen_generation = 0;
 
-	if (!seen_valid)
+	DB_ATTACH();
+	if (seen_slot != OutboxShared || seen_generation != attached_generation)
 	{
+		bool		valid;
+
 		LWLockAcquire(OutboxShared->lock, LW_SHARED);
-		seen_valid = OutboxShared->counter_valid;
+		valid = OutboxShared->counter_valid;
 		LWLockRelease(OutboxShared->lock);
+		if (!valid)
+			return false;
+		seen_slot = OutboxShared;
+		seen_generation = attached_generation;
 	}
-	return seen_valid;
+	return true;
 }
 
 /*
@@ -188,6 +432,7 @@ outbox_counter_valid(void)
 void
 outbox_counter_initialize(int64 highest_used)
 {
+	DB_ATTACH();
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	if (!OutboxShared->counter_valid)
 	{
@@ -209,6 +454,7 @@ outbox_counter_initialize(int64 highest_used)
 bool
 outbox_mark_needed(int64 count)
 {
+	DB_ATTACH();
 	return !OutboxShared->counter_valid ||
 		OutboxShared->next_id > OutboxShared->mark - count;
 }
@@ -221,7 +467,10 @@ outbox_mark_needed(int64 count)
 void
 outbox_check_ids_left(int64 count)
 {
-	int64		next = OutboxShared->next_id;
+	int64		next;
+
+	DB_ATTACH();
+	next = OutboxShared->next_id;
 
 	if (OutboxShared->counter_valid && next > PG_INT64_MAX - count)
 		ereport(ERROR,
@@ -271,6 +520,7 @@ outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel, bool mark_locked)
 	static bool exit_hook_registered = false;
 
 	Assert(count > 0);
+	DB_ATTACH();
 	if (me < 0 || me >= OutboxShared->nslots)
 		elog(ERROR, "outbox: process index %d outside the %d in-flight slots",
 			 me, OutboxShared->nslots);
@@ -281,7 +531,12 @@ outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel, bool mark_locked)
 		exit_hook_registered = true;
 	}
 
+	DB_ATTACH();
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	/* the slot is given back only without committers in it: never now */
+	if (pg_atomic_read_u32(&OutboxShared->dboid) != MyDatabaseId ||
+		pg_atomic_read_u32(&OutboxShared->generation) != attached_generation)
+		elog(ERROR, "outbox: the commit sequence of this database was given back while in use");
 	if (!OutboxShared->counter_valid)
 		elog(ERROR, "outbox: commit sequence used before initialisation");
 	outbox_check_ids_left(count);
@@ -361,6 +616,7 @@ outbox_compute_frontier(void)
 	int64		lowest;
 	int			i;
 
+	DB_ATTACH();
 	LWLockAcquire(OutboxShared->lock, LW_SHARED);
 	lowest = OutboxShared->next_id;
 	for (i = 0; i < OutboxShared->nslots; i++)
@@ -384,7 +640,7 @@ outbox_wake_worker(bool for_commit)
 {
 	Latch	   *latch;
 
-	if (OutboxShared == NULL)
+	if (!outbox_db_attached())
 		return;
 	if (for_commit && !OutboxShared->worker_wants_commits)
 		return;
@@ -397,6 +653,7 @@ outbox_wake_worker(bool for_commit)
 void
 outbox_set_worker_wants_commits(bool wants)
 {
+	DB_ATTACH();
 	OutboxShared->worker_wants_commits = wants;
 	pg_memory_barrier();
 }
@@ -411,6 +668,7 @@ outbox_relay_claim(void)
 {
 	bool		claimed = false;
 
+	DB_ATTACH();
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	if (OutboxShared->relay_pid == 0 || OutboxShared->relay_pid == MyProcPid ||
 		kill(OutboxShared->relay_pid, 0) != 0)
@@ -420,6 +678,13 @@ outbox_relay_claim(void)
 		claimed = true;
 	}
 	LWLockRelease(OutboxShared->lock);
+	if (claimed)
+	{
+		SpinLockAcquire(&OutboxShared->status_mutex);
+		OutboxShared->relay_started_at = GetCurrentTimestamp();
+		OutboxShared->launcher_note[0] = '\0';
+		SpinLockRelease(&OutboxShared->status_mutex);
+	}
 	return claimed;
 }
 
@@ -427,6 +692,8 @@ outbox_relay_claim(void)
 void
 outbox_relay_release(void)
 {
+	if (!outbox_db_attached())
+		return;
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	if (OutboxShared->relay_pid == MyProcPid)
 	{
@@ -443,6 +710,8 @@ outbox_relay_running(void)
 {
 	pid_t		pid;
 
+	if (!outbox_db_lookup())
+		return 0;
 	LWLockAcquire(OutboxShared->lock, LW_SHARED);
 	pid = OutboxShared->relay_pid;
 	LWLockRelease(OutboxShared->lock);
@@ -455,6 +724,7 @@ outbox_relay_running(void)
 void
 outbox_set_worker_latch(Latch *latch)
 {
+	DB_ATTACH();
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	OutboxShared->worker_latch = latch;
 	LWLockRelease(OutboxShared->lock);
@@ -464,6 +734,7 @@ outbox_set_worker_latch(Latch *latch)
 uint64
 outbox_config_generation(void)
 {
+	DB_ATTACH();
 	return pg_atomic_read_u64(&OutboxShared->config_generation);
 }
 
@@ -474,11 +745,30 @@ outbox_config_generation(void)
 void
 outbox_bump_config_generation(bool wake)
 {
-	if (OutboxShared == NULL)
+	if (OutboxDir == NULL)
 		return;
+
+	/*
+	 * A database the relays do not serve takes no slot.  Before the commit
+	 * a slot is taken (CREATE EXTENSION fails when none is free); after it,
+	 * only without an ERROR, in case the relay gave it back meanwhile (a
+	 * DROP EXTENSION just before).
+	 */
+	if (!outbox_db_attached())
+	{
+		if (!wake && outbox_this_database_served())
+			outbox_db_attach();
+		else if (!wake || !outbox_this_database_served_known() ||
+				 !outbox_db_attach_noerror())
+			return;
+	}
 	pg_atomic_fetch_add_u64(&OutboxShared->config_generation, 1);
 	if (wake)
+	{
 		outbox_wake_worker(false);
+		/* CREATE EXTENSION: the launcher starts the relay */
+		outbox_wake_launcher();
+	}
 }
 
 /*
@@ -489,8 +779,12 @@ outbox_bump_config_generation(bool wake)
 void
 outbox_flush_commits(void)
 {
-	XLogRecPtr	upto = pg_atomic_read_u64(&OutboxShared->max_commit_end);
-	XLogRecPtr	mark_end = pg_atomic_read_u64(&OutboxShared->mark_end);
+	XLogRecPtr	upto;
+	XLogRecPtr	mark_end;
+
+	DB_ATTACH();
+	upto = pg_atomic_read_u64(&OutboxShared->max_commit_end);
+	mark_end = pg_atomic_read_u64(&OutboxShared->mark_end);
 
 	/* Ids up to the frontier may include a failed transaction's gap. */
 	if (mark_end > upto)
@@ -508,6 +802,7 @@ void
 outbox_counter_advance(int64 highest_used)
 {
 	highest_used = Min(highest_used, PG_INT64_MAX - 1);
+	DB_ATTACH();
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	if (OutboxShared->counter_valid && OutboxShared->next_id <= highest_used)
 		OutboxShared->next_id = highest_used + 1;
@@ -524,12 +819,14 @@ outbox_counter_advance(int64 highest_used)
 int
 outbox_current_chunk(void)
 {
+	DB_ATTACH();
 	return (int) pg_atomic_read_u32(&OutboxShared->current_chunk);
 }
 
 void
 outbox_set_current_chunk(int chunk)
 {
+	DB_ATTACH();
 	pg_atomic_write_u32(&OutboxShared->current_chunk, (uint32) chunk);
 }
 
@@ -537,6 +834,7 @@ outbox_set_current_chunk(int chunk)
 void
 outbox_set_retention_status(const char *held, TimestampTz at)
 {
+	DB_ATTACH();
 	SpinLockAcquire(&OutboxShared->status_mutex);
 	OutboxShared->retention_checked_at = at;
 	strlcpy(OutboxShared->retention_held, held ? held : "", OUTBOX_STATUS_LEN);
@@ -549,6 +847,7 @@ outbox_get_retention_status(char *held)
 {
 	TimestampTz at;
 
+	DB_ATTACH();
 	SpinLockAcquire(&OutboxShared->status_mutex);
 	at = OutboxShared->retention_checked_at;
 	memcpy(held, OutboxShared->retention_held, OUTBOX_STATUS_LEN);
@@ -567,6 +866,7 @@ outbox_oldest_in_flight(int *pid, int64 *first_id)
 	int			best = -1;
 	uint64		lowest = 0;
 
+	DB_ATTACH();
 	for (i = 0; i < OutboxShared->nslots; i++)
 	{
 		uint64		v = pg_atomic_read_u64(&OutboxShared->inflight[i]);
@@ -592,6 +892,124 @@ outbox_set_current_chunk_if_unset(int chunk)
 {
 	uint32		expected = 0;
 
+	DB_ATTACH();
 	(void) pg_atomic_compare_exchange_u32(&OutboxShared->current_chunk, &expected,
 										  (uint32) chunk);
+}
+
+/*---- the directory as the launcher and outbox.relays see it ----*/
+
+/* Number of slots (outbox.max_databases), 0 without shared memory. */
+int
+outbox_db_slots(void)
+{
+	return OutboxDir != NULL ? OutboxDir->ndbs : 0;
+}
+
+static void
+outbox_db_copy(OutboxSharedState *s, OutboxDbInfo *info)
+{
+	info->index = s->index;
+	LWLockAcquire(s->lock, LW_SHARED);
+	info->relay_pid = s->relay_pid;
+	LWLockRelease(s->lock);
+	SpinLockAcquire(&s->status_mutex);
+	info->started_at = s->relay_started_at;
+	info->hold_until = s->hold_until;
+	memcpy(info->error, s->relay_error, OUTBOX_STATUS_LEN);
+	memcpy(info->note, s->launcher_note, OUTBOX_STATUS_LEN);
+	SpinLockRelease(&s->status_mutex);
+	if (info->relay_pid != 0 && kill(info->relay_pid, 0) != 0)
+		info->relay_pid = 0;
+}
+
+/* Slot i: false when it serves no database. */
+bool
+outbox_db_info(int i, OutboxDbInfo *info)
+{
+	OutboxSharedState *s = outbox_db_slot(i);
+
+	info->dboid = pg_atomic_read_u32(&s->dboid);
+	if (!OidIsValid(info->dboid))
+		return false;
+	outbox_db_copy(s, info);
+	return true;
+}
+
+/* The slot of dboid: false when it has none. */
+bool
+outbox_db_info_of(Oid dboid, OutboxDbInfo *info)
+{
+	OutboxSharedState *s;
+
+	if (OutboxDir == NULL)
+		return false;
+	LWLockAcquire(OutboxDir->lock, LW_SHARED);
+	s = outbox_db_find(dboid);
+	if (s != NULL)
+	{
+		info->dboid = dboid;
+		outbox_db_copy(s, info);
+	}
+	LWLockRelease(OutboxDir->lock);
+	return s != NULL;
+}
+
+/* The launcher says why the relay of dboid does not run ("" when it does). */
+void
+outbox_db_set_note(Oid dboid, const char *note)
+{
+	OutboxSharedState *s;
+
+	LWLockAcquire(OutboxDir->lock, LW_SHARED);
+	s = outbox_db_find(dboid);
+	if (s != NULL)
+	{
+		SpinLockAcquire(&s->status_mutex);
+		strlcpy(s->launcher_note, note, OUTBOX_STATUS_LEN);
+		SpinLockRelease(&s->status_mutex);
+	}
+	LWLockRelease(OutboxDir->lock);
+}
+
+/* The relay records the error it stops with. */
+void
+outbox_relay_set_error(const char *message)
+{
+	if (!outbox_db_attached())
+		return;
+	SpinLockAcquire(&OutboxShared->status_mutex);
+	strlcpy(OutboxShared->relay_error, message, OUTBOX_STATUS_LEN);
+	SpinLockRelease(&OutboxShared->status_mutex);
+}
+
+/*
+ * Start no relay for dboid before until (0: from now on again), because
+ * DROP DATABASE or ALTER DATABASE RENAME waits for its sessions to end.
+ * Returns the pid of the running relay, or 0.
+ */
+pid_t
+outbox_db_hold(Oid dboid, TimestampTz until)
+{
+	OutboxSharedState *s;
+	pid_t		pid = 0;
+
+	if (OutboxDir == NULL)
+		return 0;
+	LWLockAcquire(OutboxDir->lock, LW_SHARED);
+	s = outbox_db_find(dboid);
+	if (s != NULL)
+	{
+		SpinLockAcquire(&s->status_mutex);
+		s->hold_until = until;
+		SpinLockRelease(&s->status_mutex);
+		LWLockAcquire(s->lock, LW_SHARED);
+		pid = s->relay_pid;
+		LWLockRelease(s->lock);
+	}
+	LWLockRelease(OutboxDir->lock);
+	if (pid != 0 && kill(pid, 0) != 0)
+		pid = 0;
+	outbox_wake_launcher();
+	return pid;
 }

@@ -17,6 +17,7 @@
 
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -35,6 +36,7 @@
 PG_FUNCTION_INFO_V1(outbox_target_stats);
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 PG_FUNCTION_INFO_V1(outbox_reset_stats);
+PG_FUNCTION_INFO_V1(outbox_relays);
 
 /* Upper bounds of the latency buckets, in ms; the last bucket is +Inf. */
 const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS - 1] = {
@@ -42,21 +44,23 @@ const double outbox_latency_bounds_ms[OUTBOX_LATENCY_BUCKETS - 1] = {
 	60000, 300000
 };
 
+/* One database's figures, in the entry of its directory slot (shmem.c). */
 typedef struct OutboxStatsShared
 {
 	pg_atomic_uint64 reset_generation;	/* bumped by outbox.reset_stats() */
 	slock_t		mutex;			/* protects everything below */
+	Oid			dboid;			/* whose relay published them last */
 	OutboxWorkerStatus worker;
 	int			ntargets;		/* entries of targets in use */
 	OutboxTargetStats targets[OUTBOX_MAX_STAT_TARGETS];
 } OutboxStatsShared;
 
-static OutboxStatsShared *StatsShared = NULL;
+static OutboxStatsShared *StatsArray = NULL;
 
 Size
 outbox_stats_shmem_size(void)
 {
-	return sizeof(OutboxStatsShared);
+	return mul_size(outbox_max_databases, sizeof(OutboxStatsShared));
 }
 
 /* Called from the shmem startup hook, under AddinShmemInitLock. */
@@ -65,13 +69,30 @@ outbox_stats_shmem_init(void)
 {
 	bool		found;
 
-	StatsShared = ShmemInitStruct("outbox stats", sizeof(OutboxStatsShared), &found);
+	StatsArray = ShmemInitStruct("outbox stats", outbox_stats_shmem_size(), &found);
 	if (!found)
 	{
-		memset(StatsShared, 0, sizeof(OutboxStatsShared));
-		pg_atomic_init_u64(&StatsShared->reset_generation, 0);
-		SpinLockInit(&StatsShared->mutex);
+		int			i;
+
+		memset(StatsArray, 0, outbox_stats_shmem_size());
+		for (i = 0; i < outbox_max_databases; i++)
+		{
+			pg_atomic_init_u64(&StatsArray[i].reset_generation, 0);
+			SpinLockInit(&StatsArray[i].mutex);
+		}
 	}
+}
+
+/*
+ * The figures of this backend's database (its slot is taken if need be).
+ * Figures another database's relay left in the slot are not this one's:
+ * readers see none until this database's relay publishes.
+ */
+static OutboxStatsShared *
+outbox_my_stats(void)
+{
+	outbox_db_attach();
+	return &StatsArray[outbox_db_index()];
 }
 
 /* The bucket of a latency. */
@@ -130,13 +151,16 @@ void
 outbox_stats_publish(const OutboxWorkerStatus *worker,
 					 const OutboxTargetStats *targets, int ntargets)
 {
+	OutboxStatsShared *st = outbox_my_stats();
+
 	ntargets = Min(ntargets, OUTBOX_MAX_STAT_TARGETS);
-	SpinLockAcquire(&StatsShared->mutex);
-	StatsShared->worker = *worker;
+	SpinLockAcquire(&st->mutex);
+	st->dboid = MyDatabaseId;
+	st->worker = *worker;
 	if (ntargets > 0)
-		memcpy(StatsShared->targets, targets, sizeof(OutboxTargetStats) * ntargets);
-	StatsShared->ntargets = ntargets;
-	SpinLockRelease(&StatsShared->mutex);
+		memcpy(st->targets, targets, sizeof(OutboxTargetStats) * ntargets);
+	st->ntargets = ntargets;
+	SpinLockRelease(&st->mutex);
 }
 
 /*
@@ -146,13 +170,13 @@ outbox_stats_publish(const OutboxWorkerStatus *worker,
 uint64
 outbox_stats_reset_generation(void)
 {
-	return pg_atomic_read_u64(&StatsShared->reset_generation);
+	return pg_atomic_read_u64(&outbox_my_stats()->reset_generation);
 }
 
 static void
 outbox_stats_check(void)
 {
-	if (StatsShared == NULL)
+	if (StatsArray == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("outbox statistics need the outbox library preloaded"),
@@ -193,6 +217,7 @@ outbox_target_stats(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	OutboxTargetStats *copy;
+	OutboxStatsShared *st;
 	int			n;
 	int			i;
 	TimestampTz now = GetCurrentTimestamp();
@@ -202,10 +227,11 @@ outbox_target_stats(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 
 	copy = palloc(sizeof(OutboxTargetStats) * OUTBOX_MAX_STAT_TARGETS);
-	SpinLockAcquire(&StatsShared->mutex);
-	n = StatsShared->ntargets;
-	memcpy(copy, StatsShared->targets, sizeof(OutboxTargetStats) * n);
-	SpinLockRelease(&StatsShared->mutex);
+	st = outbox_my_stats();
+	SpinLockAcquire(&st->mutex);
+	n = st->dboid == MyDatabaseId ? st->ntargets : 0;
+	memcpy(copy, st->targets, sizeof(OutboxTargetStats) * n);
+	SpinLockRelease(&st->mutex);
 
 	for (i = 0; i < OUTBOX_LATENCY_BUCKETS - 1; i++)
 		bounds[i] = Float8GetDatum(outbox_latency_bounds_ms[i]);
@@ -300,6 +326,8 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	char		held[OUTBOX_STATUS_LEN];
 	TimestampTz held_at;
 	pid_t		pid;
+	OutboxStatsShared *st;
+	OutboxDbInfo info;
 	int			holder_pid;
 	int64		holder_id;
 
@@ -308,9 +336,15 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 		elog(ERROR, "outbox: worker_status must return a record");
 	desc = BlessTupleDesc(desc);
 
-	SpinLockAcquire(&StatsShared->mutex);
-	w = StatsShared->worker;
-	SpinLockRelease(&StatsShared->mutex);
+	st = outbox_my_stats();
+	SpinLockAcquire(&st->mutex);
+	if (st->dboid == MyDatabaseId)
+		w = st->worker;
+	else
+		memset(&w, 0, sizeof(w));
+	SpinLockRelease(&st->mutex);
+	if (!outbox_db_info_of(MyDatabaseId, &info))
+		info.note[0] = '\0';
 	held_at = outbox_get_retention_status(held);
 	pid = outbox_relay_running();
 	outbox_oldest_in_flight(&holder_pid, &holder_id);
@@ -318,7 +352,8 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	memset(nulls, 0, sizeof(nulls));
 	values[0] = Int32GetDatum((int32) pid);
 	nulls[0] = pid == 0;
-	values[1] = CStringGetTextDatum(pid == 0 ? "stopped" : w.state);
+	values[1] = CStringGetTextDatum(pid != 0 ? w.state :
+									info.note[0] != '\0' ? info.note : "stopped");
 	values[2] = TimestampTzGetDatum(w.started_at);
 	nulls[2] = pid == 0 || w.started_at == 0;
 	values[3] = TimestampTzGetDatum(w.last_wakeup);
@@ -349,7 +384,52 @@ Datum
 outbox_reset_stats(PG_FUNCTION_ARGS)
 {
 	outbox_stats_check();
-	pg_atomic_fetch_add_u64(&StatsShared->reset_generation, 1);
+	pg_atomic_fetch_add_u64(&outbox_my_stats()->reset_generation, 1);
 	outbox_wake_worker(false);
 	PG_RETURN_VOID();
+}
+
+/*
+ * outbox.relay_status() -> (datid, database, pid, state, started_at, last_error):
+ * the relay of every database that has an outbox slot, read from any
+ * database (EXECUTE is revoked from PUBLIC: it names every database).
+ */
+Datum
+outbox_relays(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	outbox_stats_check();
+	InitMaterializedSRF(fcinfo, 0);
+	for (i = 0; i < outbox_db_slots(); i++)
+	{
+		OutboxDbInfo info;
+		OutboxWorkerStatus w;
+		Datum		values[6];
+		bool		nulls[6] = {0};
+		char	   *name;
+		bool		mine;
+
+		if (!outbox_db_info(i, &info))
+			continue;
+		SpinLockAcquire(&StatsArray[i].mutex);
+		mine = StatsArray[i].dboid == info.dboid;
+		w = StatsArray[i].worker;
+		SpinLockRelease(&StatsArray[i].mutex);
+		name = get_database_name(info.dboid);
+		values[0] = ObjectIdGetDatum(info.dboid);
+		values[1] = name ? CStringGetTextDatum(name) : (Datum) 0;
+		nulls[1] = name == NULL;
+		values[2] = Int32GetDatum((int32) info.relay_pid);
+		nulls[2] = info.relay_pid == 0;
+		values[3] = CStringGetTextDatum(info.relay_pid != 0 ? (mine ? w.state : "starting") :
+										info.note[0] != '\0' ? info.note : "stopped");
+		values[4] = TimestampTzGetDatum(info.started_at);
+		nulls[4] = info.relay_pid == 0 || info.started_at == 0;
+		values[5] = CStringGetTextDatum(info.error);
+		nulls[5] = info.error[0] == '\0';
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
 }

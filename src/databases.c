@@ -1,0 +1,157 @@
+/*-------------------------------------------------------------------------
+ *
+ * databases.c
+ *	  DROP DATABASE and ALTER DATABASE RENAME while outbox workers run in
+ *	  the database.
+ *
+ * Both commands refuse to run while any other session is connected to the
+ * database (they wait five seconds for sessions to go), and a relay or a
+ * capture worker is connected to it all the time.  So a utility hook, in
+ * every backend through shared_preload_libraries, sees these two commands
+ * before they run: it holds the database's relay off (the launcher starts
+ * none while held, launcher.c), asks the database's outbox workers to
+ * exit, which they do after recording what was acknowledged, and waits
+ * for them.  The hold ends with the transaction: after a rename the
+ * launcher starts the relay under the new name, after a drop it gives
+ * the database's slot back.
+ *
+ * DROP EXTENSION outbox is seen by an object access hook: the transaction
+ * then tells the relay when it commits, as a change of targets does, and
+ * the relay, finding no extension, gives the database's slot back and
+ * exits (relay_main.c).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/objectaccess.h"
+#include "catalog/pg_extension.h"
+#include "commands/extension.h"
+#include "commands/dbcommands.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "postmaster/bgworker.h"
+#include "storage/proc.h"
+#include "tcop/utility.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+/* Longest a hold lasts if the transaction never ends it. */
+#define DATABASES_HOLD_MS		30000
+/* Longest the command waits for the workers to exit. */
+#define DATABASES_WAIT_MS		5000
+
+static ProcessUtility_hook_type prev_utility_hook = NULL;
+static object_access_hook_type prev_object_access_hook = NULL;
+
+/* The database this transaction holds, or InvalidOid. */
+static Oid	held_database = InvalidOid;
+
+/* Ask the outbox workers connected to dboid to exit; how many there were. */
+static int
+databases_signal_workers(Oid dboid)
+{
+	int			n = 0;
+	uint32		i;
+
+	for (i = 0; i < ProcGlobal->allProcCount; i++)
+	{
+		PGPROC	   *proc = &ProcGlobal->allProcs[i];
+		int			pid = proc->pid;
+		const char *type;
+
+		if (pid == 0 || pid == MyProcPid || proc->databaseId != dboid)
+			continue;
+		type = GetBackgroundWorkerTypeByPid(pid);
+		if (type == NULL || strncmp(type, "outbox ", 7) != 0)
+			continue;
+		if (kill(pid, SIGTERM) == 0)
+			n++;
+	}
+	return n;
+}
+
+static void
+databases_hold(const char *dbname)
+{
+	Oid			dboid = get_database_oid(dbname, true);
+	TimestampTz deadline;
+
+	if (!OidIsValid(dboid) || dboid == MyDatabaseId)
+		return;					/* the command refuses these itself */
+	held_database = dboid;
+	(void) outbox_db_hold(dboid, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+															  DATABASES_HOLD_MS));
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), DATABASES_WAIT_MS);
+	while (databases_signal_workers(dboid) > 0 &&
+		   GetCurrentTimestamp() < deadline)
+	{
+		CHECK_FOR_INTERRUPTS();
+		pg_usleep(10000L);
+	}
+}
+
+static void
+databases_utility_hook(PlannedStmt *pstmt, const char *queryString,
+					   bool readOnlyTree, ProcessUtilityContext context,
+					   ParamListInfo params, QueryEnvironment *queryEnv,
+					   DestReceiver *dest, QueryCompletion *qc)
+{
+	Node	   *stmt = pstmt->utilityStmt;
+
+	if (IsA(stmt, DropdbStmt))
+		databases_hold(((DropdbStmt *) stmt)->dbname);
+	else if (IsA(stmt, RenameStmt) &&
+			 ((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
+		databases_hold(((RenameStmt *) stmt)->subname);
+
+	if (prev_utility_hook)
+		prev_utility_hook(pstmt, queryString, readOnlyTree, context, params,
+						  queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params,
+								queryEnv, dest, qc);
+}
+
+/* The hold ends with the transaction, whatever its outcome. */
+static void
+databases_xact_callback(XactEvent event, void *arg)
+{
+	if (!OidIsValid(held_database))
+		return;
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
+		event == XACT_EVENT_PREPARE)
+	{
+		(void) outbox_db_hold(held_database, 0);
+		held_database = InvalidOid;
+	}
+}
+
+/* DROP EXTENSION outbox: the relay is told at commit (see above). */
+static void
+databases_object_access(ObjectAccessType access, Oid classId, Oid objectId,
+						int subId, void *arg)
+{
+	if (prev_object_access_hook)
+		prev_object_access_hook(access, classId, objectId, subId, arg);
+	if (access == OAT_DROP && classId == ExtensionRelationId)
+	{
+		char	   *name = get_extension_name(objectId);
+
+		if (name != NULL && strcmp(name, "outbox") == 0)
+			outbox_note_config_change();
+	}
+}
+
+/* From _PG_init, when preloaded. */
+void
+outbox_databases_init(void)
+{
+	prev_utility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = databases_utility_hook;
+	prev_object_access_hook = object_access_hook;
+	object_access_hook = databases_object_access;
+	RegisterXactCallback(databases_xact_callback, NULL);
+}
