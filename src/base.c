@@ -154,7 +154,7 @@ outbox_check_database(const char *what)
 						get_database_name(MyDatabaseId)),
 				 errdetail("The outbox relay serves database \"%s\" (outbox.database).",
 						   outbox_database),
-				 errhint("Connect to database \"%s\", or set outbox.database to \"%s\" and restart the server; with outbox.database empty, outbox.databases names the databases served.",
+				 errhint("Connect to database \"%s\", or set outbox.database to \"%s\" and restart the server.",
 						 outbox_database, get_database_name(MyDatabaseId))));
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

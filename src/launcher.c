@@ -93,7 +93,6 @@ typedef struct LauncherDb
 	Oid			oid;
 	char		name[NAMEDATALEN];
 	bool		served;			/* in the last scan, and served */
-	bool		exists;			/* in the last scan */
 	bool		probed;			/* a relay looked since it got this name */
 	LauncherWorker relay;
 	LauncherWorker capture;
@@ -212,13 +211,17 @@ launcher_scan(void)
 	LauncherDatabaseState one = LAUNCHER_DB_MISSING;
 	bool		one_form = outbox_database != NULL && outbox_database[0] != '\0';
 	int			i;
+	Oid		   *all;
+	int			nall = 0;
+	int			maxall = 64;
 
 	for (i = 0; i < nldbs; i++)
-		ldbs[i].served = ldbs[i].exists = false;
+		ldbs[i].served = false;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	(void) GetTransactionSnapshot();
+	all = palloc(sizeof(Oid) * maxall);
 	rel = table_open(DatabaseRelationId, AccessShareLock);
 	scan = table_beginscan_catalog(rel, 0, NULL);
 	while ((tup = heap_getnext(scan, ForwardScanDirection)) != NULL)
@@ -227,6 +230,13 @@ launcher_scan(void)
 		const char *name = NameStr(d->datname);
 		LauncherDatabaseState state = LAUNCHER_DB_USABLE;
 		LauncherDb *db;
+
+		if (nall == maxall)
+		{
+			maxall *= 2;
+			all = repalloc(all, sizeof(Oid) * maxall);
+		}
+		all[nall++] = d->oid;
 
 		if (!d->datallowconn)
 			state = LAUNCHER_DB_NO_CONNECTIONS;
@@ -240,15 +250,10 @@ launcher_scan(void)
 			one = state;
 
 		db = launcher_find(d->oid);
-		if (db != NULL)
-			db->exists = true;
 		if (state != LAUNCHER_DB_USABLE || !outbox_database_served(name))
 			continue;
 		if (db == NULL)
-		{
 			db = launcher_add(d->oid, name);
-			db->exists = true;
-		}
 		else if (strcmp(db->name, name) != 0)
 		{
 			/* renamed: workers connect by name, so look again */
@@ -259,6 +264,23 @@ launcher_scan(void)
 	}
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
+
+	/*
+	 * The slot of a database that is gone is given back (once nothing runs
+	 * in it), whether or not the launcher knew the database.
+	 */
+	for (i = 0; i < outbox_db_slots(); i++)
+	{
+		OutboxDbInfo info;
+		int			j;
+
+		if (!outbox_db_info(i, &info))
+			continue;
+		for (j = 0; j < nall && all[j] != info.dboid; j++)
+			;
+		if (j == nall)
+			(void) outbox_db_release(info.dboid);
+	}
 	CommitTransactionCommand();
 	return one;
 }
@@ -318,6 +340,7 @@ outbox_launcher_main(Datum main_arg)
 {
 	LauncherDatabaseState logged = LAUNCHER_DB_USABLE;
 	TimestampTz last_scan = 0;
+	bool		woken = true;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
@@ -344,7 +367,8 @@ outbox_launcher_main(Datum main_arg)
 		}
 
 		now = GetCurrentTimestamp();
-		if (TimestampDifferenceExceeds(last_scan, now, LAUNCHER_DB_POLL_MS) || last_scan == 0)
+		/* Woken (a new slot, a hold ended) or due: read pg_database. */
+		if (woken || TimestampDifferenceExceeds(last_scan, now, LAUNCHER_DB_POLL_MS))
 		{
 			LauncherDatabaseState one = launcher_scan();
 
@@ -372,19 +396,27 @@ outbox_launcher_main(Datum main_arg)
 			OutboxDbInfo info;
 			bool		has_slot = outbox_db_info_of(db->oid, &info);
 
-			/* A relay that ends while the database has a slot failed. */
-			(void) launcher_reap(&db->relay, now, has_slot);
+			/*
+			 * A relay that ends soon after it became the database's relay
+			 * failed; one that only looked (and found no extension, or one
+			 * created meanwhile) did not.
+			 */
+			(void) launcher_reap(&db->relay, now,
+								 has_slot && info.started_at >= db->relay.started);
 			(void) launcher_reap(&db->capture, now, true);
 
 			if (!db->served)
 			{
-				/* dropped, renamed out, no longer listed: stop its workers */
+				/*
+				 * Dropped, invalid, no longer listed: stop its workers and
+				 * forget it (a slot left is given back by the scan once the
+				 * database is gone).
+				 */
 				if (db->relay.handle != NULL)
 					TerminateBackgroundWorker(db->relay.handle);
 				if (db->capture.handle != NULL)
 					TerminateBackgroundWorker(db->capture.handle);
-				if (db->relay.handle == NULL && db->capture.handle == NULL &&
-					(db->exists || outbox_db_release(db->oid)))
+				if (db->relay.handle == NULL && db->capture.handle == NULL)
 				{
 					ldbs[i--] = ldbs[--nldbs];
 					continue;
@@ -429,8 +461,8 @@ outbox_launcher_main(Datum main_arg)
 			}
 		}
 
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 timeout, PG_WAIT_EXTENSION);
+		woken = (WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						   timeout, PG_WAIT_EXTENSION) & WL_LATCH_SET) != 0;
 		ResetLatch(MyLatch);
 	}
 }

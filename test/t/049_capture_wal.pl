@@ -389,7 +389,7 @@ for my $tbl (qw(orders stream t parts))
 	q1("SELECT outbox.uncapture('$tbl')");
 }
 ok($node->poll_query_until('postgres',
-		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = 'outbox_capture'}),
+		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = outbox.capture_slot_name()}),
 	'(c) without WAL captures the worker drops the slot');
 ok($node->poll_query_until('postgres',
 		q{SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'outbox capture'}),
@@ -413,7 +413,7 @@ is(q1(q{SELECT state || ' ' || (SELECT count(*) FROM outbox.messages WHERE topic
 	'(c) uncapture and capture at once: the slot stays, the change is captured');
 q1(q{SELECT outbox.uncapture('again')});
 ok($node->poll_query_until('postgres',
-		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = 'outbox_capture'}),
+		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = outbox.capture_slot_name()}),
 	'(c) and the slot goes with the last capture');
 
 # The worker is a superuser: the database's search_path cannot lend it a
@@ -487,7 +487,7 @@ like(q1('SELECT last_error FROM outbox.captures'), qr/invalidated/, '(d) with th
 q1(q{ALTER SYSTEM RESET max_slot_wal_keep_size; SELECT pg_reload_conf();});
 q1(q{SELECT outbox.uncapture('idle')});
 ok($node->poll_query_until('postgres',
-		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = 'outbox_capture'}),
+		q{SELECT count(*) = 0 FROM pg_replication_slots WHERE slot_name = outbox.capture_slot_name()}),
 	'(d) recovery: uncapture drops the lost slot');
 
 #### (e) snapshot under concurrent updates

@@ -26,9 +26,10 @@ our @EXPORT = qw(
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
 my $json = JSON::PP->new->utf8->canonical;
 
-# A started node with the library preloaded and outbox.database = postgres;
-# %opts: conf (extra postgresql.conf text), init (a hash ref of arguments
-# for init), create_extension (default 1).
+# A started node with the library preloaded and outbox.database = postgres
+# (the one-database form); %opts: conf (extra postgresql.conf text), init
+# (a hash ref of arguments for init), create_extension (default 1),
+# every_database (leave outbox.database unset: a relay per database).
 sub outbox_node
 {
 	my ($name, %opts) = @_;
@@ -37,8 +38,8 @@ sub outbox_node
 	$node->append_conf(
 		'postgresql.conf', qq{
 shared_preload_libraries = 'outbox'
-outbox.database = 'postgres'
-} . ($opts{conf} // ''));
+} . ($opts{every_database} ? '' : qq{outbox.database = 'postgres'
+}) . ($opts{conf} // ''));
 	$node->start;
 	$node->safe_psql('postgres', 'CREATE EXTENSION outbox')
 	  if $opts{create_extension} // 1;

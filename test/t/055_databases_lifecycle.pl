@@ -1,0 +1,175 @@
+# One outbox per database, while the server runs: CREATE EXTENSION in a new
+# database delivers within a second; DROP EXTENSION, DROP DATABASE (plain
+# and WITH (FORCE)) and ALTER DATABASE RENAME with a relay connected; a
+# database that refuses connections; outbox.databases changed by a reload;
+# the outbox.max_databases limit; max_worker_processes used up.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+use OutboxRelayTest;
+
+my $sink = start_sink('lifecycle');
+my $url = $sink->{url};
+
+sub delivered
+{
+	my ($path) = @_;
+	return scalar grep { $_->{status} == 204 } @{ sink_attempts($sink, $path) };
+}
+
+sub relay_of
+{
+	my ($node, $db) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = '$db'});
+}
+
+sub setup_db
+{
+	my ($node, $db) = @_;
+	$node->safe_psql($db, qq{
+CREATE EXTENSION outbox;
+SELECT outbox.create_http_target('t', '$url/$db');
+SELECT outbox.subscribe('t', 'm');
+});
+}
+
+my $node = relay_node('lifecycle', every_database => 1, create_extension => 0,
+	conf => "outbox.max_databases = 3\nmax_worker_processes = 16\n");
+my $log_offset = 0;
+
+# --- CREATE EXTENSION in a new database: delivering within a second ---
+$node->safe_psql('postgres', 'CREATE DATABASE one');
+# One transaction: the extension, a target, a message.
+my $t0 = time;
+$node->safe_psql('one', qq{
+BEGIN;
+CREATE EXTENSION outbox;
+SELECT outbox.create_http_target('t', '$url/one');
+SELECT outbox.subscribe('t', 'm');
+SELECT outbox_emit('m', '{"first": true}');
+COMMIT;
+});
+my $t1 = time;
+ok(wait_until(sub { delivered('/one') >= 1 }, 10, 0.01), 'CREATE EXTENSION: the first message is delivered');
+my $first = time - $t1;
+cmp_ok($first, '<', 1.0,
+	sprintf('... %.2f s after the commit, within a second (CREATE EXTENSION took %.2f s)', $first, $t1 - $t0));
+
+# --- ALTER DATABASE RENAME with its relay connected ---
+my $pid = relay_of($node, 'one');
+isnt($pid, '', 'database one has a relay');
+my ($ret, $out, $err) = $node->psql('postgres', 'ALTER DATABASE one RENAME TO uno');
+is($ret, 0, 'ALTER DATABASE RENAME succeeds while the relay was connected') or diag $err;
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay' AND datname = 'uno'}, '1'),
+	'the relay runs again, in the renamed database');
+$node->safe_psql('uno', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { delivered('/one') >= 2 }, 30), '... and delivers');
+is($node->safe_psql('uno', q{SELECT max(id) FROM outbox.messages}), '2',
+	'... with the same sequence (ids go on)');
+
+# --- DROP EXTENSION: the relay stops, the slot is given back ---
+setup_db($node, 'postgres');
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM outbox.relays WHERE database = 'postgres' AND pid IS NOT NULL}, '1'),
+	'postgres has a relay');
+$node->safe_psql('postgres', 'DROP EXTENSION outbox CASCADE');
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay' AND datname = 'postgres'}, '0'),
+	'DROP EXTENSION: the relay exits');
+like(slurp_file($node->logfile), qr/outbox relay for database "postgres" stops: the extension was dropped/,
+	'... and says why');
+is($node->safe_psql('uno', q{SELECT string_agg(database, ',') FROM outbox.relays}), 'uno',
+	'... and gives back its slot (outbox.relays)');
+
+# --- the outbox.max_databases limit (3) ---
+$node->safe_psql('postgres', "CREATE DATABASE $_") for qw(two three four);
+setup_db($node, $_) for qw(two three);
+($ret, $out, $err) = $node->psql('four', 'CREATE EXTENSION outbox');
+isnt($ret, 0, 'a fourth database cannot create the extension (outbox.max_databases = 3)');
+like($err, qr/ERROR:  outbox cannot serve database "four": all 3 outbox database slots are in use/, '... with a clear error');
+like($err, qr/HINT:  Raise outbox.max_databases/, '... and a hint');
+is($node->safe_psql('four', q{SELECT count(*) FROM pg_extension WHERE extname = 'outbox'}), '0',
+	'... and nothing is left behind');
+$node->safe_psql('uno', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { delivered('/one') >= 3 }, 30), 'the other databases deliver on');
+
+# --- DROP DATABASE with its relay connected, plain and WITH (FORCE) ---
+($ret, $out, $err) = $node->psql('postgres', 'DROP DATABASE three');
+is($ret, 0, 'DROP DATABASE succeeds while its relay was connected') or diag $err;
+($ret, $out, $err) = $node->psql('postgres', 'DROP DATABASE two WITH (FORCE)');
+is($ret, 0, 'DROP DATABASE WITH (FORCE) too') or diag $err;
+ok($node->poll_query_until('uno', q{SELECT string_agg(coalesce(database, '?'), ',') FROM outbox.relays}, 'uno'),
+	'their slots are given back');
+setup_db($node, 'four');
+$node->safe_psql('four', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { delivered('/four') >= 1 }, 30), 'a database that could not have one before has an outbox now');
+
+# --- a database that refuses connections ---
+$node->safe_psql('postgres', 'CREATE DATABASE closed');
+setup_db($node, 'closed');
+$node->safe_psql('closed', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { delivered('/closed') >= 1 }, 30), 'database closed delivers');
+$node->safe_psql('postgres', 'ALTER DATABASE closed ALLOW_CONNECTIONS false');
+$node->restart;
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay' AND datname IN ('uno', 'four')}, '2'),
+	'after a restart the relays run again');
+usleep(2_000_000);
+is(relay_of($node, 'closed'), '', 'a database that refuses connections gets no relay');
+unlike(slurp_file($node->logfile), qr/FATAL:  database "closed" is not currently accepting connections/,
+	'... and nothing tries to connect to it');
+$node->safe_psql('postgres', 'ALTER DATABASE closed ALLOW_CONNECTIONS true');
+$node->safe_psql('closed', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { delivered('/closed') >= 2 }, 30), 'once it allows connections again its relay delivers');
+
+# --- outbox.databases, reloaded ---
+$node->append_conf('postgresql.conf', "outbox.databases = 'uno, closed'\n");
+$node->reload;
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay' AND datname = 'four'}, '0'),
+	'outbox.databases without four: its relay stops');
+($ret, $out, $err) = $node->psql('four', q{SELECT outbox_emit('m', '{}')});
+like($err, qr/outbox_emit\(\) cannot be used in database "four".*\n.*outbox.databases names: uno, closed/,
+	'... and outbox_emit() is refused there, naming the setting');
+$node->append_conf('postgresql.conf', "outbox.databases = '*'\n");
+$node->reload;
+$node->safe_psql('four', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { delivered('/four') >= 2 }, 30), "outbox.databases = '*' again: four delivers");
+
+# --- max_worker_processes used up ---
+# Three worker slots: the launcher and two relays (and for w3 none left);
+# no logical replication launcher to take one.
+my $small = relay_node('few_workers', every_database => 1, create_extension => 0,
+	conf => "max_worker_processes = 3\nmax_logical_replication_workers = 0\n");
+$small->safe_psql('postgres', "CREATE DATABASE $_") for qw(w1 w2 w3);
+setup_db($small, $_) for qw(w1 w2);
+ok($small->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay'}, '2'), 'launcher and two relays use the three worker slots');
+setup_db($small, 'w3');
+$small->safe_psql('w3', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { slurp_file($small->logfile) =~
+	/LOG:  outbox relay for database "w3" cannot start: no background worker slot is free/ }, 30),
+	'the third relay cannot start: said at LOG');
+like(slurp_file($small->logfile), qr/HINT:  Raise max_worker_processes/, '... with a hint');
+is($small->safe_psql('w3', q{SELECT state FROM outbox.worker}),
+	'waiting for a background worker (max_worker_processes)', '... and shown in outbox.worker');
+is($small->safe_psql('w1', q{SELECT state FROM outbox.relays WHERE database = 'w3'}),
+	'waiting for a background worker (max_worker_processes)', '... and in outbox.relays');
+my $said = () = slurp_file($small->logfile) =~ /"w3" cannot start: no background worker slot is free/g;
+usleep(2_500_000);
+my $said_later = () = slurp_file($small->logfile) =~ /"w3" cannot start: no background worker slot is free/g;
+is($said_later, $said, '... once, not at every try (the launcher tries every second)');
+$small->safe_psql('postgres', 'DROP DATABASE w2 WITH (FORCE)');
+ok(wait_until(sub { delivered('/w3') >= 1 }, 30), 'a worker slot is free again: w3 delivers');
+
+relay_no_crash($node);
+relay_no_crash($small);
+$small->stop;
+$node->stop;
+stop_sink($sink);
+done_testing();
