@@ -65,7 +65,7 @@ cat >"$work/emit.sql" <<-'EOF'
 \set c random(1, 1000)
 BEGIN;
 INSERT INTO orders (customer, total) VALUES (:c, 10);
-SELECT outbox_emit('emit', jsonb_build_object('customer', :c, 'total', 10), 'c' || :c);
+SELECT outbox_emit('emit', jsonb_build_object('customer', :c::int, 'total', 10), 'c' || :c::int);
 COMMIT;
 EOF
 chmod 644 "$work/emit.sql"
@@ -74,7 +74,7 @@ chmod 644 "$work/emit.sql"
 pgb() {
 	local db=$1 clients=$2
 	"$BIN/pgbench" -n -M prepared -c "$clients" -j "$((clients < 2 ? 1 : 2))" -T "$DURATION" \
-		-f "$work/emit.sql" "$db" 2>/dev/null | awk '/^tps = / {print $3; exit}'
+		-f "$work/emit.sql" "$db" 2>"$work/log/pgbench.err" | awk '/^tps = / {print $3; exit}'
 }
 
 emit_round() {
@@ -126,6 +126,7 @@ relay_round() {
 log "warm-up"
 pgb d1 "$CLIENTS" >/dev/null
 relay_round 10000 d1 >/dev/null
+relay_round 3000 d1 d2 d3 >/dev/null
 
 declare -a EA EB RA RB
 for r in $(seq "$ROUNDS"); do
