@@ -88,4 +88,13 @@ typedef char outbox_b64_byte;
 #define outbox_guc_free(ptr)	free(ptr)
 #endif
 
+/* 16 replaced the owner check of each kind of object by object_ownercheck. */
+#if PG_VERSION_NUM >= 160000
+#define outbox_database_ownercheck(dboid, roleid) \
+	object_ownercheck(DatabaseRelationId, (dboid), (roleid))
+#else
+#define outbox_database_ownercheck(dboid, roleid) \
+	pg_database_ownercheck((dboid), (roleid))
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

@@ -26,6 +26,7 @@
 
 #include "access/xact.h"
 #include "catalog/objectaccess.h"
+#include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
 #include "commands/extension.h"
 #include "commands/dbcommands.h"
@@ -34,6 +35,7 @@
 #include "postmaster/bgworker.h"
 #include "storage/proc.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -46,8 +48,10 @@
 static ProcessUtility_hook_type prev_utility_hook = NULL;
 static object_access_hook_type prev_object_access_hook = NULL;
 
-/* The database this transaction holds, or InvalidOid. */
-static Oid	held_database = InvalidOid;
+/* The databases this transaction holds (renames in one transaction). */
+#define DATABASES_MAX_HELD		8
+static Oid	held_databases[DATABASES_MAX_HELD];
+static int	nheld = 0;
 
 /* Ask the outbox workers connected to dboid to exit; how many there were. */
 static int
@@ -79,9 +83,16 @@ databases_hold(const char *dbname)
 	Oid			dboid = get_database_oid(dbname, true);
 	TimestampTz deadline;
 
-	if (!OidIsValid(dboid) || dboid == MyDatabaseId)
-		return;					/* the command refuses these itself */
-	held_database = dboid;
+	/*
+	 * The command refuses these itself: a missing database, the current
+	 * one, one the user does not own.  Checked first, so that a role that
+	 * may not drop the database cannot stop its relay with a failing DROP.
+	 */
+	if (!OidIsValid(dboid) || dboid == MyDatabaseId ||
+		!outbox_database_ownercheck(dboid, GetUserId()) ||
+		nheld == DATABASES_MAX_HELD)
+		return;
+	held_databases[nheld++] = dboid;
 	(void) outbox_db_hold(dboid, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 															  DATABASES_HOLD_MS));
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), DATABASES_WAIT_MS);
@@ -119,13 +130,13 @@ databases_utility_hook(PlannedStmt *pstmt, const char *queryString,
 static void
 databases_xact_callback(XactEvent event, void *arg)
 {
-	if (!OidIsValid(held_database))
+	if (nheld == 0)
 		return;
 	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
 		event == XACT_EVENT_PREPARE)
 	{
-		(void) outbox_db_hold(held_database, 0);
-		held_database = InvalidOid;
+		while (nheld > 0)
+			(void) outbox_db_hold(held_databases[--nheld], 0);
 	}
 }
 

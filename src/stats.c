@@ -173,6 +173,16 @@ outbox_stats_reset_generation(void)
 	return pg_atomic_read_u64(&outbox_my_stats()->reset_generation);
 }
 
+/*
+ * Whether this database has an outbox slot, or should (it is served): a
+ * database the relays do not serve takes none for a view.
+ */
+static bool
+outbox_stats_here(void)
+{
+	return outbox_db_lookup() || outbox_this_database_served();
+}
+
 static void
 outbox_stats_check(void)
 {
@@ -225,6 +235,8 @@ outbox_target_stats(PG_FUNCTION_ARGS)
 
 	outbox_stats_check();
 	InitMaterializedSRF(fcinfo, 0);
+	if (!outbox_stats_here())
+		return (Datum) 0;
 
 	copy = palloc(sizeof(OutboxTargetStats) * OUTBOX_MAX_STAT_TARGETS);
 	st = outbox_my_stats();
@@ -335,6 +347,13 @@ outbox_worker_status(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "outbox: worker_status must return a record");
 	desc = BlessTupleDesc(desc);
+	if (!outbox_stats_here())
+	{
+		memset(nulls, true, sizeof(nulls));
+		values[1] = CStringGetTextDatum("not served (outbox.databases)");
+		nulls[1] = false;
+		PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
+	}
 
 	st = outbox_my_stats();
 	SpinLockAcquire(&st->mutex);
@@ -384,6 +403,8 @@ Datum
 outbox_reset_stats(PG_FUNCTION_ARGS)
 {
 	outbox_stats_check();
+	if (!outbox_stats_here())
+		PG_RETURN_VOID();
 	pg_atomic_fetch_add_u64(&outbox_my_stats()->reset_generation, 1);
 	outbox_wake_worker(false);
 	PG_RETURN_VOID();

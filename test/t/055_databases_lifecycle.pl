@@ -73,6 +73,18 @@ ok(wait_until(sub { delivered('/one') >= 2 }, 30), '... and delivers');
 is($node->safe_psql('uno', q{SELECT max(id) FROM outbox.messages}), '2',
 	'... with the same sequence (ids go on)');
 
+# A role that may not drop or rename the database cannot stop its relay
+# with a command that fails.
+$node->safe_psql('postgres', 'CREATE ROLE mallory LOGIN');
+$pid = relay_of($node, 'uno');
+for my $cmd ('DROP DATABASE uno', 'ALTER DATABASE uno RENAME TO dos')
+{
+	($ret, $out, $err) = $node->psql('postgres', $cmd, extra_params => [ '-U', 'mallory' ]);
+	like($err, qr/must be owner of database uno/, "$cmd by another role is refused");
+}
+usleep(300_000);
+is(relay_of($node, 'uno'), $pid, '... and the relay ran on');
+
 # --- DROP EXTENSION: the relay stops, the slot is given back ---
 setup_db($node, 'postgres');
 ok($node->poll_query_until('postgres', q{SELECT count(*) FROM outbox.relays WHERE database = 'postgres' AND pid IS NOT NULL}, '1'),
