@@ -87,6 +87,7 @@ extern void outbox_db_attach(void);
 extern bool outbox_db_attach_noerror(void);
 extern bool outbox_db_lookup(void);
 extern int	outbox_db_index(void);
+extern int	outbox_db_attached_index(void);
 extern bool outbox_db_release(Oid dboid);
 extern void outbox_set_launcher_latch(struct Latch *latch);
 extern void outbox_wake_launcher(void);

@@ -92,8 +92,6 @@ typedef struct QueueSlot
 /* The queues' shared memory; the slots' entries follow the slots. */
 typedef struct QueueShared
 {
-	ConditionVariable cv;		/* messages may be available */
-	pg_atomic_uint32 waiters;	/* receivers waiting on cv */
 	int			nslots;
 	int			window;
 	LWLockPadded *locks;		/* [0] slot allocation, [i + 1] slot i */
@@ -154,6 +152,18 @@ slot_entry(int slot, int k)
 }
 
 extern void outbox_queue_wake(void);
+/*
+ * Receivers wait on their database's condition variable, one per slot of
+ * the database directory (shmem.c): a commit in one database wakes no
+ * receiver of another.
+ */
+typedef struct QueueWait
+{
+	ConditionVariable cv;		/* messages may be available */
+	pg_atomic_uint32 waiters;	/* receivers waiting on cv */
+} QueueWait;
+
+extern ConditionVariable *queue_wait_cv(void);
 extern void queue_wait_announce(void);
 extern void queue_wait_cancel(void);
 extern void queue_shmem_backend_exit(void);

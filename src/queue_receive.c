@@ -456,7 +456,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 			*waiting = true;
 			continue;
 		}
-		(void) ConditionVariableTimedSleep(&QShared->cv, sleep_ms, PG_WAIT_EXTENSION);
+		(void) ConditionVariableTimedSleep(queue_wait_cv(), sleep_ms, PG_WAIT_EXTENSION);
 	}
 	*qip = qi;
 	*slotp = slot;

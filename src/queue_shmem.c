@@ -41,7 +41,9 @@
 QueueShared *QShared = NULL;
 QueueEntry *QEntries = NULL;
 
-static bool waiting_registered = false;	/* counted in QShared->waiters */
+static QueueWait *QWaits = NULL;	/* outbox_max_databases of them */
+static bool waiting_registered = false;	/* counted in waiters */
+static int	wait_index = -1;	/* of our database, once we waited */
 
 static Size
 outbox_queue_shmem_size(void)
@@ -59,6 +61,7 @@ void
 outbox_queue_shmem_request(void)
 {
 	RequestAddinShmemSpace(outbox_queue_shmem_size());
+	RequestAddinShmemSpace(mul_size(outbox_max_databases, sizeof(QueueWait)));
 	RequestNamedLWLockTranche("outbox queues", outbox_max_queues + 1);
 }
 
@@ -69,15 +72,25 @@ outbox_queue_shmem_init(void)
 	bool		found;
 	Size		off;
 
-	QShared = ShmemInitStruct("outbox queues", outbox_queue_shmem_size(), &found);
 	off = MAXALIGN(offsetof(QueueShared, slots) + outbox_max_queues * sizeof(QueueSlot));
 	QEntries = (QueueEntry *) ((char *) QShared + off);
+	QWaits = ShmemInitStruct("outbox queue waits",
+							 mul_size(outbox_max_databases, sizeof(QueueWait)), &found);
 	if (!found)
 	{
 		int			i;
 
-		ConditionVariableInit(&QShared->cv);
-		pg_atomic_init_u32(&QShared->waiters, 0);
+		for (i = 0; i < outbox_max_databases; i++)
+		{
+			ConditionVariableInit(&QWaits[i].cv);
+			pg_atomic_init_u32(&QWaits[i].waiters, 0);
+		}
+	}
+	QShared = ShmemInitStruct("outbox queues", outbox_queue_shmem_size(), &found);
+	if (!found)
+	{
+		int			i;
+
 		QShared->nslots = outbox_max_queues;
 		QShared->window = outbox_queue_window;
 		QShared->locks = GetNamedLWLockTranche("outbox queues");
@@ -90,28 +103,43 @@ outbox_queue_shmem_init(void)
 	}
 }
 
-/* Wake waiting receivers; cheap when none waits. */
+/*
+ * Wake this database's waiting receivers; cheap when none waits.  Without
+ * a slot of its database the backend stored nothing and changed no queue.
+ */
 void
 outbox_queue_wake(void)
 {
-	if (QShared == NULL)
+	int			i;
+
+	if (QShared == NULL || (i = outbox_db_attached_index()) < 0)
 		return;
 	/* What the caller changed must be visible to a waiter we do not wake. */
 	pg_memory_barrier();
-	if (pg_atomic_read_u32(&QShared->waiters) > 0)
-		ConditionVariableBroadcast(&QShared->cv);
+	if (pg_atomic_read_u32(&QWaits[i].waiters) > 0)
+		ConditionVariableBroadcast(&QWaits[i].cv);
+}
+
+/* The condition variable this backend's receiver waits on. */
+ConditionVariable *
+queue_wait_cv(void)
+{
+	Assert(wait_index >= 0);
+	return &QWaits[wait_index].cv;
 }
 
 /*
  * Announce that this backend is about to sleep on the condition variable:
- * it is counted in QShared->waiters, so commits broadcast to it.
+ * it is counted in its database's waiters, so commits there broadcast to it.
  */
 void
 queue_wait_announce(void)
 {
-	pg_atomic_fetch_add_u32(&QShared->waiters, 1);
+	outbox_db_attach();
+	wait_index = outbox_db_index();
+	pg_atomic_fetch_add_u32(&QWaits[wait_index].waiters, 1);
 	waiting_registered = true;
-	ConditionVariablePrepareToSleep(&QShared->cv);
+	ConditionVariablePrepareToSleep(&QWaits[wait_index].cv);
 }
 
 /* The wait announced by queue_wait_announce() is over. */
@@ -119,7 +147,7 @@ void
 queue_wait_cancel(void)
 {
 	ConditionVariableCancelSleep();
-	pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+	pg_atomic_fetch_sub_u32(&QWaits[wait_index].waiters, 1);
 	waiting_registered = false;
 }
 
@@ -149,7 +177,7 @@ queue_shmem_backend_exit(void)
 	}
 	if (waiting_registered)
 	{
-		pg_atomic_fetch_sub_u32(&QShared->waiters, 1);
+		pg_atomic_fetch_sub_u32(&QWaits[wait_index].waiters, 1);
 		waiting_registered = false;
 	}
 	outbox_queue_wake();

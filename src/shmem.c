@@ -315,6 +315,13 @@ outbox_db_lookup(void)
 	return outbox_db_attach_internal(false, false);
 }
 
+/* Index of this database's slot if attached now, else -1 (no ERROR). */
+int
+outbox_db_attached_index(void)
+{
+	return outbox_db_attached() ? OutboxShared->index : -1;
+}
+
 /* Index of this database's slot (attached), for per-database state. */
 int
 outbox_db_index(void)
