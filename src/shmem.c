@@ -261,8 +261,15 @@ outbox_db_attach_internal(bool create, bool report)
 		return true;
 	if (OutboxDir == NULL || !OidIsValid(MyDatabaseId))
 		return false;
-	LWLockAcquire(OutboxDir->lock, create ? LW_EXCLUSIVE : LW_SHARED);
+	/* Usually the slot exists: look under a shared lock first. */
+	LWLockAcquire(OutboxDir->lock, LW_SHARED);
 	s = outbox_db_find(MyDatabaseId);
+	if (s == NULL && create)
+	{
+		LWLockRelease(OutboxDir->lock);
+		LWLockAcquire(OutboxDir->lock, LW_EXCLUSIVE);
+		s = outbox_db_find(MyDatabaseId);
+	}
 	if (s == NULL && create)
 	{
 		s = outbox_db_find(InvalidOid);
