@@ -72,8 +72,6 @@ outbox_queue_shmem_init(void)
 	bool		found;
 	Size		off;
 
-	off = MAXALIGN(offsetof(QueueShared, slots) + outbox_max_queues * sizeof(QueueSlot));
-	QEntries = (QueueEntry *) ((char *) QShared + off);
 	QWaits = ShmemInitStruct("outbox queue waits",
 							 mul_size(outbox_max_databases, sizeof(QueueWait)), &found);
 	if (!found)
@@ -87,6 +85,8 @@ outbox_queue_shmem_init(void)
 		}
 	}
 	QShared = ShmemInitStruct("outbox queues", outbox_queue_shmem_size(), &found);
+	off = MAXALIGN(offsetof(QueueShared, slots) + outbox_max_queues * sizeof(QueueSlot));
+	QEntries = (QueueEntry *) ((char *) QShared + off);
 	if (!found)
 	{
 		int			i;
