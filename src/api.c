@@ -361,6 +361,9 @@ Datum
 outbox_config_changed(PG_FUNCTION_ARGS)
 {
 	outbox_check_preloaded("outbox.config_changed()");
+	/* CREATE EXTENSION and the target functions: ERROR when no slot is free */
+	if (outbox_this_database_served())
+		outbox_db_attach();
 	outbox_note_config_change();
 	PG_RETURN_VOID();
 }

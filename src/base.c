@@ -18,9 +18,12 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
+#include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/syscache.h"
 #include "utils/varlena.h"
 
 #include "base.h"
@@ -115,16 +118,34 @@ outbox_database_served(const char *dbname)
 /* Whether this backend's database is served, decided once per setting. */
 static uint64 decided_for = 0;	/* outbox_databases_generation + 1 */
 static bool served = false;
+static const char *not_served_why = NULL;	/* a template, closed */
 
-/* Whether the relay serves this backend's database (catalog access). */
+/*
+ * Whether the relay serves this backend's database (catalog access): named
+ * by the settings, and neither a template nor closed to connections (the
+ * launcher starts no relay in those).
+ */
 bool
 outbox_this_database_served(void)
 {
 	if (decided_for != outbox_databases_generation + 1)
 	{
-		char	   *dbname = get_database_name(MyDatabaseId);
+		HeapTuple	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(MyDatabaseId));
 
-		served = dbname != NULL && outbox_database_served(dbname);
+		served = false;
+		not_served_why = NULL;
+		if (HeapTupleIsValid(tup))
+		{
+			Form_pg_database d = (Form_pg_database) GETSTRUCT(tup);
+
+			if (d->datistemplate)
+				not_served_why = "it is a template";
+			else if (!d->datallowconn)
+				not_served_why = "it does not allow connections";
+			else
+				served = outbox_database_served(NameStr(d->datname));
+			ReleaseSysCache(tup);
+		}
 		decided_for = outbox_databases_generation + 1;
 	}
 	return served;
@@ -147,6 +168,13 @@ outbox_check_database(const char *what)
 	(void) outbox_this_database_served();
 	if (served)
 		return;
+	if (not_served_why != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s cannot be used in database \"%s\"", what,
+						get_database_name(MyDatabaseId)),
+				 errdetail("The database gets no outbox relay: %s.", not_served_why),
+				 errhint("Emit in a database that is not a template and allows connections (ALTER DATABASE ... IS_TEMPLATE false, ALLOW_CONNECTIONS true).")));
 	if (outbox_database != NULL && outbox_database[0] != '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

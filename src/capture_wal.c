@@ -191,17 +191,31 @@ outbox_capture_shmem_init(void)
 }
 
 /*
+ * Whether dboid's replication slot exists: then a WAL capture may exist,
+ * and the worker looks once after a start.  (It drops the slot when the
+ * last WAL capture goes, so a database without one starts no worker.)
+ */
+static bool
+capture_slot_exists(Oid dboid)
+{
+	char		name[NAMEDATALEN];
+
+	snprintf(name, sizeof(name), "outbox_capture_%u", dboid);
+	return SearchNamedReplicationSlot(name, true) != NULL;
+}
+
+/*
  * The entry of slot index for dboid; one another database left is made
- * afresh (the worker looks once whether a WAL capture exists).  Caller
- * holds its mutex.
+ * afresh, wanted when look (capture_slot_exists, asked before the mutex).
+ * Caller holds its mutex.
  */
 static CaptureShared *
-capture_entry_locked(CaptureShared *c, Oid dboid)
+capture_entry_locked(CaptureShared *c, Oid dboid, bool look)
 {
 	if (c->dboid != dboid)
 	{
 		c->dboid = dboid;
-		c->wanted = true;		/* look once after start */
+		c->wanted = look;
 		c->wakes = 0;
 		c->pid = 0;
 		c->worker_latch = NULL;
@@ -218,6 +232,8 @@ capture_entry_locked(CaptureShared *c, Oid dboid)
 static bool
 capture_mine(bool report)
 {
+	bool		look = false;
+
 	if (capture_array == NULL)
 		return false;
 	if (report)
@@ -225,8 +241,10 @@ capture_mine(bool report)
 	else if (!outbox_db_attach_noerror())
 		return false;
 	capture_shared = &capture_array[outbox_db_index()];
+	if (capture_shared->dboid != MyDatabaseId)
+		look = capture_slot_exists(MyDatabaseId);
 	SpinLockAcquire(&capture_shared->mutex);
-	capture_entry_locked(capture_shared, MyDatabaseId);
+	capture_entry_locked(capture_shared, MyDatabaseId, look);
 	SpinLockRelease(&capture_shared->mutex);
 	return true;
 }
@@ -236,13 +254,20 @@ bool
 outbox_capture_wanted(Oid dboid, int index, Latch *launcher_latch)
 {
 	CaptureShared *c;
+	OutboxDbInfo info;
 	bool		wanted;
+	bool		look = false;
 
 	if (capture_array == NULL || wal_level < WAL_LEVEL_LOGICAL)
 		return false;
+	/* the slot must still be dboid's, or its entry is another's */
+	if (!outbox_db_info(index, &info) || info.dboid != dboid)
+		return false;
 	c = &capture_array[index];
+	if (c->dboid != dboid)
+		look = capture_slot_exists(dboid);
 	SpinLockAcquire(&c->mutex);
-	capture_entry_locked(c, dboid);
+	capture_entry_locked(c, dboid, look);
 	c->launcher_latch = launcher_latch;
 	wanted = c->wanted;
 	SpinLockRelease(&c->mutex);

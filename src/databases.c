@@ -1,10 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * databases.c
- *	  DROP DATABASE and ALTER DATABASE RENAME while outbox workers run in
- *	  the database.
+ *	  DROP DATABASE, ALTER DATABASE RENAME and CREATE DATABASE ... TEMPLATE
+ *	  while outbox workers run in the database.
  *
- * Both commands refuse to run while any other session is connected to the
+ * These commands refuse to run while any other session is connected to the
  * database (they wait five seconds for sessions to go), and a relay or a
  * capture worker is connected to it all the time.  So a utility hook, in
  * every backend through shared_preload_libraries, sees these two commands
@@ -24,18 +24,22 @@
  */
 #include "postgres.h"
 
+#include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "catalog/objectaccess.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
 #include "commands/extension.h"
 #include "commands/dbcommands.h"
 #include "miscadmin.h"
+#include "commands/defrem.h"
 #include "nodes/parsenodes.h"
 #include "postmaster/bgworker.h"
 #include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -77,6 +81,24 @@ databases_signal_workers(Oid dboid)
 	return n;
 }
 
+/* Whether the user may create databases (CREATE DATABASE checks it too). */
+static bool
+databases_may_create(void)
+{
+	HeapTuple	tup;
+	bool		ok = false;
+
+	if (superuser())
+		return true;
+	tup = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+	if (HeapTupleIsValid(tup))
+	{
+		ok = ((Form_pg_authid) GETSTRUCT(tup))->rolcreatedb;
+		ReleaseSysCache(tup);
+	}
+	return ok;
+}
+
 static void
 databases_hold(const char *dbname)
 {
@@ -112,11 +134,25 @@ databases_utility_hook(PlannedStmt *pstmt, const char *queryString,
 {
 	Node	   *stmt = pstmt->utilityStmt;
 
-	if (IsA(stmt, DropdbStmt))
+	/* (DROP and CREATE DATABASE refuse to run in a transaction block) */
+	if (IsA(stmt, DropdbStmt) && !IsTransactionBlock())
 		databases_hold(((DropdbStmt *) stmt)->dbname);
 	else if (IsA(stmt, RenameStmt) &&
 			 ((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
 		databases_hold(((RenameStmt *) stmt)->subname);
+	else if (IsA(stmt, CreatedbStmt) && !IsTransactionBlock() && databases_may_create())
+	{
+		ListCell   *lc;
+
+		/* A copy of a database with an outbox is a database with its own. */
+		foreach(lc, ((CreatedbStmt *) stmt)->options)
+		{
+			DefElem    *opt = (DefElem *) lfirst(lc);
+
+			if (strcmp(opt->defname, "template") == 0 && opt->arg != NULL)
+				databases_hold(defGetString(opt));
+		}
+	}
 
 	if (prev_utility_hook)
 		prev_utility_hook(pstmt, queryString, readOnlyTree, context, params,

@@ -231,12 +231,6 @@ launcher_scan(void)
 		LauncherDatabaseState state = LAUNCHER_DB_USABLE;
 		LauncherDb *db;
 
-		if (nall == maxall)
-		{
-			maxall *= 2;
-			all = repalloc(all, sizeof(Oid) * maxall);
-		}
-		all[nall++] = d->oid;
 
 		if (!d->datallowconn)
 			state = LAUNCHER_DB_NO_CONNECTIONS;
@@ -252,6 +246,12 @@ launcher_scan(void)
 		db = launcher_find(d->oid);
 		if (state != LAUNCHER_DB_USABLE || !outbox_database_served(name))
 			continue;
+		if (nall == maxall)
+		{
+			maxall *= 2;
+			all = repalloc(all, sizeof(Oid) * maxall);
+		}
+		all[nall++] = d->oid;
 		if (db == NULL)
 			db = launcher_add(d->oid, name);
 		else if (strcmp(db->name, name) != 0)
@@ -266,8 +266,10 @@ launcher_scan(void)
 	table_close(rel, AccessShareLock);
 
 	/*
-	 * The slot of a database that is gone is given back (once nothing runs
-	 * in it), whether or not the launcher knew the database.
+	 * The slot of a database that is gone, or no longer served (a
+	 * template, closed to connections, not listed), is given back once
+	 * nothing runs in it, whether or not the launcher knew the database.
+	 * Such a database refuses outbox_emit() (base.c) and takes no slot.
 	 */
 	for (i = 0; i < outbox_db_slots(); i++)
 	{
@@ -279,15 +281,26 @@ launcher_scan(void)
 		for (j = 0; j < nall && all[j] != info.dboid; j++)
 			;
 		if (j == nall)
-			(void) outbox_db_release(info.dboid);
+			(void) outbox_db_release(info.dboid, 0);
 	}
 	CommitTransactionCommand();
 	return one;
 }
 
+/* How a worker that stopped ended. */
+typedef enum LauncherExit
+{
+	LAUNCHER_EXIT_DONE,			/* deliberately, or after a long run */
+	LAUNCHER_EXIT_FAILED,		/* soon after it began its work */
+	LAUNCHER_EXIT_LOOKED		/* a relay that found no extension yet */
+} LauncherExit;
+
+/* Pause before starting again a relay that only looked. */
+#define LAUNCHER_LOOKED_MS		100
+
 /* Whether the worker stopped; if so, when to start it again. */
 static bool
-launcher_reap(LauncherWorker *w, TimestampTz now, bool failed)
+launcher_reap(LauncherWorker *w, TimestampTz now, LauncherExit how)
 {
 	pid_t		pid;
 
@@ -298,11 +311,13 @@ launcher_reap(LauncherWorker *w, TimestampTz now, bool failed)
 	pfree(w->handle);
 	w->handle = NULL;
 	/* Restart at once after a long run or a deliberate exit, else back off. */
-	if (!failed || TimestampDifferenceExceeds(w->started, now, LAUNCHER_STABLE_MS))
+	if (how != LAUNCHER_EXIT_FAILED ||
+		TimestampDifferenceExceeds(w->started, now, LAUNCHER_STABLE_MS))
 		w->backoff = 0;
 	else
 		w->backoff = Min(Max(w->backoff * 2, 500), LAUNCHER_MAX_BACKOFF_MS);
-	w->next_start = TimestampTzPlusMilliseconds(now, w->backoff);
+	w->next_start = TimestampTzPlusMilliseconds(now, how == LAUNCHER_EXIT_LOOKED ?
+												LAUNCHER_LOOKED_MS : w->backoff);
 	return true;
 }
 
@@ -341,6 +356,7 @@ outbox_launcher_main(Datum main_arg)
 	LauncherDatabaseState logged = LAUNCHER_DB_USABLE;
 	TimestampTz last_scan = 0;
 	bool		woken = true;
+	int			last_nfree = INT_MAX;
 
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
@@ -382,6 +398,24 @@ outbox_launcher_main(Datum main_arg)
 			}
 		}
 
+		/*
+		 * A slot was given back: a database whose relay could not take one
+		 * (all were in use) is looked at again.
+		 */
+		{
+			int			nfree = 0;
+			OutboxDbInfo info;
+
+			for (i = 0; i < outbox_db_slots(); i++)
+				if (!outbox_db_info(i, &info))
+					nfree++;
+			if (nfree > last_nfree)
+				for (i = 0; i < nldbs; i++)
+					if (!outbox_db_info_of(ldbs[i].oid, &info))
+						ldbs[i].probed = false;
+			last_nfree = nfree;
+		}
+
 		for (i = 0; i < nldbs; i++)
 		{
 			OutboxDbInfo info;
@@ -398,12 +432,15 @@ outbox_launcher_main(Datum main_arg)
 
 			/*
 			 * A relay that ends soon after it became the database's relay
-			 * failed; one that only looked (and found no extension, or one
-			 * created meanwhile) did not.
+			 * failed; one that only looked did not.  One that looked while
+			 * the database has a slot (a CREATE EXTENSION not yet committed)
+			 * is started again shortly.
 			 */
 			(void) launcher_reap(&db->relay, now,
-								 has_slot && info.started_at >= db->relay.started);
-			(void) launcher_reap(&db->capture, now, true);
+								 !has_slot ? LAUNCHER_EXIT_DONE :
+								 info.started_at >= db->relay.started ? LAUNCHER_EXIT_FAILED :
+								 LAUNCHER_EXIT_LOOKED);
+			(void) launcher_reap(&db->capture, now, LAUNCHER_EXIT_FAILED);
 
 			if (!db->served)
 			{

@@ -88,7 +88,7 @@ extern bool outbox_db_attach_noerror(void);
 extern bool outbox_db_lookup(void);
 extern int	outbox_db_index(void);
 extern int	outbox_db_attached_index(void);
-extern bool outbox_db_release(Oid dboid);
+extern bool outbox_db_release(Oid dboid, int min_age_ms);
 extern void outbox_set_launcher_latch(struct Latch *latch);
 extern void outbox_wake_launcher(void);
 extern int	outbox_db_slots(void);

@@ -74,6 +74,11 @@
 #define RELAY_READ_PAUSE_MS			1
 /* How soon to load the configuration again while a target waits for its progress rows. */
 #define RELAY_INCOMPLETE_RELOAD_MS	200
+/*
+ * A relay that finds no extension gives back a slot only this long after it
+ * was taken: a younger one may belong to a CREATE EXTENSION still running.
+ */
+#define RELAY_SLOT_MIN_AGE_MS		2000
 
 PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
@@ -415,7 +420,7 @@ relay_extension_dropped(const char *dbname)
 	ereport(LOG,
 			(errmsg("outbox relay for database \"%s\" stops: the extension was dropped", dbname)));
 	outbox_relay_release();
-	outbox_db_release(MyDatabaseId);
+	outbox_db_release(MyDatabaseId, 0);
 	proc_exit(0);
 }
 
@@ -493,7 +498,7 @@ outbox_worker_main(Datum main_arg)
 	 */
 	if (!relay_one_database() && !relay_extension_ready())
 	{
-		outbox_db_release(MyDatabaseId);
+		outbox_db_release(MyDatabaseId, RELAY_SLOT_MIN_AGE_MS);
 		proc_exit(0);
 	}
 

@@ -81,6 +81,7 @@ typedef struct OutboxSharedState
 	char		relay_error[OUTBOX_STATUS_LEN]; /* the last relay's last error */
 	char		launcher_note[OUTBOX_STATUS_LEN];	/* why no relay runs */
 	TimestampTz hold_until;		/* start no relay before (DROP, RENAME) */
+	TimestampTz taken_at;		/* when this database took the slot */
 	pg_atomic_uint32 current_chunk; /* chunk table committers write into,
 									 * as the relay last published it; 0
 									 * before it did */
@@ -113,6 +114,9 @@ static OutboxDirectory *OutboxDir = NULL;
 /* This backend's database's slot, or NULL; see outbox_db_attach(). */
 static OutboxSharedState *OutboxShared = NULL;
 static uint32 attached_generation = 0;
+
+/* This backend took a slot the launcher has not been told of yet. */
+static bool slot_taken = false;
 
 /* Whether this backend has published its slot and must clear it. */
 static bool slot_published = false;
@@ -201,15 +205,24 @@ outbox_shmem_init(void)
 static void
 outbox_db_slot_take(OutboxSharedState *s, Oid dboid)
 {
+	XLogRecPtr	now_lsn = RecoveryInProgress() ? InvalidXLogRecPtr : GetXLogInsertRecPtr();
+
 	LWLockAcquire(s->lock, LW_EXCLUSIVE);
 	s->counter_valid = false;
 	s->next_id = 1;
 	s->mark = 0;
-	pg_atomic_write_u64(&s->mark_end, 0);
+
+	/*
+	 * Commits of this database before the slot was taken (it may have had
+	 * another, given back meanwhile) are flushed by a frontier too (I7):
+	 * nothing before the current end of WAL is known to be durable.
+	 */
+	pg_atomic_write_u64(&s->mark_end, now_lsn);
 	s->worker_latch = NULL;
 	s->relay_pid = 0;
 	s->worker_wants_commits = false;
-	pg_atomic_write_u64(&s->max_commit_end, 0);
+	pg_atomic_write_u64(&s->max_commit_end, now_lsn);
+	s->taken_at = GetCurrentTimestamp();
 	pg_atomic_write_u32(&s->current_chunk, 0);
 	SpinLockAcquire(&s->status_mutex);
 	s->retention_checked_at = 0;
@@ -285,13 +298,20 @@ outbox_db_attach_internal(bool create, bool report)
 		attached_generation = pg_atomic_read_u32(&s->generation);
 	}
 	LWLockRelease(OutboxDir->lock);
-	if (taken && OutboxDir->launcher_latch != NULL)
-		SetLatch(OutboxDir->launcher_latch);
+
+	/*
+	 * The launcher learns of a new slot when the transaction ends (see
+	 * outbox_db_wake_if_taken), not now: a relay it started at once could
+	 * find the extension not yet committed and give the slot back.
+	 */
+	if (taken)
+		slot_taken = true;
 	if (s == NULL && create && report)
 		ereport(ERROR,
 				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
 				 errmsg("outbox cannot serve database \"%s\": all %d outbox database slots are in use",
-						get_database_name(MyDatabaseId), OutboxDir->ndbs),
+						IsTransactionState() ? get_database_name(MyDatabaseId) :
+						psprintf("%u", MyDatabaseId), OutboxDir->ndbs),
 				 errdetail("Each database with the outbox extension takes one slot of shared memory, and outbox.max_databases is %d.",
 						   OutboxDir->ndbs),
 				 errhint("Raise outbox.max_databases and restart the server, or drop the extension in a database that no longer uses it.")));
@@ -340,15 +360,48 @@ outbox_db_index(void)
 #define DB_ATTACH()		do { if (!outbox_db_attached()) outbox_db_attach(); } while (0)
 
 /*
+ * Take the lock of this database's slot, checked under the lock: a slot
+ * given back and taken by another database since we attached is left, and
+ * the database's slot of now taken instead.
+ */
+static void
+outbox_db_lock(LWLockMode mode)
+{
+	for (;;)
+	{
+		DB_ATTACH();
+		LWLockAcquire(OutboxShared->lock, mode);
+		if (outbox_db_attached())
+			return;
+		LWLockRelease(OutboxShared->lock);
+	}
+}
+
+/*
+ * At the end of a transaction: tell the launcher of a slot this backend
+ * took, so that it starts the database's relay.
+ */
+static void
+outbox_db_wake_if_taken(void)
+{
+	if (slot_taken)
+	{
+		slot_taken = false;
+		outbox_wake_launcher();
+	}
+}
+
+/*
  * Give back the slot of dboid unless a relay runs in it or a committer has
  * ids in flight: the database is gone (the launcher) or has no extension
  * any more (its relay).  Returns whether the database has no slot now.
  */
 bool
-outbox_db_release(Oid dboid)
+outbox_db_release(Oid dboid, int min_age_ms)
 {
 	OutboxSharedState *s;
 	bool		released = true;
+	TimestampTz now = GetCurrentTimestamp();
 
 	LWLockAcquire(OutboxDir->lock, LW_EXCLUSIVE);
 	s = outbox_db_find(dboid);
@@ -363,6 +416,10 @@ outbox_db_release(Oid dboid)
 		for (i = 0; released && i < s->nslots; i++)
 			if (pg_atomic_read_u64(&s->inflight[i]) != 0)
 				released = false;
+		/* a slot just taken may be a CREATE EXTENSION still running */
+		if (min_age_ms > 0 &&
+			!TimestampDifferenceExceeds(s->taken_at, now, min_age_ms))
+			released = false;
 		if (released)
 		{
 			s->relay_pid = 0;
@@ -446,8 +503,7 @@ outbox_counter_valid(void)
 void
 outbox_counter_initialize(int64 highest_used)
 {
-	DB_ATTACH();
-	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	outbox_db_lock(LW_EXCLUSIVE);
 	if (!OutboxShared->counter_valid)
 	{
 		highest_used = Min(Max(highest_used, 0), PG_INT64_MAX - 1);
@@ -654,6 +710,7 @@ outbox_wake_worker(bool for_commit)
 {
 	Latch	   *latch;
 
+	outbox_db_wake_if_taken();
 	if (!outbox_db_attached())
 		return;
 	if (for_commit && !OutboxShared->worker_wants_commits)
@@ -682,8 +739,7 @@ outbox_relay_claim(void)
 {
 	bool		claimed = false;
 
-	DB_ATTACH();
-	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	outbox_db_lock(LW_EXCLUSIVE);
 	if (OutboxShared->relay_pid == 0 || OutboxShared->relay_pid == MyProcPid ||
 		kill(OutboxShared->relay_pid, 0) != 0)
 	{
@@ -694,8 +750,10 @@ outbox_relay_claim(void)
 	LWLockRelease(OutboxShared->lock);
 	if (claimed)
 	{
+		TimestampTz now = GetCurrentTimestamp();
+
 		SpinLockAcquire(&OutboxShared->status_mutex);
-		OutboxShared->relay_started_at = GetCurrentTimestamp();
+		OutboxShared->relay_started_at = now;
 		OutboxShared->launcher_note[0] = '\0';
 		SpinLockRelease(&OutboxShared->status_mutex);
 	}
@@ -738,8 +796,7 @@ outbox_relay_running(void)
 void
 outbox_set_worker_latch(Latch *latch)
 {
-	DB_ATTACH();
-	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	outbox_db_lock(LW_EXCLUSIVE);
 	OutboxShared->worker_latch = latch;
 	LWLockRelease(OutboxShared->lock);
 }
@@ -763,17 +820,19 @@ outbox_bump_config_generation(bool wake)
 		return;
 
 	/*
-	 * A database the relays do not serve takes no slot.  Before the commit
-	 * a slot is taken (CREATE EXTENSION fails when none is free); after it,
-	 * only without an ERROR, in case the relay gave it back meanwhile (a
-	 * DROP EXTENSION just before).
+	 * A database the relays do not serve takes no slot, and none is taken
+	 * here with an ERROR: a DROP EXTENSION must not fail for want of one.
+	 * (outbox.config_changed(), which CREATE EXTENSION and the target
+	 * functions call, takes it with an ERROR when none is free.)  After the
+	 * commit a slot is taken again in case the relay gave it back
+	 * meanwhile (a DROP EXTENSION just before).
 	 */
 	if (!outbox_db_attached())
 	{
-		if (!wake && outbox_this_database_served())
-			outbox_db_attach();
-		else if (!wake || !outbox_this_database_served_known() ||
-				 !outbox_db_attach_noerror())
+		if (!wake ? !outbox_this_database_served() :
+			!outbox_this_database_served_known())
+			return;
+		if (!outbox_db_attach_noerror())
 			return;
 	}
 	pg_atomic_fetch_add_u64(&OutboxShared->config_generation, 1);
@@ -782,6 +841,7 @@ outbox_bump_config_generation(bool wake)
 		outbox_wake_worker(false);
 		/* CREATE EXTENSION: the launcher starts the relay */
 		outbox_wake_launcher();
+		slot_taken = false;
 	}
 }
 
@@ -816,8 +876,7 @@ void
 outbox_counter_advance(int64 highest_used)
 {
 	highest_used = Min(highest_used, PG_INT64_MAX - 1);
-	DB_ATTACH();
-	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	outbox_db_lock(LW_EXCLUSIVE);
 	if (OutboxShared->counter_valid && OutboxShared->next_id <= highest_used)
 		OutboxShared->next_id = highest_used + 1;
 	LWLockRelease(OutboxShared->lock);

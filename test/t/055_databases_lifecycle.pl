@@ -153,6 +153,38 @@ $node->reload;
 $node->safe_psql('four', q{SELECT outbox_emit('m', '{}')});
 ok(wait_until(sub { delivered('/four') >= 2 }, 30), "outbox.databases = '*' again: four delivers");
 
+# --- copies of a database with an outbox, with every slot in use ---
+# Slots now: uno, four, closed (outbox.max_databases = 3).
+$pid = relay_of($node, 'four');
+($ret, $out, $err) = $node->psql('postgres', 'CREATE DATABASE copy1 TEMPLATE four');
+is($ret, 0, 'CREATE DATABASE ... TEMPLATE of a database whose relay was connected') or diag $err;
+$node->safe_psql('postgres', 'CREATE DATABASE copy2 TEMPLATE four');
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay' AND datname = 'four'}, '1'), "four's relay runs again");
+isnt(relay_of($node, 'four'), $pid, '... a new one');
+ok(wait_until(sub { slurp_file($node->logfile) =~
+	/outbox cannot serve database "(copy1|copy2|\d+)": all 3 outbox database slots are in use/ }, 30),
+	'the copies have the extension, but no slot is free: their relays say so');
+($ret, $out, $err) = $node->psql('copy1', q{SELECT outbox_emit('m', '{}')});
+like($err, qr/all 3 outbox database slots are in use/, 'outbox_emit() in a copy without a slot: the same error');
+($ret, $out, $err) = $node->psql('copy1', 'DROP EXTENSION outbox CASCADE');
+is($ret, 0, 'DROP EXTENSION works in a database without a slot') or diag $err;
+# A slot is given back: copy2 is looked at again and gets its relay.
+$node->safe_psql('closed', 'DROP EXTENSION outbox CASCADE');
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay' AND datname = 'copy2'}, '1'),
+	'a slot given back: the copy that waited for one gets its relay');
+# A template gets no relay, gives its slot back and refuses outbox_emit().
+$node->safe_psql('postgres', 'ALTER DATABASE copy2 IS_TEMPLATE true');
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
+	WHERE backend_type = 'outbox relay' AND datname = 'copy2'}, '0'),
+	'a database made a template loses its relay');
+ok($node->poll_query_until('uno', q{SELECT count(*) FROM outbox.relays WHERE datid = (SELECT oid FROM pg_database WHERE datname = 'copy2')}, '0'),
+	'... and its slot');
+($ret, $out, $err) = $node->psql('copy2', q{SELECT outbox_emit('m', '{}')});
+like($err, qr/cannot be used in database "copy2".*\n.*it is a template/, '... and outbox_emit() is refused there');
+relay_no_crash($node);
+
 # --- max_worker_processes used up ---
 # Three worker slots: the launcher and two relays (and for w3 none left);
 # no logical replication launcher to take one.
