@@ -756,6 +756,9 @@ outbox_relay_claim(void)
 		OutboxShared->relay_started_at = now;
 		OutboxShared->launcher_note[0] = '\0';
 		SpinLockRelease(&OutboxShared->status_mutex);
+		/* the launcher starts the capture worker once a relay runs */
+		slot_taken = false;
+		outbox_wake_launcher();
 	}
 	return claimed;
 }
