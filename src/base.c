@@ -23,6 +23,7 @@
 #include "commands/dbcommands.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/inval.h"
 #include "utils/syscache.h"
 #include "utils/varlena.h"
 
@@ -125,9 +126,23 @@ static const char *not_served_why = NULL;	/* a template, closed */
  * by the settings, and neither a template nor closed to connections (the
  * launcher starts no relay in those).
  */
+/* ALTER DATABASE (IS_TEMPLATE, ALLOW_CONNECTIONS, RENAME): decide again. */
+static void
+outbox_database_changed(Datum arg, int cacheid, uint32 hashvalue)
+{
+	decided_for = 0;
+}
+
 bool
 outbox_this_database_served(void)
 {
+	static bool callback_registered = false;
+
+	if (!callback_registered)
+	{
+		CacheRegisterSyscacheCallback(DATABASEOID, outbox_database_changed, (Datum) 0);
+		callback_registered = true;
+	}
 	if (decided_for != outbox_databases_generation + 1)
 	{
 		HeapTuple	tup = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(MyDatabaseId));
@@ -138,12 +153,13 @@ outbox_this_database_served(void)
 		{
 			Form_pg_database d = (Form_pg_database) GETSTRUCT(tup);
 
-			if (d->datistemplate)
+			served = outbox_database_served(NameStr(d->datname));
+			if (served && d->datistemplate)
 				not_served_why = "it is a template";
-			else if (!d->datallowconn)
+			else if (served && !d->datallowconn)
 				not_served_why = "it does not allow connections";
-			else
-				served = outbox_database_served(NameStr(d->datname));
+			if (not_served_why != NULL)
+				served = false;
 			ReleaseSysCache(tup);
 		}
 		decided_for = outbox_databases_generation + 1;

@@ -1502,10 +1502,14 @@ static void
 capture_worker_exit(int code, Datum arg)
 {
 	SpinLockAcquire(&capture_shared->mutex);
-	capture_shared->pid = 0;
-	capture_shared->worker_latch = NULL;
-	if (strcmp(capture_shared->state, "lost") != 0)
-		strlcpy(capture_shared->state, "stopped", sizeof(capture_shared->state));
+	/* the entry may serve another database by now: leave it alone then */
+	if (capture_shared->dboid == MyDatabaseId && capture_shared->pid == MyProcPid)
+	{
+		capture_shared->pid = 0;
+		capture_shared->worker_latch = NULL;
+		if (strcmp(capture_shared->state, "lost") != 0)
+			strlcpy(capture_shared->state, "stopped", sizeof(capture_shared->state));
+	}
 	SpinLockRelease(&capture_shared->mutex);
 }
 

@@ -57,6 +57,9 @@ static object_access_hook_type prev_object_access_hook = NULL;
 static Oid	held_databases[DATABASES_MAX_HELD];
 static int	nheld = 0;
 
+/* This transaction drops the extension. */
+static bool extension_dropped = false;
+
 /* Ask the outbox workers connected to dboid to exit; how many there were. */
 static int
 databases_signal_workers(Oid dboid)
@@ -166,17 +169,21 @@ databases_utility_hook(PlannedStmt *pstmt, const char *queryString,
 static void
 databases_xact_callback(XactEvent event, void *arg)
 {
-	if (nheld == 0)
+	if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_ABORT &&
+		event != XACT_EVENT_PREPARE)
 		return;
-	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_ABORT ||
-		event == XACT_EVENT_PREPARE)
-	{
-		while (nheld > 0)
-			(void) outbox_db_hold(held_databases[--nheld], 0);
-	}
+	if (extension_dropped && event == XACT_EVENT_COMMIT)
+		outbox_db_tell_relay();
+	extension_dropped = false;
+	while (nheld > 0)
+		(void) outbox_db_hold(held_databases[--nheld], 0);
 }
 
-/* DROP EXTENSION outbox: the relay is told at commit (see above). */
+/*
+ * DROP EXTENSION outbox: the relay is told once the drop committed, never
+ * before (a relay that reloaded while the extension was still there would
+ * wait for the drop's locks and then fail on the dropped tables).
+ */
 static void
 databases_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 						int subId, void *arg)
@@ -188,7 +195,7 @@ databases_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 		char	   *name = get_extension_name(objectId);
 
 		if (name != NULL && strcmp(name, "outbox") == 0)
-			outbox_note_config_change();
+			extension_dropped = true;
 	}
 }
 

@@ -564,9 +564,12 @@ outbox_xact_callback(XactEvent event, void *arg)
 			 */
 			if (outbox_release_slot(InvalidXLogRecPtr))
 			{
+				outbox_db_abort_taken();
 				outbox_wake_worker(true);
 				outbox_wake_receivers();
 			}
+			else
+				outbox_db_abort_taken();
 			break;
 
 		case XACT_EVENT_PARALLEL_COMMIT:

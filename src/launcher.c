@@ -85,6 +85,8 @@ typedef struct LauncherWorker
 	TimestampTz next_start;
 	long		backoff;
 	bool		no_slot_logged;
+	bool		looked;			/* the last relay found no extension */
+	uint64		looked_generation;	/* the slot's configuration then */
 } LauncherWorker;
 
 /* A database the launcher serves. */
@@ -295,7 +297,12 @@ typedef enum LauncherExit
 	LAUNCHER_EXIT_LOOKED		/* a relay that found no extension yet */
 } LauncherExit;
 
-/* Pause before starting again a relay that only looked. */
+/*
+ * Pause before starting again a relay that only looked while the database
+ * has a slot (a CREATE EXTENSION not committed yet): doubled each time up
+ * to LAUNCHER_MAX_BACKOFF_MS, and cut short when the slot's configuration
+ * changes (the CREATE EXTENSION committed).
+ */
 #define LAUNCHER_LOOKED_MS		100
 
 /* Whether the worker stopped; if so, when to start it again. */
@@ -311,13 +318,15 @@ launcher_reap(LauncherWorker *w, TimestampTz now, LauncherExit how)
 	pfree(w->handle);
 	w->handle = NULL;
 	/* Restart at once after a long run or a deliberate exit, else back off. */
-	if (how != LAUNCHER_EXIT_FAILED ||
-		TimestampDifferenceExceeds(w->started, now, LAUNCHER_STABLE_MS))
+	if (how == LAUNCHER_EXIT_LOOKED)
+		w->backoff = Min(Max(w->backoff * 2, LAUNCHER_LOOKED_MS), LAUNCHER_MAX_BACKOFF_MS);
+	else if (how == LAUNCHER_EXIT_DONE ||
+			 TimestampDifferenceExceeds(w->started, now, LAUNCHER_STABLE_MS))
 		w->backoff = 0;
 	else
 		w->backoff = Min(Max(w->backoff * 2, 500), LAUNCHER_MAX_BACKOFF_MS);
-	w->next_start = TimestampTzPlusMilliseconds(now, how == LAUNCHER_EXIT_LOOKED ?
-												LAUNCHER_LOOKED_MS : w->backoff);
+	w->looked = how == LAUNCHER_EXIT_LOOKED;
+	w->next_start = TimestampTzPlusMilliseconds(now, w->backoff);
 	return true;
 }
 
@@ -431,15 +440,24 @@ outbox_launcher_main(Datum main_arg)
 			bool		has_slot = outbox_db_info_of(db->oid, &info);
 
 			/*
-			 * A relay that ends soon after it became the database's relay
-			 * failed; one that only looked did not.  One that looked while
-			 * the database has a slot (a CREATE EXTENSION not yet committed)
-			 * is started again shortly.
+			 * A relay that ends while the database has no slot only looked.
+			 * One that found no extension although the database has a slot
+			 * (a CREATE EXTENSION not committed yet) is started again after
+			 * a growing pause, or as soon as the slot's configuration moves.
+			 * Any other end (an error, a FATAL at connect) soon after its
+			 * start is a failure, backed off.
 			 */
-			(void) launcher_reap(&db->relay, now,
-								 !has_slot ? LAUNCHER_EXIT_DONE :
-								 info.started_at >= db->relay.started ? LAUNCHER_EXIT_FAILED :
-								 LAUNCHER_EXIT_LOOKED);
+			if (db->relay.handle != NULL &&
+				launcher_reap(&db->relay, now,
+							  !has_slot ? LAUNCHER_EXIT_DONE :
+							  info.looked_at >= db->relay.started ? LAUNCHER_EXIT_LOOKED :
+							  LAUNCHER_EXIT_FAILED))
+				db->relay.looked_generation = info.config_generation;
+			/* one that looked too early: again once the configuration moved */
+			if (db->relay.handle == NULL && db->relay.looked && has_slot &&
+				db->relay.next_start > now &&
+				info.config_generation != db->relay.looked_generation)
+				db->relay.next_start = now;
 			(void) launcher_reap(&db->capture, now, LAUNCHER_EXIT_FAILED);
 
 			if (!db->served)

@@ -98,7 +98,11 @@ extern pid_t outbox_db_hold(Oid dboid, TimestampTz until);
 extern void outbox_shmem_init(void);
 extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);
-extern void outbox_counter_initialize(int64 highest_used);
+extern bool outbox_counter_initialize(int64 highest_used, uint32 generation);
+extern uint32 outbox_db_generation(void);
+extern void outbox_db_abort_taken(void);
+extern void outbox_db_tell_relay(void);
+extern void outbox_db_note_looked(void);
 
 /*
  * The durable id mark moves this many ids ahead of the last id handed out:
@@ -140,6 +144,8 @@ typedef struct OutboxDbInfo
 	pid_t		relay_pid;		/* a live relay, or 0 */
 	TimestampTz started_at;		/* when it started */
 	TimestampTz hold_until;		/* no relay is started before */
+	TimestampTz looked_at;		/* a relay last found no extension */
+	uint64		config_generation;	/* bumped by CREATE EXTENSION's commit */
 	char		error[OUTBOX_STATUS_LEN];	/* the last relay's last error */
 	char		note[OUTBOX_STATUS_LEN];	/* why no relay runs */
 } OutboxDbInfo;

@@ -76,9 +76,10 @@
 #define RELAY_INCOMPLETE_RELOAD_MS	200
 /*
  * A relay that finds no extension gives back a slot only this long after it
- * was taken: a younger one may belong to a CREATE EXTENSION still running.
+ * was taken: a younger one may belong to a CREATE EXTENSION still running
+ * (one that fails gives its slot back itself, outbox_db_abort_taken).
  */
-#define RELAY_SLOT_MIN_AGE_MS		2000
+#define RELAY_SLOT_MIN_AGE_MS		60000
 
 PGDLLEXPORT void outbox_worker_main(Datum main_arg);
 
@@ -498,6 +499,7 @@ outbox_worker_main(Datum main_arg)
 	 */
 	if (!relay_one_database() && !relay_extension_ready())
 	{
+		outbox_db_note_looked();
 		outbox_db_release(MyDatabaseId, RELAY_SLOT_MIN_AGE_MS);
 		proc_exit(0);
 	}

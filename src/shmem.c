@@ -82,6 +82,7 @@ typedef struct OutboxSharedState
 	char		launcher_note[OUTBOX_STATUS_LEN];	/* why no relay runs */
 	TimestampTz hold_until;		/* start no relay before (DROP, RENAME) */
 	TimestampTz taken_at;		/* when this database took the slot */
+	TimestampTz looked_at;		/* a relay last found no extension */
 	pg_atomic_uint32 current_chunk; /* chunk table committers write into,
 									 * as the relay last published it; 0
 									 * before it did */
@@ -223,6 +224,7 @@ outbox_db_slot_take(OutboxSharedState *s, Oid dboid)
 	s->worker_wants_commits = false;
 	pg_atomic_write_u64(&s->max_commit_end, now_lsn);
 	s->taken_at = GetCurrentTimestamp();
+	s->looked_at = 0;
 	pg_atomic_write_u32(&s->current_chunk, 0);
 	SpinLockAcquire(&s->status_mutex);
 	s->retention_checked_at = 0;
@@ -377,6 +379,54 @@ outbox_db_lock(LWLockMode mode)
 	}
 }
 
+/* The generation of this database's slot (taken if need be). */
+uint32
+outbox_db_generation(void)
+{
+	DB_ATTACH();
+	return attached_generation;
+}
+
+/*
+ * A transaction that took its database's slot aborted (a CREATE EXTENSION
+ * that failed, say): give the slot back, unless a relay took it over.
+ */
+void
+outbox_db_abort_taken(void)
+{
+	if (!slot_taken)
+		return;
+	slot_taken = false;
+	if (outbox_db_attached())
+		(void) outbox_db_release(MyDatabaseId, 0);
+}
+
+/*
+ * DROP EXTENSION committed: tell the database's relay, without taking a
+ * slot (a database without one has no relay to tell).  No ERROR.
+ */
+void
+outbox_db_tell_relay(void)
+{
+	if (OutboxDir == NULL || !outbox_db_lookup())
+		return;
+	pg_atomic_fetch_add_u64(&OutboxShared->config_generation, 1);
+	outbox_wake_worker(false);
+}
+
+/* A relay found no extension in this database (the launcher's view). */
+void
+outbox_db_note_looked(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!outbox_db_lookup())
+		return;
+	SpinLockAcquire(&OutboxShared->status_mutex);
+	OutboxShared->looked_at = now;
+	SpinLockRelease(&OutboxShared->status_mutex);
+}
+
 /*
  * At the end of a transaction: tell the launcher of a slot this backend
  * took, so that it starts the database's relay.
@@ -500,10 +550,21 @@ outbox_counter_valid(void)
  * so first.  highest_used was read while the counter was invalid, so no id
  * has been handed out since and the value cannot be stale.
  */
-void
-outbox_counter_initialize(int64 highest_used)
+bool
+outbox_counter_initialize(int64 highest_used, uint32 generation)
 {
+	bool		valid;
+
 	outbox_db_lock(LW_EXCLUSIVE);
+	/*
+	 * highest_used was read for the slot of that generation; a slot taken
+	 * since (ours given back meanwhile) is initialised from a new reading.
+	 */
+	if (attached_generation != generation)
+	{
+		LWLockRelease(OutboxShared->lock);
+		return false;
+	}
 	if (!OutboxShared->counter_valid)
 	{
 		highest_used = Min(Max(highest_used, 0), PG_INT64_MAX - 1);
@@ -512,7 +573,9 @@ outbox_counter_initialize(int64 highest_used)
 		OutboxShared->mark = highest_used;
 		OutboxShared->counter_valid = true;
 	}
+	valid = OutboxShared->counter_valid;
 	LWLockRelease(OutboxShared->lock);
+	return valid;
 }
 
 /*
@@ -992,9 +1055,11 @@ outbox_db_copy(OutboxSharedState *s, OutboxDbInfo *info)
 	SpinLockAcquire(&s->status_mutex);
 	info->started_at = s->relay_started_at;
 	info->hold_until = s->hold_until;
+	info->looked_at = s->looked_at;
 	memcpy(info->error, s->relay_error, OUTBOX_STATUS_LEN);
 	memcpy(info->note, s->launcher_note, OUTBOX_STATUS_LEN);
 	SpinLockRelease(&s->status_mutex);
+	info->config_generation = pg_atomic_read_u64(&s->config_generation);
 	if (info->relay_pid != 0 && kill(info->relay_pid, 0) != 0)
 		info->relay_pid = 0;
 }

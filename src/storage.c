@@ -381,23 +381,28 @@ outbox_ensure_counter(Relation messages)
 {
 	int64		highest;
 	int			n;
+	uint32		generation;
 
-	if (outbox_counter_valid())
-		return;
-
-	outbox_find_current_chunk();
-	highest = Max(outbox_highest_message_id(messages), outbox_high_water_mark());
-	highest = Max(highest, outbox_id_mark());
-	for (n = 1; n <= OUTBOX_NUM_CHUNKS; n++)
+	do
 	{
-		Relation	chunk = outbox_try_open_chunk(n, AccessShareLock);
+		/* the reading is for the database's slot of now */
+		generation = outbox_db_generation();
+		if (outbox_counter_valid())
+			return;
 
-		if (chunk == NULL)
-			break;
-		highest = Max(highest, outbox_highest_message_id(chunk));
-		table_close(chunk, AccessShareLock);
-	}
-	outbox_counter_initialize(highest);
+		outbox_find_current_chunk();
+		highest = Max(outbox_highest_message_id(messages), outbox_high_water_mark());
+		highest = Max(highest, outbox_id_mark());
+		for (n = 1; n <= OUTBOX_NUM_CHUNKS; n++)
+		{
+			Relation	chunk = outbox_try_open_chunk(n, AccessShareLock);
+
+			if (chunk == NULL)
+				break;
+			highest = Max(highest, outbox_highest_message_id(chunk));
+			table_close(chunk, AccessShareLock);
+		}
+	} while (!outbox_counter_initialize(highest, generation));
 }
 
 /*
