@@ -98,6 +98,11 @@ like(slurp_file($node->logfile), qr/outbox relay for database "postgres" stops: 
 is($node->safe_psql('uno', q{SELECT string_agg(database, ',') FROM outbox.relays}), 'uno',
 	'... and gives back its slot (outbox.relays)');
 
+# A CREATE EXTENSION that rolls back gives back the slot it took.
+$node->safe_psql('postgres', 'BEGIN; CREATE EXTENSION outbox; SELECT pg_sleep(0.5); ROLLBACK;');
+ok(wait_until(sub { $node->safe_psql('uno', q{SELECT string_agg(coalesce(database, '?'), ',') FROM outbox.relays}) eq 'uno' }, 5),
+	'a CREATE EXTENSION rolled back leaves no slot behind (within 5 s)');
+
 # --- the outbox.max_databases limit (3) ---
 $node->safe_psql('postgres', "CREATE DATABASE $_") for qw(two three four);
 setup_db($node, $_) for qw(two three);
