@@ -102,7 +102,7 @@ outbox_database_served(const char *dbname)
 	ListCell   *lc;
 	bool		served = false;
 
-	if (outbox_database != NULL && outbox_database[0] != '\0')
+	if (outbox_one_database_form())
 		return strcmp(dbname, outbox_database) == 0;
 	if (outbox_databases == NULL || strcmp(outbox_databases, "*") == 0)
 		return true;
@@ -191,7 +191,7 @@ outbox_check_database(const char *what)
 						get_database_name(MyDatabaseId)),
 				 errdetail("The database gets no outbox relay: %s.", not_served_why),
 				 errhint("Emit in a database that is not a template and allows connections (ALTER DATABASE ... IS_TEMPLATE false, ALLOW_CONNECTIONS true).")));
-	if (outbox_database != NULL && outbox_database[0] != '\0')
+	if (outbox_one_database_form())
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("%s cannot be used in database \"%s\"", what,

@@ -56,6 +56,14 @@ extern bool outbox_preloaded;
 
 /*---- the database check ----*/
 extern void outbox_check_database(const char *what);
+
+/* The one-database form of 0.2: outbox.database names the database. */
+static inline bool
+outbox_one_database_form(void)
+{
+	return outbox_database != NULL && outbox_database[0] != '\0';
+}
+
 extern bool outbox_database_served(const char *dbname);
 extern bool outbox_this_database_served(void);
 extern bool outbox_this_database_served_known(void);

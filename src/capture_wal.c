@@ -115,13 +115,20 @@ PG_FUNCTION_INFO_V1(outbox_capture_status);
 #define CAPTURE_SLOT			capture_slot_name()
 PG_FUNCTION_INFO_V1(outbox_capture_slot_name);
 
+/* The slot name of database dboid, into name (NAMEDATALEN bytes). */
+static void
+capture_slot_name_of(Oid dboid, char *name)
+{
+	snprintf(name, NAMEDATALEN, "outbox_capture_%u", dboid);
+}
+
 static const char *
 capture_slot_name(void)
 {
 	static char name[NAMEDATALEN];
 
 	if (name[0] == '\0')
-		snprintf(name, sizeof(name), "outbox_capture_%u", MyDatabaseId);
+		capture_slot_name_of(MyDatabaseId, name);
 	return name;
 }
 
@@ -200,7 +207,7 @@ capture_slot_exists(Oid dboid)
 {
 	char		name[NAMEDATALEN];
 
-	snprintf(name, sizeof(name), "outbox_capture_%u", dboid);
+	capture_slot_name_of(dboid, name);
 	return SearchNamedReplicationSlot(name, true) != NULL;
 }
 

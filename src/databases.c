@@ -118,7 +118,7 @@ databases_hold(const char *dbname)
 		nheld == DATABASES_MAX_HELD)
 		return;
 	held_databases[nheld++] = dboid;
-	(void) outbox_db_hold(dboid, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+	outbox_db_hold(dboid, TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 															  DATABASES_HOLD_MS));
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), DATABASES_WAIT_MS);
 	while (databases_signal_workers(dboid) > 0 &&
@@ -176,7 +176,7 @@ databases_xact_callback(XactEvent event, void *arg)
 		outbox_db_tell_relay();
 	extension_dropped = false;
 	while (nheld > 0)
-		(void) outbox_db_hold(held_databases[--nheld], 0);
+		outbox_db_hold(held_databases[--nheld], 0);
 }
 
 /*

@@ -493,6 +493,8 @@ outbox_buffer_close_spill(void)
 static void
 outbox_xact_callback(XactEvent event, void *arg)
 {
+	bool		released;
+
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
@@ -562,14 +564,14 @@ outbox_xact_callback(XactEvent event, void *arg)
 			 * Ids reserved by a transaction that failed while committing
 			 * become a gap; the frontier may now move past it.
 			 */
-			if (outbox_release_slot(InvalidXLogRecPtr))
+			released = outbox_release_slot(InvalidXLogRecPtr);
+			/* After the in-flight slot: never given back with ids in flight. */
+			outbox_db_abort_taken();
+			if (released)
 			{
-				outbox_db_abort_taken();
 				outbox_wake_worker(true);
 				outbox_wake_receivers();
 			}
-			else
-				outbox_db_abort_taken();
 			break;
 
 		case XACT_EVENT_PARALLEL_COMMIT:

@@ -211,7 +211,7 @@ launcher_scan(void)
 	TableScanDesc scan;
 	HeapTuple	tup;
 	LauncherDatabaseState one = LAUNCHER_DB_MISSING;
-	bool		one_form = outbox_database != NULL && outbox_database[0] != '\0';
+	bool		one_form = outbox_one_database_form();
 	int			i;
 	Oid		   *all;
 	int			nall = 0;
@@ -399,7 +399,7 @@ outbox_launcher_main(Datum main_arg)
 
 			last_scan = now;
 			/* The one-database form says once what it waits for. */
-			if (outbox_database[0] != '\0')
+			if (outbox_one_database_form())
 			{
 				if (one != LAUNCHER_DB_USABLE && one != logged)
 					launcher_log_waiting(one);

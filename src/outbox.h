@@ -94,7 +94,7 @@ extern void outbox_wake_launcher(void);
 extern int	outbox_db_slots(void);
 extern void outbox_relay_set_error(const char *message);
 extern void outbox_db_set_note(Oid dboid, const char *note);
-extern pid_t outbox_db_hold(Oid dboid, TimestampTz until);
+extern void outbox_db_hold(Oid dboid, TimestampTz until);
 extern void outbox_shmem_init(void);
 extern bool outbox_shmem_ready(void);
 extern bool outbox_counter_valid(void);

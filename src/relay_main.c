@@ -404,13 +404,6 @@ relay_extension_ready(void)
 	return ready;
 }
 
-/* The one-database form of 0.2: outbox.database names the database. */
-static bool
-relay_one_database(void)
-{
-	return outbox_database != NULL && outbox_database[0] != '\0';
-}
-
 /*
  * DROP EXTENSION: the relay gives back its database's slot and exits; the
  * launcher starts none until the extension is created again.
@@ -497,7 +490,7 @@ outbox_worker_main(Datum main_arg)
 	 * form (outbox.database) the relay waits for the extension instead, as
 	 * in 0.2.
 	 */
-	if (!relay_one_database() && !relay_extension_ready())
+	if (!outbox_one_database_form() && !relay_extension_ready())
 	{
 		outbox_db_note_looked();
 		outbox_db_release(MyDatabaseId, RELAY_SLOT_MIN_AGE_MS);
@@ -617,7 +610,7 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 			ready = relay_extension_ready();
 			if (!ready)
 			{
-				if (!relay_one_database())
+				if (!outbox_one_database_form())
 					relay_extension_dropped(dbname);
 				if (!waiting_logged)
 					ereport(LOG,

@@ -224,7 +224,6 @@ outbox_db_slot_take(OutboxSharedState *s, Oid dboid)
 	s->worker_wants_commits = false;
 	pg_atomic_write_u64(&s->max_commit_end, now_lsn);
 	s->taken_at = GetCurrentTimestamp();
-	s->looked_at = 0;
 	pg_atomic_write_u32(&s->current_chunk, 0);
 	SpinLockAcquire(&s->status_mutex);
 	s->retention_checked_at = 0;
@@ -233,6 +232,7 @@ outbox_db_slot_take(OutboxSharedState *s, Oid dboid)
 	s->relay_error[0] = '\0';
 	s->launcher_note[0] = '\0';
 	s->hold_until = 0;
+	s->looked_at = 0;
 	SpinLockRelease(&s->status_mutex);
 	pg_atomic_fetch_add_u32(&s->generation, 1);
 	pg_write_barrier();
@@ -263,8 +263,8 @@ outbox_db_attached(void)
 
 /*
  * Find, or with create take, the slot of this backend's database; returns
- * whether it is attached.  A new slot wakes the launcher, which starts the
- * database's relay.  With report, running out of slots is an ERROR.
+ * whether it is attached.  The launcher hears of a new slot at the end of
+ * the transaction.  With report, running out of slots is an ERROR.
  */
 static bool
 outbox_db_attach_internal(bool create, bool report)
@@ -653,7 +653,6 @@ outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel, bool mark_locked)
 	static bool exit_hook_registered = false;
 
 	Assert(count > 0);
-	DB_ATTACH();
 	if (me < 0 || me >= OutboxShared->nslots)
 		elog(ERROR, "outbox: process index %d outside the %d in-flight slots",
 			 me, OutboxShared->nslots);
@@ -1126,17 +1125,15 @@ outbox_relay_set_error(const char *message)
 
 /*
  * Start no relay for dboid before until (0: from now on again), because
- * DROP DATABASE or ALTER DATABASE RENAME waits for its sessions to end.
- * Returns the pid of the running relay, or 0.
+ * DROP DATABASE, RENAME or a copy waits for the database's sessions to end.
  */
-pid_t
+void
 outbox_db_hold(Oid dboid, TimestampTz until)
 {
 	OutboxSharedState *s;
-	pid_t		pid = 0;
 
 	if (OutboxDir == NULL)
-		return 0;
+		return;
 	LWLockAcquire(OutboxDir->lock, LW_SHARED);
 	s = outbox_db_find(dboid);
 	if (s != NULL)
@@ -1144,13 +1141,7 @@ outbox_db_hold(Oid dboid, TimestampTz until)
 		SpinLockAcquire(&s->status_mutex);
 		s->hold_until = until;
 		SpinLockRelease(&s->status_mutex);
-		LWLockAcquire(s->lock, LW_SHARED);
-		pid = s->relay_pid;
-		LWLockRelease(s->lock);
 	}
 	LWLockRelease(OutboxDir->lock);
-	if (pid != 0 && kill(pid, 0) != 0)
-		pid = 0;
 	outbox_wake_launcher();
-	return pid;
 }
