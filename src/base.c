@@ -19,9 +19,13 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
 #include "commands/dbcommands.h"
+#include "commands/extension.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/syscache.h"
@@ -208,4 +212,63 @@ outbox_check_database(const char *what)
 					   outbox_databases),
 			 errhint("Add \"%s\" to outbox.databases, or set it to '*', and reload the configuration.",
 					 get_database_name(MyDatabaseId))));
+}
+
+/*
+ * Whether the extension is installed in this database, asked by a worker
+ * outside any transaction, in one of its own.  A DROP EXTENSION under way
+ * holds its extension locked until it ends: the answer waits for it (a
+ * shared lock on the extension), so it is never "installed" for an
+ * extension whose drop then commits.
+ */
+bool
+outbox_extension_installed(void)
+{
+	Oid			ext;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	ext = get_extension_oid("outbox", true);
+	if (OidIsValid(ext))
+	{
+		/* taking the lock reads the invalidations the drop sent */
+		LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
+		ext = get_extension_oid("outbox", true);
+	}
+	CommitTransactionCommand();
+	return OidIsValid(ext);
+}
+
+/*
+ * Whether the extension is gone, as the current transaction sees the
+ * catalog now.  A worker's handler that keeps going after an error (a
+ * failed read is retried later) throws the error on when this is true, to
+ * the worker's outermost handler (outbox_error_from_drop).
+ */
+bool
+outbox_extension_gone(void)
+{
+	return !OidIsValid(get_extension_oid("outbox", true));
+}
+
+/*
+ * The one check of every worker that reads the extension's tables (the
+ * relay, the WAL capture worker), made in its outermost PG_CATCH once it has
+ * copied the error out: whether the error came from the extension being
+ * dropped under it.  A statement already under way when DROP EXTENSION
+ * commits fails on whatever it reads next (a table, a function, a type
+ * gone, or a deadlock with the drop's locks), wherever it is; the worker
+ * must then stop as it does when told of the drop, not with an error exit.
+ * This rolls back what the error left, forgets the error, and asks whether
+ * the extension is still installed, after the drop if one is under way.
+ * False: the error is the worker's own, and the caller throws it again.
+ */
+bool
+outbox_error_from_drop(void)
+{
+	HOLD_INTERRUPTS();
+	AbortOutOfAnyTransaction();
+	FlushErrorState();
+	RESUME_INTERRUPTS();
+	return !outbox_extension_installed();
 }

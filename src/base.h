@@ -69,6 +69,11 @@ extern bool outbox_this_database_served(void);
 extern bool outbox_this_database_served_known(void);
 extern bool outbox_databases_valid(const char *value, const char **why);
 
+/*---- the extension dropped under a worker ----*/
+extern bool outbox_extension_installed(void);
+extern bool outbox_extension_gone(void);
+extern bool outbox_error_from_drop(void);
+
 /*---- waking queue receivers ----*/
 
 /*

@@ -1494,6 +1494,25 @@ capture_exit_idle(uint64 wakes_seen)
 	proc_exit(0);
 }
 
+/*
+ * DROP EXTENSION: nothing is captured any more.  The worker drops its
+ * replication slot (as a worker started after the drop would) and exits
+ * without asking to be started again.  error: what a read under way when
+ * the drop committed failed with, or NULL.
+ */
+static void
+capture_extension_dropped(const char *error, uint64 wakes_seen)
+{
+	ereport(LOG,
+			(errmsg("outbox capture stops: the extension was dropped"),
+			 error ? errdetail("It was dropped while the capture worker read its tables: %s", error) : 0));
+	if (MyReplicationSlot != NULL)
+		ReplicationSlotRelease();
+	(void) capture_drop_slot_if_unused();
+	capture_set_state("stopped", NULL);
+	capture_exit_idle(wakes_seen);
+}
+
 static void
 capture_lost(const char *why, uint64 wakes_seen)
 {
@@ -1657,8 +1676,11 @@ outbox_capture_main(Datum main_arg)
 
 		MemoryContextSwitchTo(TopMemoryContext);
 		edata = CopyErrorData();
+		/* a read under way when the extension's drop committed */
+		if (outbox_error_from_drop())
+			capture_extension_dropped(edata->message, wakes_seen);
 		capture_set_state("failed", edata->message);
-		PG_RE_THROW();
+		ReThrowError(edata);
 	}
 	PG_END_TRY();
 }
@@ -1697,8 +1719,10 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			last_check = GetCurrentTimestamp();
 			if (!capture_same_extension())
 			{
+				if (!outbox_extension_installed())
+					capture_extension_dropped(NULL, wakes_seen);
 				ereport(LOG,
-						(errmsg("outbox capture restarts: the extension was dropped or created again")));
+						(errmsg("outbox capture restarts: the extension was created again")));
 				proc_exit(1);
 			}
 			if (!capture_read_offset(&e2, &p2, &d2))

@@ -391,30 +391,22 @@ relay_reload_config(void)
 	return generation;
 }
 
-/* Whether the extension is installed in this database. */
-static bool
-relay_extension_ready(void)
-{
-	bool		ready;
-
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	ready = OidIsValid(get_extension_oid("outbox", true));
-	CommitTransactionCommand();
-	return ready;
-}
-
 /*
  * DROP EXTENSION: the relay gives back its database's slot and exits; the
- * launcher starts none until the extension is created again.
+ * launcher starts none until the extension is created again.  In the
+ * one-database form the relay keeps the slot: the next one waits for the
+ * extension.  error: what a read under way when the drop committed failed
+ * with, or NULL.
  */
 static void
-relay_extension_dropped(const char *dbname)
+relay_extension_dropped(const char *dbname, const char *error)
 {
 	ereport(LOG,
-			(errmsg("outbox relay for database \"%s\" stops: the extension was dropped", dbname)));
+			(errmsg("outbox relay for database \"%s\" stops: the extension was dropped", dbname),
+			 error ? errdetail("It was dropped while the relay read its tables: %s", error) : 0));
 	outbox_relay_release();
-	outbox_db_release(MyDatabaseId, 0);
+	if (!outbox_one_database_form())
+		outbox_db_release(MyDatabaseId, 0);
 	proc_exit(0);
 }
 
@@ -490,7 +482,7 @@ outbox_worker_main(Datum main_arg)
 	 * form (outbox.database) the relay waits for the extension instead, as
 	 * in 0.2.
 	 */
-	if (!outbox_one_database_form() && !relay_extension_ready())
+	if (!outbox_one_database_form() && !outbox_extension_installed())
 	{
 		outbox_db_note_looked();
 		outbox_db_release(MyDatabaseId, RELAY_SLOT_MIN_AGE_MS);
@@ -559,7 +551,11 @@ outbox_worker_main(Datum main_arg)
 			AddWaitEventToSet(quiet_set, WL_SOCKET_READABLE, fds[i], NULL, NULL);
 	}
 
-	/* The error a relay stops with is kept for outbox.relays. */
+	/*
+	 * An error the extension's drop caused (a read under way when it
+	 * committed) ends in the same stop as the drop's notice.  Any other is
+	 * kept for outbox.relays, and the relay exits with it.
+	 */
 	PG_TRY();
 	{
 		relay_loop(wait_set, quiet_set);
@@ -570,8 +566,10 @@ outbox_worker_main(Datum main_arg)
 
 		MemoryContextSwitchTo(TopMemoryContext);
 		edata = CopyErrorData();
+		if (outbox_error_from_drop())
+			relay_extension_dropped(dbname, edata->message);
 		outbox_relay_set_error(edata->message);
-		PG_RE_THROW();
+		ReThrowError(edata);
 	}
 	PG_END_TRY();
 }
@@ -607,11 +605,11 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 
 		if (!ready)
 		{
-			ready = relay_extension_ready();
+			ready = outbox_extension_installed();
 			if (!ready)
 			{
 				if (!outbox_one_database_form())
-					relay_extension_dropped(dbname);
+					relay_extension_dropped(dbname, NULL);
 				if (!waiting_logged)
 					ereport(LOG,
 							(errmsg("outbox relay is waiting for the extension to be created in database \"%s\"",
@@ -632,7 +630,7 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 		if (force_reload || outbox_config_generation() != loaded_generation)
 		{
 			force_reload = false;
-			if (!relay_extension_ready())
+			if (!outbox_extension_installed())
 			{
 				loaded_generation = outbox_config_generation();
 				ready = false;

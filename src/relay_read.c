@@ -636,6 +636,9 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
 		MemoryContextReset(rowcxt);
+		/* Not the read's fault: the relay stops (outbox_error_from_drop). */
+		if (outbox_extension_gone())
+			ReThrowError(edata);
 
 		/* Take back what this read queued: it will be read again. */
 		for (i = 0; i < t->nlanes; i++)

@@ -117,6 +117,9 @@ relay_retention_maybe(TimestampTz now)
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
+		/* The extension was dropped meanwhile: the relay stops. */
+		if (!outbox_extension_installed())
+			ReThrowError(edata);
 		outbox_set_retention_status(edata->message, now);
 		if (last_warning == 0 || TimestampDifferenceExceeds(last_warning, now, 60 * 1000))
 		{

@@ -1,0 +1,166 @@
+# DROP EXTENSION committing while a worker is inside a read of the
+# extension's tables.  The race is made to happen every time: a session
+# locks one of the tables, the worker is made to read it (and waits for the
+# lock), and the same session then drops the extension and commits, so the
+# worker's statement finds its table gone.  Each worker must then stop as
+# it does when told of the drop (its LOG line, its database slot given
+# back), never with an error exit or a restart loop:
+#   - the relay reloading its configuration (outbox.targets, after a reload),
+#   - the relay recording its progress (outbox.progress, after a delivery),
+#   - the WAL capture worker reading its offset (outbox.capture_progress).
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use OutboxRelayTest;
+use OutboxSession;
+
+my $sink = start_sink('drop_race');
+my $url = $sink->{url};
+
+my $node = relay_node('drop_race', every_database => 1, create_extension => 0,
+	conf => q{
+wal_level = logical
+max_replication_slots = 4
+max_wal_senders = 4
+log_min_messages = info
+});
+if ($node->safe_psql('postgres',
+		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
+{
+	$node->safe_psql('postgres',
+		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
+	$node->reload;
+}
+# A second database keeps its outbox throughout: outbox.relays is read
+# there, and its relay must not be disturbed.
+$node->safe_psql('postgres', 'CREATE DATABASE other');
+$node->safe_psql('other', qq{
+CREATE EXTENSION outbox;
+SELECT outbox.create_http_target('t', '$url/other');
+SELECT outbox.subscribe('t', 'm');
+});
+
+sub worker_pid
+{
+	my ($type) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT pid FROM pg_stat_activity WHERE backend_type = '$type' AND datname = 'postgres'});
+}
+
+sub relays_listed
+{
+	return $node->safe_psql('other',
+		q{SELECT string_agg(coalesce(database, '?'), ',' ORDER BY database) FROM outbox.relays});
+}
+
+# Install the extension in postgres with a target, and wait for its relay.
+sub setup
+{
+	$node->safe_psql('postgres', qq{
+CREATE EXTENSION outbox;
+SELECT outbox.create_http_target('t', '$url/postgres');
+SELECT outbox.subscribe('t', 'm');
+});
+	ok($node->poll_query_until('other',
+			q{SELECT count(*) FROM outbox.relays WHERE database = 'postgres' AND pid IS NOT NULL}, '1'),
+		'postgres has a relay');
+}
+
+# Hold $table locked in $mode, make the worker of $type read it with
+# $trigger (a statement run in another session), wait until that worker
+# waits for the lock doing $activity, then drop the extension in the
+# locking transaction and commit.  Returns the worker's pid and where its
+# log starts.
+sub race
+{
+	my ($label, $type, $table, $mode, $trigger, $activity) = @_;
+	my $pid = worker_pid($type);
+	isnt($pid, '', "$label: the $type runs");
+	my $offset = -s $node->logfile;
+	my $s = OutboxSession->new($node, 'dropper');
+	$s->run_ok("BEGIN; LOCK TABLE $table IN $mode MODE;");
+	$node->safe_psql('postgres', $trigger);
+	my $doing = defined $activity ? "AND a.query = '$activity'" : '';
+	ok($node->poll_query_until('postgres', qq{
+SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l USING (pid)
+ WHERE a.pid = $pid AND NOT l.granted AND l.relation = '$table'::regclass $doing}, '1'),
+		"$label: the $type waits inside its read (" . ($activity // 'its offset') . ')')
+	  or diag($node->safe_psql('postgres', qq{SELECT wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = $pid}));
+	$s->run_ok('DROP EXTENSION outbox CASCADE; COMMIT;');
+	$s->quit;
+	ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_stat_activity WHERE pid = $pid}, '0'),
+		"$label: the $type exits");
+	return ($pid, $offset);
+}
+
+# What the log says from $offset on.
+sub log_since
+{
+	my ($offset) = @_;
+	return substr(slurp_file($node->logfile), $offset);
+}
+
+# --- the relay reloading its configuration ---
+setup();
+my ($pid, $offset) = race('configuration', 'outbox relay', 'outbox.targets',
+	'ACCESS EXCLUSIVE', 'SELECT pg_reload_conf()', 'loading outbox targets');
+my $log = log_since($offset);
+like($log, qr/outbox relay for database "postgres" stops: the extension was dropped/,
+	'configuration: the relay says why it stops');
+unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
+unlike($log, qr/ERROR:  relation "outbox\.targets" does not exist/, '... and without the error');
+is(relays_listed(), 'other', '... and gives back its slot (outbox.relays)');
+usleep(1_500_000);
+is(worker_pid('outbox relay'), '', '... and no relay starts again in postgres');
+unlike(log_since($offset), qr/outbox relay started for database "postgres"/, '... (none was started)');
+
+# --- the relay recording its progress after a delivery ---
+# SHARE: the relay's reads (retention) go through, its UPDATE waits.
+setup();
+($pid, $offset) = race('progress', 'outbox relay', 'outbox.progress', 'SHARE',
+	q{SELECT outbox_emit('m', '{"n": 1}')}, 'recording outbox progress');
+$log = log_since($offset);
+like($log, qr/outbox relay for database "postgres" stops: the extension was dropped/,
+	'progress: the relay says why it stops');
+unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
+is(relays_listed(), 'other', '... and gives back its slot (outbox.relays)');
+usleep(1_500_000);
+is(worker_pid('outbox relay'), '', '... and no relay starts again in postgres');
+
+# --- the WAL capture worker reading its offset ---
+setup();
+$node->safe_psql('postgres', q{
+CREATE TABLE orders (id int PRIMARY KEY, note text);
+SELECT outbox.capture('orders', mode => 'wal');
+INSERT INTO orders VALUES (1, 'a');
+});
+ok($node->poll_query_until('postgres', q{SELECT count(*) FROM outbox.messages WHERE topic LIKE '%orders%'}, '1'),
+	'capture: the worker captures');
+my $slot = $node->safe_psql('postgres', 'SELECT outbox.capture_slot_name()');
+# The worker reads its offset at least once a second.
+($pid, $offset) = race('capture', 'outbox capture', 'outbox.capture_progress',
+	'ACCESS EXCLUSIVE', 'SELECT 1', undef);
+$log = log_since($offset);
+like($log, qr/outbox capture stops: the extension was dropped/, 'capture: the worker says why it stops');
+unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
+ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$slot'}, '0'),
+	'... and drops its replication slot');
+usleep(1_500_000);
+is(worker_pid('outbox capture'), '', '... and no capture worker starts again');
+like(relays_listed(), qr/^other$/, '... and the relay gave back the slot too');
+
+# The other database delivered on throughout.
+$node->safe_psql('other', q{SELECT outbox_emit('m', '{}')});
+ok(wait_until(sub { scalar grep { $_->{status} == 204 } @{ sink_attempts($sink, '/other') } }, 30),
+	'the other database delivers on');
+
+# Nothing along the way was taken for a failure of the relay's own.
+unlike(slurp_file($node->logfile), qr/WARNING:  outbox relay could not|exited with exit code 1/,
+	'no relay warned of a failed read or retention, and no worker exited with an error');
+relay_no_crash($node);
+stop_sink($sink);
+done_testing();
