@@ -46,6 +46,7 @@ OBJS = \
 	src/relay_retention.o \
 	src/shmem.o \
 	src/signing.o \
+	src/standby.o \
 	src/stats.o \
 	src/storage.o \
 	src/topic_grants.o

@@ -894,3 +894,139 @@ SELECT datid, database, pid, state, started_at, last_error
 COMMENT ON VIEW outbox.relays IS
 	'the relay of every database with the extension (superusers: it names every database)';
 REVOKE ALL ON outbox.relays FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Failover-safe delivery (outbox.standby_slots): the slots' state, in
+-- outbox.worker and outbox.metrics().
+---------------------------------------------------------------------------
+
+-- Failover-safe delivery: each slot of outbox.standby_slots, how it stands,
+-- and how far its standby is behind the newest commit that emitted here.
+CREATE FUNCTION outbox.standby_status(OUT slot_name text, OUT state text,
+									  OUT flushed_lsn pg_lsn, OUT behind_bytes bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_standby_status'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION outbox.standby_status() IS
+	'each slot of outbox.standby_slots: state, flushed position, bytes behind the newest commit';
+REVOKE ALL ON FUNCTION outbox.standby_status() FROM PUBLIC;
+
+CREATE OR REPLACE VIEW outbox.worker AS
+SELECT w.pid, w.state, w.started_at, w.last_wakeup, w.read_position, w.frontier,
+	   w.frontier_held_by_pid,
+	   (SELECT a.xact_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = w.frontier_held_by_pid)
+		 AS frontier_held_since,
+	   w.current_chunk, w.retention_held_by, w.retention_checked_at,
+	   x.pid AS oldest_xmin_pid, x.xact_start AS oldest_xmin_since,
+	   sb.standby_held_by, sb.standby_behind_bytes
+  FROM outbox.worker_status() w
+  LEFT JOIN LATERAL (SELECT a.pid, a.xact_start FROM pg_catalog.pg_stat_activity a
+					  WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_catalog.pg_backend_pid()
+					  ORDER BY pg_catalog.age(a.backend_xmin) DESC LIMIT 1) x ON true
+ CROSS JOIN LATERAL (SELECT (SELECT s.slot_name || ' (' || s.state || ')'
+							   FROM outbox.standby_status() s
+							  WHERE s.state <> 'streaming' OR s.behind_bytes > 0
+							  ORDER BY s.state = 'streaming', s.state = 'no standby connected',
+									   s.behind_bytes DESC NULLS FIRST
+							  LIMIT 1) AS standby_held_by,
+							(SELECT max(s.behind_bytes) FROM outbox.standby_status() s)
+							  AS standby_behind_bytes) sb;
+
+CREATE OR REPLACE FUNCTION outbox.metrics()
+RETURNS text
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
+	 s AS MATERIALIZED (SELECT t.name AS target, st.*
+						  FROM outbox.target_stats() st JOIN outbox.targets t ON t.id = st.target_id),
+	 w AS MATERIALIZED (SELECT * FROM outbox.worker_status()),
+	 fam (ord, name, type, help) AS (VALUES
+		(1, 'outbox_pending_messages', 'gauge', 'Messages committed and not yet delivered or dead-lettered.'),
+		(2, 'outbox_oldest_pending_age_seconds', 'gauge', 'Age of the oldest pending message (0 when none).'),
+		(3, 'outbox_dead_letters', 'gauge', 'Dead letters kept in outbox.dead_letters.'),
+		(4, 'outbox_target_state', 'gauge', '1 for the state the target is in.'),
+		(5, 'outbox_in_flight_requests', 'gauge', 'Requests on the wire.'),
+		(6, 'outbox_failed_attempts', 'gauge', 'Failed attempts of the messages now being retried.'),
+		(7, 'outbox_last_success_timestamp_seconds', 'gauge', 'When the target last acknowledged a request.'),
+		(8, 'outbox_delivered_messages_total', 'counter', 'Messages acknowledged by the target.'),
+		(9, 'outbox_requests_total', 'counter', 'Requests sent to the target.'),
+		(10, 'outbox_request_bytes_total', 'counter', 'Bytes of request bodies sent to the target.'),
+		(11, 'outbox_retries_total', 'counter', 'Failed attempts that were tried again.'),
+		(12, 'outbox_dead_lettered_messages_total', 'counter', 'Messages the relay gave up on.'),
+		(13, 'outbox_delivery_latency_seconds', 'histogram', 'From outbox_emit() to acknowledgement, per message.'),
+		(14, 'outbox_relay_up', 'gauge', '1 when the relay is running.'),
+		(15, 'outbox_frontier_id', 'gauge', 'Highest message id below which no message can still appear.'),
+		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.'),
+		(17, 'outbox_standby_slot_up', 'gauge', '1 when the slot of outbox.standby_slots has its standby connected.'),
+		(18, 'outbox_standby_behind_bytes', 'gauge', 'WAL from what the slot''s standby flushed to the newest commit that emitted messages.')),
+	 sb AS MATERIALIZED (SELECT * FROM outbox.standby_status()),
+	 lab AS MATERIALIZED (SELECT target,
+					'{target="' || replace(replace(replace(target, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' AS open
+			   FROM (SELECT target FROM l UNION SELECT target FROM s) x),
+	 samples (ord, k1, k2, line) AS MATERIALIZED (
+		SELECT 1, l.target, 0, 'outbox_pending_messages' || b.open || '} ' || l.pending FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 2, l.target, 0, 'outbox_oldest_pending_age_seconds' || b.open || '} '
+			   || coalesce(extract(epoch FROM l.lag)::float8, 0) FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 3, l.target, 0, 'outbox_dead_letters' || b.open || '} ' || l.dead_letters FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 4, l.target, k.n, 'outbox_target_state' || b.open || ',state="' || k.state || '"} '
+			   || (l.state = k.state)::int
+		  FROM l JOIN lab b USING (target)
+		 CROSS JOIN unnest(ARRAY['idle', 'delivering', 'retrying', 'failing', 'paused', 'disabled',
+							   'waiting for standby'])
+				   WITH ORDINALITY k (state, n)
+		UNION ALL
+		SELECT 5, l.target, 0, 'outbox_in_flight_requests' || b.open || '} ' || l.in_flight FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 6, l.target, 0, 'outbox_failed_attempts' || b.open || '} ' || l.failed_attempts FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 7, l.target, 0, 'outbox_last_success_timestamp_seconds' || b.open || '} '
+			   || extract(epoch FROM l.last_success_at)::float8
+		  FROM l JOIN lab b USING (target) WHERE l.last_success_at IS NOT NULL
+		UNION ALL
+		SELECT 8, s.target, 0, 'outbox_delivered_messages_total' || b.open || '} ' || s.messages FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 9, s.target, 0, 'outbox_requests_total' || b.open || '} ' || s.requests FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 10, s.target, 0, 'outbox_request_bytes_total' || b.open || '} ' || s.bytes FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 11, s.target, 0, 'outbox_retries_total' || b.open || '} ' || s.retries FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 12, s.target, 0, 'outbox_dead_lettered_messages_total' || b.open || '} ' || s.dead_letters
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, h.n::int, 'outbox_delivery_latency_seconds_bucket' || b.open || ',le="'
+			   || CASE WHEN h.le = 'Infinity' THEN '+Inf' ELSE (h.le / 1000)::text END || '"} '
+			   || sum(h.c) OVER (PARTITION BY s.target ORDER BY h.n)
+		  FROM s JOIN lab b USING (target)
+		 CROSS JOIN unnest(s.latency_le_ms, s.latency_buckets) WITH ORDINALITY h (le, c, n)
+		UNION ALL
+		SELECT 13, s.target, 1000, 'outbox_delivery_latency_seconds_sum' || b.open || '} ' || s.latency_sum_ms / 1000
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, 1001, 'outbox_delivery_latency_seconds_count' || b.open || '} ' || s.latency_count
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 14, '', 0, 'outbox_relay_up ' || (w.pid IS NOT NULL)::int FROM w
+		UNION ALL
+		SELECT 15, '', 0, 'outbox_frontier_id ' || w.frontier FROM w WHERE w.frontier IS NOT NULL
+		UNION ALL
+		SELECT 16, '', 0, 'outbox_relay_read_position_id ' || w.read_position FROM w WHERE w.read_position IS NOT NULL
+		UNION ALL
+		SELECT 17, sb.slot_name, 0, 'outbox_standby_slot_up{slot="' || sb.slot_name || '"} '
+			   || (sb.state = 'streaming')::int FROM sb
+		UNION ALL
+		SELECT 18, sb.slot_name, 0, 'outbox_standby_behind_bytes{slot="' || sb.slot_name || '"} '
+			   || sb.behind_bytes FROM sb WHERE sb.behind_bytes IS NOT NULL)
+SELECT string_agg(block, '' ORDER BY ord)
+  FROM (SELECT f.ord,
+			   '# HELP ' || f.name || ' ' || f.help || E'\n# TYPE ' || f.name || ' ' || f.type || E'\n'
+			   || coalesce(string_agg(x.line || E'\n', '' ORDER BY x.k1, x.k2), '') AS block
+		  FROM fam f LEFT JOIN samples x ON x.ord = f.ord
+		 GROUP BY f.ord, f.name, f.type, f.help) blocks
+$$;
+GRANT EXECUTE ON FUNCTION outbox.standby_status() TO outbox_monitor;

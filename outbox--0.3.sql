@@ -1880,17 +1880,37 @@ REVOKE ALL ON outbox.stats FROM PUBLIC;
 
 -- The relay: what it does, where it reads, and what holds delivery or
 -- retention back.
+-- Failover-safe delivery: each slot of outbox.standby_slots, how it stands,
+-- and how far its standby is behind the newest commit that emitted here.
+CREATE FUNCTION outbox.standby_status(OUT slot_name text, OUT state text,
+									  OUT flushed_lsn pg_lsn, OUT behind_bytes bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_standby_status'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION outbox.standby_status() IS
+	'each slot of outbox.standby_slots: state, flushed position, bytes behind the newest commit';
+REVOKE ALL ON FUNCTION outbox.standby_status() FROM PUBLIC;
+
 CREATE VIEW outbox.worker AS
 SELECT w.pid, w.state, w.started_at, w.last_wakeup, w.read_position, w.frontier,
 	   w.frontier_held_by_pid,
 	   (SELECT a.xact_start FROM pg_catalog.pg_stat_activity a WHERE a.pid = w.frontier_held_by_pid)
 		 AS frontier_held_since,
 	   w.current_chunk, w.retention_held_by, w.retention_checked_at,
-	   x.pid AS oldest_xmin_pid, x.xact_start AS oldest_xmin_since
+	   x.pid AS oldest_xmin_pid, x.xact_start AS oldest_xmin_since,
+	   sb.standby_held_by, sb.standby_behind_bytes
   FROM outbox.worker_status() w
   LEFT JOIN LATERAL (SELECT a.pid, a.xact_start FROM pg_catalog.pg_stat_activity a
 					  WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_catalog.pg_backend_pid()
-					  ORDER BY pg_catalog.age(a.backend_xmin) DESC LIMIT 1) x ON true;
+					  ORDER BY pg_catalog.age(a.backend_xmin) DESC LIMIT 1) x ON true
+ CROSS JOIN LATERAL (SELECT (SELECT s.slot_name || ' (' || s.state || ')'
+							   FROM outbox.standby_status() s
+							  WHERE s.state <> 'streaming' OR s.behind_bytes > 0
+							  ORDER BY s.state = 'streaming', s.state = 'no standby connected',
+									   s.behind_bytes DESC NULLS FIRST
+							  LIMIT 1) AS standby_held_by,
+							(SELECT max(s.behind_bytes) FROM outbox.standby_status() s)
+							  AS standby_behind_bytes) sb;
 COMMENT ON VIEW outbox.worker IS 'the relay: state, read position, frontier, and what holds them or retention back';
 REVOKE ALL ON outbox.worker FROM PUBLIC;
 
@@ -1951,7 +1971,10 @@ WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
 		(13, 'outbox_delivery_latency_seconds', 'histogram', 'From outbox_emit() to acknowledgement, per message.'),
 		(14, 'outbox_relay_up', 'gauge', '1 when the relay is running.'),
 		(15, 'outbox_frontier_id', 'gauge', 'Highest message id below which no message can still appear.'),
-		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.')),
+		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.'),
+		(17, 'outbox_standby_slot_up', 'gauge', '1 when the slot of outbox.standby_slots has its standby connected.'),
+		(18, 'outbox_standby_behind_bytes', 'gauge', 'WAL from what the slot''s standby flushed to the newest commit that emitted messages.')),
+	 sb AS MATERIALIZED (SELECT * FROM outbox.standby_status()),
 	 lab AS MATERIALIZED (SELECT target,
 					'{target="' || replace(replace(replace(target, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' AS open
 			   FROM (SELECT target FROM l UNION SELECT target FROM s) x),
@@ -1966,7 +1989,8 @@ WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
 		SELECT 4, l.target, k.n, 'outbox_target_state' || b.open || ',state="' || k.state || '"} '
 			   || (l.state = k.state)::int
 		  FROM l JOIN lab b USING (target)
-		 CROSS JOIN unnest(ARRAY['idle', 'delivering', 'retrying', 'failing', 'paused', 'disabled'])
+		 CROSS JOIN unnest(ARRAY['idle', 'delivering', 'retrying', 'failing', 'paused', 'disabled',
+							   'waiting for standby'])
 				   WITH ORDINALITY k (state, n)
 		UNION ALL
 		SELECT 5, l.target, 0, 'outbox_in_flight_requests' || b.open || '} ' || l.in_flight FROM l JOIN lab b USING (target)
@@ -2004,7 +2028,13 @@ WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
 		UNION ALL
 		SELECT 15, '', 0, 'outbox_frontier_id ' || w.frontier FROM w WHERE w.frontier IS NOT NULL
 		UNION ALL
-		SELECT 16, '', 0, 'outbox_relay_read_position_id ' || w.read_position FROM w WHERE w.read_position IS NOT NULL)
+		SELECT 16, '', 0, 'outbox_relay_read_position_id ' || w.read_position FROM w WHERE w.read_position IS NOT NULL
+		UNION ALL
+		SELECT 17, sb.slot_name, 0, 'outbox_standby_slot_up{slot="' || sb.slot_name || '"} '
+			   || (sb.state = 'streaming')::int FROM sb
+		UNION ALL
+		SELECT 18, sb.slot_name, 0, 'outbox_standby_behind_bytes{slot="' || sb.slot_name || '"} '
+			   || sb.behind_bytes FROM sb WHERE sb.behind_bytes IS NOT NULL)
 SELECT string_agg(block, '' ORDER BY ord)
   FROM (SELECT f.ord,
 			   '# HELP ' || f.name || ' ' || f.help || E'\n# TYPE ' || f.name || ' ' || f.type || E'\n'
@@ -2048,6 +2078,7 @@ GRANT SELECT ON outbox.lag, outbox.stats, outbox.worker, outbox.queues TO outbox
 GRANT SELECT (id, name) ON outbox.targets TO outbox_monitor;	-- to join target_stats() by name
 GRANT EXECUTE ON FUNCTION outbox.metrics(), outbox.target_pending(int), outbox.target_stats(),
 	outbox.worker_status(), outbox.queue_stats() TO outbox_monitor;
+GRANT EXECUTE ON FUNCTION outbox.standby_status() TO outbox_monitor;
 
 
 ---------------------------------------------------------------------------

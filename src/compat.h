@@ -97,4 +97,13 @@ typedef char outbox_b64_byte;
 	pg_database_ownercheck((dboid), (roleid))
 #endif
 
+/* 16 records why a replication slot was invalidated (15: only when). */
+#if PG_VERSION_NUM >= 160000
+#define outbox_slot_invalidated(slot)	((slot)->data.invalidated != RS_INVAL_NONE)
+#else
+#define outbox_slot_invalidated(slot) \
+	((slot)->data.invalidated_at != InvalidXLogRecPtr && \
+	 (slot)->data.restart_lsn == InvalidXLogRecPtr)
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

@@ -177,6 +177,7 @@ _PG_init(void)
 							   NULL, NULL, NULL);
 
 	outbox_destinations_define_gucs();
+	outbox_standby_define_gucs();
 	outbox_topic_grants_define_gucs();
 
 	DefineCustomIntVariable("outbox.max_receives",

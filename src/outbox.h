@@ -122,7 +122,8 @@ extern void outbox_check_ids_left(int64 count);
 extern int64 outbox_reserve_ids(int64 count, const OutboxMarkRel *markrel,
 								bool mark_locked);
 extern bool outbox_release_slot(XLogRecPtr commit_end);
-extern void outbox_flush_commits(void);
+extern XLogRecPtr outbox_flush_commits(void);
+extern XLogRecPtr outbox_newest_commit_end(void);
 extern void outbox_counter_advance(int64 highest_used);
 extern int64 outbox_compute_frontier(void);
 extern void outbox_wake_worker(bool for_commit);
@@ -171,7 +172,8 @@ typedef struct OutboxTargetStats
 {
 	int			target_id;
 	char		state;			/* 'i'dle, 'd'elivering, 'r'etrying,
-								 * 'p'aused, disabled ('x'), 'f'ailing */
+								 * 'p'aused, disabled ('x'), 'f'ailing,
+								 * 'w'aiting for standby */
 	int			in_flight;		/* requests on the wire */
 	int			failed_attempts;	/* of the messages now being retried */
 	TimestampTz last_success_at;
@@ -202,6 +204,33 @@ extern void outbox_stats_latency(OutboxTargetStats *s, double ms, TimestampTz no
 extern void outbox_stats_publish(const OutboxWorkerStatus *worker,
 								 const OutboxTargetStats *targets, int ntargets);
 extern uint64 outbox_stats_reset_generation(void);
+
+/*---- standby.c: failover-safe delivery (I9) ----*/
+extern char *outbox_standby_slots;
+
+typedef enum OutboxStandbyState
+{
+	OUTBOX_STANDBY_STREAMING,	/* a standby is connected */
+	OUTBOX_STANDBY_DISCONNECTED,	/* no standby connected */
+	OUTBOX_STANDBY_MISSING,		/* no slot of that name */
+	OUTBOX_STANDBY_INVALIDATED,
+	OUTBOX_STANDBY_LOGICAL		/* a logical slot */
+} OutboxStandbyState;
+
+typedef struct OutboxStandbySlot
+{
+	char		name[NAMEDATALEN];
+	OutboxStandbyState state;
+	XLogRecPtr	flushed;		/* what its standby confirmed, or invalid */
+	bool		waiting;		/* (the gate) something waits for it */
+	int64		behind;			/* (the gate) bytes still to confirm, -1 unknown */
+} OutboxStandbySlot;
+
+extern void outbox_standby_define_gucs(void);
+extern bool outbox_standby_gated(void);
+extern const char *outbox_standby_state_name(OutboxStandbyState state);
+extern int64 outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold,
+								 long *recheck_ms);
 
 /*---- emit.c ----*/
 /* chars.c: which characters text of each kind may hold */

@@ -219,6 +219,14 @@ relay_drive(void)
 /* How often the relay publishes its figures (stats.c). */
 #define RELAY_STATS_INTERVAL_MS		50
 
+/*
+ * outbox.standby_slots (I9): what the last gate said, and the frontier the
+ * relay would have read up to without it.
+ */
+static OutboxStandbySlot relay_standby_hold;
+static int64 relay_ungated_frontier = 0;
+static bool relay_standby_logged = false;	/* a hold was logged */
+
 static TimestampTz relay_started_at = 0;
 static uint64 relay_reset_generation = 0;
 
@@ -241,6 +249,9 @@ relay_target_state(RelayTarget *t)
 			return 'r';
 		busy = busy || t->lanes[i].in_flight || t->lanes[i].overflow_id != 0;
 	}
+	/* Idle with messages the standbys have not confirmed yet. */
+	if (!busy && relay_standby_hold.waiting && t->read_id < relay_ungated_frontier)
+		return 'w';
 	return busy ? 'd' : 'i';
 }
 
@@ -389,6 +400,63 @@ relay_reload_config(void)
 	relay_load_config();
 	outbox_set_worker_wants_commits(relay_targets != NIL && outbox_enabled);
 	return generation;
+}
+
+/*
+ * The frontier the relay may read up to with outbox.standby_slots (I9),
+ * given the one it computed and the end of the newest commit it covers;
+ * *recheck_ms: how soon to look at the slots again (-1: no need).  A change
+ * between holding for a slot that cannot confirm and not is logged once,
+ * and written as each target's last error.
+ */
+static int64
+relay_standby_gate(int64 frontier, XLogRecPtr end, long *recheck_ms)
+{
+	int64		gated;
+	bool		stuck;
+
+	gated = outbox_standby_gate(frontier, end, &relay_standby_hold, recheck_ms);
+	relay_ungated_frontier = frontier;
+	stuck = relay_standby_hold.waiting &&
+		relay_standby_hold.state != OUTBOX_STANDBY_STREAMING;
+	if (stuck && !relay_standby_logged)
+	{
+		char	   *why = psprintf("held until standby slot \"%s\" confirms: %s",
+								   relay_standby_hold.name,
+								   outbox_standby_state_name(relay_standby_hold.state));
+		ListCell   *lc;
+
+		ereport(LOG,
+				(errmsg("outbox relay holds delivery: standby slot \"%s\" %s",
+						relay_standby_hold.name,
+						relay_standby_hold.state == OUTBOX_STANDBY_MISSING ? "does not exist" :
+						relay_standby_hold.state == OUTBOX_STANDBY_INVALIDATED ? "was invalidated" :
+						relay_standby_hold.state == OUTBOX_STANDBY_LOGICAL ? "is not a physical replication slot" :
+						"has no standby connected"),
+				 errdetail("Messages committed after what every slot of outbox.standby_slots confirmed are not delivered until it does (id " INT64_FORMAT " and up).",
+						   gated + 1),
+				 relay_standby_hold.state == OUTBOX_STANDBY_DISCONNECTED ?
+				 errhint("Start the standby that streams from this slot, or take the slot out of outbox.standby_slots.") :
+				 errhint("Name in outbox.standby_slots the physical replication slot of the standby that would be promoted.")));
+		foreach(lc, relay_targets)
+		{
+			RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+			if (t->read_id < frontier)
+				relay_lane_set_error(&t->lanes[0], 0, why);
+		}
+		pfree(why);
+		relay_standby_logged = true;
+	}
+	else if (!stuck && relay_standby_logged)
+	{
+		ereport(LOG,
+				(errmsg("outbox relay resumes delivery: %s",
+						!outbox_standby_gated() ? "outbox.standby_slots is empty" :
+						"the standby slots confirm again")));
+		relay_standby_logged = false;
+	}
+	return gated;
 }
 
 /*
@@ -591,6 +659,8 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 		TimestampTz now;
 		long		timeout;
 		bool		did_read = false;
+		XLogRecPtr	commit_end;
+		long		standby_recheck = -1;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ShutdownRequestPending)
@@ -656,8 +726,10 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 			/* Subscriptions committed before the frontier must be known. */
 			if (outbox_config_generation() != loaded_generation)
 				loaded_generation = relay_reload_config();
-			/* Deliver nothing whose commit is not durable (I7). */
-			outbox_flush_commits();
+			/* Deliver nothing whose commit is not durable (I7), ... */
+			commit_end = outbox_flush_commits();
+			/* ... nor anything a failover could undo (I9). */
+			frontier = relay_standby_gate(frontier, commit_end, &standby_recheck);
 			did_read = relay_read_messages(frontier);
 		}
 		relay_stats_check_reset(GetCurrentTimestamp());
@@ -709,8 +781,11 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 		}
 
 		relay_publish_stats(now, !outbox_enabled ? "disabled (outbox.enabled = off)" :
-							relay_in_flight() > 0 || did_read ? "delivering" : "idle",
+							relay_in_flight() > 0 || did_read ? "delivering" :
+							relay_standby_hold.waiting ? "waiting for standby" : "idle",
 							false);
+		if (standby_recheck >= 0)
+			timeout = Min(timeout, standby_recheck);
 
 		/* Empty finished chunks (I8), whether or not there are targets. */
 		timeout = Min(timeout, relay_retention_maybe(now));

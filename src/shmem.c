@@ -915,21 +915,34 @@ outbox_bump_config_generation(bool wake)
  * before this call is durable (invariant I7).  Cheap when nothing is left
  * to flush, as with synchronous_commit = on.
  */
-void
+XLogRecPtr
 outbox_flush_commits(void)
+{
+	XLogRecPtr	upto = outbox_newest_commit_end();
+
+	if (upto != InvalidXLogRecPtr && !RecoveryInProgress())
+		XLogFlush(upto);
+	return upto;
+}
+
+/*
+ * The end of the newest commit that handed out ids in this database (of
+ * the id mark too: ids up to the frontier may include a failed
+ * transaction's gap), or InvalidXLogRecPtr when the database has no slot.
+ * Every commit a frontier computed before this call covers ends at or
+ * below it.
+ */
+XLogRecPtr
+outbox_newest_commit_end(void)
 {
 	XLogRecPtr	upto;
 	XLogRecPtr	mark_end;
 
-	DB_ATTACH();
+	if (!outbox_db_attached() && !outbox_db_lookup())
+		return InvalidXLogRecPtr;
 	upto = pg_atomic_read_u64(&OutboxShared->max_commit_end);
 	mark_end = pg_atomic_read_u64(&OutboxShared->mark_end);
-
-	/* Ids up to the frontier may include a failed transaction's gap. */
-	if (mark_end > upto)
-		upto = mark_end;
-	if (upto != InvalidXLogRecPtr && !RecoveryInProgress())
-		XLogFlush(upto);
+	return Max(upto, mark_end);
 }
 
 /*

@@ -289,6 +289,9 @@ outbox_target_stats(PG_FUNCTION_ARGS)
 			case 'd':
 				state = "delivering";
 				break;
+			case 'w':
+				state = "waiting for standby";
+				break;
 			default:
 				state = "idle";
 				break;

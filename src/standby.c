@@ -1,0 +1,366 @@
+/*-------------------------------------------------------------------------
+ *
+ * standby.c
+ *	  Failover-safe delivery (I9): nothing leaves the outbox before the
+ *	  standbys named by outbox.standby_slots have flushed its commit.
+ *
+ * A failover undoes the commits its standby had not received.  Were their
+ * messages already delivered, consumers would have acted on transactions
+ * that never happened, and the promoted server would hand their ids out
+ * again for other messages.  So with outbox.standby_slots set, whatever
+ * hands messages out (the relay for its targets, a fill of a queue for
+ * outbox.receive()) reads only up to a frontier whose commits every listed
+ * physical slot has confirmed: a physical slot's restart_lsn is the flush
+ * position its standby last reported.  The writer's commit never waits.
+ *
+ * Each reader keeps, in its own memory, the frontiers it computed with the
+ * end of the newest commit then (a frontier covers only commits that ended
+ * before it was computed, so their ends are at or below it): the frontier
+ * it may read up to is the newest one whose end every slot has confirmed.
+ * A slot that does not exist, was invalidated or is not physical holds
+ * everything; one whose standby is gone holds what it has not confirmed.
+ * Never skipped: delivery resumes when the slot catches up or the setting
+ * changes.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xlog.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "replication/slot.h"
+#include "storage/lwlock.h"
+#include "storage/spin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/pg_lsn.h"
+#include "utils/varlena.h"
+
+#include "outbox.h"
+#include "compat.h"
+
+/* The setting, and its parsed list (the GUC's extra). */
+char	   *outbox_standby_slots = NULL;
+
+typedef struct StandbySlotList
+{
+	int			n;
+	NameData	names[FLEXIBLE_ARRAY_MEMBER];
+} StandbySlotList;
+
+static StandbySlotList *standby_list = NULL;
+
+/* Frontiers waiting for the slots, oldest first (a ring). */
+#define GATE_POINTS		256
+
+typedef struct GatePoint
+{
+	int64		frontier;
+	XLogRecPtr	end;
+} GatePoint;
+
+typedef struct StandbyGate
+{
+	GatePoint	points[GATE_POINTS];
+	int			head;
+	int			count;
+	int64		safe;			/* the slots confirmed every commit up to it */
+	int64		handed;			/* the highest frontier returned */
+	bool		active;			/* the setting was in force last time */
+} StandbyGate;
+
+static StandbyGate gate;
+
+/*---- the setting ----*/
+
+static bool
+standby_slots_check(char **newval, void **extra, GucSource source)
+{
+	char	   *raw = pstrdup(*newval);
+	List	   *names;
+	ListCell   *lc;
+	StandbySlotList *list;
+	int			i = 0;
+
+	if (!SplitIdentifierString(raw, ',', &names))
+	{
+		GUC_check_errdetail("The list syntax is invalid.");
+		return false;
+	}
+	foreach(lc, names)
+	{
+		const char *name = (const char *) lfirst(lc);
+		const char *c;
+
+		if (name[0] == '\0' || strlen(name) >= NAMEDATALEN)
+		{
+			GUC_check_errdetail("Replication slot names have 1 to %d characters.", NAMEDATALEN - 1);
+			return false;
+		}
+		for (c = name; *c; c++)
+			if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_'))
+			{
+				GUC_check_errdetail("Replication slot name \"%s\" contains invalid character.", name);
+				GUC_check_errhint("Replication slot names may only contain lower case letters, numbers, and the underscore character.");
+				return false;
+			}
+	}
+	list = outbox_guc_malloc(offsetof(StandbySlotList, names) +
+							 sizeof(NameData) * Max(list_length(names), 1));
+	if (list == NULL)
+		return false;
+	list->n = list_length(names);
+	foreach(lc, names)
+		namestrcpy(&list->names[i++], (const char *) lfirst(lc));
+	list_free(names);
+	pfree(raw);
+	*extra = list;
+	return true;
+}
+
+static void
+standby_slots_assign(const char *newval, void *extra)
+{
+	standby_list = (StandbySlotList *) extra;
+}
+
+void
+outbox_standby_define_gucs(void)
+{
+	DefineCustomStringVariable("outbox.standby_slots",
+							   "Physical replication slots whose standbys must have flushed a commit before its messages are delivered or received.",
+							   "Empty: messages are delivered once their commit is durable here. A listed slot that does "
+							   "not exist, was invalidated or is not physical holds delivery.",
+							   &outbox_standby_slots,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_LIST_INPUT,
+							   standby_slots_check, standby_slots_assign, NULL);
+}
+
+bool
+outbox_standby_gated(void)
+{
+	return standby_list != NULL && standby_list->n > 0;
+}
+
+/*---- the slots ----*/
+
+/* How one listed slot stands. */
+static void
+standby_slot_look(const char *name, OutboxStandbySlot *out)
+{
+	ReplicationSlot *s;
+
+	memset(out, 0, sizeof(*out));
+	strlcpy(out->name, name, sizeof(out->name));
+	out->flushed = InvalidXLogRecPtr;
+
+	LWLockAcquire(ReplicationSlotControlLock, LW_SHARED);
+	s = SearchNamedReplicationSlot(name, false);
+	if (s == NULL)
+		out->state = OUTBOX_STANDBY_MISSING;
+	else
+	{
+		XLogRecPtr	restart;
+		Oid			database;
+		bool		invalidated;
+		pid_t		active;
+
+		SpinLockAcquire(&s->mutex);
+		restart = s->data.restart_lsn;
+		database = s->data.database;
+		invalidated = outbox_slot_invalidated(s);
+		active = s->active_pid;
+		SpinLockRelease(&s->mutex);
+
+		if (OidIsValid(database))
+			out->state = OUTBOX_STANDBY_LOGICAL;
+		else if (invalidated)
+			out->state = OUTBOX_STANDBY_INVALIDATED;
+		else
+		{
+			out->flushed = restart;
+			out->state = active != 0 ? OUTBOX_STANDBY_STREAMING : OUTBOX_STANDBY_DISCONNECTED;
+		}
+	}
+	LWLockRelease(ReplicationSlotControlLock);
+}
+
+const char *
+outbox_standby_state_name(OutboxStandbyState state)
+{
+	switch (state)
+	{
+		case OUTBOX_STANDBY_STREAMING:
+			return "streaming";
+		case OUTBOX_STANDBY_DISCONNECTED:
+			return "no standby connected";
+		case OUTBOX_STANDBY_MISSING:
+			return "does not exist";
+		case OUTBOX_STANDBY_INVALIDATED:
+			return "invalidated";
+		case OUTBOX_STANDBY_LOGICAL:
+			return "not a physical slot";
+	}
+	return "unknown";
+}
+
+/* Whether a slot in this state confirms anything (its standby flushed). */
+static bool
+standby_state_confirms(OutboxStandbyState state)
+{
+	return state == OUTBOX_STANDBY_STREAMING || state == OUTBOX_STANDBY_DISCONNECTED;
+}
+
+/*
+ * The position every listed slot has confirmed (InvalidXLogRecPtr when one
+ * confirms nothing), and in *worst the slot that holds most: the first in a
+ * state that holds everything, else the one furthest behind.
+ */
+static XLogRecPtr
+standby_confirmed(OutboxStandbySlot *worst)
+{
+	XLogRecPtr	confirmed = InvalidXLogRecPtr;
+	bool		blocked = false;
+	int			i;
+
+	memset(worst, 0, sizeof(*worst));
+	for (i = 0; standby_list != NULL && i < standby_list->n; i++)
+	{
+		OutboxStandbySlot s;
+
+		standby_slot_look(NameStr(standby_list->names[i]), &s);
+		if (!standby_state_confirms(s.state))
+		{
+			if (!blocked)
+				*worst = s;
+			blocked = true;
+		}
+		else if (!blocked && (i == 0 || s.flushed < confirmed))
+		{
+			*worst = s;
+			confirmed = s.flushed;
+		}
+	}
+	return blocked ? InvalidXLogRecPtr : confirmed;
+}
+
+/*---- the gate ----*/
+
+/*
+ * The frontier a reader may read up to, given the frontier it computed and
+ * the end of the newest commit (at or above every commit the frontier
+ * covers).  Without the setting: the frontier itself.  *hold gets why the
+ * rest waits (state OUTBOX_STANDBY_STREAMING with nothing behind when
+ * nothing does); *recheck_ms how soon to ask again while something waits
+ * (-1 when nothing does).  The slots report as their standbys flush, and
+ * nothing wakes a reader when they do: while a standby streams it is asked
+ * again within a millisecond.
+ */
+int64
+outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, long *recheck_ms)
+{
+	XLogRecPtr	confirmed;
+
+	memset(hold, 0, sizeof(*hold));
+	hold->state = OUTBOX_STANDBY_STREAMING;
+	*recheck_ms = -1;
+
+	if (!outbox_standby_gated())
+	{
+		gate.active = false;
+		gate.count = 0;
+		gate.safe = gate.handed = Max(gate.handed, frontier);
+		return frontier;
+	}
+	if (!gate.active)
+	{
+		/* just set: what was handed out before stays handed out */
+		gate.active = true;
+		gate.count = 0;
+		gate.safe = gate.handed;
+	}
+
+	if (frontier > gate.safe &&
+		(gate.count == 0 ||
+		 frontier > gate.points[(gate.head + gate.count - 1) % GATE_POINTS].frontier))
+	{
+		if (gate.count == GATE_POINTS)
+		{
+			/* full: the newest point stands for the newest frontier too */
+			GatePoint  *last = &gate.points[(gate.head + gate.count - 1) % GATE_POINTS];
+
+			last->frontier = frontier;
+			last->end = Max(last->end, end);
+		}
+		else
+		{
+			GatePoint  *p = &gate.points[(gate.head + gate.count) % GATE_POINTS];
+
+			p->frontier = frontier;
+			p->end = end;
+			gate.count++;
+		}
+	}
+	if (gate.count == 0)
+		return gate.safe;
+
+	confirmed = standby_confirmed(hold);
+	while (gate.count > 0 && confirmed != InvalidXLogRecPtr &&
+		   gate.points[gate.head].end <= confirmed)
+	{
+		gate.safe = Max(gate.safe, gate.points[gate.head].frontier);
+		gate.head = (gate.head + 1) % GATE_POINTS;
+		gate.count--;
+	}
+	if (gate.count > 0)
+	{
+		XLogRecPtr	wanted = gate.points[(gate.head + gate.count - 1) % GATE_POINTS].end;
+
+		hold->waiting = true;
+		hold->behind = hold->flushed == InvalidXLogRecPtr ? -1 :
+			wanted > hold->flushed ? (int64) (wanted - hold->flushed) : 0;
+		*recheck_ms = hold->state == OUTBOX_STANDBY_STREAMING ? 1 : 100;
+	}
+	gate.handed = Max(gate.handed, gate.safe);
+	return gate.safe;
+}
+
+/*---- outbox.standby_status() ----*/
+
+/*
+ * outbox.standby_status() -> setof (slot_name, state, flushed_lsn,
+ * behind_bytes): each slot of outbox.standby_slots, how it stands, and how
+ * far its standby is behind the newest commit that emitted messages here.
+ */
+PG_FUNCTION_INFO_V1(outbox_standby_status);
+
+Datum
+outbox_standby_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	XLogRecPtr	newest = outbox_newest_commit_end();
+	int			i;
+
+	InitMaterializedSRF(fcinfo, 0);
+	for (i = 0; standby_list != NULL && i < standby_list->n; i++)
+	{
+		OutboxStandbySlot s;
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
+
+		standby_slot_look(NameStr(standby_list->names[i]), &s);
+		values[0] = CStringGetTextDatum(s.name);
+		values[1] = CStringGetTextDatum(outbox_standby_state_name(s.state));
+		values[2] = LSNGetDatum(s.flushed);
+		nulls[2] = s.flushed == InvalidXLogRecPtr;
+		values[3] = Int64GetDatum(s.flushed == InvalidXLogRecPtr ? 0 :
+								  newest > s.flushed ? (int64) (newest - s.flushed) : 0);
+		nulls[3] = s.flushed == InvalidXLogRecPtr;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
