@@ -231,6 +231,7 @@ extern bool outbox_standby_gated(void);
 extern const char *outbox_standby_state_name(OutboxStandbyState state);
 extern int64 outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold,
 								 long *recheck_ms);
+extern int64 outbox_standby_frontier(long *recheck_ms);
 
 /*---- emit.c ----*/
 /* chars.c: which characters text of each kind may hold */

@@ -320,7 +320,8 @@ queue_load(QueueInfo *qi, int slot, uint64 gen)
 		 */
 		while (acked.next < acked.n)
 		{
-			int64		frontier = outbox_compute_frontier();
+			long		recheck;
+			int64		frontier = outbox_standby_frontier(&recheck);
 
 			if (!queue_fill(qi, slot, frontier, &acked))
 				break;

@@ -360,6 +360,7 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		int64		frontier;
 		long		left;
 		long		sleep_ms;
+		long		standby_recheck;
 
 		CHECK_FOR_INTERRUPTS();
 		/* A sleeping backend saw no invalidations: grants, memberships. */
@@ -373,7 +374,8 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 		slot = queue_slot(qi);
 		s = &QShared->slots[slot];
 		gen = outbox_config_generation();
-		frontier = outbox_compute_frontier();
+		/* Nothing a failover could undo is handed out (I9). */
+		frontier = outbox_standby_frontier(&standby_recheck);
 
 		LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);
 		if (!queue_slot_is(slot, qi))
@@ -449,6 +451,9 @@ queue_take(const char *name, QueueInfo **qip, int *slotp, int max_messages, bool
 			break;
 		else
 			sleep_ms = Min(left, QUEUE_MAX_SLEEP_MS);
+		/* Nothing wakes us when the standbys confirm: look again soon. */
+		if (standby_recheck >= 0)
+			sleep_ms = Min(sleep_ms, Max(standby_recheck, 1));
 		if (!*waiting)
 		{
 			/* Look once more after announcing the wait: no wake-up is lost. */

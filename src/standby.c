@@ -329,6 +329,20 @@ outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, lon
 	return gate.safe;
 }
 
+/*
+ * The frontier a backend may hand messages out up to (outbox.receive()):
+ * outbox_compute_frontier() passed through the gate.  *recheck_ms as for
+ * outbox_standby_gate().
+ */
+int64
+outbox_standby_frontier(long *recheck_ms)
+{
+	int64		frontier = outbox_compute_frontier();
+	OutboxStandbySlot hold;
+
+	return outbox_standby_gate(frontier, outbox_newest_commit_end(), &hold, recheck_ms);
+}
+
 /*---- outbox.standby_status() ----*/
 
 /*

@@ -15,6 +15,8 @@
 # - asynchronous, with it: all zero;
 # - synchronous with the waiting commits cancelled (they commit locally),
 #   with it: all zero;
+# and the same for a queue consumer: what it received in transactions that
+# committed, the promoted server must hold;
 # and on the promoted server the relay starts, delivers what was pending and
 # goes on with ids above everything delivered before (the time from
 # pg_ctl promote to the first delivery is printed).
@@ -68,6 +70,8 @@ SELECT pg_create_physical_replication_slot('standby1');
 CREATE EXTENSION outbox;
 SELECT outbox.create_http_target('t', '$sink->{url}/$name');
 SELECT outbox.subscribe('t', 'm');
+SELECT outbox.create_queue('q');
+SELECT outbox.subscribe('q', 'm');
 });
 	$primary->stop;
 	$primary->backup_fs_cold('cold');
@@ -128,6 +132,16 @@ sub failover
 	my $emitter = IPC::Run::start(
 		[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=0', '-d', $primary->connstr('postgres'), '-f', $file ],
 		'>', "$file.out", '2>', "$file.err");
+	# A queue consumer: what it received in transactions that committed
+	# is what it acted on.
+	my $cfile = "$PostgreSQL::Test::Utils::tmp_check/consume_$name.sql";
+	open $fh, '>', $cfile or die $!;
+	print $fh "BEGIN;\nSELECT 'got ' || (payload->>'n') FROM outbox.receive('q', 50, 200);\nCOMMIT;\n"
+	  for 1 .. 20000;
+	close $fh;
+	my $consumer = IPC::Run::start(
+		[ 'psql', '-X', '-At', '-v', 'ON_ERROR_STOP=1', '-d', $primary->connstr('postgres'), '-f', $cfile ],
+		'>', "$cfile.out", '2>', "$cfile.err");
 	ok(wait_until(sub { @{ deliveries("/$name") } >= 300 }, 60), "$name: messages flow");
 
 	# The WAL sender stalls for 2 s; the emitter goes on.
@@ -144,8 +158,23 @@ sub failover
 	}
 	my $delivered_before = scalar @{ deliveries("/$name") };
 	kill_all($primary);
-	$emitter->kill_kill;
-	eval { $emitter->finish };
+	$_->kill_kill for $emitter, $consumer;
+	eval { $_->finish } for $emitter, $consumer;
+	# Received in a transaction whose COMMIT came back: a "got" line
+	# followed by a COMMIT line.
+	my @received;
+	{
+		open my $in, '<', "$cfile.out" or die $!;
+		my @lines = <$in>;
+		chomp @lines;
+		my @got;
+		for my $l (@lines)
+		{
+			if ($l =~ /^got (\d+)$/) { push @got, $1 }
+			elsif ($l eq 'COMMIT') { push @received, @got; @got = () }
+			elsif ($l eq 'BEGIN') { @got = () }
+		}
+	}
 
 	my $t_promote = time;
 	$standby->promote;
@@ -191,14 +220,17 @@ sub failover
 		$order++ if defined $last{ $e->{key} } && $id < $last{ $e->{key} };
 		$last{ $e->{key} } = $id;
 	}
+	my $received_lost = grep { !$held{$_} } @received;
 	my $after_min = $standby->safe_psql('postgres',
 		q{SELECT min(id) FROM outbox.messages WHERE (payload->>'n')::bigint > 1000000});
 	note(sprintf("%s: %d delivered before the kill, %d messages on the promoted server, "
 		  . "delivered-but-lost %d, reused ids %d, missing %d, out of order %d; "
+		  . "queue: %d received, %d of them lost; "
 		  . "pg_ctl promote to the first delivery %.2f s",
 		$name, $delivered_before, scalar(keys %held), $lost, $reused, $missing, $order,
-		$promote_to_delivery));
+		scalar(@received), $received_lost, $promote_to_delivery));
 	my %r = (lost => $lost, reused => $reused, missing => $missing, order => $order,
+		received => scalar(@received), received_lost => $received_lost,
 		after_min => $after_min, max_before => $max_before, standby => $standby);
 	$standby->stop;
 	return \%r;
@@ -207,6 +239,8 @@ sub failover
 my $r = failover('async_plain');
 cmp_ok($r->{lost}, '>', 0,
 	"without outbox.standby_slots a failover undoes delivered messages ($r->{lost}): the test can fail");
+cmp_ok($r->{received_lost}, '>', 0,
+	"... and received ones ($r->{received_lost} of $r->{received})");
 
 $r = failover('async_gated', gated => 1);
 is($r->{lost}, 0, 'asynchronous, outbox.standby_slots: no delivered message is lost');
@@ -214,12 +248,15 @@ is($r->{reused}, 0, '... no id is reused for another message');
 is($r->{missing}, 0, '... nothing committed on the promoted server goes undelivered');
 is($r->{order}, 0, '... and per key the order holds');
 cmp_ok($r->{after_min}, '>', $r->{max_before}, '... new ids are above every id delivered before');
+cmp_ok($r->{received}, '>', 0, '... a queue consumer received messages');
+is($r->{received_lost}, 0, '... and none that the promoted server lacks');
 
 $r = failover('sync_cancelled', gated => 1, sync => 1);
 is($r->{lost}, 0, 'synchronous with cancelled waits, outbox.standby_slots: no delivered message is lost');
 is($r->{reused}, 0, '... no id is reused');
 is($r->{missing}, 0, '... nothing goes undelivered');
 is($r->{order}, 0, '... and per key the order holds');
+is($r->{received_lost}, 0, '... and no received message is lost');
 
 stop_sink($sink);
 done_testing();
