@@ -433,7 +433,7 @@ relay_standby_gate(int64 frontier, XLogRecPtr end, long *recheck_ms)
 						relay_standby_hold.state == OUTBOX_STANDBY_INVALIDATED ? "was invalidated" :
 						relay_standby_hold.state == OUTBOX_STANDBY_LOGICAL ? "is not a physical replication slot" :
 						"has no standby connected"),
-				 errdetail("Messages committed after what every slot of outbox.standby_slots confirmed are not delivered until it does (id " INT64_FORMAT " and up).",
+				 errdetail("Messages from id " INT64_FORMAT " on wait until every slot of outbox.standby_slots has confirmed their commits.",
 						   gated + 1),
 				 relay_standby_hold.state == OUTBOX_STANDBY_DISCONNECTED ?
 				 errhint("Start the standby that streams from this slot, or take the slot out of outbox.standby_slots.") :
@@ -453,7 +453,7 @@ relay_standby_gate(int64 frontier, XLogRecPtr end, long *recheck_ms)
 		ereport(LOG,
 				(errmsg("outbox relay resumes delivery: %s",
 						!outbox_standby_gated() ? "outbox.standby_slots is empty" :
-						"the standby slots confirm again")));
+						"every slot of outbox.standby_slots confirms again")));
 		relay_standby_logged = false;
 	}
 	return gated;

@@ -1,0 +1,158 @@
+# outbox.standby_slots holds delivery, never skips it, while a listed slot
+# cannot confirm: a slot never created, one that is logical, its standby
+# stopped, the slot dropped, the slot invalidated.  Each hold shows the
+# slot and why in outbox.worker, outbox.lag (state and last_error),
+# outbox.standby_status(), outbox.metrics() and one LOG line; delivery
+# (and outbox.receive()) resumes by itself when the slot catches up or the
+# setting changes.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use OutboxRelayTest;
+
+my $sink = start_sink('standby_held');
+
+my $primary = PostgreSQL::Test::Cluster->new('held_primary');
+$primary->init(allows_streaming => 'logical');
+$primary->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'outbox'
+outbox.retry_base_delay = 20
+outbox.retry_max_delay = 500
+outbox.standby_slots = 'sb1'
+max_slot_wal_keep_size = 1MB
+log_min_messages = info
+});
+$primary->start;
+$primary->safe_psql('postgres', qq{
+SELECT pg_create_physical_replication_slot('sb1');
+SELECT pg_create_logical_replication_slot('logical1', 'test_decoding');
+CREATE EXTENSION outbox;
+SELECT outbox.create_http_target('t', '$sink->{url}/held');
+SELECT outbox.subscribe('t', 'm');
+SELECT outbox.create_queue('q');
+SELECT outbox.subscribe('q', 'm');
+});
+$primary->stop;
+$primary->backup_fs_cold('cold');
+$primary->start;
+my $standby = PostgreSQL::Test::Cluster->new('held_standby');
+$standby->init_from_backup($primary, 'cold', has_streaming => 1);
+$standby->append_conf('postgresql.conf', "primary_slot_name = 'sb1'\n");
+$standby->start;
+$primary->poll_query_until('postgres',
+	q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
+  or die 'the standby does not stream';
+
+sub q1 { return $primary->safe_psql('postgres', $_[0]); }
+
+sub delivered
+{
+	return scalar grep { $_->{status} == 204 } @{ sink_attempts($sink, '/held') };
+}
+
+# Take the queue's messages in one transaction: how many.
+sub receive_all
+{
+	return q1(q{SELECT count(*) FROM outbox.receive('q', 1000)});
+}
+
+my $n = 0;
+my $received = 0;
+
+# Messages flow while the standby confirms.
+q1(q{SELECT outbox_emit('m', '{"n": 1}')});
+$n++;
+ok(wait_until(sub { delivered() >= $n }, 30), 'with its standby streaming, a message is delivered');
+is(receive_all(), '1', '... and received');
+is(q1(q{SELECT state || ' ' || (behind_bytes = 0) FROM outbox.standby_status()}), 'streaming true',
+	'outbox.standby_status(): streaming, nothing behind');
+
+# Emit one message, check it is held for $why ($state in
+# outbox.standby_status()), fix it with $fix, check it is delivered.
+sub held
+{
+	my ($label, $slot, $state, $log_why, $fix) = @_;
+	my $offset = -s $primary->logfile;
+	q1(q{SELECT outbox_emit('m', '{"held": true}')});
+	$n++;
+	ok($primary->poll_query_until('postgres',
+			q{SELECT state FROM outbox.worker}, 'waiting for standby'),
+		"$label: the relay waits for the standby");
+	usleep(300_000);
+	is(delivered(), $n - 1, "$label: the message is not delivered");
+	is(receive_all(), '0', "$label: nor received");
+	is(q1(q{SELECT standby_held_by FROM outbox.worker}), "$slot ($state)",
+		"$label: outbox.worker names the slot and why");
+	is(q1(q{SELECT state FROM outbox.lag WHERE target = 't'}), 'waiting for standby',
+		"$label: outbox.lag: the target waits for the standby");
+	ok($primary->poll_query_until('postgres', qq{SELECT last_error LIKE '%standby slot "$slot"%$state%'
+		FROM outbox.lag WHERE target = 't'}), "$label: ... with the slot in its last_error");
+	like(q1(q{SELECT outbox.metrics()}), qr/^outbox_standby_slot_up\{slot="$slot"\} 0$/m,
+		"$label: outbox.metrics(): the slot is not up");
+	is(q1(qq{SELECT state FROM outbox.standby_status() WHERE slot_name = '$slot'}), $state,
+		"$label: outbox.standby_status()");
+	my $log = substr(slurp_file($primary->logfile), $offset);
+	my @lines = $log =~ /(outbox relay holds delivery: standby slot "\Q$slot\E" \Q$log_why\E)/g;
+	is(scalar(@lines), 1, "$label: one LOG line says why");
+	$fix->();
+	ok(wait_until(sub { delivered() >= $n }, 30), "$label: delivered once fixed");
+	ok(wait_until(sub { ($received += receive_all()) >= $n }, 30), "$label: ... and received");
+	like(substr(slurp_file($primary->logfile), $offset), qr/outbox relay resumes delivery/,
+		"$label: the resume is logged");
+}
+
+sub set_slots
+{
+	my ($v) = @_;
+	q1("ALTER SYSTEM SET outbox.standby_slots = '$v'");
+	$primary->reload;
+}
+
+$received = 1;
+
+# A slot never created: listed by a reload.
+set_slots('sb1, nosuch');
+held('never created', 'nosuch', 'does not exist', 'does not exist', sub { set_slots('sb1') });
+
+# A logical slot.
+set_slots('logical1');
+held('logical slot', 'logical1', 'not a physical slot', 'is not a physical replication slot',
+	sub { set_slots('sb1') });
+
+# The standby stopped.
+$standby->stop;
+held('standby stopped', 'sb1', 'no standby connected', 'has no standby connected',
+	sub { $standby->start });
+
+# The slot dropped (its standby stopped first), then made again.
+$standby->stop;
+q1(q{SELECT pg_drop_replication_slot('sb1')});
+held('slot dropped', 'sb1', 'does not exist', 'does not exist', sub {
+	# (not reserving WAL: a slot's reserved position is no standby's)
+	q1(q{SELECT pg_create_physical_replication_slot('sb1')});
+	$standby->start;
+});
+
+# The slot invalidated: its standby stopped, more WAL than
+# max_slot_wal_keep_size written and checkpointed.
+$standby->stop;
+q1(q{CREATE TABLE filler (x text)});
+for (1 .. 4)
+{
+	q1(q{INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 2000); SELECT pg_switch_wal();});
+}
+q1('CHECKPOINT');
+ok($primary->poll_query_until('postgres',
+		q{SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'sb1'}, 'lost'),
+	'the slot is invalidated');
+held('slot invalidated', 'sb1', 'invalidated', 'was invalidated', sub { set_slots('') });
+like(slurp_file($primary->logfile), qr/outbox relay resumes delivery: outbox.standby_slots is empty/,
+	'an emptied setting is named as the reason to resume');
+
+relay_no_crash($primary);
+stop_sink($sink);
+done_testing();
