@@ -25,8 +25,12 @@
 #include "commands/dbcommands.h"
 #include "commands/extension.h"
 #include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/condition_variable.h"
 #include "storage/lmgr.h"
+#include "storage/lwlock.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/syscache.h"
 #include "utils/varlena.h"
@@ -231,6 +235,9 @@ outbox_extension_installed(void)
 	ext = get_extension_oid("outbox", true);
 	if (OidIsValid(ext))
 	{
+		/* as long as the drop takes, whatever lock_timeout the database sets */
+		(void) set_config_option("lock_timeout", "0", PGC_SUSET, PGC_S_SESSION,
+								 GUC_ACTION_LOCAL, true, 0, false);
 		/* taking the lock reads the invalidations the drop sent */
 		LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
 		ext = get_extension_oid("outbox", true);
@@ -267,6 +274,10 @@ bool
 outbox_error_from_drop(void)
 {
 	HOLD_INTERRUPTS();
+	/* what an error outside a transaction may have left, as workers do */
+	LWLockReleaseAll();
+	ConditionVariableCancelSleep();
+	pgstat_report_wait_end();
 	AbortOutOfAnyTransaction();
 	FlushErrorState();
 	RESUME_INTERRUPTS();

@@ -232,6 +232,7 @@ extern const char *outbox_standby_state_name(OutboxStandbyState state);
 extern int64 outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold,
 								 long *recheck_ms);
 extern int64 outbox_standby_frontier(long *recheck_ms);
+extern bool outbox_standby_wait(long max_us);
 
 /*---- emit.c ----*/
 /* chars.c: which characters text of each kind may hold */

@@ -323,6 +323,13 @@ queue_load(QueueInfo *qi, int slot, uint64 gen)
 			long		recheck;
 			int64		frontier = outbox_standby_frontier(&recheck);
 
+			/*
+			 * Up to the last acknowledged id at least, whatever the standby
+			 * slots confirmed so far in this backend: each of those ids was
+			 * handed out once already (I9 was checked then), and a receipt
+			 * not placed is forgotten, its message handed out again.
+			 */
+			frontier = Max(frontier, Min(acked.ids[acked.n - 1], outbox_compute_frontier()));
 			if (!queue_fill(qi, slot, frontier, &acked))
 				break;
 		}

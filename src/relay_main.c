@@ -732,6 +732,12 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 			frontier = relay_standby_gate(frontier, commit_end, &standby_recheck);
 			did_read = relay_read_messages(frontier);
 		}
+		else
+		{
+			/* no targets, or disabled: nothing waits for the standbys */
+			relay_standby_hold.waiting = false;
+			relay_standby_logged = false;
+		}
 		relay_stats_check_reset(GetCurrentTimestamp());
 
 		/* Collect answers, then start what is due on the free lanes. */
@@ -807,6 +813,13 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 			timeout = Min(timeout, RELAY_INCOMPLETE_RELOAD_MS);
 			force_reload = true;
 		}
+		/*
+		 * Messages wait for a streaming standby, and nothing else is due
+		 * within the millisecond: look at its slot more often than a wait
+		 * can (nothing wakes us when it confirms).
+		 */
+		if (standby_recheck == 1 && timeout > 0 && outbox_standby_wait(1000))
+			timeout = 0;
 		if (WaitEventSetWait(wait_set, timeout, &event, 1, PG_WAIT_EXTENSION) > 0 &&
 			(event.events & WL_LATCH_SET))
 			ResetLatch(MyLatch);

@@ -31,11 +31,13 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "replication/slot.h"
+#include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "storage/spin.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/pg_lsn.h"
+#include "utils/timestamp.h"
 #include "utils/varlena.h"
 
 #include "outbox.h"
@@ -69,9 +71,47 @@ typedef struct StandbyGate
 	int64		safe;			/* the slots confirmed every commit up to it */
 	int64		handed;			/* the highest frontier returned */
 	bool		active;			/* the setting was in force last time */
+	uint32		generation;		/* of the database slot the ids are from */
+	TimestampTz waiting_since;	/* when the oldest point began to wait */
 } StandbyGate;
 
 static StandbyGate gate;
+
+/* After this long waiting for a streaming standby, look every 10 ms. */
+#define GATE_EAGER_MS	20
+
+/*
+ * What each listed slot confirmed while a standby was connected to it, as
+ * this process saw it.  A slot's position counts only then: a slot without
+ * its standby may have been moved by hand (pg_replication_slot_advance),
+ * made with reserved WAL, or copied by a failover manager, and none of
+ * these is a flush some standby reported.
+ */
+#define SEEN_SLOTS	64
+
+typedef struct SeenSlot
+{
+	NameData	name;
+	XLogRecPtr	flushed;
+} SeenSlot;
+
+static SeenSlot seen[SEEN_SLOTS];
+static int	nseen = 0;
+
+static XLogRecPtr *
+seen_position(const char *name)
+{
+	int			i;
+
+	for (i = 0; i < nseen; i++)
+		if (strcmp(NameStr(seen[i].name), name) == 0)
+			return &seen[i].flushed;
+	if (nseen == SEEN_SLOTS)
+		return NULL;			/* more slots than that: nothing kept */
+	namestrcpy(&seen[nseen].name, name);
+	seen[nseen].flushed = InvalidXLogRecPtr;
+	return &seen[nseen++].flushed;
+}
 
 /*---- the setting ----*/
 
@@ -83,7 +123,27 @@ standby_slots_check(char **newval, void **extra, GucSource source)
 	ListCell   *lc;
 	StandbySlotList *list;
 	int			i = 0;
+	const char *p = *newval;
 
+	/* SplitIdentifierString would cut a long name short: refuse it first */
+	while (*p)
+	{
+		size_t		len = strcspn(p, ",");
+		size_t		chars = 0;
+		size_t		k;
+
+		for (k = 0; k < len; k++)
+			if (p[k] != ' ' && p[k] != '\t' && p[k] != '"')
+				chars++;
+		if (chars >= NAMEDATALEN)
+		{
+			GUC_check_errdetail("Replication slot names have 1 to %d characters.", NAMEDATALEN - 1);
+			return false;
+		}
+		p += len;
+		if (*p == ',')
+			p++;
+	}
 	if (!SplitIdentifierString(raw, ',', &names))
 	{
 		GUC_check_errdetail("The list syntax is invalid.");
@@ -189,6 +249,27 @@ standby_slot_look(const char *name, OutboxStandbySlot *out)
 	LWLockRelease(ReplicationSlotControlLock);
 }
 
+/*
+ * standby_slot_look() for the gate: a slot without its standby confirms
+ * only what this process saw its standby confirm (see seen[]).
+ */
+static void
+standby_slot_trusted(const char *name, OutboxStandbySlot *out)
+{
+	XLogRecPtr *pos = seen_position(name);
+
+	standby_slot_look(name, out);
+	if (out->state == OUTBOX_STANDBY_STREAMING)
+	{
+		if (pos != NULL)
+			*pos = out->flushed;
+	}
+	else if (out->state == OUTBOX_STANDBY_DISCONNECTED)
+		out->flushed = pos != NULL ? Min(*pos, out->flushed) : InvalidXLogRecPtr;
+	else if (pos != NULL)
+		*pos = InvalidXLogRecPtr;	/* gone: a slot made again starts afresh */
+}
+
 const char *
 outbox_standby_state_name(OutboxStandbyState state)
 {
@@ -232,7 +313,7 @@ standby_confirmed(OutboxStandbySlot *worst)
 	{
 		OutboxStandbySlot s;
 
-		standby_slot_look(NameStr(standby_list->names[i]), &s);
+		standby_slot_trusted(NameStr(standby_list->names[i]), &s);
 		if (!standby_state_confirms(s.state))
 		{
 			if (!blocked)
@@ -265,9 +346,21 @@ outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, lon
 {
 	XLogRecPtr	confirmed;
 
+	uint32		generation = outbox_db_generation();
+
 	memset(hold, 0, sizeof(*hold));
 	hold->state = OUTBOX_STANDBY_STREAMING;
 	*recheck_ms = -1;
+
+	/*
+	 * Ids start again in a database slot taken anew (DROP and CREATE
+	 * EXTENSION): what was confirmed of the old ones says nothing.
+	 */
+	if (generation != gate.generation)
+	{
+		memset(&gate, 0, sizeof(gate));
+		gate.generation = generation;
+	}
 
 	if (!outbox_standby_gated())
 	{
@@ -306,7 +399,7 @@ outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, lon
 		}
 	}
 	if (gate.count == 0)
-		return gate.safe;
+		return Min(gate.safe, frontier);
 
 	confirmed = standby_confirmed(hold);
 	while (gate.count > 0 && confirmed != InvalidXLogRecPtr &&
@@ -315,18 +408,58 @@ outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, lon
 		gate.safe = Max(gate.safe, gate.points[gate.head].frontier);
 		gate.head = (gate.head + 1) % GATE_POINTS;
 		gate.count--;
+		gate.waiting_since = 0;
 	}
 	if (gate.count > 0)
 	{
 		XLogRecPtr	wanted = gate.points[(gate.head + gate.count - 1) % GATE_POINTS].end;
+		TimestampTz now = GetCurrentTimestamp();
 
+		if (gate.waiting_since == 0)
+			gate.waiting_since = now;
 		hold->waiting = true;
 		hold->behind = hold->flushed == InvalidXLogRecPtr ? -1 :
 			wanted > hold->flushed ? (int64) (wanted - hold->flushed) : 0;
-		*recheck_ms = hold->state == OUTBOX_STANDBY_STREAMING ? 1 : 100;
+		/* a standby that keeps up confirms within a millisecond or two */
+		*recheck_ms = hold->state != OUTBOX_STANDBY_STREAMING ? 100 :
+			TimestampDifferenceExceeds(gate.waiting_since, now, GATE_EAGER_MS) ? 10 : 1;
 	}
 	gate.handed = Max(gate.handed, gate.safe);
-	return gate.safe;
+	return Min(gate.safe, frontier);
+}
+
+/*
+ * Wait at most max_us microseconds for the listed slots to confirm the
+ * oldest frontier waiting, looking every 100 us: a standby streaming on
+ * loopback confirms a commit well within a millisecond, the shortest sleep
+ * a wait event set can take.  Gives up at once when nothing can confirm
+ * soon (a slot not streaming) or the latch is set.  Returns whether the
+ * oldest frontier waiting is confirmed now.
+ */
+bool
+outbox_standby_wait(long max_us)
+{
+	long		waited = 0;
+
+	for (;;)
+	{
+		OutboxStandbySlot worst;
+		XLogRecPtr	confirmed;
+
+		if (gate.count == 0)
+			return true;
+		/* a standby that is behind is looked at every 10 ms instead */
+		if (gate.waiting_since != 0 &&
+			TimestampDifferenceExceeds(gate.waiting_since, GetCurrentTimestamp(), GATE_EAGER_MS))
+			return false;
+		confirmed = standby_confirmed(&worst);
+		if (confirmed != InvalidXLogRecPtr && gate.points[gate.head].end <= confirmed)
+			return true;
+		if (worst.state != OUTBOX_STANDBY_STREAMING || MyLatch->is_set || waited >= max_us)
+			return false;
+		pg_usleep(100);
+		waited += 100;
+	}
 }
 
 /*
