@@ -2577,7 +2577,9 @@ SELECT ct.tbl AS table_name,
 			pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint END AS retained_wal,
 	   CASE
 		   WHEN ct.mode = 'wal' AND s.slot_name IS NULL THEN
-			   'replication slot "' || outbox.capture_slot_name() || '" does not exist'
+			   'replication slot "' || outbox.capture_slot_name() || '" does not exist on this server'
+			   || ' (after a failover or a restore from a backup the capture slot is not here):'
+			   || ' capture the tables again with a snapshot'
 		   WHEN ct.mode = 'wal' AND s.wal_status = 'lost' THEN
 			   'replication slot "' || outbox.capture_slot_name() || '" was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)'
 		   WHEN ct.mode = 'wal' THEN w.last_error

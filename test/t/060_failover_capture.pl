@@ -1,0 +1,119 @@
+# Change capture across a failover.
+#
+# Trigger capture writes its messages in the captured transaction, so they
+# are replicated like any message and delivered under outbox.standby_slots:
+# it carries on on the promoted server with nothing to do.  WAL capture
+# decodes through a logical replication slot that exists only on the
+# primary: after the promotion the capture shows state 'lost', with a
+# reason that names the failover, and the documented recovery (uncapture,
+# then capture again with a snapshot) captures on the promoted server.
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use JSON::PP;
+use File::Path;
+use OutboxRelayTest;
+
+my $sink = start_sink('failover_capture');
+my $json = JSON::PP->new;
+
+# The payloads delivered on $topic, in arrival order.
+sub payloads
+{
+	my ($topic) = @_;
+	return [ map { $json->decode($_->{body}) }
+		  grep { $_->{path} eq '/fc' && defined $_->{status} && $_->{status} == 204
+			  && ($_->{headers}{'outbox-topic'} // '') eq $topic } @{ sink_records($sink) } ];
+}
+
+my $primary = PostgreSQL::Test::Cluster->new('fc_primary');
+$primary->init(allows_streaming => 'logical');
+$primary->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'outbox'
+outbox.retry_base_delay = 20
+outbox.retry_max_delay = 500
+outbox.standby_slots = 'standby1'
+});
+$primary->start;
+# 15.19 and later minors allow only the listed output plugins.
+if ($primary->safe_psql('postgres',
+		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
+{
+	$primary->safe_psql('postgres',
+		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
+	$primary->reload;
+}
+$primary->safe_psql('postgres', qq{
+SELECT pg_create_physical_replication_slot('standby1');
+CREATE EXTENSION outbox;
+SELECT outbox.create_http_target('t', '$sink->{url}/fc');
+SELECT outbox.subscribe('t', 'orders');
+SELECT outbox.subscribe('t', 'items');
+CREATE TABLE orders (id int PRIMARY KEY, note text);
+CREATE TABLE items (id int PRIMARY KEY, note text);
+SELECT outbox.capture('orders', mode => 'wal', topic => 'orders');
+SELECT outbox.capture('items', topic => 'items');
+});
+$primary->stop;
+$primary->backup_fs_cold('cold');
+$primary->start;
+my $standby = PostgreSQL::Test::Cluster->new('fc_standby');
+$standby->init_from_backup($primary, 'cold', has_streaming => 1);
+# A file copy carries the replication slots; pg_basebackup, as standbys are
+# made, does not.
+File::Path::rmtree($_) for glob($standby->data_dir . '/pg_replslot/*');
+$standby->append_conf('postgresql.conf', q{
+primary_slot_name = 'standby1'
+outbox.standby_slots = ''
+});
+$standby->start;
+$primary->poll_query_until('postgres',
+	q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
+  or die 'the standby does not stream';
+
+$primary->safe_psql('postgres', q{
+INSERT INTO orders SELECT g, 'before' FROM generate_series(1, 5) g;
+INSERT INTO items SELECT g, 'before' FROM generate_series(1, 5) g;
+});
+ok(wait_until(sub { @{ payloads('orders') } == 5 && @{ payloads('items') } == 5 }, 60),
+	'on the primary both captures deliver');
+
+# The primary dies; the standby is promoted.
+$primary->stop('immediate');
+$standby->promote;
+$standby->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 'no promotion';
+
+# Trigger capture carries on.
+$standby->safe_psql('postgres', q{INSERT INTO items VALUES (6, 'after')});
+ok(wait_until(sub { grep { ($_->{after}{id} // 0) == 6 } @{ payloads('items') } }, 60),
+	'trigger capture carries on on the promoted server');
+
+# WAL capture: lost, and says why.
+ok($standby->poll_query_until('postgres',
+		q{SELECT state FROM outbox.captures WHERE table_name = 'orders'::regclass}, 'lost'),
+	'WAL capture: state lost on the promoted server');
+like($standby->safe_psql('postgres',
+		q{SELECT last_error FROM outbox.captures WHERE table_name = 'orders'::regclass}),
+	qr/does not exist on this server \(after a failover .*capture the tables again with a snapshot/,
+	'... with a reason that names the failover and the recovery');
+
+# The documented recovery: uncapture, capture again with a snapshot.
+$standby->safe_psql('postgres', q{
+SELECT outbox.uncapture('orders');
+SELECT outbox.capture('orders', mode => 'wal', topic => 'orders', snapshot => true);
+});
+$standby->safe_psql('postgres', q{INSERT INTO orders VALUES (6, 'after')});
+ok(wait_until(sub { grep { $_->{op} eq 'insert' && ($_->{after}{id} // 0) == 6 } @{ payloads('orders') } }, 60),
+	'after the recovery a new change is captured from the WAL');
+my @read = grep { $_->{op} eq 'read' } @{ payloads('orders') };
+is(scalar(@read), 5, '... and the snapshot carried every row there (op "read")');
+is($standby->safe_psql('postgres',
+		q{SELECT state FROM outbox.captures WHERE table_name = 'orders'::regclass}), 'streaming',
+	'... and the capture streams');
+
+relay_no_crash($standby);
+stop_sink($sink);
+done_testing();
