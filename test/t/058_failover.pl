@@ -56,38 +56,17 @@ sub deliveries
 sub make_pair
 {
 	my ($name, %opts) = @_;
-	my $primary = PostgreSQL::Test::Cluster->new("${name}_primary");
-	$primary->init(allows_streaming => 1);
-	$primary->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
-outbox.retry_base_delay = 20
-outbox.retry_max_delay = 500
-restart_after_crash = off
-} . ($opts{gated} ? "outbox.standby_slots = 'standby1'\n" : ''));
-	$primary->start;
-	$primary->safe_psql('postgres', qq{
-SELECT pg_create_physical_replication_slot('standby1');
+	my ($primary, $standby) = standby_pair($name,
+		conf => "restart_after_crash = off\n"
+		  . ($opts{gated} ? "outbox.standby_slots = 'standby1'\n" : ''),
+		standby_conf => "synchronous_standby_names = ''\n",
+		sql => qq{
 CREATE EXTENSION outbox;
 SELECT outbox.create_http_target('t', '$sink->{url}/$name');
 SELECT outbox.subscribe('t', 'm');
 SELECT outbox.create_queue('q');
 SELECT outbox.subscribe('q', 'm');
 });
-	$primary->stop;
-	$primary->backup_fs_cold('cold');
-	$primary->start;
-	my $standby = PostgreSQL::Test::Cluster->new("${name}_standby");
-	$standby->init_from_backup($primary, 'cold', has_streaming => 1);
-	# Promoted, it has no standby of its own: nothing to wait for there.
-	$standby->append_conf('postgresql.conf', qq{
-primary_slot_name = 'standby1'
-outbox.standby_slots = ''
-synchronous_standby_names = ''
-});
-	$standby->start;
-	$primary->poll_query_until('postgres',
-		q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
-	  or die "the standby does not stream";
 	if ($opts{sync})
 	{
 		$primary->safe_psql('postgres', q{ALTER SYSTEM SET synchronous_standby_names = '*'});

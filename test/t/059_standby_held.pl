@@ -17,19 +17,13 @@ use OutboxSession;
 
 my $sink = start_sink('standby_held');
 
-my $primary = PostgreSQL::Test::Cluster->new('held_primary');
-$primary->init(allows_streaming => 'logical');
-$primary->append_conf('postgresql.conf', q{
-shared_preload_libraries = 'outbox'
-outbox.retry_base_delay = 20
-outbox.retry_max_delay = 500
-outbox.standby_slots = 'sb1'
+my ($primary, $standby) = standby_pair('held', logical => 1,
+	conf => q{
+outbox.standby_slots = 'standby1'
 max_slot_wal_keep_size = 1MB
 log_min_messages = info
-});
-$primary->start;
-$primary->safe_psql('postgres', qq{
-SELECT pg_create_physical_replication_slot('sb1');
+},
+	sql => qq{
 SELECT pg_create_logical_replication_slot('logical1', 'test_decoding');
 CREATE EXTENSION outbox;
 SELECT outbox.create_http_target('t', '$sink->{url}/held');
@@ -37,16 +31,6 @@ SELECT outbox.subscribe('t', 'm');
 SELECT outbox.create_queue('q');
 SELECT outbox.subscribe('q', 'm');
 });
-$primary->stop;
-$primary->backup_fs_cold('cold');
-$primary->start;
-my $standby = PostgreSQL::Test::Cluster->new('held_standby');
-$standby->init_from_backup($primary, 'cold', has_streaming => 1);
-$standby->append_conf('postgresql.conf', "primary_slot_name = 'sb1'\n");
-$standby->start;
-$primary->poll_query_until('postgres',
-	q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
-  or die 'the standby does not stream';
 
 sub q1 { return $primary->safe_psql('postgres', $_[0]); }
 
@@ -116,25 +100,25 @@ sub set_slots
 
 
 # A slot never created: listed by a reload.
-set_slots('sb1, nosuch');
-held('never created', 'nosuch', 'does not exist', 'does not exist', sub { set_slots('sb1') });
+set_slots('standby1, nosuch');
+held('never created', 'nosuch', 'does not exist', 'does not exist', sub { set_slots('standby1') });
 
 # A logical slot.
 set_slots('logical1');
 held('logical slot', 'logical1', 'not a physical slot', 'is not a physical replication slot',
-	sub { set_slots('sb1') });
+	sub { set_slots('standby1') });
 
 # The standby stopped.
 $standby->stop;
-held('standby stopped', 'sb1', 'no standby connected', 'has no standby connected',
+held('standby stopped', 'standby1', 'no standby connected', 'has no standby connected',
 	sub { $standby->start });
 
 # The slot dropped (its standby stopped first), then made again.
 $standby->stop;
-q1(q{SELECT pg_drop_replication_slot('sb1')});
-held('slot dropped', 'sb1', 'does not exist', 'does not exist', sub {
+q1(q{SELECT pg_drop_replication_slot('standby1')});
+held('slot dropped', 'standby1', 'does not exist', 'does not exist', sub {
 	# (not reserving WAL: a slot's reserved position is no standby's)
-	q1(q{SELECT pg_create_physical_replication_slot('sb1')});
+	q1(q{SELECT pg_create_physical_replication_slot('standby1')});
 	$standby->start;
 });
 
@@ -198,9 +182,9 @@ for (1 .. 4)
 }
 q1('CHECKPOINT');
 ok($primary->poll_query_until('postgres',
-		q{SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'sb1'}, 'lost'),
+		q{SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'standby1'}, 'lost'),
 	'the slot is invalidated');
-held('slot invalidated', 'sb1', 'invalidated', 'was invalidated', sub { set_slots('') });
+held('slot invalidated', 'standby1', 'invalidated', 'was invalidated', sub { set_slots('') });
 like(slurp_file($primary->logfile), qr/outbox relay resumes delivery: outbox.standby_slots is empty/,
 	'an emptied setting is named as the reason to resume');
 

@@ -14,7 +14,6 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use JSON::PP;
-use File::Path;
 use OutboxRelayTest;
 
 my $sink = start_sink('failover_capture');
@@ -29,25 +28,9 @@ sub payloads
 			  && ($_->{headers}{'outbox-topic'} // '') eq $topic } @{ sink_records($sink) } ];
 }
 
-my $primary = PostgreSQL::Test::Cluster->new('fc_primary');
-$primary->init(allows_streaming => 'logical');
-$primary->append_conf('postgresql.conf', q{
-shared_preload_libraries = 'outbox'
-outbox.retry_base_delay = 20
-outbox.retry_max_delay = 500
-outbox.standby_slots = 'standby1'
-});
-$primary->start;
-# 15.19 and later minors allow only the listed output plugins.
-if ($primary->safe_psql('postgres',
-		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
-{
-	$primary->safe_psql('postgres',
-		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
-	$primary->reload;
-}
-$primary->safe_psql('postgres', qq{
-SELECT pg_create_physical_replication_slot('standby1');
+my ($primary, $standby) = standby_pair('fc', logical => 1,
+	conf => "outbox.standby_slots = 'standby1'\n",
+	sql => qq{
 CREATE EXTENSION outbox;
 SELECT outbox.create_http_target('t', '$sink->{url}/fc');
 SELECT outbox.subscribe('t', 'orders');
@@ -57,22 +40,6 @@ CREATE TABLE items (id int PRIMARY KEY, note text);
 SELECT outbox.capture('orders', mode => 'wal', topic => 'orders');
 SELECT outbox.capture('items', topic => 'items');
 });
-$primary->stop;
-$primary->backup_fs_cold('cold');
-$primary->start;
-my $standby = PostgreSQL::Test::Cluster->new('fc_standby');
-$standby->init_from_backup($primary, 'cold', has_streaming => 1);
-# A file copy carries the replication slots; pg_basebackup, as standbys are
-# made, does not.
-File::Path::rmtree($_) for glob($standby->data_dir . '/pg_replslot/*');
-$standby->append_conf('postgresql.conf', q{
-primary_slot_name = 'standby1'
-outbox.standby_slots = ''
-});
-$standby->start;
-$primary->poll_query_until('postgres',
-	q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
-  or die 'the standby does not stream';
 
 $primary->safe_psql('postgres', q{
 INSERT INTO orders SELECT g, 'before' FROM generate_series(1, 5) g;

@@ -21,7 +21,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(
   outbox_node relay_node relay_worker_pid sink_path_records relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
-  webhook_signature by_key check_key_fifo client_matches_server);
+  webhook_signature by_key check_key_fifo client_matches_server standby_pair);
 
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
 my $json = JSON::PP->new->utf8->canonical;
@@ -61,6 +61,55 @@ outbox.poll_interval = 1000
 # reports the crash) instead of aborting the whole suite at shutdown.
 restart_after_crash = on
 } . ($opts{conf} // ''));
+}
+
+# A primary and a streaming standby on the physical slot standby1 (the
+# failover tests, 058 and up).  The primary: the library preloaded (every
+# database form), fast retries, $opts{conf} appended, $opts{logical} for
+# wal_level = logical, $opts{sql} run in postgres before the standby is
+# made (by a file copy of the stopped primary: the PostgreSQL 18 layout
+# has no pg_basebackup of its own; the copy's replication slots are
+# removed, as pg_basebackup leaves them out).  The standby:
+# primary_slot_name = 'standby1', outbox.standby_slots empty (promoted, it
+# has no standby of its own), $opts{standby_conf} appended.  Returns both,
+# started, the standby streaming.
+sub standby_pair
+{
+	my ($name, %opts) = @_;
+	my $primary = PostgreSQL::Test::Cluster->new("${name}_primary");
+	$primary->init(allows_streaming => $opts{logical} ? 'logical' : 1);
+	$primary->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'outbox'
+outbox.retry_base_delay = 20
+outbox.retry_max_delay = 500
+} . ($opts{conf} // ''));
+	$primary->start;
+	# 15.19 and later minors allow only the listed output plugins.
+	if ($opts{logical} && $primary->safe_psql('postgres',
+			q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
+	{
+		$primary->safe_psql('postgres',
+			q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
+		$primary->reload;
+	}
+	$primary->safe_psql('postgres',
+		q{SELECT pg_create_physical_replication_slot('standby1');} . ($opts{sql} // ''));
+	$primary->stop;
+	$primary->backup_fs_cold('cold');
+	$primary->start;
+	my $standby = PostgreSQL::Test::Cluster->new("${name}_standby");
+	$standby->init_from_backup($primary, 'cold', has_streaming => 1);
+	unlink glob($standby->data_dir . '/pg_replslot/*/*');
+	rmdir $_ for glob($standby->data_dir . '/pg_replslot/*');
+	$standby->append_conf('postgresql.conf', q{
+primary_slot_name = 'standby1'
+outbox.standby_slots = ''
+} . ($opts{standby_conf} // ''));
+	$standby->start;
+	$primary->poll_query_until('postgres',
+		q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
+	  or die "$name: the standby does not stream";
+	return ($primary, $standby);
 }
 
 # Whether the client program $prog (pg_dump, pg_basebackup) on PATH has the
