@@ -26,6 +26,9 @@
 #include "commands/extension.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
 #include "storage/condition_variable.h"
 #include "storage/lmgr.h"
 #include "storage/lwlock.h"
@@ -235,11 +238,25 @@ outbox_extension_installed(void)
 	ext = get_extension_oid("outbox", true);
 	if (OidIsValid(ext))
 	{
-		/* as long as the drop takes, whatever lock_timeout the database sets */
-		(void) set_config_option("lock_timeout", "0", PGC_SUSET, PGC_S_SESSION,
-								 GUC_ACTION_LOCAL, true, 0, false);
-		/* taking the lock reads the invalidations the drop sent */
-		LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
+		/*
+		 * Taking the lock reads the invalidations the drop sent.  Waited
+		 * for in steps, so that a relay asked to stop (its SIGTERM only sets
+		 * a flag) stops even while a drop is held open, prepared say.
+		 */
+		bool		waited = false;
+
+		while (!ConditionalLockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock))
+		{
+			waited = true;
+			CHECK_FOR_INTERRUPTS();
+			if (ShutdownRequestPending)
+				proc_exit(0);
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 10, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+		}
+		if (waited)
+			SetLatch(MyLatch);	/* a wake-up reset above is not lost */
 		ext = get_extension_oid("outbox", true);
 	}
 	CommitTransactionCommand();

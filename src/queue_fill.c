@@ -74,6 +74,12 @@ typedef struct FillRow
 } FillRow;
 
 /*
+ * Set while a rebuild reads up to its last acknowledged id rather than to
+ * a frontier: that id need not end its transaction (queue_load).
+ */
+static bool fill_may_split = false;
+
+/*
  * Read messages after the slot's read_id up to the frontier into the
  * window.  The caller set s->filling.  Returns whether read_id moved.
  */
@@ -133,6 +139,10 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 		elog(ERROR, "outbox: could not read outbox.messages");
 	n = SPI_processed;
 	last_read = frontier;
+	/* a frontier that may cut a transaction: its last row's may go on */
+	if (fill_may_split && n > 0 && n <= (uint64) nrows)
+		open_group = (TransactionId) strtoul(SPI_getvalue(SPI_tuptable->vals[n - 1],
+														  SPI_tuptable->tupdesc, 2), NULL, 10);
 	if (n > (uint64) nrows)
 	{
 		/*
@@ -321,6 +331,7 @@ queue_load(QueueInfo *qi, int slot, uint64 gen)
 		while (acked.next < acked.n)
 		{
 			long		recheck;
+			bool		filled;
 			int64		frontier = outbox_standby_frontier(&recheck);
 
 			/*
@@ -329,8 +340,11 @@ queue_load(QueueInfo *qi, int slot, uint64 gen)
 			 * handed out once already (I9 was checked then), and a receipt
 			 * not placed is forgotten, its message handed out again.
 			 */
+			fill_may_split = acked.ids[acked.n - 1] > frontier;
 			frontier = Max(frontier, Min(acked.ids[acked.n - 1], outbox_compute_frontier()));
-			if (!queue_fill(qi, slot, frontier, &acked))
+			filled = queue_fill(qi, slot, frontier, &acked);
+			fill_may_split = false;
+			if (!filled)
 				break;
 		}
 		pfree(acked.ids);

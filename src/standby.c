@@ -31,6 +31,8 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "replication/slot.h"
+#include "replication/walsender.h"
+#include "replication/walsender_private.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 #include "storage/spin.h"
@@ -71,7 +73,8 @@ typedef struct StandbyGate
 	int64		safe;			/* the slots confirmed every commit up to it */
 	int64		handed;			/* the highest frontier returned */
 	bool		active;			/* the setting was in force last time */
-	uint32		generation;		/* of the database slot the ids are from */
+	int			index;			/* the database slot the ids are from ... */
+	uint32		generation;		/* ... and its generation */
 	TimestampTz waiting_since;	/* when the oldest point began to wait */
 } StandbyGate;
 
@@ -228,6 +231,9 @@ standby_slot_look(const char *name, OutboxStandbySlot *out)
 		Oid			database;
 		bool		invalidated;
 		pid_t		active;
+		XLogRecPtr	reported = InvalidXLogRecPtr;
+		bool		sender = false;
+		int			i;
 
 		SpinLockAcquire(&s->mutex);
 		restart = s->data.restart_lsn;
@@ -242,8 +248,28 @@ standby_slot_look(const char *name, OutboxStandbySlot *out)
 			out->state = OUTBOX_STANDBY_INVALIDATED;
 		else
 		{
-			out->flushed = restart;
-			out->state = active != 0 ? OUTBOX_STANDBY_STREAMING : OUTBOX_STANDBY_DISCONNECTED;
+			/*
+			 * Streaming only when the process holding the slot is a WAL
+			 * sender: pg_replication_slot_advance(), a copy or a creation
+			 * hold it too, with a position no standby reported.  And only
+			 * as far as the standby's own replies say it flushed (a WAL
+			 * sender that has no reply yet confirms nothing).
+			 */
+			for (i = 0; active != 0 && WalSndCtl != NULL && i < max_wal_senders; i++)
+			{
+				WalSnd	   *w = &WalSndCtl->walsnds[i];
+
+				SpinLockAcquire(&w->mutex);
+				if (w->pid == active)
+				{
+					sender = true;
+					reported = w->flush;
+				}
+				SpinLockRelease(&w->mutex);
+			}
+			out->state = sender ? OUTBOX_STANDBY_STREAMING : OUTBOX_STANDBY_DISCONNECTED;
+			out->flushed = !sender ? restart :
+				reported == InvalidXLogRecPtr ? InvalidXLogRecPtr : Min(restart, reported);
 		}
 	}
 	LWLockRelease(ReplicationSlotControlLock);
@@ -261,7 +287,7 @@ standby_slot_trusted(const char *name, OutboxStandbySlot *out)
 	standby_slot_look(name, out);
 	if (out->state == OUTBOX_STANDBY_STREAMING)
 	{
-		if (pos != NULL)
+		if (pos != NULL && out->flushed != InvalidXLogRecPtr)
 			*pos = out->flushed;
 	}
 	else if (out->state == OUTBOX_STANDBY_DISCONNECTED)
@@ -347,6 +373,7 @@ outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, lon
 	XLogRecPtr	confirmed;
 
 	uint32		generation = outbox_db_generation();
+	int			index = outbox_db_attached_index();
 
 	memset(hold, 0, sizeof(*hold));
 	hold->state = OUTBOX_STANDBY_STREAMING;
@@ -356,10 +383,11 @@ outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, lon
 	 * Ids start again in a database slot taken anew (DROP and CREATE
 	 * EXTENSION): what was confirmed of the old ones says nothing.
 	 */
-	if (generation != gate.generation)
+	if (generation != gate.generation || index != gate.index)
 	{
 		memset(&gate, 0, sizeof(gate));
 		gate.generation = generation;
+		gate.index = index;
 	}
 
 	if (!outbox_standby_gated())
@@ -470,10 +498,19 @@ outbox_standby_wait(long max_us)
 int64
 outbox_standby_frontier(long *recheck_ms)
 {
+	uint32		generation = outbox_db_generation();
+	int			index = outbox_db_attached_index();
 	int64		frontier = outbox_compute_frontier();
 	OutboxStandbySlot hold;
 
-	return outbox_standby_gate(frontier, outbox_newest_commit_end(), &hold, recheck_ms);
+	frontier = outbox_standby_gate(frontier, outbox_newest_commit_end(), &hold, recheck_ms);
+	/* the database's slot was taken anew meanwhile: nothing this turn */
+	if (generation != outbox_db_generation() || index != outbox_db_attached_index())
+	{
+		*recheck_ms = 1;
+		return 0;
+	}
+	return frontier;
 }
 
 /*---- outbox.standby_status() ----*/

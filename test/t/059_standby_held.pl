@@ -111,7 +111,13 @@ held('logical slot', 'logical1', 'not a physical slot', 'is not a physical repli
 # The standby stopped.
 $standby->stop;
 held('standby stopped', 'standby1', 'no standby connected', 'has no standby connected',
-	sub { $standby->start });
+	sub {
+		# A slot moved by hand is no standby's confirmation.
+		q1(q{SELECT pg_replication_slot_advance('standby1', pg_current_wal_lsn())});
+		usleep(300_000);
+		is(delivered(), $n - 1, 'standby stopped: a slot advanced by hand releases nothing');
+		$standby->start;
+	});
 
 # The slot dropped (its standby stopped first), then made again.
 $standby->stop;
