@@ -20,7 +20,7 @@
 # It leaves: work PGDATA SOCK SERVERLOG BIN PG_CONFIG PY RESULTS build_rev
 # build_md5 pkglibdir NGINX_URL nginx_pid nginx_worker; and the functions
 # log as_pg psqlq sql tool nginx_requests worker_pid rss_of jmerge record
-# machine_busy.
+# machine_busy create_bench_payload.
 
 bench_setup() {
 	if [ "$(id -u)" -ne 0 ]; then
@@ -221,4 +221,20 @@ machine_busy() {
 		split(a, x, " "); split(b, y, " "); busy = 0; total = 0
 		for (i = 2; i <= 9; i++) { d = y[i] - x[i]; total += d; if (i != 5 && i != 6) busy += d }
 		printf "%.2f", total ? busy / total * n : 0 }'
+}
+
+# bench_payload(g) in $DB: the ~220-byte JSON payload of message g that the
+# relay benchmarks emit.
+create_bench_payload() {
+	sql >/dev/null <<-'SQL'
+	-- ~220 bytes of JSON text
+	CREATE FUNCTION bench_payload(g bigint) RETURNS jsonb
+	LANGUAGE sql IMMUTABLE PARALLEL SAFE
+	AS $$
+		SELECT jsonb_build_object('order_id', g, 'customer_id', 100000 + g % 1000,
+								  'status', 'created', 'amount', 123.45, 'currency', 'EUR',
+								  'sku', 'SKU-' || lpad(g::text, 8, '0'),
+								  'created_at', '2024-01-01T12:00:00Z', 'note', repeat('p', 50))
+	$$;
+	SQL
 }

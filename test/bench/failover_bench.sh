@@ -79,17 +79,8 @@ done
 
 psqlq -d postgres -c "CREATE DATABASE $DB" >/dev/null
 for _ in $(seq 150); do [ -n "$(worker_pid)" ] && break; sleep 0.2; done
-sql >/dev/null <<-'EOF'
-CREATE EXTENSION outbox;
-CREATE FUNCTION bench_payload(g bigint) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$
-	SELECT jsonb_build_object('order_id', g, 'customer_id', 100000 + g % 1000,
-							  'status', 'created', 'amount', 123.45, 'currency', 'EUR',
-							  'sku', 'SKU-' || lpad(g::text, 8, '0'),
-							  'created_at', '2024-01-01T12:00:00Z', 'note', repeat('p', 50))
-$$;
-EOF
+sql -c 'CREATE EXTENSION outbox' >/dev/null
+create_bench_payload
 sql -c "SELECT outbox.create_http_target('drain', '$NGINX_URL', batch_size => $BATCH, lanes => $LANES)" \
 	-c "SELECT outbox.subscribe('drain', 'drain')" >/dev/null
 

@@ -120,18 +120,9 @@ cc -O2 -Wall -o "$work/curl_client" "$here/curl_client.c" -lcurl
 
 
 psqlq -d postgres -c "CREATE DATABASE $DB"
+create_bench_payload
 sql >/dev/null <<'SQL'
 CREATE EXTENSION outbox;
-
--- ~220 bytes of JSON text
-CREATE FUNCTION bench_payload(g bigint) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$
-	SELECT jsonb_build_object('order_id', g, 'customer_id', 100000 + g % 1000,
-							  'status', 'created', 'amount', 123.45, 'currency', 'EUR',
-							  'sku', 'SKU-' || lpad(g::text, 8, '0'),
-							  'created_at', '2024-01-01T12:00:00Z', 'note', repeat('p', 50))
-$$;
 
 CREATE TABLE hand_outbox (
 	id			bigserial PRIMARY KEY,
