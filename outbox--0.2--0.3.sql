@@ -347,7 +347,14 @@ BEGIN
 						  HINT = 'Raise max_replication_slots and restart the server, or drop an unused slot.';
 			END IF;
 			BEGIN
-				PERFORM pg_create_logical_replication_slot(slot, 'outbox');
+				-- PostgreSQL 17 and later: a failover slot, which standbys
+				-- with sync_replication_slots keep a copy of (the capture
+				-- worker converts a slot made before)
+				IF current_setting('server_version_num')::int >= 170000 THEN
+					PERFORM pg_create_logical_replication_slot(slot, 'outbox', false, false, true);
+				ELSE
+					PERFORM pg_create_logical_replication_slot(slot, 'outbox');
+				END IF;
 				-- the worker drops the slot again if this capture fails
 				PERFORM outbox.capture_wake();
 				-- a new slot: an offset left by an earlier one means nothing

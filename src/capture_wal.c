@@ -97,6 +97,7 @@
 #include "utils/timestamp.h"
 
 #include "outbox.h"
+#include "compat.h"
 #include "capture.h"
 
 PGDLLEXPORT void outbox_capture_main(Datum main_arg);
@@ -1539,17 +1540,6 @@ capture_worker_exit(int code, Datum arg)
 	SpinLockRelease(&capture_shared->mutex);
 }
 
-static bool
-capture_slot_invalidated(ReplicationSlot *slot)
-{
-#if PG_VERSION_NUM >= 160000
-	return slot->data.invalidated != RS_INVAL_NONE;
-#else
-	return slot->data.invalidated_at != InvalidXLogRecPtr &&
-		slot->data.restart_lsn == InvalidXLogRecPtr;
-#endif
-}
-
 /*
  * Whether outbox.captured_tables is still the table the worker found at its
  * start (the extension was not dropped and created again meanwhile: the
@@ -1567,6 +1557,146 @@ capture_same_extension(void)
 		relid = get_relname_relid("captured_tables", nsp);
 	CommitTransactionCommand();
 	return relid == dec->captured_tables;
+}
+
+/*---- failover ----*/
+
+/*
+ * Confirming the slot.  A standby with sync_replication_slots keeps a copy
+ * of the slot with its confirmed position (PostgreSQL 17), and when it is
+ * promoted the worker there decodes from the offset that reached it: had the
+ * copy been confirmed beyond that offset, the transactions in between would
+ * be captured by neither server.  So with outbox.standby_slots set, the slot
+ * is confirmed up to an offset only once the listed standbys have flushed
+ * the hand-off that wrote it.  At most two offsets wait: the oldest, and the
+ * newest, which each hand-off replaces.
+ */
+typedef struct CaptureConfirm
+{
+	XLogRecPtr	offset;			/* to confirm the slot up to */
+	XLogRecPtr	end;			/* the end of the hand-off that stored it */
+} CaptureConfirm;
+
+static CaptureConfirm confirms[2];
+static int	nconfirms = 0;
+
+/* Confirm what the standbys have flushed. */
+static void
+capture_confirm_ready(void)
+{
+	OutboxStandbySlot worst;
+	XLogRecPtr	flushed;
+
+	if (nconfirms == 0)
+		return;
+	if (!outbox_standby_gated())
+	{
+		LogicalConfirmReceivedLocation(confirms[nconfirms - 1].offset);
+		nconfirms = 0;
+		return;
+	}
+	flushed = outbox_standby_confirmed(&worst);
+	while (nconfirms > 0 && flushed != InvalidXLogRecPtr && confirms[0].end <= flushed)
+	{
+		LogicalConfirmReceivedLocation(confirms[0].offset);
+		confirms[0] = confirms[1];
+		nconfirms--;
+	}
+}
+
+/* The slot may be confirmed up to offset once the WAL up to end is safe. */
+static void
+capture_confirm(XLogRecPtr offset, XLogRecPtr end)
+{
+	if (nconfirms < 2)
+		nconfirms++;
+	confirms[nconfirms - 1].offset = offset;
+	confirms[nconfirms - 1].end = end;
+	capture_confirm_ready();
+}
+
+/*
+ * Whether a standby keeps a copy of the slot.  The primary cannot see a
+ * standby's slots, but a standby with hot_standby_feedback reports the
+ * catalog_xmin of its logical slots in its physical slot here, and one that
+ * keeps a copy of ours has one.  Checked while outbox.standby_slots is set;
+ * a standby without a copy is reported after CAPTURE_COPY_GRACE_MS (a
+ * standby just started needs a while to copy the slot and report it), and
+ * once again when that changes.
+ */
+#define CAPTURE_COPY_GRACE_MS	20000
+
+typedef enum CaptureCopy
+{
+	COPY_UNKNOWN,
+	COPY_UNGATED,				/* outbox.standby_slots is empty */
+	COPY_KEPT,					/* some listed standby reports a copy */
+	COPY_NONE,					/* none does */
+	COPY_UNSUPPORTED			/* no failover slots before PostgreSQL 17 */
+} CaptureCopy;
+
+static CaptureCopy copy_seen = COPY_UNKNOWN;
+static CaptureCopy copy_reported = COPY_UNKNOWN;
+static TimestampTz copy_since = 0;
+
+#define COPY_NONE_ERROR "no standby named by outbox.standby_slots keeps a copy of the capture slot: a failover loses this capture"
+
+static void
+capture_check_copies(void)
+{
+	CaptureCopy state;
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!outbox_standby_gated())
+		state = COPY_UNGATED;
+	else
+	{
+#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
+		state = outbox_standby_catalog_holders() > 0 ? COPY_KEPT : COPY_NONE;
+#else
+		state = COPY_UNSUPPORTED;
+#endif
+	}
+	if (state != copy_seen)
+	{
+		copy_seen = state;
+		copy_since = now;
+	}
+	if (state == copy_reported ||
+		(state == COPY_NONE && !TimestampDifferenceExceeds(copy_since, now, CAPTURE_COPY_GRACE_MS)))
+		return;
+
+	if (state == COPY_NONE)
+	{
+		ereport(WARNING,
+				(errmsg("no standby named by outbox.standby_slots keeps a copy of replication slot \"%s\"",
+						CAPTURE_SLOT),
+				 errdetail("None of the physical slots \"%s\" reports a catalog_xmin, which a standby keeping a synchronized copy of a logical slot reports; after a failover to such a standby, WAL capture is lost.",
+						   outbox_standby_slots),
+				 errhint("On the standbys set sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name, and dbname in primary_conninfo.")));
+		SpinLockAcquire(&capture_shared->mutex);
+		strlcpy(capture_shared->last_error, COPY_NONE_ERROR, sizeof(capture_shared->last_error));
+		SpinLockRelease(&capture_shared->mutex);
+	}
+	else if (state == COPY_UNSUPPORTED)
+	{
+		ereport(WARNING,
+				(errmsg("WAL capture cannot follow a failover on PostgreSQL %d", PG_VERSION_NUM / 10000),
+				 errdetail("Standbys keep copies of logical replication slots from PostgreSQL 17 on; outbox.standby_slots is set, but after a failover the capture slot is not on the promoted server."),
+				 errhint("After a failover, capture the tables again with a snapshot: outbox.uncapture(), then outbox.capture(..., mode => 'wal', snapshot => true).")));
+	}
+	else if (copy_reported == COPY_NONE)
+	{
+		if (state == COPY_KEPT)
+			ereport(LOG,
+					(errmsg("a standby named by outbox.standby_slots keeps a copy of replication slot \"%s\" now",
+							CAPTURE_SLOT)));
+		SpinLockAcquire(&capture_shared->mutex);
+		if (strcmp(capture_shared->last_error, COPY_NONE_ERROR) == 0)
+			capture_shared->last_error[0] = '\0';
+		SpinLockRelease(&capture_shared->mutex);
+	}
+	copy_reported = state;
 }
 
 /* Test only (outbox.test_fault): die as a crash would, at a named point. */
@@ -1622,13 +1752,30 @@ outbox_capture_main(Datum main_arg)
 	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
 	if (slot == NULL)
 		capture_lost(psprintf("replication slot \"%s\" does not exist", CAPTURE_SLOT), wakes_seen);
+#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
+	{
+		bool		failover;
+
+		SpinLockAcquire(&slot->mutex);
+		failover = slot->data.failover;
+		SpinLockRelease(&slot->mutex);
+		/* a slot made before failover slots were used: convert it */
+		if (!failover)
+		{
+			outbox_slot_set_failover(CAPTURE_SLOT);
+			ereport(LOG,
+					(errmsg("outbox capture made replication slot \"%s\" a failover slot", CAPTURE_SLOT),
+					 errdetail("Standbys with sync_replication_slots = on keep a copy of it, and capture on from it when promoted.")));
+		}
+	}
+#endif
 #if PG_VERSION_NUM >= 180000
 	ReplicationSlotAcquire(CAPTURE_SLOT, true, false);
 #else
 	ReplicationSlotAcquire(CAPTURE_SLOT, true);
 #endif
 	slot = MyReplicationSlot;
-	if (capture_slot_invalidated(slot))
+	if (outbox_slot_invalidated(slot))
 		capture_lost(psprintf("replication slot \"%s\" was invalidated (max_slot_wal_keep_size)",
 							  CAPTURE_SLOT),
 					 wakes_seen);
@@ -1637,6 +1784,13 @@ outbox_capture_main(Datum main_arg)
 		/* first start: from where the slot begins */
 		end_lsn = slot->data.confirmed_flush;
 	}
+#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
+	else if (slot->data.confirmed_flush > end_lsn && slot->data.synced)
+		capture_lost(psprintf("replication slot \"%s\" was copied from the old primary at %X/%X, past the handed-off offset %X/%X that reached this server (outbox.standby_slots did not name this standby)",
+							  CAPTURE_SLOT, LSN_FORMAT_ARGS(slot->data.confirmed_flush),
+							  LSN_FORMAT_ARGS(end_lsn)),
+					 wakes_seen);
+#endif
 	else if (slot->data.confirmed_flush > end_lsn)
 		capture_lost(psprintf("replication slot \"%s\" was moved to %X/%X, past the handed-off offset %X/%X",
 							  CAPTURE_SLOT, LSN_FORMAT_ARGS(slot->data.confirmed_flush),
@@ -1717,6 +1871,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 
 			wakes_seen = capture_shared->wakes;
 			last_check = GetCurrentTimestamp();
+			capture_check_copies();
 			if (!capture_same_extension())
 			{
 				if (!outbox_extension_installed())
@@ -1813,6 +1968,13 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			XLogRecPtr	new_end = ctx->reader->EndRecPtr;
 			bool		had_messages = dec->nmsgs > 0;
 
+			/* Test only: a hand-off that comes late (outbox.test_fault). */
+			if (had_messages && outbox_test_fault != NULL &&
+				strcmp(outbox_test_fault, "capture_slow_handoff") == 0)
+			{
+				ereport(LOG, (errmsg("outbox capture: test fault \"capture_slow_handoff\"")));
+				pg_usleep(3000000L);
+			}
 			capture_handoff(new_end, InvalidXLogRecPtr, 0);
 			/*
 			 * The offset's own commit is WAL too, and so are the
@@ -1830,8 +1992,10 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			dec->parts_done = 0;
 			if (had_messages)
 				capture_fault("capture_before_confirm");
-			LogicalConfirmReceivedLocation(end_lsn);
+			capture_confirm(end_lsn, own_end);
 		}
+		else
+			capture_confirm_ready();
 		if (ctx != NULL)
 		{
 			SpinLockAcquire(&capture_shared->mutex);
@@ -1854,7 +2018,8 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 						   nap, PG_WAIT_EXTENSION);
 			if (rc & WL_LATCH_SET)
 				ResetLatch(MyLatch);
-			nap = Min(nap * 2, CAPTURE_MAX_NAP_MS);
+			/* a confirmation waiting for the standbys is looked at often */
+			nap = Min(nap * 2, nconfirms > 0 ? 10 : CAPTURE_MAX_NAP_MS);
 		}
 	}
 }

@@ -233,6 +233,8 @@ extern int64 outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySl
 								 long *recheck_ms);
 extern int64 outbox_standby_frontier(long *recheck_ms);
 extern bool outbox_standby_wait(long max_us);
+extern XLogRecPtr outbox_standby_confirmed(OutboxStandbySlot *worst);
+extern int	outbox_standby_catalog_holders(void);
 
 /*---- emit.c ----*/
 /* chars.c: which characters text of each kind may hold */

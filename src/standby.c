@@ -327,8 +327,8 @@ standby_state_confirms(OutboxStandbyState state)
  * confirms nothing), and in *worst the slot that holds most: the first in a
  * state that holds everything, else the one furthest behind.
  */
-static XLogRecPtr
-standby_confirmed(OutboxStandbySlot *worst)
+XLogRecPtr
+outbox_standby_confirmed(OutboxStandbySlot *worst)
 {
 	XLogRecPtr	confirmed = InvalidXLogRecPtr;
 	bool		blocked = false;
@@ -353,6 +353,37 @@ standby_confirmed(OutboxStandbySlot *worst)
 		}
 	}
 	return blocked ? InvalidXLogRecPtr : confirmed;
+}
+
+/*
+ * How many listed physical slots carry a catalog_xmin: a standby with
+ * hot_standby_feedback reports the oldest catalog_xmin of its own logical
+ * slots, so a standby keeping a synchronized copy of a logical slot
+ * (sync_replication_slots, PostgreSQL 17) shows one in its slot here.
+ */
+int
+outbox_standby_catalog_holders(void)
+{
+	int			holders = 0;
+	int			i;
+
+	for (i = 0; standby_list != NULL && i < standby_list->n; i++)
+	{
+		ReplicationSlot *s;
+
+		LWLockAcquire(ReplicationSlotControlLock, LW_SHARED);
+		s = SearchNamedReplicationSlot(NameStr(standby_list->names[i]), false);
+		if (s != NULL)
+		{
+			SpinLockAcquire(&s->mutex);
+			if (!OidIsValid(s->data.database) &&
+				TransactionIdIsValid(s->data.catalog_xmin))
+				holders++;
+			SpinLockRelease(&s->mutex);
+		}
+		LWLockRelease(ReplicationSlotControlLock);
+	}
+	return holders;
 }
 
 /*---- the gate ----*/
@@ -429,7 +460,7 @@ outbox_standby_gate(int64 frontier, XLogRecPtr end, OutboxStandbySlot *hold, lon
 	if (gate.count == 0)
 		return Min(gate.safe, frontier);
 
-	confirmed = standby_confirmed(hold);
+	confirmed = outbox_standby_confirmed(hold);
 	while (gate.count > 0 && confirmed != InvalidXLogRecPtr &&
 		   gate.points[gate.head].end <= confirmed)
 	{
@@ -480,7 +511,7 @@ outbox_standby_wait(long max_us)
 		if (gate.waiting_since != 0 &&
 			TimestampDifferenceExceeds(gate.waiting_since, GetCurrentTimestamp(), GATE_EAGER_MS))
 			return false;
-		confirmed = standby_confirmed(&worst);
+		confirmed = outbox_standby_confirmed(&worst);
 		if (confirmed != InvalidXLogRecPtr && gate.points[gate.head].end <= confirmed)
 			return true;
 		if (worst.state != OUTBOX_STANDBY_STREAMING || MyLatch->is_set || waited >= max_us)

@@ -78,18 +78,6 @@ SELECT outbox.subscribe('q', 'm');
 	return ($primary, $standby);
 }
 
-# Kill -9 the postmaster and every child of it at once.
-sub kill_all
-{
-	my ($node) = @_;
-	my $pm = $node->{_pid};
-	my @children = split /\s+/, `pgrep -P $pm`;
-	kill 'KILL', $pm, grep { /^\d+$/ } @children;
-	$node->{_pid} = undef;
-	usleep(200_000);
-	unlink $node->data_dir . '/postmaster.pid';
-}
-
 # Run the failover; returns a hash of the counts.
 sub failover
 {

@@ -7,6 +7,7 @@
 # primary: after the promotion the capture shows state 'lost', with a
 # reason that names the failover, and the documented recovery (uncapture,
 # then capture again with a snapshot) captures on the promoted server.
+# (From 17 on, a standby can keep a copy of the slot: 061.)
 use strict;
 use warnings;
 
@@ -47,6 +48,20 @@ INSERT INTO items SELECT g, 'before' FROM generate_series(1, 5) g;
 });
 ok(wait_until(sub { @{ payloads('orders') } == 5 && @{ payloads('items') } == 5 }, 60),
 	'on the primary both captures deliver');
+# Before 17 nothing copies the capture slot to a standby: said at once.
+my $major = $primary->safe_psql('postgres', q{SELECT current_setting('server_version_num')::int / 10000});
+if ($major < 17)
+{
+	ok(wait_until(sub { slurp_file($primary->logfile) =~
+			/WARNING:  WAL capture cannot follow a failover on PostgreSQL $major/ }, 30),
+		'before 17: a WARNING that WAL capture cannot follow a failover');
+}
+else
+{
+	is($primary->safe_psql('postgres',
+			q{SELECT failover FROM pg_replication_slots WHERE slot_name = outbox.capture_slot_name()}),
+		't', '17 and later: the capture slot is a failover slot (061 follows it across a failover)');
+}
 
 # The primary dies; the standby is promoted.
 $primary->stop('immediate');

@@ -21,7 +21,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(
   outbox_node relay_node relay_worker_pid sink_path_records relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
-  webhook_signature by_key check_key_fifo client_matches_server standby_pair);
+  webhook_signature by_key check_key_fifo client_matches_server standby_pair kill_all);
 
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
 my $json = JSON::PP->new->utf8->canonical;
@@ -71,8 +71,9 @@ restart_after_crash = on
 # has no pg_basebackup of its own; the copy's replication slots are
 # removed, as pg_basebackup leaves them out).  The standby:
 # primary_slot_name = 'standby1', outbox.standby_slots empty (promoted, it
-# has no standby of its own), $opts{standby_conf} appended.  Returns both,
-# started, the standby streaming.
+# has no standby of its own), $opts{standby_conf} appended; with
+# $opts{slot_sync}, what keeping copies of failover slots needs (17).
+# Returns both, started, the standby streaming.
 sub standby_pair
 {
 	my ($name, %opts) = @_;
@@ -105,11 +106,36 @@ outbox.retry_max_delay = 500
 primary_slot_name = 'standby1'
 outbox.standby_slots = ''
 } . ($opts{standby_conf} // ''));
+	if ($opts{slot_sync})
+	{
+		# what a standby keeping copies of failover slots needs
+		# (PostgreSQL 17): the database in primary_conninfo, and
+		# hot_standby_feedback (reported every second here)
+		(my $conninfo = $primary->connstr('postgres')) =~ s/'/''/g;
+		$standby->append_conf('postgresql.conf', qq{
+primary_conninfo = '$conninfo'
+hot_standby_feedback = on
+wal_receiver_status_interval = 1
+});
+	}
 	$standby->start;
 	$primary->poll_query_until('postgres',
 		q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
 	  or die "$name: the standby does not stream";
 	return ($primary, $standby);
+}
+
+# Kill -9 the postmaster of $node and every child of it at once (a crash
+# of the whole server, as a failover test wants it).
+sub kill_all
+{
+	my ($node) = @_;
+	my $pm = $node->{_pid};
+	my @children = split /\s+/, `pgrep -P $pm`;
+	kill 'KILL', $pm, grep { /^\d+$/ } @children;
+	$node->{_pid} = undef;
+	usleep(200_000);
+	unlink $node->data_dir . '/postmaster.pid';
 }
 
 # Whether the client program $prog (pg_dump, pg_basebackup) on PATH has the
