@@ -4,7 +4,8 @@
 #   make install      install into the PostgreSQL that pg_config names
 #   make test         install, then run pg_regress and the TAP tests, each
 #                     against its own throwaway server (works as root), on
-#                     PostgreSQL 15; PG=18 on 18, PG=all on both (CI)
+#                     PostgreSQL 15; PG=16, 17 or 18 on that version,
+#                     PG=all on 15, 16, 17 and 18 (CI)
 #   make demo         install packages, build, and show messages flowing
 #   make dist         the PGXN archive outbox-<version>.zip of HEAD (META.json)
 #   make deb          the Debian package(s) postgresql-<v>-outbox (debian/),

@@ -4,9 +4,17 @@
 # tests (test/t/), each against throwaway servers of their own, on the
 # PostgreSQL versions PG names:
 #
-#   PG=15   (the default) Debian's PostgreSQL 15
-#   PG=18   PostgreSQL 18, laid out by ../shared/pg18/setup.sh (needs npm)
-#   PG=all  both, one after the other: what CI runs (make test PG=all)
+#   PG=15     (the default) Debian's PostgreSQL 15
+#   PG=16, PG=17, PG=18
+#             that version, laid out by ../shared/pg<N>/setup.sh (needs npm)
+#   PG=all    15, 16, 17 and 18, one after the other: what CI runs
+#   PG="15 18" any list of them
+#
+# The TAP files of a version run OUTBOX_TEST_JOBS at a time (default 4:
+# they spend most of their time waiting for servers, not computing), each
+# with servers on ports no other file takes (PG_TEST_PORT_DIR is shared by
+# every version).  The end of the run prints each version's time and the
+# ten slowest TAP files.
 #
 # PostgreSQL refuses to run as root, so when run as root this script
 # installs the extension, copies the tree to a scratch directory owned by an
@@ -18,19 +26,23 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 PG=${PG:-15}
-case $PG in
-	all) versions="15 18" ;;
-	15 | 18) versions=$PG ;;
-	*)
-		echo "PG must be 15, 18 or all, not '$PG'" >&2
-		exit 2
-		;;
-esac
+[ "$PG" = all ] && PG="15 16 17 18"
+versions=
+for v in $PG; do
+	case $v in
+		15 | 16 | 17 | 18) versions="$versions $v" ;;
+		*)
+			echo "PG must be 15, 16, 17, 18, a list of them or all, not '$PG'" >&2
+			exit 2
+			;;
+	esac
+done
+jobs=${OUTBOX_TEST_JOBS:-4}
 # curl: the sink's self-test; npm (for PostgreSQL 18's layout) from apt
 # only when no npm is installed (the machine's Node.js may bring its own).
 extra=(curl)
 case " $versions " in
-	*" 18 "*) command -v npm >/dev/null || extra+=(npm) ;;
+	*" 16 "* | *" 17 "* | *" 18 "*) command -v npm >/dev/null || extra+=(npm) ;;
 esac
 "$here/test/install-deps.sh" "${extra[@]}"
 
@@ -66,14 +78,14 @@ pg_config_of() {
 				command -v pg_config
 			fi
 			;;
-		18)
+		*)
 			local shared=${OUTBOX_SHARED:-$here/../shared}
-			local dir=${OUTBOX_PG18_DIR:-/tmp/outbox-pg18}
-			if [ ! -x "$shared/pg18/setup.sh" ] && [ ! -f "$shared/pg18/setup.sh" ]; then
-				echo "PostgreSQL 18 needs $shared/pg18/setup.sh (set OUTBOX_SHARED)" >&2
+			local dir=/tmp/outbox-pg$1
+			if [ ! -f "$shared/pg$1/setup.sh" ]; then
+				echo "PostgreSQL $1 needs $shared/pg$1/setup.sh (set OUTBOX_SHARED)" >&2
 				return 1
 			fi
-			bash "$shared/pg18/setup.sh" "$dir"
+			bash "$shared/pg$1/setup.sh" "$dir" | tail -1
 			;;
 	esac
 }
@@ -103,21 +115,29 @@ run_suite() {
 	}
 	if [ "$(id -u)" -eq 0 ]; then chown -R "$user" "$scratch"; fi
 
+	# pg_regress, from PGXS; then the TAP files with prove: Debian's 15
+	# through PGXS, the kits' versions (configured without TAP) with their
+	# own TAP library.
+	as_user bash -c "cd '$scratch' && make -s PG_CONFIG='$pgc' installcheck TAP_TESTS=" || rc=$?
+	local perl_lib regress
 	if [ "$v" = 15 ]; then
-		# Debian's PGXS runs pg_regress, then the TAP tests (prove).
-		as_user bash -c "cd '$scratch' && make -s PG_CONFIG='$pgc' installcheck" || rc=$?
+		perl_lib=$("$pgc" --pgxs | sed 's|/src/makefiles/pgxs.mk$|/src/test/perl|')
+		regress=$(dirname "$("$pgc" --pgxs)")/../test/regress/pg_regress
+		bindir=$("$pgc" --bindir)
 	else
-		# This build of 18 was configured without TAP support, so PGXS runs
-		# only pg_regress; prove runs the TAP tests with 18's own library.
 		local d
 		d=$(dirname "$pgc")
-		as_user bash -c "cd '$scratch' && make -s PG_CONFIG='$pgc' installcheck" || rc=$?
-		as_user bash -c "cd '$scratch' && rm -rf tmp_check && mkdir -p tmp_check && \
-			PATH='$d/bin':\$PATH TESTDIR='$scratch' PGPORT=65432 \
-			PG_REGRESS='$d/native/lib/postgresql/pgxs/src/test/regress/pg_regress' \
-			prove -I '$d/perl' -I test/t test/t/*.pl" || tap_rc=$?
-		[ $tap_rc -ne 0 ] && rc=$tap_rc
+		perl_lib=$d/perl
+		regress=$d/native/lib/postgresql/pgxs/src/test/regress/pg_regress
+		bindir=$d/bin
 	fi
+	as_user bash -c "cd '$scratch' && rm -rf tmp_check && mkdir -p tmp_check && \
+		PATH='$bindir':\$PATH TESTDIR='$scratch' PGPORT=65432 PG_TEST_PORT_DIR='$portdir' \
+		PG_REGRESS='$regress' \
+		prove -j '$jobs' --timer -I '$perl_lib' -I test/t test/t/*.pl" \
+		> >(tee "$timings/$v.tap") || tap_rc=$?
+	[ $tap_rc -ne 0 ] && rc=$tap_rc
+	echo "$v $((SECONDS - start))" >> "$timings/versions"
 
 	rm -rf "$here/test-output/$v"
 	if [ $rc -ne 0 ]; then
@@ -133,8 +153,27 @@ run_suite() {
 	return $rc
 }
 
+# Servers of every version take their ports from one directory of locks.
+portdir=/tmp/outbox-test-ports
+timings=$(mktemp -d /tmp/outbox-test-times.XXXXXX)
+mkdir -p "$portdir"
+chmod 1777 "$portdir" "$timings" 2>/dev/null || true
+
 status=0
 for v in $versions; do
 	run_suite "$v" || status=1
 done
+
+echo "=== time per version"
+while read -r v secs; do
+	printf '  PostgreSQL %s: %d min %02d s\n' "$v" $((secs / 60)) $((secs % 60))
+done < "$timings/versions"
+echo "=== the ten slowest TAP files"
+# prove --timer: "[hh:mm:ss] test/t/NAME.pl ..... ok     1234 ms ( ...)"
+for f in "$timings"/*.tap; do
+	[ -f "$f" ] || continue
+	sed -n 's|^\[[0-9:]*\] \(test/t/[^ ]*\.pl\) .* \([0-9][0-9]*\) ms.*|\2 \1|p' "$f" |
+		sed "s|\$| (PostgreSQL $(basename "$f" .tap))|"
+done | sort -rn | head -10 | awk '{ ms = $1; $1 = ""; printf "  %6.1f s %s\n", ms / 1000, $0 }'
+rm -rf "$timings"
 exit $status

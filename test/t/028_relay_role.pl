@@ -24,6 +24,7 @@ GRANT EXECUTE ON FUNCTION outbox.retention_step(interval) TO outbox_relay;
 GRANT SELECT, DELETE ON outbox.receipts TO outbox_relay;
 });
 $node->append_conf('postgresql.conf', "outbox.relay_role = 'outbox_relay'\noutbox.retention = 0\n");
+my $log_from = -s $node->logfile;
 $node->restart;
 
 $node->safe_psql('postgres', qq{
@@ -83,7 +84,11 @@ ok($node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.receipt
 	'the relay folded the receipts into progress and deleted them');
 is($node->safe_psql('postgres', q{SELECT pending FROM outbox.queues WHERE queue = 'rq'}), '0',
 	'nothing of the queue is pending');
-unlike(slurp_file($node->logfile), qr/ERROR|FATAL|WARNING/, 'no error or warning in the log');
+# From the restart on; a session of the setup still ending when the restart
+# came is terminated by it, which is not the relay's.
+is_deeply([ grep { /ERROR|FATAL|WARNING/ && !/FATAL:  terminating connection due to administrator command/ }
+			split /\n/, slurp_file($node->logfile, $log_from) ],
+	[], 'no error or warning in the log');
 
 relay_no_crash($node);
 stop_sink($sink);
