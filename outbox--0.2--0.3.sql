@@ -103,6 +103,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	slot name := outbox.capture_slot_name();
+	slot_start pg_lsn;
 	rel record;
 	source text;
 	args text[];
@@ -351,14 +352,24 @@ BEGIN
 				-- with sync_replication_slots keep a copy of (the capture
 				-- worker converts a slot made before)
 				IF current_setting('server_version_num')::int >= 170000 THEN
-					PERFORM pg_create_logical_replication_slot(slot, 'outbox', false, false, true);
+					SELECT s.lsn INTO slot_start
+					  FROM pg_create_logical_replication_slot(slot, 'outbox', temporary => false,
+															 twophase => false, failover => true) s;
 				ELSE
-					PERFORM pg_create_logical_replication_slot(slot, 'outbox');
+					SELECT s.lsn INTO slot_start
+					  FROM pg_create_logical_replication_slot(slot, 'outbox') s;
 				END IF;
 				-- the worker drops the slot again if this capture fails
 				PERFORM outbox.capture_wake();
-				-- a new slot: an offset left by an earlier one means nothing
-				DELETE FROM outbox.capture_progress WHERE slot_name = slot;
+				-- a new slot: the offset starts where it does (an offset left
+				-- by an earlier one means nothing), committed with the
+				-- capture, so that a standby's copy of the slot is never ahead
+				-- of the offset the standby has unnoticed
+				INSERT INTO outbox.capture_progress AS p (slot_name, end_lsn, part_commit_lsn, parts_done)
+				VALUES (slot, slot_start, NULL, 0)
+				ON CONFLICT (slot_name) DO UPDATE
+				   SET end_lsn = excluded.end_lsn, part_commit_lsn = NULL, parts_done = 0,
+					   updated_at = pg_catalog.now();
 			EXCEPTION WHEN active_sql_transaction THEN
 				RAISE EXCEPTION 'cannot start a WAL capture in a transaction that has written'
 					USING ERRCODE = 'active_sql_transaction',

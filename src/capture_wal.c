@@ -1580,28 +1580,74 @@ typedef struct CaptureConfirm
 static CaptureConfirm confirms[2];
 static int	nconfirms = 0;
 
-/* Confirm what the standbys have flushed. */
+/* The standbys stream: look often.  The hold-back was let go (said so). */
+static bool confirm_eager = false;
+#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
+static bool confirm_released = false;
+#endif
+
+/*
+ * Confirm what the standbys have flushed.  Holding back protects only a copy
+ * a standby can still take: a listed slot that does not exist, was
+ * invalidated or is logical has no standby to protect, and a slot retaining
+ * WAL close to max_slot_wal_keep_size would be invalidated with the
+ * standby's (a standby that far behind cannot take a copy anyway).  Then the
+ * slot is confirmed at once, said once: a copy may be ahead after all, which
+ * a promoted server reports as lost.
+ */
 static void
 capture_confirm_ready(void)
 {
+#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
 	OutboxStandbySlot worst;
 	XLogRecPtr	flushed;
+	char		why[NAMEDATALEN + 128];
+#endif
 
+	confirm_eager = false;
 	if (nconfirms == 0)
 		return;
-	if (!outbox_standby_gated())
+#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
+	if (outbox_standby_gated())
 	{
-		LogicalConfirmReceivedLocation(confirms[nconfirms - 1].offset);
-		nconfirms = 0;
-		return;
+		flushed = outbox_standby_confirmed(&worst);
+		while (nconfirms > 0 && flushed != InvalidXLogRecPtr && confirms[0].end <= flushed)
+		{
+			LogicalConfirmReceivedLocation(confirms[0].offset);
+			confirms[0] = confirms[1];
+			nconfirms--;
+			if (confirm_released)
+				ereport(LOG,
+						(errmsg("outbox capture confirms replication slot \"%s\" again only as far as the standbys of outbox.standby_slots flushed",
+								CAPTURE_SLOT)));
+			confirm_released = false;
+		}
+		if (nconfirms == 0)
+			return;
+		why[0] = '\0';
+		if (worst.state == OUTBOX_STANDBY_MISSING || worst.state == OUTBOX_STANDBY_INVALIDATED ||
+			worst.state == OUTBOX_STANDBY_LOGICAL)
+			snprintf(why, sizeof(why), "standby slot \"%s\" %s", worst.name,
+					 outbox_standby_state_name(worst.state));
+		else if (max_slot_wal_keep_size_mb >= 0 &&
+				 GetWALAvailability(MyReplicationSlot->data.restart_lsn) != WALAVAIL_RESERVED)
+			snprintf(why, sizeof(why), "it retains WAL close to max_slot_wal_keep_size while standby slot \"%s\" is behind",
+					 worst.name);
+		if (why[0] == '\0')
+		{
+			confirm_eager = worst.state == OUTBOX_STANDBY_STREAMING;
+			return;
+		}
+		if (!confirm_released)
+			ereport(LOG,
+					(errmsg("outbox capture confirms replication slot \"%s\" without waiting for the standbys: %s",
+							CAPTURE_SLOT, why),
+					 errdetail("A standby's copy of the slot may get ahead of the capture's offset; promoted, that standby would show the WAL capture lost.")));
+		confirm_released = true;
 	}
-	flushed = outbox_standby_confirmed(&worst);
-	while (nconfirms > 0 && flushed != InvalidXLogRecPtr && confirms[0].end <= flushed)
-	{
-		LogicalConfirmReceivedLocation(confirms[0].offset);
-		confirms[0] = confirms[1];
-		nconfirms--;
-	}
+#endif
+	LogicalConfirmReceivedLocation(confirms[nconfirms - 1].offset);
+	nconfirms = 0;
 }
 
 /* The slot may be confirmed up to offset once the WAL up to end is safe. */
@@ -1668,15 +1714,15 @@ capture_check_copies(void)
 
 	if (state == COPY_NONE)
 	{
+		SpinLockAcquire(&capture_shared->mutex);
+		strlcpy(capture_shared->last_error, COPY_NONE_ERROR, sizeof(capture_shared->last_error));
+		SpinLockRelease(&capture_shared->mutex);
 		ereport(WARNING,
 				(errmsg("no standby named by outbox.standby_slots keeps a copy of replication slot \"%s\"",
 						CAPTURE_SLOT),
 				 errdetail("None of the physical slots \"%s\" reports a catalog_xmin, which a standby keeping a synchronized copy of a logical slot reports; after a failover to such a standby, WAL capture is lost.",
 						   outbox_standby_slots),
 				 errhint("On the standbys set sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name, and dbname in primary_conninfo.")));
-		SpinLockAcquire(&capture_shared->mutex);
-		strlcpy(capture_shared->last_error, COPY_NONE_ERROR, sizeof(capture_shared->last_error));
-		SpinLockRelease(&capture_shared->mutex);
 	}
 	else if (state == COPY_UNSUPPORTED)
 	{
@@ -1687,14 +1733,14 @@ capture_check_copies(void)
 	}
 	else if (copy_reported == COPY_NONE)
 	{
-		if (state == COPY_KEPT)
-			ereport(LOG,
-					(errmsg("a standby named by outbox.standby_slots keeps a copy of replication slot \"%s\" now",
-							CAPTURE_SLOT)));
 		SpinLockAcquire(&capture_shared->mutex);
 		if (strcmp(capture_shared->last_error, COPY_NONE_ERROR) == 0)
 			capture_shared->last_error[0] = '\0';
 		SpinLockRelease(&capture_shared->mutex);
+		if (state == COPY_KEPT)
+			ereport(LOG,
+					(errmsg("a standby named by outbox.standby_slots keeps a copy of replication slot \"%s\" now",
+							CAPTURE_SLOT)));
 	}
 	copy_reported = state;
 }
@@ -1752,23 +1798,6 @@ outbox_capture_main(Datum main_arg)
 	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
 	if (slot == NULL)
 		capture_lost(psprintf("replication slot \"%s\" does not exist", CAPTURE_SLOT), wakes_seen);
-#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
-	{
-		bool		failover;
-
-		SpinLockAcquire(&slot->mutex);
-		failover = slot->data.failover;
-		SpinLockRelease(&slot->mutex);
-		/* a slot made before failover slots were used: convert it */
-		if (!failover)
-		{
-			outbox_slot_set_failover(CAPTURE_SLOT);
-			ereport(LOG,
-					(errmsg("outbox capture made replication slot \"%s\" a failover slot", CAPTURE_SLOT),
-					 errdetail("Standbys with sync_replication_slots = on keep a copy of it, and capture on from it when promoted.")));
-		}
-	}
-#endif
 #if PG_VERSION_NUM >= 180000
 	ReplicationSlotAcquire(CAPTURE_SLOT, true, false);
 #else
@@ -1779,6 +1808,20 @@ outbox_capture_main(Datum main_arg)
 		capture_lost(psprintf("replication slot \"%s\" was invalidated (max_slot_wal_keep_size)",
 							  CAPTURE_SLOT),
 					 wakes_seen);
+#ifdef OUTBOX_HAVE_FAILOVER_SLOTS
+	/* a slot made before failover slots were used: made one (as ALTER would) */
+	if (!slot->data.failover)
+	{
+		SpinLockAcquire(&slot->mutex);
+		slot->data.failover = true;
+		SpinLockRelease(&slot->mutex);
+		ReplicationSlotMarkDirty();
+		ReplicationSlotSave();
+		ereport(LOG,
+				(errmsg("outbox capture made replication slot \"%s\" a failover slot", CAPTURE_SLOT),
+				 errdetail("Standbys with sync_replication_slots = on keep a copy of it, and capture on from it when promoted.")));
+	}
+#endif
 	if (end_lsn == InvalidXLogRecPtr)
 	{
 		/* first start: from where the slot begins */
@@ -1786,7 +1829,7 @@ outbox_capture_main(Datum main_arg)
 	}
 #ifdef OUTBOX_HAVE_FAILOVER_SLOTS
 	else if (slot->data.confirmed_flush > end_lsn && slot->data.synced)
-		capture_lost(psprintf("replication slot \"%s\" was copied from the old primary at %X/%X, past the handed-off offset %X/%X that reached this server (outbox.standby_slots did not name this standby)",
+		capture_lost(psprintf("replication slot \"%s\" was copied from the old primary at %X/%X, past the handed-off offset %X/%X that reached this server (outbox.standby_slots was not set, or did not name this standby, when the slot was confirmed there)",
 							  CAPTURE_SLOT, LSN_FORMAT_ARGS(slot->data.confirmed_flush),
 							  LSN_FORMAT_ARGS(end_lsn)),
 					 wakes_seen);
@@ -1972,8 +2015,23 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			if (had_messages && outbox_test_fault != NULL &&
 				strcmp(outbox_test_fault, "capture_slow_handoff") == 0)
 			{
+				int			waited;
+
+				/* until the setting changes, at most a minute */
 				ereport(LOG, (errmsg("outbox capture: test fault \"capture_slow_handoff\"")));
-				pg_usleep(3000000L);
+				for (waited = 0; waited < 600 && outbox_test_fault != NULL &&
+					 strcmp(outbox_test_fault, "capture_slow_handoff") == 0; waited++)
+				{
+					(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+									 100, PG_WAIT_EXTENSION);
+					ResetLatch(MyLatch);
+					CHECK_FOR_INTERRUPTS();
+					if (ConfigReloadPending)
+					{
+						ConfigReloadPending = false;
+						ProcessConfigFile(PGC_SIGHUP);
+					}
+				}
 			}
 			capture_handoff(new_end, InvalidXLogRecPtr, 0);
 			/*
@@ -2019,7 +2077,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			if (rc & WL_LATCH_SET)
 				ResetLatch(MyLatch);
 			/* a confirmation waiting for the standbys is looked at often */
-			nap = Min(nap * 2, nconfirms > 0 ? 10 : CAPTURE_MAX_NAP_MS);
+			nap = Min(nap * 2, confirm_eager ? 10 : CAPTURE_MAX_NAP_MS);
 		}
 	}
 }

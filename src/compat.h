@@ -106,17 +106,9 @@ typedef char outbox_b64_byte;
 	 (slot)->data.restart_lsn == InvalidXLogRecPtr)
 #endif
 
-/*
- * 17 has failover slots, which standbys with sync_replication_slots keep a
- * copy of; 18 passes each property to change by pointer.
- */
-#if PG_VERSION_NUM >= 180000
+/* 17 has failover slots, which standbys with sync_replication_slots copy. */
+#if PG_VERSION_NUM >= 170000
 #define OUTBOX_HAVE_FAILOVER_SLOTS 1
-#define outbox_slot_set_failover(name) \
-	do { bool	on_ = true; ReplicationSlotAlter((name), &on_, NULL); } while (0)
-#elif PG_VERSION_NUM >= 170000
-#define OUTBOX_HAVE_FAILOVER_SLOTS 1
-#define outbox_slot_set_failover(name)	ReplicationSlotAlter((name), true)
 #endif
 
 #endif							/* OUTBOX_COMPAT_H */

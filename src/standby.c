@@ -376,7 +376,7 @@ outbox_standby_catalog_holders(void)
 		if (s != NULL)
 		{
 			SpinLockAcquire(&s->mutex);
-			if (!OidIsValid(s->data.database) &&
+			if (!OidIsValid(s->data.database) && !outbox_slot_invalidated(s) &&
 				TransactionIdIsValid(s->data.catalog_xmin))
 				holders++;
 			SpinLockRelease(&s->mutex);
