@@ -68,13 +68,7 @@ like($err, qr/ERROR:  25006: cannot call outbox_emit\(\) in a read-only transact
 like($err, qr/read-only transaction/,
 	'outbox_emit is refused with default_transaction_read_only');
 
-# The standby: a file copy of the stopped primary (no pg_basebackup of the
-# server's version is needed).
-$primary->stop;
-$primary->backup_fs_cold('backup');
-$primary->start;
-my $standby = PostgreSQL::Test::Cluster->new('standby');
-$standby->init_from_backup($primary, 'backup', has_streaming => 1);
+my $standby = cold_standby($primary, 'standby');
 $standby->start;
 # Emitted on the primary while the standby follows.
 $primary->safe_psql('postgres', q{SELECT outbox_emit('primary', '{"n": 2}')});

@@ -182,13 +182,8 @@ $a->close;
 relay_no_crash($node);
 
 # ---- a standby refuses ----------------------------------------------------
-# (last: made by a file copy of the stopped server, which needs no
-# pg_basebackup of the server's version)
-$node->stop;
-$node->backup_fs_cold('b');
-$node->start;
-my $standby = PostgreSQL::Test::Cluster->new('recv_standby');
-$standby->init_from_backup($node, 'b', has_streaming => 1);
+# (last: the standby is a copy of the server stopped for it)
+my $standby = cold_standby($node, 'recv_standby');
 $standby->start;
 $node->wait_for_catchup($standby);
 my ($rc, $out, $err) = $standby->psql('postgres', q{SELECT * FROM outbox.receive('q')});

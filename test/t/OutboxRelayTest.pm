@@ -21,7 +21,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(
   outbox_node relay_node relay_worker_pid sink_path_records relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
-  webhook_signature by_key check_key_fifo client_matches_server standby_pair kill_all);
+  webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all);
 
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
 my $json = JSON::PP->new->utf8->canonical;
@@ -95,13 +95,7 @@ outbox.retry_max_delay = 500
 	}
 	$primary->safe_psql('postgres',
 		q{SELECT pg_create_physical_replication_slot('standby1');} . ($opts{sql} // ''));
-	$primary->stop;
-	$primary->backup_fs_cold('cold');
-	$primary->start;
-	my $standby = PostgreSQL::Test::Cluster->new("${name}_standby");
-	$standby->init_from_backup($primary, 'cold', has_streaming => 1);
-	unlink glob($standby->data_dir . '/pg_replslot/*/*');
-	rmdir $_ for glob($standby->data_dir . '/pg_replslot/*');
+	my $standby = cold_standby($primary, "${name}_standby");
 	$standby->append_conf('postgresql.conf', q{
 primary_slot_name = 'standby1'
 outbox.standby_slots = ''
@@ -123,6 +117,23 @@ wal_receiver_status_interval = 1
 		q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
 	  or die "$name: the standby does not stream";
 	return ($primary, $standby);
+}
+
+# A streaming standby $name of $node (not started), made from a file copy
+# of $node stopped for it: no pg_basebackup of the server's version is
+# needed (the 16-18 layouts have none).  The copy's replication slots are
+# removed, as pg_basebackup leaves them out.
+sub cold_standby
+{
+	my ($node, $name) = @_;
+	$node->stop;
+	$node->backup_fs_cold("${name}_copy");
+	$node->start;
+	my $standby = PostgreSQL::Test::Cluster->new($name);
+	$standby->init_from_backup($node, "${name}_copy", has_streaming => 1);
+	unlink glob($standby->data_dir . '/pg_replslot/*/*');
+	rmdir $_ for glob($standby->data_dir . '/pg_replslot/*');
+	return $standby;
 }
 
 # Kill -9 the postmaster of $node and every child of it at once (a crash
