@@ -12,9 +12,9 @@
 #
 # The TAP files of a version run OUTBOX_TEST_JOBS at a time (default 4:
 # they spend most of their time waiting for servers, not computing), each
-# with servers on ports no other file takes (PG_TEST_PORT_DIR is shared by
-# every version).  The end of the run prints each version's time and the
-# ten slowest TAP files.
+# with servers on ports no other file takes (the TAP library's port locks,
+# in the scratch tree's tmp_check).  The end of the run prints each
+# version's time and the ten slowest TAP files that passed.
 #
 # PostgreSQL refuses to run as root, so when run as root this script
 # installs the extension, copies the tree to a scratch directory owned by an
@@ -97,6 +97,7 @@ run_suite() {
 	# (set -e does not apply here: the caller tests our status.)
 	pgc=$(pg_config_of "$v") && [ -n "$pgc" ] || {
 		echo "=== PostgreSQL $v: no pg_config" >&2
+		echo "$v -" >> "$timings/versions"
 		return 1
 	}
 	bindir=$("$pgc" --bindir) || return 1
@@ -110,6 +111,7 @@ run_suite() {
 	(cd "$scratch" && make -s clean >/dev/null &&
 		make -s PG_CONFIG="$pgc" WERROR=1 && make -s PG_CONFIG="$pgc" install) || {
 		echo "=== PostgreSQL $v: the build failed" >&2
+		echo "$v -" >> "$timings/versions"
 		rm -rf "$scratch"
 		return 1
 	}
@@ -132,10 +134,10 @@ run_suite() {
 		bindir=$d/bin
 	fi
 	as_user bash -c "cd '$scratch' && rm -rf tmp_check && mkdir -p tmp_check && \
-		PATH='$bindir':\$PATH TESTDIR='$scratch' PGPORT=65432 PG_TEST_PORT_DIR='$portdir' \
+		PATH='$bindir':\$PATH TESTDIR='$scratch' PGPORT=65432 \
 		PG_REGRESS='$regress' \
-		prove -j '$jobs' --timer -I '$perl_lib' -I test/t test/t/*.pl" \
-		> >(tee "$timings/$v.tap") || tap_rc=$?
+		prove -j '$jobs' --timer -I '$perl_lib' -I test/t test/t/*.pl" |
+		tee "$timings/$v.tap" || tap_rc=$?
 	[ $tap_rc -ne 0 ] && rc=$tap_rc
 	echo "$v $((SECONDS - start))" >> "$timings/versions"
 
@@ -153,11 +155,10 @@ run_suite() {
 	return $rc
 }
 
-# Servers of every version take their ports from one directory of locks.
-portdir=/tmp/outbox-test-ports
+# Each version's time and prove's output, for the summary at the end.
 timings=$(mktemp -d /tmp/outbox-test-times.XXXXXX)
-mkdir -p "$portdir"
-chmod 1777 "$portdir" "$timings" 2>/dev/null || true
+trap 'rm -rf "$timings"' EXIT
+: > "$timings/versions"
 
 status=0
 for v in $versions; do
@@ -166,14 +167,17 @@ done
 
 echo "=== time per version"
 while read -r v secs; do
-	printf '  PostgreSQL %s: %d min %02d s\n' "$v" $((secs / 60)) $((secs % 60))
+	if [ "$secs" = - ]; then
+		echo "  PostgreSQL $v: not built"
+	else
+		printf '  PostgreSQL %s: %d min %02d s\n' "$v" $((secs / 60)) $((secs % 60))
+	fi
 done < "$timings/versions"
-echo "=== the ten slowest TAP files"
+echo "=== the ten slowest TAP files that passed (prove prints no time for a failed one)"
 # prove --timer: "[hh:mm:ss] test/t/NAME.pl ..... ok     1234 ms ( ...)"
 for f in "$timings"/*.tap; do
 	[ -f "$f" ] || continue
 	sed -n 's|^\[[0-9:]*\] \(test/t/[^ ]*\.pl\) .* \([0-9][0-9]*\) ms.*|\2 \1|p' "$f" |
 		sed "s|\$| (PostgreSQL $(basename "$f" .tap))|"
 done | sort -rn | head -10 | awk '{ ms = $1; $1 = ""; printf "  %6.1f s %s\n", ms / 1000, $0 }'
-rm -rf "$timings"
 exit $status

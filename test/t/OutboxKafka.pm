@@ -9,7 +9,7 @@ use warnings;
 
 use Cwd qw(abs_path);
 use Exporter 'import';
-use File::Basename qw(dirname);
+use File::Basename qw(basename dirname);
 use IPC::Run;
 use JSON::PP;
 use PostgreSQL::Test::Utils;
@@ -26,7 +26,8 @@ my $json = JSON::PP->new->utf8;
 sub kafka_tool
 {
 	return $tool if $tool;
-	$tool = "$PostgreSQL::Test::Utils::tmp_check/outbox_kafka";
+	# a name of its own: files run at the same time share tmp_check
+	$tool = "$PostgreSQL::Test::Utils::tmp_check/outbox_kafka_" . basename($0, '.pl');
 	system('cc', '-O2', '-o', $tool, $src, '-lrdkafka', '-lpthread') == 0
 	  or BAIL_OUT("could not build $src");
 	return $tool;
@@ -38,7 +39,7 @@ sub kafka_mock
 {
 	my (@topics) = @_;
 	my ($in, $out, $err) = ('', '', '');
-	my $log = "$PostgreSQL::Test::Utils::log_path/kafka_mock.log";
+	my $log = "$PostgreSQL::Test::Utils::log_path/" . basename($0, '.pl') . '_kafka_mock.log';
 	my $h = IPC::Run::start([ kafka_tool(), 'mock', @topics ],
 		'<', \$in, '>', \$out, '2>', $log);
 	my $deadline = time + 30;

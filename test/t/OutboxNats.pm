@@ -9,7 +9,7 @@ use warnings;
 
 use Cwd qw(abs_path);
 use Exporter 'import';
-use File::Basename qw(dirname);
+use File::Basename qw(basename dirname);
 use IPC::Run;
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
@@ -24,11 +24,12 @@ my @started;    # every server started, stopped at exit even if a test dies
 my $tool;
 my $json = JSON::PP->new->utf8;
 
-# The tool, compiled once per test run.
+# The tool, compiled once per test file (into a name of its own: files
+# run at the same time share tmp_check).
 sub nats_tool_path
 {
 	return $tool if $tool;
-	$tool = "$PostgreSQL::Test::Utils::tmp_check/outbox_nats";
+	$tool = "$PostgreSQL::Test::Utils::tmp_check/outbox_nats_" . basename($0, '.pl');
 	system('cc', '-O2', '-o', $tool, $src, '-lnats') == 0
 	  or BAIL_OUT("could not build $src");
 	return $tool;

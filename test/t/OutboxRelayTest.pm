@@ -67,9 +67,8 @@ restart_after_crash = on
 # failover tests, 058 and up).  The primary: the library preloaded (every
 # database form), fast retries, $opts{conf} appended, $opts{logical} for
 # wal_level = logical, $opts{sql} run in postgres before the standby is
-# made (by a file copy of the stopped primary: the PostgreSQL 18 layout
-# has no pg_basebackup of its own; the copy's replication slots are
-# removed, as pg_basebackup leaves them out).  The standby:
+# made (by cold_standby(): the 16-18 layouts have no pg_basebackup of
+# their own).  The standby:
 # primary_slot_name = 'standby1', outbox.standby_slots empty (promoted, it
 # has no standby of its own), $opts{standby_conf} appended; with
 # $opts{slot_sync}, what keeping copies of failover slots needs (17).
@@ -150,8 +149,8 @@ sub kill_all
 }
 
 # Whether the client program $prog (pg_dump, pg_basebackup) on PATH has the
-# server's major version: the PostgreSQL 18 layout the suite runs on has no
-# 18 builds of them, and those of 15 refuse an 18 server.  Returns the
+# server's major version: the 16-18 layouts the suite runs on have no
+# builds of them of their version, and those of 15 refuse a newer server.  Returns the
 # reason to skip when it does not, else ''.
 sub client_matches_server
 {
