@@ -23,6 +23,25 @@ our @EXPORT = qw(
   sink_records sink_attempts wait_until
   webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all);
 
+# poll_query_until writes its query to psql's input, and a psql refused
+# while the server recovers from a crash may exit before reading it: the
+# broken pipe dies instead of polling on (seen under load, right after a
+# kill -9).  Poll on in that case, within the library's own time limit.
+{
+	no warnings 'redefine';
+	my $poll = \&PostgreSQL::Test::Cluster::poll_query_until;
+	*PostgreSQL::Test::Cluster::poll_query_until = sub {
+		my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
+		for (;;)
+		{
+			my @r = eval { ($poll->(@_)) };
+			return wantarray ? @r : $r[0] unless $@;
+			die $@ unless $@ =~ /Broken pipe/ && time < $deadline;
+			usleep(100_000);
+		}
+	};
+}
+
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
 my $json = JSON::PP->new->utf8->canonical;
 
