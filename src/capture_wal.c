@@ -1590,8 +1590,8 @@ static bool confirm_released = false;
  * Confirm what the standbys have flushed.  Holding back protects only a copy
  * a standby can still take: a listed slot that does not exist, was
  * invalidated or is logical has no standby to protect, and a slot retaining
- * WAL close to max_slot_wal_keep_size would be invalidated with the
- * standby's (a standby that far behind cannot take a copy anyway).  Then the
+ * more than half of max_slot_wal_keep_size would soon be invalidated with the
+ * standby's (a standby that far behind takes no copy anyway).  Then the
  * slot is confirmed at once, said once: a copy may be ahead after all, which
  * a promoted server reports as lost.
  */
@@ -1630,8 +1630,10 @@ capture_confirm_ready(void)
 			snprintf(why, sizeof(why), "standby slot \"%s\" %s", worst.name,
 					 outbox_standby_state_name(worst.state));
 		else if (max_slot_wal_keep_size_mb >= 0 &&
-				 GetWALAvailability(MyReplicationSlot->data.restart_lsn) != WALAVAIL_RESERVED)
-			snprintf(why, sizeof(why), "it retains WAL close to max_slot_wal_keep_size while standby slot \"%s\" is behind",
+				 MyReplicationSlot->data.restart_lsn != InvalidXLogRecPtr &&
+				 GetXLogInsertRecPtr() - MyReplicationSlot->data.restart_lsn >
+				 (uint64) max_slot_wal_keep_size_mb * 1024 * 1024 / 2)
+			snprintf(why, sizeof(why), "it retains more than half of max_slot_wal_keep_size while standby slot \"%s\" is behind",
 					 worst.name);
 		if (why[0] == '\0')
 		{

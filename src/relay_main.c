@@ -225,7 +225,8 @@ relay_drive(void)
  */
 static OutboxStandbySlot relay_standby_hold;
 static int64 relay_ungated_frontier = 0;
-static bool relay_standby_logged = false;	/* a hold was logged */
+static bool relay_standby_logged = false;	/* a hold was logged ... */
+static OutboxStandbySlot relay_standby_logged_as;	/* ... for this slot, state */
 
 static TimestampTz relay_started_at = 0;
 static uint64 relay_reset_generation = 0;
@@ -419,7 +420,11 @@ relay_standby_gate(int64 frontier, XLogRecPtr end, long *recheck_ms)
 	relay_ungated_frontier = frontier;
 	stuck = relay_standby_hold.waiting &&
 		relay_standby_hold.state != OUTBOX_STANDBY_STREAMING;
-	if (stuck && !relay_standby_logged)
+	/* a hold is logged when it begins, and again when its reason changes */
+	if (stuck &&
+		(!relay_standby_logged ||
+		 relay_standby_hold.state != relay_standby_logged_as.state ||
+		 strcmp(relay_standby_hold.name, relay_standby_logged_as.name) != 0))
 	{
 		char	   *why = psprintf("held until standby slot \"%s\" confirms: %s",
 								   relay_standby_hold.name,
@@ -447,6 +452,7 @@ relay_standby_gate(int64 frontier, XLogRecPtr end, long *recheck_ms)
 		}
 		pfree(why);
 		relay_standby_logged = true;
+		relay_standby_logged_as = relay_standby_hold;
 	}
 	else if (!stuck && relay_standby_logged)
 	{

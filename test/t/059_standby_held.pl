@@ -178,9 +178,20 @@ ok(wait_until(sub { $old->run_ok(q{SELECT count(*) FROM outbox.receive('q', 100)
 	'... and gets it once the standby confirms');
 $old->quit;
 
+# (the relay, which looks at a slot without its standby every 100 ms, may
+# not have seen the standby confirm yet)
+ok($primary->poll_query_until('postgres', q{SELECT pending FROM outbox.lag WHERE target = 't'}, '0'),
+	'... and the relay delivers it');
+
 # The slot invalidated: its standby stopped, more WAL than
-# max_slot_wal_keep_size written and checkpointed.
+# max_slot_wal_keep_size written and checkpointed.  A message emitted
+# before is held first because the standby is gone, then because the slot
+# is invalidated: a LOG line and last_error for each reason.
 $standby->stop;
+my $offset = -s $primary->logfile;
+q1(q{SELECT outbox_emit('m', '{"while": "invalidated"}')});
+ok($primary->poll_query_until('postgres', q{SELECT last_error LIKE '%standby slot "standby1"%no standby connected%'
+		FROM outbox.lag WHERE target = 't'}), 'standby stopped: held, last_error says why');
 q1(q{CREATE TABLE filler (x text)});
 for (1 .. 4)
 {
@@ -190,6 +201,16 @@ q1('CHECKPOINT');
 ok($primary->poll_query_until('postgres',
 		q{SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'standby1'}, 'lost'),
 	'the slot is invalidated');
+ok($primary->poll_query_until('postgres', q{SELECT last_error LIKE '%standby slot "standby1"%invalidated%'
+		FROM outbox.lag WHERE target = 't'}), '... the held message now waits for the invalidated slot: last_error');
+my @why = substr(slurp_file($primary->logfile), $offset) =~ /outbox relay holds delivery: standby slot "standby1" (.*)/g;
+is_deeply(\@why, [ 'has no standby connected', 'was invalidated' ], '... and a LOG line for each reason');
+my $before_fix = delivered();
+set_slots('');
+ok(wait_until(sub { delivered() > $before_fix }, 30), '... delivered once the setting is emptied');
+my $drained = 0;
+ok(wait_until(sub { ($drained += receive_all()) >= 1 }, 30), '... and received');
+set_slots('standby1');
 held('slot invalidated', 'standby1', 'invalidated', 'was invalidated', sub { set_slots('') });
 like(slurp_file($primary->logfile), qr/outbox relay resumes delivery: outbox.standby_slots is empty/,
 	'an emptied setting is named as the reason to resume');
