@@ -1589,9 +1589,9 @@ static bool confirm_released = false;
 /*
  * Confirm what the standbys have flushed.  Holding back protects only a copy
  * a standby can still take: a listed slot that does not exist, was
- * invalidated or is logical has no standby to protect, and a slot retaining
- * more than half of max_slot_wal_keep_size would soon be invalidated with the
- * standby's (a standby that far behind takes no copy anyway).  Then the
+ * invalidated or is logical has no standby to protect, and a standby slot
+ * behind by more than half of max_slot_wal_keep_size will soon be
+ * invalidated, and the capture slot, held back behind it, with it.  Then the
  * slot is confirmed at once, said once: a copy may be ahead after all, which
  * a promoted server reports as lost.
  */
@@ -1629,11 +1629,10 @@ capture_confirm_ready(void)
 			worst.state == OUTBOX_STANDBY_LOGICAL)
 			snprintf(why, sizeof(why), "standby slot \"%s\" %s", worst.name,
 					 outbox_standby_state_name(worst.state));
-		else if (max_slot_wal_keep_size_mb >= 0 &&
-				 MyReplicationSlot->data.restart_lsn != InvalidXLogRecPtr &&
-				 GetXLogInsertRecPtr() - MyReplicationSlot->data.restart_lsn >
+		else if (max_slot_wal_keep_size_mb >= 0 && worst.restart != InvalidXLogRecPtr &&
+				 GetXLogInsertRecPtr() - worst.restart >
 				 (uint64) max_slot_wal_keep_size_mb * 1024 * 1024 / 2)
-			snprintf(why, sizeof(why), "it retains more than half of max_slot_wal_keep_size while standby slot \"%s\" is behind",
+			snprintf(why, sizeof(why), "standby slot \"%s\" is behind by more than half of max_slot_wal_keep_size",
 					 worst.name);
 		if (why[0] == '\0')
 		{

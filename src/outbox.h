@@ -222,6 +222,7 @@ typedef struct OutboxStandbySlot
 	char		name[NAMEDATALEN];
 	OutboxStandbyState state;
 	XLogRecPtr	flushed;		/* what its standby confirmed, or invalid */
+	XLogRecPtr	restart;		/* its restart_lsn (WAL kept for it), or invalid */
 	bool		waiting;		/* (the gate) something waits for it */
 	int64		behind;			/* (the gate) bytes still to confirm, -1 unknown */
 } OutboxStandbySlot;

@@ -268,6 +268,7 @@ standby_slot_look(const char *name, OutboxStandbySlot *out)
 				SpinLockRelease(&w->mutex);
 			}
 			out->state = sender ? OUTBOX_STANDBY_STREAMING : OUTBOX_STANDBY_DISCONNECTED;
+			out->restart = restart;
 			out->flushed = !sender ? restart :
 				reported == InvalidXLogRecPtr ? InvalidXLogRecPtr : Min(restart, reported);
 		}

@@ -32,13 +32,8 @@ use Test::More;
 use JSON::PP;
 use OutboxRelayTest;
 
-my $probe = PostgreSQL::Test::Cluster->new('probe');
-$probe->init;
-$probe->start;
-my $version = $probe->safe_psql('postgres', q{SHOW server_version_num});
-$probe->stop;
 plan skip_all => 'failover slots need PostgreSQL 17 (060 tests 15 and 16: lost, then recovered)'
-  if $version < 170000;
+  if PostgreSQL::Test::Cluster->new('probe')->pg_version < 17;
 
 my $sink = start_sink('failover_slots');
 my $json = JSON::PP->new;
