@@ -207,6 +207,21 @@ outbox_check_headers(Jsonb *headers)
 				outbox_check_text(v.val.string.val, v.val.string.len,
 								  OUTBOX_TEXT_HEADER_VALUE,
 								  psprintf("outbox header \"%.*s\"", name_len, name));
+			if ((name_len == 11 && pg_strncasecmp(name, "traceparent", 11) == 0) ||
+				(name_len == 10 && pg_strncasecmp(name, "tracestate", 10) == 0))
+			{
+				char	   *value = pnstrdup(v.val.string.val, v.val.string.len);
+				const char *why;
+
+				if (name_len == 11 ? !outbox_traceparent_valid(value, &why) :
+					!outbox_tracestate_valid(value, &why))
+					ereport(ERROR,
+							(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							 errmsg("outbox header \"%.*s\" is not a W3C Trace Context value",
+									name_len, name),
+							 errdetail("The value \"%.80s\" is refused: %s.", value, why),
+							 errhint("Pass the value as OpenTelemetry formats it, or SET LOCAL outbox.traceparent (and outbox.tracestate) instead.")));
+			}
 		}
 	}
 }
@@ -292,11 +307,13 @@ outbox_emit(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(2))
 		outbox_check_key(PG_GETARG_TEXT_PP(2), &msg.key, &msg.key_len);
 
-	if (!PG_ARGISNULL(3))
 	{
-		Jsonb	   *headers = PG_GETARG_JSONB_P(3);
+		Jsonb	   *headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 
-		outbox_check_headers(headers);
+		/* the transaction's trace, unless the headers name their own */
+		headers = outbox_trace_add_current(headers);
+		if (headers != NULL)
+			outbox_check_headers(headers);
 		msg.headers = (struct varlena *) headers;
 	}
 

@@ -35,7 +35,8 @@
  * are not printable ASCII percent-encoded), source-xid (as
  * pg_current_xact_id() shows it) and source-commit-time, whose value is a
  * placeholder of OUTBOX_COMMIT_TIME_LEN bytes that emit.c overwrites at
- * PRE_COMMIT, when the transaction commits.
+ * PRE_COMMIT, when the transaction commits; traceparent and tracestate
+ * while the transaction names a trace (trace.c), as it is at the change.
  *
  *-------------------------------------------------------------------------
  */
@@ -102,6 +103,7 @@ typedef struct CaptureEntry
 	CaptureOutboxColumns oc;
 	/* the headers for the transaction they were last built for */
 	FullTransactionId headers_xid;
+	uint64		headers_trace;	/* outbox_trace_generation they have */
 	Jsonb	   *headers;
 	int			commit_time_off;
 } CaptureEntry;
@@ -303,7 +305,8 @@ capture_headers(CaptureEntry *e)
 	MemoryContext oldcxt;
 
 	if (e->headers != NULL &&
-		FullTransactionIdEquals(e->headers_xid, xid))
+		FullTransactionIdEquals(e->headers_xid, xid) &&
+		e->headers_trace == outbox_trace_generation)
 		return e->headers;
 
 	oldcxt = MemoryContextSwitchTo(e->cxt);
@@ -324,6 +327,13 @@ capture_headers(CaptureEntry *e)
 	CAPTURE_PUSH("source-table", e->source);
 	CAPTURE_PUSH("source-xid", xidbuf);
 	CAPTURE_PUSH("source-commit-time", commit_time_placeholder);
+	/* the transaction's trace as it is now (keys shorter than the above) */
+	if (outbox_trace_active())
+	{
+		CAPTURE_PUSH("traceparent", outbox_traceparent);
+		if (outbox_tracestate[0] != '\0')
+			CAPTURE_PUSH("tracestate", outbox_tracestate);
+	}
 #undef CAPTURE_PUSH
 	res = pushJsonbValue(&st, WJB_END_OBJECT, NULL);
 	h = JsonbValueToJsonb(res);
@@ -340,6 +350,7 @@ capture_headers(CaptureEntry *e)
 		elog(ERROR, "outbox: unexpected layout of captured message headers");
 	e->headers = h;
 	e->headers_xid = xid;
+	e->headers_trace = outbox_trace_generation;
 	return h;
 }
 
@@ -447,13 +458,19 @@ outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
 	outbox_check_payload_size(d);
 	msg->payload = (struct varlena *) DatumGetJsonbP(d);
 
-	if (oc->headers_att)
 	{
-		d = heap_getattr(row, oc->headers_att, desc, &isnull);
-		if (!isnull)
-		{
-			Jsonb	   *h = DatumGetJsonbP(d);
+		Jsonb	   *h = NULL;
 
+		if (oc->headers_att)
+		{
+			d = heap_getattr(row, oc->headers_att, desc, &isnull);
+			if (!isnull)
+				h = DatumGetJsonbP(d);
+		}
+		/* the transaction's trace, unless the row's headers name their own */
+		h = outbox_trace_add_current(h);
+		if (h != NULL)
+		{
 			outbox_check_headers(h);
 			msg->headers = (struct varlena *) h;
 		}

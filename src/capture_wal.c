@@ -73,6 +73,7 @@
 #include "postmaster/interrupt.h"
 #include "replication/decode.h"
 #include "replication/logical.h"
+#include "replication/message.h"
 #include "replication/origin.h"
 #include "replication/output_plugin.h"
 #include "replication/reorderbuffer.h"
@@ -313,9 +314,40 @@ capture_wake_now(void)
 		SetLatch(worker);
 }
 
+/*
+ * A transaction that names a trace and wrote something, in a database a
+ * WAL capture decodes, writes the trace into its WAL before it commits, for
+ * capture_message_cb.  One that names none pays the first test only.
+ */
+static void
+capture_log_trace(void)
+{
+	StringInfoData buf;
+
+	if (!outbox_trace_active() || !XLogLogicalInfoActive() ||
+		!TransactionIdIsValid(GetTopTransactionIdIfAny()) ||
+		!capture_slot_exists(MyDatabaseId))
+		return;
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, outbox_traceparent);
+	if (outbox_tracestate[0] != '\0')
+	{
+		appendStringInfoChar(&buf, '\n');
+		appendStringInfoString(&buf, outbox_tracestate);
+	}
+	outbox_log_logical_message(OUTBOX_TRACE_PREFIX, buf.data, buf.len);
+	pfree(buf.data);
+}
+
 static void
 capture_xact_callback(XactEvent event, void *arg)
 {
+	if (event == XACT_EVENT_PRE_COMMIT || event == XACT_EVENT_PRE_PREPARE)
+	{
+		capture_log_trace();
+		return;
+	}
+
 	/*
 	 * At abort too: a capture() that made the slot and then failed leaves
 	 * the slot, which the worker drops when it finds no WAL capture.
@@ -449,6 +481,9 @@ typedef struct CaptureDecoding
 	char		txn_lsn[32];
 	char		txn_time[OUTBOX_COMMIT_TIME_LEN + 1];
 	TimestampTz txn_commit_time;
+	/* its trace, from its OUTBOX_TRACE_PREFIX logical message, or "" */
+	char		txn_traceparent[OUTBOX_TRACESTATE_MAX + 1];
+	char		txn_tracestate[OUTBOX_TRACESTATE_MAX + 1];
 	/* after a commit: how the pass ends */
 	bool		stop;			/* hand off what is collected now */
 	bool		partial;		/* the last transaction has more parts */
@@ -850,6 +885,16 @@ capture_wal_headers(WalRel *r)
 	outbox_capture_push_string(&st, WJB_VALUE, dec->txn_lsn);
 	outbox_capture_push_string(&st, WJB_KEY, "source-commit-time");
 	outbox_capture_push_string(&st, WJB_VALUE, dec->txn_time);
+	if (dec->txn_traceparent[0] != '\0')
+	{
+		outbox_capture_push_string(&st, WJB_KEY, "traceparent");
+		outbox_capture_push_string(&st, WJB_VALUE, dec->txn_traceparent);
+		if (dec->txn_tracestate[0] != '\0')
+		{
+			outbox_capture_push_string(&st, WJB_KEY, "tracestate");
+			outbox_capture_push_string(&st, WJB_VALUE, dec->txn_tracestate);
+		}
+	}
 	return JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
 }
 
@@ -1010,6 +1055,9 @@ capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 	memset(&m, 0, sizeof(m));
 	m.commit_time_off = -1;
 	outbox_capture_outbox_row(tup, desc, &r->oc, r->source, &m);
+	m.headers = (struct varlena *) outbox_trace_add((Jsonb *) m.headers,
+													dec->txn_traceparent,
+													dec->txn_tracestate);
 	m.emitted_at = dec->txn_commit_time;
 	outbox_make_uuid(&m.msg_id, m.emitted_at);
 	capture_collect(&m);
@@ -1065,6 +1113,8 @@ capture_begin(LogicalDecodingContext *ctx, ReorderBufferTXN *txn)
 	dec->txn_commit_time = txn->xact_time.commit_time;
 	dec->txn_xid_raw = txn->xid;
 	dec->txn_xid[0] = '\0';	/* capture_txn_strings, at its first message */
+	dec->txn_traceparent[0] = '\0';
+	dec->txn_tracestate[0] = '\0';
 }
 
 /* The source transaction's header values, made once it has a message. */
@@ -1274,6 +1324,68 @@ capture_commit_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn, XLogRecPtr
 		dec->stop = true;
 }
 
+/*
+ * A transactional logical message of the transaction: the trace it set
+ * (trace.c), "traceparent\ntracestate", written at its commit, so after its
+ * changes.  The messages collected from it so far get the trace, and so do
+ * the ones after it.  Anyone may write such a message in their own
+ * transaction: a malformed one is skipped with a note, never trusted.
+ */
+static void
+capture_message_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
+				   XLogRecPtr message_lsn, bool transactional, const char *prefix,
+				   Size message_size, const char *message)
+{
+	char	   *content;
+	char	   *state;
+	const char *why = NULL;
+	MemoryContext oldcxt;
+	int			i;
+
+	if (!transactional || dec->txn_skip || strcmp(prefix, OUTBOX_TRACE_PREFIX) != 0)
+		return;
+	if (memchr(message, '\0', message_size) != NULL ||
+		message_size > 2 * OUTBOX_TRACESTATE_MAX + 1)
+	{
+		capture_txn_strings();
+		capture_note_error("the trace context written at %X/%X by transaction %s is malformed (a NUL byte, or too long): its changes are captured without it",
+						   LSN_FORMAT_ARGS(message_lsn), dec->txn_xid);
+		dec->skipped--;			/* nothing is skipped */
+		return;
+	}
+	content = palloc(message_size + 1);
+	memcpy(content, message, message_size);
+	content[message_size] = '\0';
+	state = strchr(content, '\n');
+	if (state != NULL)
+		*state++ = '\0';
+	if (strlen(content) > OUTBOX_TRACESTATE_MAX ||
+		!outbox_traceparent_valid(content, &why) ||
+		(state != NULL && *state != '\0' &&
+		 (strlen(state) > OUTBOX_TRACESTATE_MAX || !outbox_tracestate_valid(state, &why))))
+	{
+		capture_txn_strings();
+		capture_note_error("the trace context written at %X/%X by transaction %s is malformed (%s): its changes are captured without it",
+						   LSN_FORMAT_ARGS(message_lsn), dec->txn_xid,
+						   why ? why : "too long");
+		dec->skipped--;
+		return;
+	}
+	strlcpy(dec->txn_traceparent, content, sizeof(dec->txn_traceparent));
+	strlcpy(dec->txn_tracestate, state ? state : "", sizeof(dec->txn_tracestate));
+
+	oldcxt = MemoryContextSwitchTo(dec->collect_cxt);
+	for (i = dec->txn_first_msg; i < dec->nmsgs; i++)
+	{
+		Collected  *c = &dec->msgs[i];
+
+		c->msg.headers = (struct varlena *)
+			outbox_trace_add((Jsonb *) c->msg.headers, dec->txn_traceparent,
+							 dec->txn_tracestate);
+	}
+	MemoryContextSwitchTo(oldcxt);
+}
+
 static bool
 capture_filter_origin(LogicalDecodingContext *ctx, RepOriginId origin_id)
 {
@@ -1293,6 +1405,7 @@ _PG_output_plugin_init(OutputPluginCallbacks *cb)
 	cb->change_cb = capture_change_cb;
 	cb->truncate_cb = capture_truncate_cb;
 	cb->commit_cb = capture_commit_cb;
+	cb->message_cb = capture_message_cb;
 	cb->filter_by_origin_cb = capture_filter_origin;
 	cb->shutdown_cb = capture_shutdown;
 }
@@ -1778,6 +1891,9 @@ outbox_capture_main(Datum main_arg)
 	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
 	/* a superuser's queries: nothing of the database's search_path */
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+	/* a trace set for the database or role is not the decoded transactions' */
+	SetConfigOption("outbox.traceparent", "", PGC_SUSET, PGC_S_OVERRIDE);
+	SetConfigOption("outbox.tracestate", "", PGC_SUSET, PGC_S_OVERRIDE);
 	pgstat_report_appname("outbox capture");
 	if (!capture_mine(false))
 		proc_exit(0);			/* no slot for this database (any more) */

@@ -111,4 +111,13 @@ typedef char outbox_b64_byte;
 #define OUTBOX_HAVE_FAILOVER_SLOTS 1
 #endif
 
+/* 17 adds flush to LogLogicalMessage; ours is transactional, flushed at commit. */
+#if PG_VERSION_NUM >= 170000
+#define outbox_log_logical_message(prefix, message, size) \
+	LogLogicalMessage((prefix), (message), (size), true, false)
+#else
+#define outbox_log_logical_message(prefix, message, size) \
+	LogLogicalMessage((prefix), (message), (size), true)
+#endif
+
 #endif							/* OUTBOX_COMPAT_H */

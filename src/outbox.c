@@ -179,6 +179,7 @@ _PG_init(void)
 	outbox_destinations_define_gucs();
 	outbox_standby_define_gucs();
 	outbox_topic_grants_define_gucs();
+	outbox_trace_define_gucs();
 
 	DefineCustomIntVariable("outbox.max_receives",
 							"Rolled-back receives after which a queue message becomes a dead letter.",

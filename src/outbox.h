@@ -205,6 +205,21 @@ extern void outbox_stats_publish(const OutboxWorkerStatus *worker,
 								 const OutboxTargetStats *targets, int ntargets);
 extern uint64 outbox_stats_reset_generation(void);
 
+/*---- trace.c: W3C Trace Context of the emitting transaction ----*/
+#define OUTBOX_TRACEPARENT_LEN	55	/* "00-" 32 "-" 16 "-" 2 */
+#define OUTBOX_TRACESTATE_MAX	512 /* bytes of a tracestate we carry */
+#define OUTBOX_TRACE_PREFIX		"outbox-trace"	/* its logical message */
+extern char *outbox_traceparent;
+extern char *outbox_tracestate;
+extern uint64 outbox_trace_generation;
+extern void outbox_trace_define_gucs(void);
+extern bool outbox_traceparent_valid(const char *s, const char **why);
+extern bool outbox_tracestate_valid(const char *s, const char **why);
+extern bool outbox_trace_active(void);
+extern Jsonb *outbox_trace_add(Jsonb *headers, const char *traceparent,
+							   const char *tracestate);
+extern Jsonb *outbox_trace_add_current(Jsonb *headers);
+
 /*---- standby.c: failover-safe delivery (I9) ----*/
 extern char *outbox_standby_slots;
 
