@@ -2994,6 +2994,383 @@ COMMENT ON VIEW outbox.relays IS
 	'the relay of every database with the extension (superusers: it names every database)';
 REVOKE ALL ON outbox.relays FROM PUBLIC;
 
+---------------------------------------------------------------------------
+-- Formats consumers parse: CloudEvents 1.0 on HTTP, NATS and Kafka
+-- targets (format, and source: the event's source attribute).
+---------------------------------------------------------------------------
+
+ALTER TABLE outbox.targets
+	ADD COLUMN format text NOT NULL DEFAULT 'outbox'
+		CONSTRAINT targets_format_check
+		CHECK (format IN ('outbox', 'cloudevents', 'cloudevents-structured')),
+	ADD COLUMN ce_source text
+		CONSTRAINT targets_ce_source_check
+		CHECK (ce_source IS NULL OR (octet_length(ce_source) BETWEEN 1 AND 1024
+									 AND ce_source !~ '[[:cntrl:][:space:]]'));
+
+-- The format options of a target: which kinds take which format, and a
+-- source the CloudEvents attribute can carry.
+CREATE FUNCTION outbox.check_format(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.format IS NULL OR t.format NOT IN ('outbox', 'cloudevents', 'cloudevents-structured') THEN
+		RAISE EXCEPTION 'unknown target format %', quote_nullable(t.format)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A target sends ''outbox'' (its own shape), ''cloudevents'' (CloudEvents 1.0, binary content mode) or ''cloudevents-structured'' (CloudEvents 1.0, structured content mode).',
+				  HINT = 'Pass format => ''cloudevents'' for CloudEvents consumers.';
+	END IF;
+	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka') THEN
+		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents go to HTTP, NATS and Kafka targets; NOTIFY sends outbox envelopes only.',
+				  HINT = 'Use an HTTP, NATS or Kafka target for CloudEvents consumers.';
+	END IF;
+	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
+		RAISE EXCEPTION 'source is the CloudEvents source attribute, and the target sends format ''outbox'''
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass format => ''cloudevents'' as well, or leave source out (source => '''' removes it).';
+	END IF;
+	IF t.ce_source IS NOT NULL AND (t.ce_source = '' OR octet_length(t.ce_source) > 1024
+									OR t.ce_source ~ '[[:cntrl:][:space:]]') THEN
+		RAISE EXCEPTION 'invalid CloudEvents source %', quote_literal(left(t.ce_source, 100))
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A source is a URI-reference of 1 to 1024 bytes without white space or control characters.',
+				  HINT = 'Use a URI such as ''https://shop.example.com/orders'' or ''/shop/orders''.';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_format(outbox.targets) FROM PUBLIC;
+
+-- add_target stores the format and source too.
+CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	new_id int;
+	violated text;
+BEGIN
+	BEGIN
+		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
+									ordering, max_attempts, timeout_ms, ca_file, client_cert,
+									client_key, envelope_only, subject, topic, properties,
+									format, ce_source)
+		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
+				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
+				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
+				target.ca_file, target.client_cert, target.client_key,
+				coalesce(target.envelope_only, false), target.subject, target.topic,
+				target.properties, coalesce(target.format, 'outbox'), target.ce_source)
+		RETURNING id INTO new_id;
+	EXCEPTION WHEN unique_violation THEN
+		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+		IF violated IS DISTINCT FROM 'targets_name_key' THEN
+			RAISE;
+		END IF;
+		RAISE EXCEPTION 'outbox target "%" already exists', target.name
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
+	END;
+	INSERT INTO outbox.progress (target_id, lane, done_id)
+	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+DROP FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text);
+-- A target that receives messages as HTTP POST requests (webhooks),
+-- signed when it has a secret; the TLS files (ca_file, client_cert,
+-- client_key) are for https:// URLs; format 'cloudevents' sends CloudEvents
+-- (binary content mode, a batch as a CloudEvents batch),
+-- 'cloudevents-structured' structured content mode; source is their
+-- source attribute.
+CREATE FUNCTION outbox.create_http_target(
+	name		 text,
+	url			 text,
+	headers		 jsonb	DEFAULT '{}',
+	secret		 text	DEFAULT NULL,
+	batch_size	 int	DEFAULT 1,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'http';
+	t.url := url;
+	t.headers := headers;
+	t.secret := secret;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
+	t.format := format;
+	t.ce_source := source;
+	PERFORM outbox.check_http_target(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text, text, text) IS
+	'create a target that receives messages as HTTP POST requests (webhooks)';
+REVOKE ALL ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
+
+DROP FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int);
+-- A target that publishes messages into NATS JetStream streams.
+CREATE FUNCTION outbox.create_nats_target(
+	name		 text,
+	url			 text,
+	subject		 text	DEFAULT '{topic}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'nats';
+	t.url := url;
+	t.subject := subject;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+	UPDATE outbox.targets x SET subject = t.subject WHERE x.name = t.name;
+END
+$$;
+COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text) IS
+	'create a target that publishes messages into NATS JetStream, each acknowledged by its stream';
+REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text) FROM PUBLIC;
+
+DROP FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int);
+-- A target that produces messages into Kafka topics, with an idempotent
+-- producer.
+CREATE FUNCTION outbox.create_kafka_target(
+	name		 text,
+	brokers		 text,
+	topic		 text	DEFAULT '{topic}',
+	properties	 jsonb	DEFAULT '{}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 30000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'kafka';
+	t.url := brokers;
+	t.topic := topic;
+	t.properties := coalesce(properties, '{}');
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int, text, text) IS
+	'create a target that produces messages into Kafka topics, with an idempotent producer';
+REVOKE ALL ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int, text, text) FROM PUBLIC;
+
+DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb);
+-- Change a target's options; NULL leaves an option as it is (see the
+-- previous definition); format and source as at create, source => ''
+-- removes the source (the default is used).
+CREATE FUNCTION outbox.alter_target(
+	name		  text,
+	url			  text		DEFAULT NULL,
+	headers		  jsonb		DEFAULT NULL,
+	secret		  text		DEFAULT NULL,
+	batch_size	  int		DEFAULT NULL,
+	lanes		  int		DEFAULT NULL,
+	ordering	  text		DEFAULT NULL,
+	max_attempts  int		DEFAULT NULL,
+	timeout_ms	  int		DEFAULT NULL,
+	max_rate	  float8	DEFAULT NULL,
+	disable_after interval	DEFAULT NULL,
+	ca_file		  text		DEFAULT NULL,
+	client_cert	  text		DEFAULT NULL,
+	client_key	  text		DEFAULT NULL,
+	envelope_only boolean	DEFAULT NULL,
+	subject		  text		DEFAULT NULL,
+	topic		  text		DEFAULT NULL,
+	properties	  jsonb		DEFAULT NULL,
+	format		  text		DEFAULT NULL,
+	source		  text		DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(alter_target.name);
+	old outbox.targets;
+	t outbox.targets;
+	n int := 0;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	t := old;
+	IF old.kind NOT IN ('http', 'nats', 'kafka') AND (url IS NOT NULL OR batch_size IS NOT NULL
+													  OR lanes IS NOT NULL OR ordering IS NOT NULL
+													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP, NATS and Kafka targets have a URL (brokers), batches, lanes, a timeout or a rate.';
+	END IF;
+	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
+							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets have headers, a secret or TLS files.';
+	END IF;
+	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a subject.';
+	END IF;
+	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Kafka targets have a topic and properties.';
+	END IF;
+	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
+	END IF;
+	t.url := coalesce(url, old.url);
+	t.headers := coalesce(headers, old.headers);
+	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
+	t.batch_size := coalesce(batch_size, old.batch_size);
+	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
+	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
+	t.max_attempts := coalesce(max_attempts, old.max_attempts);
+	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
+	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
+	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
+							ELSE coalesce(disable_after, old.disable_after) END;
+	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
+	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
+	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
+	t.envelope_only := coalesce(envelope_only, old.envelope_only);
+	t.subject := coalesce(subject, old.subject);
+	t.topic := coalesce(topic, old.topic);
+	t.properties := coalesce(properties, old.properties);
+	t.format := coalesce(format, old.format);
+	t.ce_source := CASE WHEN source = '' THEN NULL ELSE coalesce(source, old.ce_source) END;
+	IF t.secret IS NULL THEN
+		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
+	END IF;
+	IF old.kind = 'http' THEN
+		PERFORM outbox.check_http_target(t);
+	ELSIF old.kind IN ('nats', 'kafka') THEN
+		PERFORM outbox.check_broker_options(t);
+	ELSE
+		PERFORM outbox.check_target_options(t);
+	END IF;
+	PERFORM outbox.check_format(t);
+	IF t.ordering = 'strict' THEN
+		IF lanes IS NOT NULL AND lanes <> 1 THEN
+			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
+		END IF;
+		t.lanes := 1;
+	END IF;
+
+	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
+		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
+		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
+		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
+		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
+		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
+		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
+		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
+		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
+		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
+		+ (t.client_key IS DISTINCT FROM old.client_key)::int
+		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
+		+ (t.subject IS DISTINCT FROM old.subject)::int
+		+ (t.topic IS DISTINCT FROM old.topic)::int
+		+ (t.properties IS DISTINCT FROM old.properties)::int
+		+ (t.format IS DISTINCT FROM old.format)::int
+		+ (t.ce_source IS DISTINCT FROM old.ce_source)::int;
+
+	UPDATE outbox.targets x
+	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
+		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
+		   disable_after = t.disable_after, previous_secret = t.previous_secret,
+		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
+		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
+		   properties = t.properties, format = t.format, ce_source = t.ce_source,
+		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
+		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text) IS
+	'change a target''s options without a restart; returns how many changed';
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text) FROM PUBLIC;
+
 -- A relay waiting for CREATE EXTENSION starts delivering when this commits
 -- (only where the library is preloaded: outbox.database exists then).
 SELECT outbox.config_changed()

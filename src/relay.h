@@ -29,6 +29,7 @@
 #include "lib/stringinfo.h"
 #include "datatype/timestamp.h"
 #include "storage/latch.h"
+#include "utils/datetime.h"
 #include "utils/jsonb.h"
 #include "utils/uuid.h"
 
@@ -193,6 +194,14 @@ extern const RelayTransport relay_kafka_transport;
 extern const RelayTransport *const relay_transports[];	/* relay_main.c */
 extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
 
+/* What a target sends (outbox.targets.format). */
+typedef enum RelayFormat
+{
+	RELAY_FORMAT_OUTBOX,		/* the payload, or outbox envelopes */
+	RELAY_FORMAT_CE_BINARY,		/* CloudEvents, binary content mode */
+	RELAY_FORMAT_CE_STRUCTURED	/* CloudEvents, structured content mode */
+} RelayFormat;
+
 typedef struct RelayTarget
 {
 	int			id;				/* outbox.targets.id */
@@ -216,6 +225,8 @@ typedef struct RelayTarget
 	char	   *client_cert;	/* TLS: client certificate file, or NULL */
 	char	   *client_key;		/* TLS: its private key file, or NULL */
 	bool		envelope_only;	/* NOTIFY: without payload and headers */
+	RelayFormat format;			/* what it sends */
+	char	   *ce_source;		/* CloudEvents source attribute */
 	int			batch_size;		/* messages per request */
 	int			nlanes;			/* lanes */
 	int			max_attempts;	/* 0 = retry forever */
@@ -338,11 +349,30 @@ extern void relay_lane_retry_later(RelayLane *lane, const char *error);
 
 /*---- relay_envelope.c: formats ----*/
 extern void relay_envelope(RelayMessage *m, int parts, StringInfo buf);
-extern Size relay_envelope_size(RelayMessage *m);
+extern Size relay_envelope_size(struct RelayTarget *t, RelayMessage *m);
 extern void relay_append_time(StringInfo buf, TimestampTz t);
 extern char *relay_header_lines(Jsonb *jb, int *len);
 extern void relay_uuid_text(const pg_uuid_t *uuid, char *out);
 extern bool relay_template_fill(const char *template, RelayMessage *m, StringInfo buf);
+
+/*---- relay_envelope.c: CloudEvents ----*/
+#define RELAY_CE_MAX_ATTRS	11	/* the most relay_ce_attrs() gives */
+
+/* A message's CloudEvents attributes, for the binary content modes. */
+typedef struct RelayCeAttrs
+{
+	int			n;
+	const char *name[RELAY_CE_MAX_ATTRS];	/* without the binding's prefix */
+	const char *value[RELAY_CE_MAX_ATTRS];
+	char		sequence[24];	/* storage of the values */
+	char		time[MAXDATELEN + 1];
+} RelayCeAttrs;
+
+extern void relay_ce_attrs(struct RelayTarget *t, RelayMessage *m, RelayCeAttrs *a);
+extern void relay_ce_structured(struct RelayTarget *t, RelayMessage *m, StringInfo buf);
+extern void relay_ce_http_value(const char *value, StringInfo buf);
+extern const char *relay_message_header(RelayMessage *m, const char *name);
+extern const char *relay_ce_default_source(void);
 
 /*---- relay_config.c: targets loaded from the tables ----*/
 extern RelayTarget *relay_find_target(int id);

@@ -264,6 +264,31 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		t->properties = JsonbToCString(NULL, &t->properties_jb->root,
 									   VARSIZE(t->properties_jb));
 	}
+	s = relay_spi_text(tup, desc, 28);
+	if (s == NULL || strcmp(s, "outbox") == 0)
+		t->format = RELAY_FORMAT_OUTBOX;
+	else if (strcmp(s, "cloudevents") == 0)
+		t->format = RELAY_FORMAT_CE_BINARY;
+	else if (strcmp(s, "cloudevents-structured") == 0)
+		t->format = RELAY_FORMAT_CE_STRUCTURED;
+	else if (*problem == NULL)
+		*problem = "format is not 'outbox', 'cloudevents' or 'cloudevents-structured'";
+	if (*problem == NULL && t->format != RELAY_FORMAT_OUTBOX && t->kind == RELAY_NOTIFY)
+		*problem = "a NOTIFY target cannot send CloudEvents";
+	t->ce_source = relay_spi_text(tup, desc, 29);
+	if (t->ce_source != NULL)
+	{
+		const char *c;
+
+		for (c = t->ce_source; *c; c++)
+			if ((unsigned char) *c <= 0x20 || *c == 0x7f)
+				break;
+		if ((*c != '\0' || t->ce_source[0] == '\0' || strlen(t->ce_source) > 1024) &&
+			*problem == NULL)
+			*problem = "ce_source is not 1 to 1024 bytes without white space or control characters";
+	}
+	else
+		t->ce_source = pstrdup(relay_ce_default_source());
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -452,6 +477,8 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->topic = n->topic;
 	t->properties = n->properties;
 	t->properties_jb = n->properties_jb;
+	t->format = n->format;
+	t->ce_source = n->ce_source;
 	t->header_lines = n->header_lines;
 	t->header_names = n->header_names;
 	t->nheader_lines = n->nheader_lines;
@@ -577,8 +604,8 @@ relay_load_config(void)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
 	/*
-	 * Columns 24 to 27: ordering; the subject, topic and properties
-	 * (schema 0.3).
+	 * Columns 24 to 29: ordering; the subject, topic, properties, format
+	 * and CloudEvents source (schema 0.3).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -595,13 +622,13 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties") :
-					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb") :
+	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source") :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text") :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
 					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
-					"       t.ordering, NULL::text, NULL::text, NULL::jsonb"
+					"       t.ordering, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

@@ -22,6 +22,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "commands/extension.h"
 #include "common/base64.h"
 #include "common/hashfn.h"
@@ -89,10 +90,16 @@ relay_envelope(RelayMessage *m, int parts, StringInfo buf)
  * for escaping the topic and key.
  */
 Size
-relay_envelope_size(RelayMessage *m)
+relay_envelope_size(RelayTarget *t, RelayMessage *m)
 {
-	return (Size) m->payload_len + (m->headers ? strlen(m->headers) : 0) +
+	Size		size = (Size) m->payload_len + (m->headers ? strlen(m->headers) : 0) +
 		6 * (strlen(m->topic) + (m->key ? strlen(m->key) : 0)) + 256;
+
+	/* a CloudEvent: the key twice, the source, the trace, the attributes */
+	if (t->format != RELAY_FORMAT_OUTBOX)
+		size += 6 * ((m->key ? strlen(m->key) : 0) + strlen(t->ce_source)) +
+			2 * OUTBOX_TRACESTATE_MAX + 512;
+	return size;
 }
 
 /* Append t as a JSON string, the way to_json() writes a timestamptz. */
@@ -210,4 +217,143 @@ relay_template_fill(const char *template, RelayMessage *m, StringInfo buf)
 			appendStringInfoChar(buf, *p);
 	}
 	return true;
+}
+
+/*
+ * The value of the message's own header name ("Name: value" lines), or
+ * NULL; "" for an empty one.  Names are matched case-insensitively.
+ */
+const char *
+relay_message_header(RelayMessage *m, const char *name)
+{
+	size_t		len = strlen(name);
+	const char *p;
+
+	for (p = m->header_lines; p != NULL && *p; p += strlen(p) + 1)
+		if (pg_strncasecmp(p, name, len) == 0)
+		{
+			if (p[len] == ':')
+				return p[len + 1] == ' ' ? p + len + 2 : p + len + 1;
+			if (p[len] == ';' && p[len + 1] == '\0')
+				return "";
+		}
+	return NULL;
+}
+
+/*
+ * The CloudEvents source of a target without one: /outbox/<the cluster's
+ * system identifier>/<the database name, percent-encoded>.  The system
+ * identifier is the same on a streaming standby, so the source survives a
+ * failover.  Made once, in the relay's memory.
+ */
+const char *
+relay_ce_default_source(void)
+{
+	static char *source = NULL;
+
+	if (source == NULL)
+	{
+		StringInfoData buf;
+		const char *db = get_database_name(MyDatabaseId);
+		const unsigned char *p;
+
+		initStringInfo(&buf);
+		appendStringInfo(&buf, "/outbox/" UINT64_FORMAT "/", GetSystemIdentifier());
+		for (p = (const unsigned char *) (db ? db : ""); *p; p++)
+		{
+			if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+				(*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~')
+				appendStringInfoChar(&buf, (char) *p);
+			else
+				appendStringInfo(&buf, "%%%02X", *p);
+		}
+		source = MemoryContextStrdup(TopMemoryContext, buf.data);
+		pfree(buf.data);
+	}
+	return source;
+}
+
+/*
+ * The CloudEvents attributes of message m for target t: specversion, id
+ * (the stable msg_id), source, type (the topic), time (when it was
+ * emitted), datacontenttype, the sequence extension (the commit-ordered id,
+ * zero-padded to 19 digits so that it orders as a string, as the extension
+ * asks), and when the message has a key subject and partitionkey (the key),
+ * and when it has a trace, traceparent and tracestate.  Values point into
+ * m, t and a.
+ */
+void
+relay_ce_attrs(RelayTarget *t, RelayMessage *m, RelayCeAttrs *a)
+{
+	const char *v;
+
+#define CE_ADD(n_, v_) do { a->name[a->n] = (n_); a->value[a->n] = (v_); a->n++; } while (0)
+	a->n = 0;
+	snprintf(a->sequence, sizeof(a->sequence), "%019" INT64_MODIFIER "d", m->id);
+	JsonEncodeDateTime(a->time, TimestampTzGetDatum(m->emitted_at), TIMESTAMPTZOID, NULL);
+	CE_ADD("specversion", "1.0");
+	CE_ADD("id", m->msg_id);
+	CE_ADD("source", t->ce_source);
+	CE_ADD("type", m->topic);
+	CE_ADD("time", a->time);
+	CE_ADD("datacontenttype", "application/json");
+	CE_ADD("sequence", a->sequence);
+	if (m->key != NULL && m->key[0] != '\0')
+	{
+		CE_ADD("subject", m->key);
+		CE_ADD("partitionkey", m->key);
+	}
+	v = relay_message_header(m, "traceparent");
+	if (v != NULL && *v != '\0')
+	{
+		CE_ADD("traceparent", v);
+		v = relay_message_header(m, "tracestate");
+		if (v != NULL && *v != '\0')
+			CE_ADD("tracestate", v);
+	}
+#undef CE_ADD
+	Assert(a->n <= RELAY_CE_MAX_ATTRS);
+}
+
+/*
+ * Append message m as a CloudEvent in structured content mode (JSON, the
+ * payload as data) to buf.
+ */
+void
+relay_ce_structured(RelayTarget *t, RelayMessage *m, StringInfo buf)
+{
+	RelayCeAttrs a;
+	int			i;
+
+	relay_ce_attrs(t, m, &a);
+	appendStringInfoChar(buf, '{');
+	for (i = 0; i < a.n; i++)
+	{
+		escape_json(buf, a.name[i]);
+		appendStringInfoChar(buf, ':');
+		escape_json(buf, a.value[i]);
+		appendStringInfoChar(buf, ',');
+	}
+	appendStringInfoString(buf, "\"data\":");
+	appendBinaryStringInfo(buf, m->payload, m->payload_len);
+	appendStringInfoChar(buf, '}');
+}
+
+/*
+ * Append an attribute value as the HTTP binding has it in a ce- header:
+ * printable ASCII as is, but space, '"' and '%', and every byte outside
+ * U+0021-U+007E (the UTF-8 of other characters), percent-encoded.
+ */
+void
+relay_ce_http_value(const char *value, StringInfo buf)
+{
+	const unsigned char *p;
+
+	for (p = (const unsigned char *) value; *p; p++)
+	{
+		if (*p < 0x21 || *p > 0x7e || *p == '"' || *p == '%')
+			appendStringInfo(buf, "%%%02X", *p);
+		else
+			appendStringInfoChar(buf, (char) *p);
+	}
 }

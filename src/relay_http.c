@@ -635,7 +635,15 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	/* relay_lane_cut() chose the messages. */
 	n = lane->cut_n;
 	Assert(n >= 1 && n <= lane->nqueued);
-	if (t->batch_size == 1)
+	if (t->batch_size == 1 && t->format == RELAY_FORMAT_CE_STRUCTURED)
+	{
+		/* The CloudEvent, the payload its data. */
+		resetStringInfo(&h->body);
+		relay_ce_structured(t, first, &h->body);
+		body = h->body.data;
+		body_len = h->body.len;
+	}
+	else if (t->batch_size == 1)
 	{
 		/* The payload itself; it stays queued until the request ends. */
 		body = first->payload;
@@ -656,7 +664,10 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		{
 			if (i > 0)
 				appendStringInfoChar(&h->body, ',');
-			relay_envelope(m, RELAY_ENVELOPE_ALL, &h->body);
+			if (t->format == RELAY_FORMAT_OUTBOX)
+				relay_envelope(m, RELAY_ENVELOPE_ALL, &h->body);
+			else
+				relay_ce_structured(t, m, &h->body);
 			last = m;
 		}
 		appendStringInfoChar(&h->body, ']');
@@ -674,8 +685,30 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 
 	h->nlines = 0;
 	resetStringInfo(&h->hdr);
-	relay_header(h, "Content-Type: application/json");
+	if (t->format == RELAY_FORMAT_OUTBOX ||
+		(t->format == RELAY_FORMAT_CE_BINARY && t->batch_size == 1))
+		relay_header(h, "Content-Type: application/json");
+	else if (t->batch_size == 1)
+		relay_header(h, "Content-Type: application/cloudevents+json");
+	else
+		relay_header(h, "Content-Type: application/cloudevents-batch+json");
 	relay_header(h, "Expect:");
+	if (t->format == RELAY_FORMAT_CE_BINARY && t->batch_size == 1)
+	{
+		RelayCeAttrs a;
+
+		/* Each attribute a ce- header, but datacontenttype: Content-Type. */
+		relay_ce_attrs(t, first, &a);
+		for (i = 0; i < a.n; i++)
+		{
+			if (strcmp(a.name[i], "datacontenttype") == 0)
+				continue;
+			relay_header_start(h);
+			appendStringInfo(&h->hdr, "ce-%s: ", a.name[i]);
+			relay_ce_http_value(a.value[i], &h->hdr);
+			appendStringInfoChar(&h->hdr, '\0');
+		}
+	}
 	relay_header_value(h, "webhook-id", webhook_id);
 	relay_header_value(h, "webhook-timestamp", timestamp);
 	if (t->nkeys > 0)
@@ -711,7 +744,9 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 			 */
 			while (*p)
 			{
-				if (!relay_target_has_header(t, p))
+				/* a CloudEvent's attributes are the relay's: ce-* skipped */
+				if (!relay_target_has_header(t, p) &&
+					(t->format == RELAY_FORMAT_OUTBOX || pg_strncasecmp(p, "ce-", 3) != 0))
 					relay_header(h, p);
 				p += strlen(p) + 1;
 			}

@@ -124,6 +124,7 @@ typedef struct RelayKafkaTarget
 	char		last_log[RELAY_MAX_ERROR_LEN + 1];	/* a warning to log */
 	TimestampTz logged_at;		/* when the relay last logged one */
 	StringInfoData topic;		/* reused: a message's topic */
+	StringInfoData value;		/* reused: a structured CloudEvent */
 } RelayKafkaTarget;
 
 /* A lane's request in flight: RelayLane.priv is its RelayAcks. */
@@ -755,6 +756,7 @@ relay_kafka_lane_init(RelayLane *lane)
 		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
 
 		initStringInfo(&kt->topic);
+		initStringInfo(&kt->value);
 		MemoryContextSwitchTo(oldcxt);
 		t->priv = kt;
 	}
@@ -822,6 +824,8 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		rd_kafka_headers_t *hdrs;
 		rd_kafka_resp_err_t err;
 		char	   *p;
+		void	   *value;
+		size_t		value_len;
 
 		if (topic == NULL)
 		{
@@ -830,6 +834,31 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			break;
 		}
 		hdrs = rd_kafka_headers_new(8);
+		if (t->format == RELAY_FORMAT_CE_BINARY)
+		{
+			RelayCeAttrs a;
+			char		name[32];
+			int			j;
+
+			/* The Kafka binding: ce_ headers, datacontenttype as content-type. */
+			relay_ce_attrs(t, m, &a);
+			for (j = 0; j < a.n; j++)
+			{
+				if (strcmp(a.name[j], "datacontenttype") == 0)
+					rd_kafka_header_add(hdrs, "content-type", -1, a.value[j], -1);
+				else
+				{
+					snprintf(name, sizeof(name), "ce_%s", a.name[j]);
+					rd_kafka_header_add(hdrs, name, -1, a.value[j], -1);
+				}
+			}
+		}
+		else if (t->format == RELAY_FORMAT_CE_STRUCTURED)
+		{
+			resetStringInfo(&kt->value);
+			relay_ce_structured(t, m, &kt->value);
+			rd_kafka_header_add(hdrs, "content-type", -1, "application/cloudevents+json", -1);
+		}
 		rd_kafka_header_add(hdrs, "webhook-id", -1, m->msg_id, -1);
 		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
 		rd_kafka_header_add(hdrs, "outbox-seq", -1, number, -1);
@@ -842,15 +871,29 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			char	   *colon = strchr(p, ':');
 			char	   *semi = strchr(p, ';');
 
+			/* a CloudEvent's attributes are the relay's: ce_* skipped */
+			if (t->format != RELAY_FORMAT_OUTBOX &&
+				(pg_strncasecmp(p, "ce_", 3) == 0 || pg_strncasecmp(p, "content-type", 12) == 0))
+				continue;
 			if (colon != NULL)
 				rd_kafka_header_add(hdrs, p, colon - p, colon[1] == ' ' ? colon + 2 : colon + 1, -1);
 			else if (semi != NULL)
 				rd_kafka_header_add(hdrs, p, semi - p, "", 0);
 		}
+		if (t->format == RELAY_FORMAT_CE_STRUCTURED)
+		{
+			value = kt->value.data;
+			value_len = kt->value.len;
+		}
+		else
+		{
+			value = m->payload;
+			value_len = m->payload_len;
+		}
 		err = rd_kafka_producev(kt->rk,
 								RD_KAFKA_V_TOPIC(topic),
 								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-								RD_KAFKA_V_VALUE(m->payload, (size_t) m->payload_len),
+								RD_KAFKA_V_VALUE(value, value_len),
 								RD_KAFKA_V_KEY(m->key, m->key ? strlen(m->key) : 0),
 								RD_KAFKA_V_HEADERS(hdrs),
 								RD_KAFKA_V_OPAQUE(KAFKA_OPAQUE(lane->index, kl->request, i)),
@@ -879,6 +922,15 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			break;
 		}
 		kl->nsent++;
+	}
+	/* a structured event's buffer that grew for a large one is given back */
+	if (kt->value.maxlen > 256 * 1024)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+		pfree(kt->value.data);
+		initStringInfo(&kt->value);
+		MemoryContextSwitchTo(oldcxt);
 	}
 	if (kl->nsent == 0)
 	{

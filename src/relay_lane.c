@@ -518,7 +518,7 @@ relay_lane_cut(RelayLane *lane)
 	{
 		/* A dead letter delivered again goes alone. */
 		lane->cut_n = 1;
-		lane->cut_bytes = relay_envelope_size(m);
+		lane->cut_bytes = relay_envelope_size(lane->target, m);
 		lane->cut_last = m->id;
 		return true;
 	}
@@ -527,7 +527,7 @@ relay_lane_cut(RelayLane *lane)
 		lane->cut_n = Min(lane->retry_nbatch, lane->nqueued);
 		for (; n < lane->cut_n; m = m->next, n++)
 		{
-			bytes += relay_envelope_size(m);
+			bytes += relay_envelope_size(lane->target, m);
 			lane->cut_last = m->id;
 		}
 		lane->cut_bytes = bytes;
@@ -543,7 +543,7 @@ relay_lane_cut(RelayLane *lane)
 		for (; m != NULL && m->id <= lane->batch_end && n < t->batch_size && !m->retry;
 			 m = m->next, n++)
 		{
-			bytes += relay_envelope_size(m);
+			bytes += relay_envelope_size(lane->target, m);
 			lane->cut_last = m->id;
 		}
 		lane->cut_n = n;
@@ -554,7 +554,7 @@ relay_lane_cut(RelayLane *lane)
 		return relay_lane_cut_keys(lane);
 	for (; m != NULL && n < t->batch_size && !m->retry; m = m->next, n++)
 	{
-		Size		add = t->batch_size > 1 ? relay_envelope_size(m) : 0;
+		Size		add = t->batch_size > 1 ? relay_envelope_size(lane->target, m) : 0;
 
 		if (n > 0 && bytes + add > RELAY_MAX_BATCH_BYTES)
 		{

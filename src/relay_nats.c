@@ -113,6 +113,7 @@ typedef struct RelayNatsTarget
 								 * context), or NULL */
 	StringInfoData subject;		/* reused: a message's subject */
 	StringInfoData reply;		/* reused: its reply subject */
+	StringInfoData value;		/* reused: a structured CloudEvent */
 } RelayNatsTarget;
 
 /* A lane's request in flight: RelayLane.priv is its RelayAcks. */
@@ -714,6 +715,7 @@ relay_nats_lane_init(RelayLane *lane)
 
 		initStringInfo(&nt->subject);
 		initStringInfo(&nt->reply);
+		initStringInfo(&nt->value);
 		MemoryContextSwitchTo(oldcxt);
 		t->priv = nt;
 	}
@@ -815,7 +817,37 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		}
 		resetStringInfo(&nt->reply);
 		appendStringInfo(&nt->reply, "%s.%d.%u.%d", nt->inbox, lane->index, nl->request, i);
-		s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, m->payload, m->payload_len);
+		if (t->format == RELAY_FORMAT_CE_STRUCTURED)
+		{
+			resetStringInfo(&nt->value);
+			relay_ce_structured(t, m, &nt->value);
+			s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, nt->value.data,
+							   nt->value.len);
+			if (s == NATS_OK)
+				s = nats_header(msg, "content-type", "application/cloudevents+json");
+		}
+		else
+			s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, m->payload,
+							   m->payload_len);
+		if (s == NATS_OK && t->format == RELAY_FORMAT_CE_BINARY)
+		{
+			RelayCeAttrs a;
+			char		name[32];
+			int			j;
+
+			/* The NATS binding's binary mode: ce- headers, content-type. */
+			relay_ce_attrs(t, m, &a);
+			for (j = 0; s == NATS_OK && j < a.n; j++)
+			{
+				if (strcmp(a.name[j], "datacontenttype") == 0)
+					s = nats_header(msg, "content-type", a.value[j]);
+				else
+				{
+					snprintf(name, sizeof(name), "ce-%s", a.name[j]);
+					s = nats_header(msg, name, a.value[j]);
+				}
+			}
+		}
 		if (s == NATS_OK)
 			s = nats_header(msg, "Nats-Msg-Id", m->msg_id);
 		if (s == NATS_OK)
@@ -833,9 +865,14 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			char	   *colon = strchr(p, ':');
 			char		name[256];
 
-			/* JetStream acts on nats-* headers: never a message's own. */
+			/*
+			 * JetStream acts on nats-* headers: never a message's own; nor
+			 * ce-* or content-type in a CloudEvent, which are the relay's.
+			 */
 			if (colon == NULL || colon - p >= (int) sizeof(name) ||
-				pg_strncasecmp(p, "nats-", 5) == 0)
+				pg_strncasecmp(p, "nats-", 5) == 0 ||
+				(t->format != RELAY_FORMAT_OUTBOX &&
+				 (pg_strncasecmp(p, "ce-", 3) == 0 || pg_strncasecmp(p, "content-type", 12) == 0)))
 				continue;
 			memcpy(name, p, colon - p);
 			name[colon - p] = '\0';
@@ -856,6 +893,15 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			break;
 		}
 		nl->nsent++;
+	}
+	/* a structured event's buffer that grew for a large one is given back */
+	if (nt->value.maxlen > 256 * 1024)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+		pfree(nt->value.data);
+		initStringInfo(&nt->value);
+		MemoryContextSwitchTo(oldcxt);
 	}
 	if (nl->nsent == 0)
 	{

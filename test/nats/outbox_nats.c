@@ -10,7 +10,7 @@
  *   outbox_nats dump URL STREAM          one JSON line per message, in
  *       stream order: seq, subject, Nats-Msg-Id, outbox-key, outbox-seq,
  *       outbox-topic, payload (the strings as they are: tests use plain
- *       ASCII)
+ *       ASCII), headers (every header's first value, by name)
  *   outbox_nats publish URL SUBJECT COUNT KEYS
  *       the benchmark's baseline: COUNT messages over KEYS keys with
  *       Nats-Msg-Id, published asynchronously and all acknowledged;
@@ -142,7 +142,26 @@ main(int argc, char **argv)
 				json_string(header(m, "outbox-topic"), strlen(header(m, "outbox-topic")));
 				printf(",\"payload\":");
 				json_string(natsMsg_GetData(m) ? natsMsg_GetData(m) : "", natsMsg_GetDataLength(m));
-				printf("}\n");
+				printf(",\"headers\":{");
+				{
+					const char **keys = NULL;
+					int			nkeys = 0;
+					int			k;
+
+					if (natsMsgHeader_Keys(m, &keys, &nkeys) == NATS_OK)
+					{
+						for (k = 0; k < nkeys; k++)
+						{
+							if (k > 0)
+								putchar(',');
+							json_string(keys[k], strlen(keys[k]));
+							putchar(':');
+							json_string(header(m, keys[k]), strlen(header(m, keys[k])));
+						}
+						free((void *) keys);
+					}
+				}
+				printf("}}\n");
 				natsMsg_Destroy(m);
 			}
 		jsStreamInfo_Destroy(si);

@@ -75,3 +75,29 @@ SELECT payload->>'op' AS op, key, headers ? 'source-commit-time' AS has_commit_t
 SELECT outbox.uncapture('traced');
 DROP TABLE traced;
 TRUNCATE outbox.messages;
+
+-- CloudEvents: format and source of HTTP, NATS and Kafka targets.
+SELECT outbox.create_http_target('ce_http', 'http://127.0.0.1:9/ce', format => 'cloudevents');
+SELECT outbox.create_http_target('ce_http_s', 'http://127.0.0.1:9/ce', format => 'cloudevents-structured',
+	source => 'https://shop.example.com/orders');
+SELECT outbox.create_nats_target('ce_nats', 'nats://127.0.0.1:4222', format => 'cloudevents');
+SELECT outbox.create_kafka_target('ce_kafka', '127.0.0.1:9092', format => 'cloudevents-structured',
+	source => '/shop');
+SELECT name, kind, format, ce_source FROM outbox.targets WHERE name LIKE 'ce\_%' ORDER BY name;
+-- errors
+SELECT outbox.create_http_target('ce_bad', 'http://127.0.0.1:9/ce', format => 'xml');
+SELECT outbox.create_http_target('ce_bad', 'http://127.0.0.1:9/ce', format => NULL);
+SELECT outbox.create_http_target('ce_bad', 'http://127.0.0.1:9/ce', source => '/shop');
+SELECT outbox.create_http_target('ce_bad', 'http://127.0.0.1:9/ce', format => 'cloudevents',
+	source => 'has space');
+SELECT outbox.create_http_target('ce_bad', 'http://127.0.0.1:9/ce', format => 'cloudevents',
+	source => '');
+SELECT outbox.create_notify_target('ce_notify', 'ce_channel');
+SELECT outbox.alter_target('ce_notify', format => 'cloudevents');
+-- alter: format and source change; source => '' goes back to the default
+SELECT outbox.alter_target('ce_http', format => 'cloudevents-structured', source => 'urn:shop:orders');
+SELECT outbox.alter_target('ce_http', source => '');
+SELECT outbox.alter_target('ce_http', format => 'outbox');
+SELECT outbox.alter_target('ce_http_s', format => 'outbox');
+SELECT name, format, ce_source FROM outbox.targets WHERE name LIKE 'ce\_%' ORDER BY name;
+SELECT outbox.drop_target(name) FROM outbox.targets WHERE name LIKE 'ce\_%' ORDER BY name;
