@@ -289,7 +289,7 @@ relay_ce_attrs(RelayTarget *t, RelayMessage *m, RelayCeAttrs *a)
 
 #define CE_ADD(n_, v_) do { a->name[a->n] = (n_); a->value[a->n] = (v_); a->n++; } while (0)
 	a->n = 0;
-	snprintf(a->sequence, sizeof(a->sequence), "%019" INT64_MODIFIER "d", m->id);
+	snprintf(a->sequence, sizeof(a->sequence), "%019lld", (long long) m->id);
 	JsonEncodeDateTime(a->time, TimestampTzGetDatum(m->emitted_at), TIMESTAMPTZOID, NULL);
 	CE_ADD("specversion", "1.0");
 	CE_ADD("id", m->msg_id);
