@@ -21,6 +21,7 @@ OBJS = \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \
+	src/filter.o \
 	src/databases.o \
 	src/launcher.o \
 	src/outbox.o \

@@ -1427,3 +1427,182 @@ $$;
 COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text) IS
 	'change a target''s options without a restart; returns how many changed';
 REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Per-subscription filters: a jsonpath over the message's document.
+---------------------------------------------------------------------------
+
+ALTER TABLE outbox.subscriptions ADD COLUMN filter jsonpath;
+COMMENT ON COLUMN outbox.subscriptions.filter IS
+	'jsonpath over {"topic", "key", "headers", "payload"} a message must match, or NULL';
+
+DROP FUNCTION outbox.subscribe(text, text);
+-- Deliver the topics of a pattern to a target (or queue): an exact topic,
+-- a prefix ending in '*', or '*'.  With a filter (a jsonpath over the
+-- document {"topic", "key", "headers", "payload"}), only the messages it
+-- selects: a predicate ('$.payload.total > 100') when true, another path
+-- when it yields an item.  Subscribing again to the same pattern sets the
+-- filter (NULL removes it) for the messages read after this commits.
+CREATE FUNCTION outbox.subscribe(target text, topic text, filter text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+	path jsonpath;
+	old outbox.subscriptions;
+BEGIN
+	PERFORM outbox.check_topic_pattern(topic);
+	IF filter IS NOT NULL THEN
+		BEGIN
+			path := filter::jsonpath;
+		EXCEPTION WHEN syntax_error OR invalid_text_representation OR invalid_regular_expression
+					   OR invalid_parameter_value THEN
+			RAISE EXCEPTION 'invalid filter for target "%"', target
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = SQLERRM,
+					  HINT = 'A filter is a jsonpath over {"topic", "key", "headers", "payload"}, for example ''$.payload.total > 100'' or ''$.headers."x-tenant" == "acme"''.';
+		END;
+	END IF;
+	SELECT * INTO old FROM outbox.subscriptions s WHERE s.target_id = tid AND s.pattern = topic
+	   FOR UPDATE;
+	IF NOT FOUND THEN
+		INSERT INTO outbox.subscriptions (target_id, pattern, start_id, filter)
+		VALUES (tid, topic, outbox.frontier(), path);
+	ELSIF old.filter::text IS DISTINCT FROM path::text THEN
+		UPDATE outbox.subscriptions s SET filter = path
+		 WHERE s.target_id = tid AND s.pattern = topic;
+		RAISE NOTICE 'target "%" is already subscribed to "%": its filter is now %', target, topic,
+			coalesce(quote_literal(path::text), 'none');
+	ELSE
+		RAISE NOTICE 'target "%" is already subscribed to "%"', target, topic;
+	END IF;
+	PERFORM outbox.config_changed();
+END
+$$;
+COMMENT ON FUNCTION outbox.subscribe(text, text, text) IS
+	'deliver the topics of a pattern to a target, optionally only the messages a jsonpath filter selects';
+REVOKE ALL ON FUNCTION outbox.subscribe(text, text, text) FROM PUBLIC;
+
+-- Per target, the messages its subscriptions' filters turned away (since
+-- the relay started or outbox.reset_stats()).
+CREATE FUNCTION outbox.target_filtered(OUT target_id int, OUT filtered bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_target_filtered'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION outbox.target_filtered() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.target_filtered() TO outbox_monitor;
+
+CREATE OR REPLACE VIEW outbox.stats AS
+SELECT t.name AS target, s.state, s.messages, s.requests, s.bytes, s.retries, s.dead_letters,
+	   s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.window_messages, s.in_flight, s.failed_attempts,
+	   s.last_success_at, s.reset_at, coalesce(f.filtered, 0) AS filtered
+  FROM outbox.target_stats() s
+  JOIN outbox.targets t ON t.id = s.target_id
+  LEFT JOIN outbox.target_filtered() f ON f.target_id = s.target_id;
+
+CREATE OR REPLACE FUNCTION outbox.metrics()
+RETURNS text
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
+	 s AS MATERIALIZED (SELECT t.name AS target, st.*
+						  FROM outbox.target_stats() st JOIN outbox.targets t ON t.id = st.target_id),
+	 w AS MATERIALIZED (SELECT * FROM outbox.worker_status()),
+	 fam (ord, name, type, help) AS (VALUES
+		(1, 'outbox_pending_messages', 'gauge', 'Messages committed and not yet delivered or dead-lettered.'),
+		(2, 'outbox_oldest_pending_age_seconds', 'gauge', 'Age of the oldest pending message (0 when none).'),
+		(3, 'outbox_dead_letters', 'gauge', 'Dead letters kept in outbox.dead_letters.'),
+		(4, 'outbox_target_state', 'gauge', '1 for the state the target is in.'),
+		(5, 'outbox_in_flight_requests', 'gauge', 'Requests on the wire.'),
+		(6, 'outbox_failed_attempts', 'gauge', 'Failed attempts of the messages now being retried.'),
+		(7, 'outbox_last_success_timestamp_seconds', 'gauge', 'When the target last acknowledged a request.'),
+		(8, 'outbox_delivered_messages_total', 'counter', 'Messages acknowledged by the target.'),
+		(9, 'outbox_requests_total', 'counter', 'Requests sent to the target.'),
+		(10, 'outbox_request_bytes_total', 'counter', 'Bytes of request bodies sent to the target.'),
+		(11, 'outbox_retries_total', 'counter', 'Failed attempts that were tried again.'),
+		(12, 'outbox_dead_lettered_messages_total', 'counter', 'Messages the relay gave up on.'),
+		(13, 'outbox_delivery_latency_seconds', 'histogram', 'From outbox_emit() to acknowledgement, per message.'),
+		(14, 'outbox_relay_up', 'gauge', '1 when the relay is running.'),
+		(15, 'outbox_frontier_id', 'gauge', 'Highest message id below which no message can still appear.'),
+		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.'),
+		(17, 'outbox_standby_slot_up', 'gauge', '1 when the slot of outbox.standby_slots has its standby connected.'),
+		(18, 'outbox_standby_behind_bytes', 'gauge', 'WAL from what the slot''s standby flushed to the newest commit that emitted messages.'),
+		(19, 'outbox_filtered_messages_total', 'counter', 'Messages of subscribed topics the subscriptions'' filters turned away.')),
+	 sb AS MATERIALIZED (SELECT * FROM outbox.standby_status()),
+	 fl AS MATERIALIZED (SELECT t.name AS target, f.filtered
+						   FROM outbox.target_filtered() f JOIN outbox.targets t ON t.id = f.target_id),
+	 lab AS MATERIALIZED (SELECT target,
+					'{target="' || replace(replace(replace(target, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' AS open
+			   FROM (SELECT target FROM l UNION SELECT target FROM s) x),
+	 samples (ord, k1, k2, line) AS MATERIALIZED (
+		SELECT 1, l.target, 0, 'outbox_pending_messages' || b.open || '} ' || l.pending FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 2, l.target, 0, 'outbox_oldest_pending_age_seconds' || b.open || '} '
+			   || coalesce(extract(epoch FROM l.lag)::float8, 0) FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 3, l.target, 0, 'outbox_dead_letters' || b.open || '} ' || l.dead_letters FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 4, l.target, k.n, 'outbox_target_state' || b.open || ',state="' || k.state || '"} '
+			   || (l.state = k.state)::int
+		  FROM l JOIN lab b USING (target)
+		 CROSS JOIN unnest(ARRAY['idle', 'delivering', 'retrying', 'failing', 'paused', 'disabled',
+							   'waiting for standby'])
+				   WITH ORDINALITY k (state, n)
+		UNION ALL
+		SELECT 5, l.target, 0, 'outbox_in_flight_requests' || b.open || '} ' || l.in_flight FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 6, l.target, 0, 'outbox_failed_attempts' || b.open || '} ' || l.failed_attempts FROM l JOIN lab b USING (target)
+		UNION ALL
+		SELECT 7, l.target, 0, 'outbox_last_success_timestamp_seconds' || b.open || '} '
+			   || extract(epoch FROM l.last_success_at)::float8
+		  FROM l JOIN lab b USING (target) WHERE l.last_success_at IS NOT NULL
+		UNION ALL
+		SELECT 8, s.target, 0, 'outbox_delivered_messages_total' || b.open || '} ' || s.messages FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 9, s.target, 0, 'outbox_requests_total' || b.open || '} ' || s.requests FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 10, s.target, 0, 'outbox_request_bytes_total' || b.open || '} ' || s.bytes FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 11, s.target, 0, 'outbox_retries_total' || b.open || '} ' || s.retries FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 12, s.target, 0, 'outbox_dead_lettered_messages_total' || b.open || '} ' || s.dead_letters
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, h.n::int, 'outbox_delivery_latency_seconds_bucket' || b.open || ',le="'
+			   || CASE WHEN h.le = 'Infinity' THEN '+Inf' ELSE (h.le / 1000)::text END || '"} '
+			   || sum(h.c) OVER (PARTITION BY s.target ORDER BY h.n)
+		  FROM s JOIN lab b USING (target)
+		 CROSS JOIN unnest(s.latency_le_ms, s.latency_buckets) WITH ORDINALITY h (le, c, n)
+		UNION ALL
+		SELECT 13, s.target, 1000, 'outbox_delivery_latency_seconds_sum' || b.open || '} ' || s.latency_sum_ms / 1000
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 13, s.target, 1001, 'outbox_delivery_latency_seconds_count' || b.open || '} ' || s.latency_count
+		  FROM s JOIN lab b USING (target)
+		UNION ALL
+		SELECT 14, '', 0, 'outbox_relay_up ' || (w.pid IS NOT NULL)::int FROM w
+		UNION ALL
+		SELECT 15, '', 0, 'outbox_frontier_id ' || w.frontier FROM w WHERE w.frontier IS NOT NULL
+		UNION ALL
+		SELECT 16, '', 0, 'outbox_relay_read_position_id ' || w.read_position FROM w WHERE w.read_position IS NOT NULL
+		UNION ALL
+		SELECT 17, sb.slot_name, 0, 'outbox_standby_slot_up{slot="' || sb.slot_name || '"} '
+			   || (sb.state = 'streaming')::int FROM sb
+		UNION ALL
+		SELECT 18, sb.slot_name, 0, 'outbox_standby_behind_bytes{slot="' || sb.slot_name || '"} '
+			   || sb.behind_bytes FROM sb WHERE sb.behind_bytes IS NOT NULL
+		UNION ALL
+		SELECT 19, fl.target, 0, 'outbox_filtered_messages_total' || b.open || '} ' || fl.filtered
+		  FROM fl JOIN lab b USING (target))
+SELECT string_agg(block, '' ORDER BY ord)
+  FROM (SELECT f.ord,
+			   '# HELP ' || f.name || ' ' || f.help || E'\n# TYPE ' || f.name || ' ' || f.type || E'\n'
+			   || coalesce(string_agg(x.line || E'\n', '' ORDER BY x.k1, x.k2), '') AS block
+		  FROM fam f LEFT JOIN samples x ON x.ord = f.ord
+		 GROUP BY f.ord, f.name, f.type, f.help) blocks
+$$;
+

@@ -101,3 +101,19 @@ SELECT outbox.alter_target('ce_http', format => 'outbox');
 SELECT outbox.alter_target('ce_http_s', format => 'outbox');
 SELECT name, format, ce_source FROM outbox.targets WHERE name LIKE 'ce\_%' ORDER BY name;
 SELECT outbox.drop_target(name) FROM outbox.targets WHERE name LIKE 'ce\_%' ORDER BY name;
+
+-- Filters: a jsonpath per subscription, checked at subscribe.
+SELECT outbox.create_http_target('f_http', 'http://127.0.0.1:9/f');
+SELECT outbox.subscribe('f_http', 'orders.*', filter => '$.payload.total > 100');
+SELECT outbox.subscribe('f_http', 'refunds', filter => '$.headers."x-tenant" == "acme"');
+SELECT outbox.subscribe('f_http', 'audit', filter => '$.payload.items[*] ? (@.sku == "x")');
+SELECT outbox.subscribe('f_http', 'bad', filter => '$.payload.total >');
+SELECT outbox.subscribe('f_http', 'bad', filter => '$ ? (@ like_regex "(")');
+-- the same pattern again: its filter changes, or goes with NULL
+SELECT outbox.subscribe('f_http', 'orders.*', filter => '$.payload.total > 200');
+SELECT outbox.subscribe('f_http', 'orders.*', filter => '$.payload.total > 200');
+SELECT outbox.subscribe('f_http', 'refunds');
+SELECT pattern, filter FROM outbox.subscriptions s JOIN outbox.targets t ON t.id = s.target_id
+ WHERE t.name = 'f_http' ORDER BY pattern;
+SELECT target, filtered FROM outbox.stats WHERE target = 'f_http';
+SELECT outbox.drop_target('f_http');

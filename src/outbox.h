@@ -182,6 +182,7 @@ typedef struct OutboxTargetStats
 	uint64		bytes;			/* of request bodies */
 	uint64		retries;		/* failed attempts tried again */
 	uint64		dead_letters;	/* messages given up on */
+	uint64		filtered;		/* turned away by the subscriptions' filters */
 	uint64		hist[OUTBOX_LATENCY_BUCKETS];	/* emit-to-acknowledgement */
 	double		latency_sum_ms;
 	uint64		window[2][OUTBOX_LATENCY_BUCKETS];	/* this and the last half */
@@ -204,6 +205,13 @@ extern void outbox_stats_latency(OutboxTargetStats *s, double ms, TimestampTz no
 extern void outbox_stats_publish(const OutboxWorkerStatus *worker,
 								 const OutboxTargetStats *targets, int ntargets);
 extern uint64 outbox_stats_reset_generation(void);
+
+/*
+ * The subscriptions query's filter column: (to_jsonb(s) ->> 'filter') reads
+ * NULL from a 0.2 schema, which has no such column.
+ */
+#define OUTBOX_SUBSCRIPTION_FILTER_SQL \
+	"(pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'filter')::pg_catalog.jsonpath"
 
 /*---- trace.c: W3C Trace Context of the emitting transaction ----*/
 #define OUTBOX_TRACEPARENT_LEN	55	/* "00-" 32 "-" 16 "-" 2 */
@@ -330,11 +338,16 @@ extern void outbox_writer_end(OutboxWriter *writer);
  * start_id whose topic is pattern, or starts with its first prefix_len
  * bytes when it ends in '*'.  Matched by the relay and by queues alike.
  */
+struct JsonPath;
+
 typedef struct OutboxSubscription
 {
 	char	   *pattern;		/* topic, prefix* or * */
 	int			prefix_len;		/* bytes before '*', -1 for an exact topic */
 	int64		start_id;		/* only ids above this */
+	struct JsonPath *filter;	/* jsonpath over the message's document, or
+								 * NULL (filter.c) */
+	bool		filter_predicate;	/* evaluated as @@ rather than @? */
 } OutboxSubscription;
 
 /* prefix_len of a pattern. */
@@ -346,28 +359,49 @@ outbox_pattern_prefix_len(const char *pattern)
 	return (len > 0 && pattern[len - 1] == '*') ? (int) len - 1 : -1;
 }
 
+/* Whether subscription s takes topic (its filter aside). */
 static inline bool
-outbox_subscriptions_match(const OutboxSubscription *subs, int nsubs,
+outbox_subscription_matches(const OutboxSubscription *s, const char *topic, int64 id)
+{
+	if (id <= s->start_id)
+		return false;
+	if (s->prefix_len < 0)
+		return strcmp(topic, s->pattern) == 0;
+	return strncmp(topic, s->pattern, s->prefix_len) == 0;
+}
+
+/*
+ * Whether a subscription takes topic: 0 none, 1 one without a filter, 2
+ * only ones with a filter (outbox_subscriptions_select decides).
+ */
+static inline int
+outbox_subscriptions_route(const OutboxSubscription *subs, int nsubs,
 						   const char *topic, int64 id)
 {
 	int			i;
+	int			route = 0;
 
 	for (i = 0; i < nsubs; i++)
-	{
-		const OutboxSubscription *s = &subs[i];
-
-		if (id <= s->start_id)
-			continue;
-		if (s->prefix_len < 0)
+		if (outbox_subscription_matches(&subs[i], topic, id))
 		{
-			if (strcmp(topic, s->pattern) == 0)
-				return true;
+			if (subs[i].filter == NULL)
+				return 1;
+			route = 2;
 		}
-		else if (strncmp(topic, s->pattern, s->prefix_len) == 0)
-			return true;
-	}
-	return false;
+	return route;
 }
+
+/* filter.c */
+extern bool outbox_filter_is_predicate(struct JsonPath *path);
+extern Jsonb *outbox_filter_doc(const char *topic, const char *key, Jsonb *headers,
+								Jsonb *payload);
+extern bool outbox_filter_match(const OutboxSubscription *s, Jsonb *doc);
+extern void outbox_subscription_set_filter(OutboxSubscription *s, Datum d, bool isnull,
+										   MemoryContext cxt);
+extern bool outbox_subscriptions_select(const OutboxSubscription *subs, int nsubs,
+										const char *topic, int64 id,
+										Jsonb *(*make_doc) (void *arg), void *arg,
+										bool *filtered);
 
 /*---- queues received from in SQL transactions (the rest: queue.h) ----*/
 /* queue_shmem.c */

@@ -110,6 +110,8 @@ typedef struct QueueInfo
 	int			ngrants;
 	int			slot;			/* slot index, or -1 */
 	int			nsubs;
+	bool		filtered;		/* a subscription has a filter: rows are read
+								 * with their headers and payload */
 	OutboxSubscription *subs;
 } QueueInfo;
 

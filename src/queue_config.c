@@ -307,7 +307,8 @@ queue_info_load(const char *name)
 	{
 		types[0] = INT4OID;
 		values[0] = Int32GetDatum(qi->target_id);
-		rc = queue_spi_fresh("SELECT s.pattern, s.start_id FROM outbox.subscriptions s"
+		rc = queue_spi_fresh("SELECT s.pattern, s.start_id, " OUTBOX_SUBSCRIPTION_FILTER_SQL
+							 "  FROM outbox.subscriptions s"
 							 " WHERE s.target_id OPERATOR(pg_catalog.=) $1",
 							 1, types, values, NULL, 0);
 		if (rc != SPI_OK_SELECT)
@@ -323,6 +324,13 @@ queue_info_load(const char *name)
 			qi->subs[i].prefix_len = outbox_pattern_prefix_len(p);
 			qi->subs[i].start_id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
 															   SPI_tuptable->tupdesc, 2, &isnull));
+			{
+				Datum		f = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 3, &isnull);
+
+				outbox_subscription_set_filter(&qi->subs[i], f, isnull, queue_cache_cxt);
+				if (qi->subs[i].filter != NULL)
+					qi->filtered = true;
+			}
 		}
 		MemoryContextSwitchTo(old);
 

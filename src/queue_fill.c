@@ -30,10 +30,53 @@
 
 #include "queue.h"
 
-static inline bool
-queue_matches(QueueInfo *qi, const char *topic, int64 id)
+/* A row of the read, for a filter's document (columns 6 and 7). */
+typedef struct FillDocArg
 {
-	return outbox_subscriptions_match(qi->subs, qi->nsubs, topic, id);
+	HeapTuple	tup;
+	TupleDesc	desc;
+	const char *topic;
+	const char *key;
+} FillDocArg;
+
+static Jsonb *
+queue_fill_doc(void *arg)
+{
+	FillDocArg *a = (FillDocArg *) arg;
+	bool		isnull;
+	Datum		h = SPI_getbinval(a->tup, a->desc, 6, &isnull);
+	Jsonb	   *headers = isnull ? NULL : DatumGetJsonbP(h);
+
+	return outbox_filter_doc(a->topic, a->key, headers,
+							 DatumGetJsonbP(SPI_getbinval(a->tup, a->desc, 7, &isnull)));
+}
+
+/*
+ * Whether the queue takes the message: a subscription takes its topic and,
+ * if it has a filter, the filter selects it (the row has the headers and
+ * payload then).
+ */
+static bool
+queue_matches(QueueInfo *qi, HeapTuple tup, TupleDesc desc, const char *topic,
+			  const char *key, int64 id)
+{
+	FillDocArg	a;
+	bool		filtered;
+
+	switch (outbox_subscriptions_route(qi->subs, qi->nsubs, topic, id))
+	{
+		case 0:
+			return false;
+		case 1:
+			return true;
+		default:
+			a.tup = tup;
+			a.desc = desc;
+			a.topic = topic;
+			a.key = key;
+			return outbox_subscriptions_select(qi->subs, qi->nsubs, topic, id,
+											   queue_fill_doc, &a, &filtered);
+	}
 }
 
 /* Sorted ids acknowledged by receipts, while a window is rebuilt. */
@@ -87,6 +130,7 @@ static bool
 queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 {
 	static SPIPlanPtr plan = NULL;
+	static SPIPlanPtr plan_filtered = NULL;	/* the same with the headers and payload */
 	QueueSlot  *s = &QShared->slots[slot];
 	QueueSpiState st;
 	Datum		values[3];
@@ -127,13 +171,22 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 									"   AND m.id OPERATOR(pg_catalog.<=) $2"
 									" ORDER BY m.id LIMIT $3",
 									3, types);
+		SPIPlanPtr	pf = SPI_prepare("SELECT m.id, m.xmin::text, m.topic, m.key, m.tableoid,"
+									 "       m.headers, m.payload"
+									 "  FROM outbox.messages m"
+									 " WHERE m.id OPERATOR(pg_catalog.>) $1"
+									 "   AND m.id OPERATOR(pg_catalog.<=) $2"
+									 " ORDER BY m.id LIMIT $3",
+									 3, types);
 
-		if (p == NULL || SPI_keepplan(p) != 0)
+		if (p == NULL || SPI_keepplan(p) != 0 || pf == NULL || SPI_keepplan(pf) != 0)
 			elog(ERROR, "outbox: could not prepare the queue read");
 		plan = p;
+		plan_filtered = pf;
 	}
 	snap = RegisterSnapshot(GetLatestSnapshot());
-	rc = SPI_execute_snapshot(plan, values, NULL, snap, InvalidSnapshot, true, false, 0);
+	rc = SPI_execute_snapshot(qi->filtered ? plan_filtered : plan, values, NULL, snap,
+							  InvalidSnapshot, true, false, 0);
 	UnregisterSnapshot(snap);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.messages");
@@ -169,12 +222,11 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 		bool		isnull;
 		int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 		char	   *topic = SPI_getvalue(tup, desc, 3);
-		char	   *key;
+		char	   *key = SPI_getvalue(tup, desc, 4);
 		FillRow    *r;
 
-		if (!queue_matches(qi, topic, id))
+		if (!queue_matches(qi, tup, desc, topic, key, id))
 			continue;
-		key = SPI_getvalue(tup, desc, 4);
 		r = &rows[nfill++];
 		r->id = id;
 		r->has_key = (key != NULL);

@@ -688,8 +688,9 @@ relay_load_config(void)
 	 * subscribe() was still open without queueing them.  Everything
 	 * committed after the subscription is delivered either way.
 	 */
-	if (SPI_execute("SELECT target_id, pattern, start_id FROM outbox.subscriptions"
-					" ORDER BY target_id, pattern", true, 0) != SPI_OK_SELECT)
+	if (SPI_execute("SELECT target_id, pattern, start_id, " OUTBOX_SUBSCRIPTION_FILTER_SQL
+					"  FROM outbox.subscriptions s ORDER BY target_id, pattern",
+					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.subscriptions");
 	foreach(lc, relay_targets)
 	{
@@ -715,6 +716,11 @@ relay_load_config(void)
 			sub->pattern = MemoryContextStrdup(t->cxt, pattern);
 			sub->prefix_len = outbox_pattern_prefix_len(pattern);
 			sub->start_id = relay_spi_int(tup, desc, 3, &isnull);
+			{
+				Datum		f = SPI_getbinval(tup, desc, 4, &isnull);
+
+				outbox_subscription_set_filter(sub, f, isnull, t->cxt);
+			}
 			if (t->read_id >= 0)
 			{
 				bool		known = false;
@@ -733,7 +739,11 @@ relay_load_config(void)
 			}
 		}
 		for (j = 0; j < nold; j++)
+		{
 			pfree(old[j].pattern);
+			if (old[j].filter)
+				pfree(old[j].filter);
+		}
 		if (old)
 			pfree(old);
 	}

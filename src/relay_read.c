@@ -77,10 +77,61 @@ static int64 building_id = 0;
 
 static bool relay_condemned(RelayTarget *t, int64 id);
 
-static inline bool
-relay_subscribed(RelayTarget *t, const char *topic, int64 id)
+/* A row of the read cursor, for a filter's document. */
+typedef struct RelayDocArg
 {
-	return outbox_subscriptions_match(t->subs, t->nsubs, topic, id);
+	HeapTuple	tup;
+	TupleDesc	desc;
+	const char *topic;
+} RelayDocArg;
+
+static Jsonb *
+relay_filter_doc(void *arg)
+{
+	RelayDocArg *a = (RelayDocArg *) arg;
+	bool		isnull;
+	Datum		k = SPI_getbinval(a->tup, a->desc, 4, &isnull);
+	char	   *key = isnull ? NULL : TextDatumGetCString(k);
+	Datum		h = SPI_getbinval(a->tup, a->desc, 6, &isnull);
+	Jsonb	   *headers = isnull ? NULL : DatumGetJsonbP(h);
+
+	return outbox_filter_doc(a->topic, key, headers,
+							 DatumGetJsonbP(SPI_getbinval(a->tup, a->desc, 5, &isnull)));
+}
+
+/*
+ * Whether target t takes the message of this row: a subscription takes its
+ * topic and, if it has a filter, the filter selects it.  A message only
+ * filters turned away is counted (*filtered).
+ */
+static bool
+relay_subscribed(RelayTarget *t, HeapTuple tup, TupleDesc desc, const char *topic,
+				 int64 id, bool *filtered)
+{
+	RelayDocArg a;
+	bool		taken;
+
+	*filtered = false;
+	switch (outbox_subscriptions_route(t->subs, t->nsubs, topic, id))
+	{
+		case 0:
+			return false;
+		case 1:
+			return true;
+		default:
+			/* a filter that failed too often: the message goes dead */
+			if (relay_condemned(t, id))
+				return true;
+			a.tup = tup;
+			a.desc = desc;
+			a.topic = topic;
+			/* an error here makes the message poison (relay_read_messages) */
+			building_id = id;
+			taken = outbox_subscriptions_select(t->subs, t->nsubs, topic, id,
+												relay_filter_doc, &a, filtered);
+			building_id = 0;
+			return taken;
+	}
 }
 
 static void relay_read_retries(RelayTarget *t, MemoryContext rowcxt);
@@ -347,10 +398,11 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 			int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 			MemoryContext oldcxt;
 			char	   *topic;
+			bool		filtered;
 
 			oldcxt = MemoryContextSwitchTo(rowcxt);
 			topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
-			if (relay_subscribed(t, topic, id))
+			if (relay_subscribed(t, tup, desc, topic, id, &filtered))
 			{
 				Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
 				char	   *key = isnull ? NULL : TextDatumGetCString(kd);
@@ -412,6 +464,8 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 												 key, error);
 				}
 			}
+			else if (filtered && only_lane < 0)
+				t->stats.filtered++;
 			MemoryContextSwitchTo(oldcxt);
 			MemoryContextReset(rowcxt);
 			if (stop)

@@ -34,6 +34,7 @@
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_target_stats);
+PG_FUNCTION_INFO_V1(outbox_target_filtered);
 PG_FUNCTION_INFO_V1(outbox_worker_status);
 PG_FUNCTION_INFO_V1(outbox_reset_stats);
 PG_FUNCTION_INFO_V1(outbox_relays);
@@ -216,6 +217,44 @@ outbox_percentile(const uint64 *h, uint64 total, double q, double max_ms)
 		seen += h[i];
 	}
 	return max_ms;
+}
+
+/*
+ * outbox.target_filtered(): per target the relay serves, the messages its
+ * subscriptions' filters turned away since the relay started (or the
+ * counters were reset); in outbox.stats.
+ */
+Datum
+outbox_target_filtered(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	OutboxTargetStats *copy;
+	OutboxStatsShared *st;
+	int			n;
+	int			i;
+
+	outbox_stats_check();
+	InitMaterializedSRF(fcinfo, 0);
+	if (!outbox_stats_here())
+		return (Datum) 0;
+
+	copy = palloc(sizeof(OutboxTargetStats) * OUTBOX_MAX_STAT_TARGETS);
+	st = outbox_my_stats();
+	SpinLockAcquire(&st->mutex);
+	n = st->dboid == MyDatabaseId ? st->ntargets : 0;
+	memcpy(copy, st->targets, sizeof(OutboxTargetStats) * n);
+	SpinLockRelease(&st->mutex);
+	for (i = 0; i < n; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = Int32GetDatum(copy[i].target_id);
+		values[1] = Int64GetDatum((int64) copy[i].filtered);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	pfree(copy);
+	return (Datum) 0;
 }
 
 /*

@@ -1,0 +1,159 @@
+# Per-subscription filters (issue 29, item 4): outbox.subscribe(target,
+# pattern, filter => '<jsonpath>') over the document {"topic", "key",
+# "headers", "payload"}, evaluated by the relay for HTTP, NOTIFY, NATS and
+# Kafka targets and by outbox.receive() for queues:
+#  - a predicate on a payload field, on a header, on the key and on the op
+#    of a captured change; a non-predicate path (selects when it yields an
+#    item); two subscriptions of a target, either matching;
+#  - what no filter selects is not sent and is counted in outbox.stats and
+#    outbox.metrics() (outbox_filtered_messages_total); per key the order of
+#    what is sent is kept;
+#  - a filter changed by subscribing again applies to messages read after.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use JSON::PP;
+use OutboxRelayTest;
+use OutboxKafka;
+use OutboxNats;
+
+my $json = JSON::PP->new->utf8->canonical;
+my $cjson = JSON::PP->new;
+my $node = relay_node('filters');
+sub q1 { return $node->safe_psql('postgres', $_[0]); }
+
+my $sink = start_sink('filters');
+my $url = $sink->{url};
+my $mock = kafka_mock('kf', 1);
+my $nats = nats_start('filters');
+nats_tool($nats->{url}, 'create', 'F', 'f.>');
+
+q1(qq{
+CREATE TABLE shop (id int PRIMARY KEY, total numeric);
+SELECT outbox.capture('shop', topic => 'shop.changed');
+SELECT outbox.create_http_target('big', '$url/big');
+SELECT outbox.subscribe('big', 'orders.*', filter => '\$.payload.total > 100');
+SELECT outbox.subscribe('big', 'shop.changed', filter => '\$.payload.op == "delete"');
+SELECT outbox.create_http_target('acme', '$url/acme', batch_size => 10, lanes => 1);
+SELECT outbox.subscribe('acme', '*', filter => '\$.headers."x-tenant" == "acme"');
+SELECT outbox.create_http_target('items', '$url/items');
+SELECT outbox.subscribe('items', 'orders.*', filter => '\$.payload.items[*] ? (\@.sku == "x")');
+SELECT outbox.create_notify_target('n', 'outbox_filters');
+SELECT outbox.subscribe('n', 'orders.*', filter => '\$.key starts with "vip-"');
+SELECT outbox.create_nats_target('nt', '$nats->{url}', subject => 'f.{topic}');
+SELECT outbox.subscribe('nt', 'orders.created', filter => '\$.payload.total > 100');
+SELECT outbox.create_kafka_target('kt', '$mock->{bootstrap}', topic => 'kf');
+SELECT outbox.subscribe('kt', 'orders.created', filter => '\$.payload.total <= 100');
+SELECT outbox.create_queue('q');
+SELECT outbox.subscribe('q', 'orders.*', filter => '\$.payload.total > 100');
+});
+
+# A listener on the NOTIFY channel (psql prints what it received after
+# each command).
+my ($lin, $lout, $lerr) = ('', '', '');
+my $listener = IPC::Run::start([ 'psql', '-XAtq', '-d', $node->connstr('postgres') ],
+	'<', \$lin, '>', \$lout, '2>', \$lerr,
+	IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+my $tick = 0;
+my @notes;
+sub collect
+{
+	$tick++;
+	$lin .= "SELECT 'tick $tick';\n";
+	$listener->pump while $listener->pumpable && $lout !~ /^tick $tick$/m;
+	while ($lout =~ s/^Asynchronous notification "outbox_filters" with payload "(.*)" received from server process with PID \d+\.\n//m)
+	{
+		push @notes, $cjson->decode($1);
+	}
+	$lout =~ s/^tick \d+\n//mg;
+}
+$lin .= "LISTEN outbox_filters;\n";
+collect();
+
+# 200 orders on 10 keys: total i, every 7th for acme, every 5th with the
+# item x, every 4th with a vip- key.
+q1(q{
+SELECT count(outbox_emit('orders.created',
+	jsonb_build_object('n', g, 'total', g,
+					   'items', CASE WHEN g % 5 = 0 THEN '[{"sku": "x"}]'::jsonb ELSE '[{"sku": "y"}]' END),
+	CASE WHEN g % 4 = 0 THEN 'vip-' ELSE 'k-' END || (g % 10),
+	CASE WHEN g % 7 = 0 THEN '{"x-tenant": "acme"}'::jsonb ELSE '{"x-tenant": "other"}' END))
+  FROM generate_series(1, 200) g;
+INSERT INTO shop SELECT g, g FROM generate_series(1, 10) g;
+DELETE FROM shop WHERE id <= 3;
+});
+
+my @big = sink_path_records($sink, '/big', 100 + 3, 60);
+my @items = sink_path_records($sink, '/items', 40, 60);
+wait_until(sub {
+	my $n = 0;
+	$n += scalar(@{ $cjson->decode($_->{body}) }) for grep { $_->{path} eq '/acme' } @{ sink_records($sink) };
+	$n >= 28 }, 60);
+wait_until(sub { nats_count($nats->{url}, 'F') >= 100 }, 60);
+wait_until(sub { @{ kafka_consume($mock, 'kf') } >= 100 }, 60);
+wait_until(sub { collect(); @notes >= 50 }, 60);
+wait_until(sub { q1(q{SELECT count(*) FROM outbox.lag WHERE pending > 0 AND target <> 'q'}) eq '0' }, 60);
+sleep 1;    # nothing more than that comes
+
+my @orders = grep { ($_->{headers}{'outbox-topic'} // '') eq 'orders.created' } sink_path_records($sink, '/big');
+is(scalar(@orders), 100, 'a payload predicate: the 100 orders above 100, no more');
+is_deeply([ sort { $a <=> $b } map { $cjson->decode($_->{body})->{total} } @orders ], [ 101 .. 200 ],
+	'... exactly those');
+my @deletes = grep { ($_->{headers}{'outbox-topic'} // '') eq 'shop.changed' } sink_path_records($sink, '/big');
+is(scalar(@deletes), 3, 'a captured change by its op: the 3 deletes only');
+ok(!grep({ $cjson->decode($_->{body})->{op} ne 'delete' } @deletes), '... none of the inserts');
+my %last;
+my $inorder = 1;
+for my $r (@orders)
+{
+	my ($k, $n) = ($r->{headers}{'outbox-key'}, $cjson->decode($r->{body})->{n});
+	$inorder = 0 if defined $last{$k} && $last{$k} > $n;
+	$last{$k} = $n;
+}
+ok($inorder, 'per key, what passes the filter arrives in order');
+
+my @acme;
+push @acme, @{ $cjson->decode($_->{body}) } for grep { $_->{path} eq '/acme' } @{ sink_records($sink) };
+is(scalar(@acme), 28, 'a header predicate, in batches: the 28 acme orders');
+ok(!grep({ $_->{headers}{'x-tenant'} ne 'acme' } @acme), '... and no other tenant');
+@items = sink_path_records($sink, '/items');
+is(scalar(@items), 40, 'a path with a filter expression (not a predicate): the 40 orders with item x');
+is(scalar(@notes), 50, 'NOTIFY: a predicate on the key, the 50 vip- orders');
+ok(!grep({ $_->{key} !~ /^vip-/ } @notes), '... all of them vip-');
+my $nd = nats_dump($nats->{url}, 'F');
+is(scalar(@$nd), 100, 'NATS: the 100 orders above 100');
+ok(!grep({ $cjson->decode($_->{payload})->{total} <= 100 } @$nd), '... none at or below');
+my $kd = kafka_consume($mock, 'kf');
+is(scalar(@$kd), 100, 'Kafka: the 100 orders at or below 100');
+ok(!grep({ $cjson->decode($_->{payload})->{total} > 100 } @$kd), '... none above');
+
+# The queue: receive() hands out only what the filter selects.
+my $got = q1(q{SELECT count(*), min((payload->>'total')::int), max((payload->>'total')::int)
+  FROM outbox.receive('q', 1000)});
+is($got, '100|101|200', 'a queue receives only what its filter selects');
+
+# Counted as filtered.
+is(q1(q{SELECT filtered FROM outbox.stats WHERE target = 'big'}), 100 + 10,
+	'outbox.stats counts what the filters turned away (100 orders, 10 inserts)');
+is(q1(q{SELECT filtered FROM outbox.stats WHERE target = 'kt'}), '100', '... for Kafka too');
+like(q1(q{SELECT outbox.metrics()}), qr/^outbox_filtered_messages_total\{target="big"\} 110$/m,
+	'outbox.metrics() has outbox_filtered_messages_total');
+
+# Subscribing again changes the filter for what is read after.
+q1(q{SELECT outbox.subscribe('items', 'orders.*', filter => '$.payload.total == 7')});
+q1(q{SELECT outbox_emit('orders.created', jsonb_build_object('n', g, 'total', g), 'k-x')
+  FROM generate_series(1, 10) g});
+my @items2 = sink_path_records($sink, '/items', 41, 30);
+sleep 1;
+@items2 = sink_path_records($sink, '/items');
+is(scalar(@items2), 41, 'a changed filter: one more message');
+is($cjson->decode($items2[-1]{body})->{total}, 7, '... the one it selects');
+
+$listener->finish;
+stop_sink($sink);
+kafka_stop($mock);
+nats_stop($nats);
+relay_no_crash($node);
+done_testing();
