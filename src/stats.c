@@ -219,6 +219,20 @@ outbox_percentile(const uint64 *h, uint64 total, double q, double max_ms)
 	return max_ms;
 }
 
+/* A palloc'd copy of this database's target figures; *n of them. */
+static OutboxTargetStats *
+outbox_stats_copy(int *n)
+{
+	OutboxTargetStats *copy = palloc(sizeof(OutboxTargetStats) * OUTBOX_MAX_STAT_TARGETS);
+	OutboxStatsShared *st = outbox_my_stats();
+
+	SpinLockAcquire(&st->mutex);
+	*n = st->dboid == MyDatabaseId ? st->ntargets : 0;
+	memcpy(copy, st->targets, sizeof(OutboxTargetStats) * *n);
+	SpinLockRelease(&st->mutex);
+	return copy;
+}
+
 /*
  * outbox.target_filtered(): per target the relay serves, the messages its
  * subscriptions' filters turned away since the relay started (or the
@@ -229,7 +243,6 @@ outbox_target_filtered(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	OutboxTargetStats *copy;
-	OutboxStatsShared *st;
 	int			n;
 	int			i;
 
@@ -238,12 +251,7 @@ outbox_target_filtered(PG_FUNCTION_ARGS)
 	if (!outbox_stats_here())
 		return (Datum) 0;
 
-	copy = palloc(sizeof(OutboxTargetStats) * OUTBOX_MAX_STAT_TARGETS);
-	st = outbox_my_stats();
-	SpinLockAcquire(&st->mutex);
-	n = st->dboid == MyDatabaseId ? st->ntargets : 0;
-	memcpy(copy, st->targets, sizeof(OutboxTargetStats) * n);
-	SpinLockRelease(&st->mutex);
+	copy = outbox_stats_copy(&n);
 	for (i = 0; i < n; i++)
 	{
 		Datum		values[2];
@@ -266,7 +274,6 @@ outbox_target_stats(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	OutboxTargetStats *copy;
-	OutboxStatsShared *st;
 	int			n;
 	int			i;
 	TimestampTz now = GetCurrentTimestamp();
@@ -277,12 +284,7 @@ outbox_target_stats(PG_FUNCTION_ARGS)
 	if (!outbox_stats_here())
 		return (Datum) 0;
 
-	copy = palloc(sizeof(OutboxTargetStats) * OUTBOX_MAX_STAT_TARGETS);
-	st = outbox_my_stats();
-	SpinLockAcquire(&st->mutex);
-	n = st->dboid == MyDatabaseId ? st->ntargets : 0;
-	memcpy(copy, st->targets, sizeof(OutboxTargetStats) * n);
-	SpinLockRelease(&st->mutex);
+	copy = outbox_stats_copy(&n);
 
 	for (i = 0; i < OUTBOX_LATENCY_BUCKETS - 1; i++)
 		bounds[i] = Float8GetDatum(outbox_latency_bounds_ms[i]);

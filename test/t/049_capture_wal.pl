@@ -41,14 +41,7 @@ max_replication_slots = 4
 max_wal_senders = 4
 log_min_messages = info
 });
-# 15.19 and later minors allow only the listed output plugins.
-if ($node->safe_psql('postgres',
-		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
-{
-	$node->safe_psql('postgres',
-		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
-	$node->reload;
-}
+allow_output_plugins($node);
 
 sub q1 { return $node->safe_psql('postgres', $_[0]); }
 

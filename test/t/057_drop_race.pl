@@ -28,13 +28,7 @@ max_replication_slots = 4
 max_wal_senders = 4
 log_min_messages = info
 });
-if ($node->safe_psql('postgres',
-		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
-{
-	$node->safe_psql('postgres',
-		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
-	$node->reload;
-}
+allow_output_plugins($node);
 # A second database keeps its outbox throughout: outbox.relays is read
 # there, and its relay must not be disturbed.
 $node->safe_psql('postgres', 'CREATE DATABASE other');

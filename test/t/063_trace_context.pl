@@ -22,13 +22,7 @@ wal_level = logical
 max_replication_slots = 4
 max_wal_senders = 4
 });
-if ($node->safe_psql('postgres',
-		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
-{
-	$node->safe_psql('postgres',
-		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
-	$node->reload;
-}
+allow_output_plugins($node);
 sub q1 { return $node->safe_psql('postgres', $_[0]); }
 
 my $sink = start_sink('trace');

@@ -21,7 +21,8 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(
   outbox_node relay_node relay_worker_pid sink_path_records relay_no_crash start_sink sink_control sink_stats stop_sink
   sink_records sink_attempts wait_until
-  webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all);
+  webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all
+  allow_output_plugins);
 
 # poll_query_until writes its query to psql's input, and a psql refused
 # while the server recovers from a crash may exit before reading it: the
@@ -82,6 +83,18 @@ restart_after_crash = on
 } . ($opts{conf} // ''));
 }
 
+# 15.19 and later minors decode only with the output plugins listed in
+# output_plugin_libraries: allow outbox's (and test_decoding, pgoutput).
+sub allow_output_plugins
+{
+	my ($node) = @_;
+	return unless $node->safe_psql('postgres',
+		q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1';
+	$node->safe_psql('postgres',
+		q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
+	$node->reload;
+}
+
 # A primary and a streaming standby on the physical slot standby1 (the
 # failover tests, 058 and up).  The primary: the library preloaded (every
 # database form), fast retries, $opts{conf} appended, $opts{logical} for
@@ -103,14 +116,7 @@ outbox.retry_base_delay = 20
 outbox.retry_max_delay = 500
 } . ($opts{conf} // ''));
 	$primary->start;
-	# 15.19 and later minors allow only the listed output plugins.
-	if ($opts{logical} && $primary->safe_psql('postgres',
-			q{SELECT count(*) FROM pg_settings WHERE name = 'output_plugin_libraries'}) eq '1')
-	{
-		$primary->safe_psql('postgres',
-			q{ALTER SYSTEM SET output_plugin_libraries = pgoutput, test_decoding, outbox});
-		$primary->reload;
-	}
+	allow_output_plugins($primary) if $opts{logical};
 	$primary->safe_psql('postgres',
 		q{SELECT pg_create_physical_replication_slot('standby1');} . ($opts{sql} // ''));
 	my $standby = cold_standby($primary, "${name}_standby");
