@@ -1451,7 +1451,7 @@ AS $$
 DECLARE
 	tid int := outbox.target_id(target);
 	path jsonpath;
-	old outbox.subscriptions;
+	inserted boolean;
 BEGIN
 	PERFORM outbox.check_topic_pattern(topic);
 	IF filter IS NOT NULL THEN
@@ -1464,19 +1464,25 @@ BEGIN
 					  DETAIL = SQLERRM,
 					  HINT = 'A filter is a jsonpath over {"topic", "key", "headers", "payload"}, for example ''$.payload.total > 100'' or ''$.headers."x-tenant" == "acme"''.';
 		END;
+		-- A variable would need a value the relay does not have.
+		IF pg_catalog.regexp_replace(path::text, '"(\\.|[^"\\])*"', 'S', 'g') ~ '\$S' THEN
+			RAISE EXCEPTION 'invalid filter for target "%"', target
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'The filter uses a variable ($name); filters have none.',
+					  HINT = 'Write the value into the path, for example ''$.payload.total > 100''.';
+		END IF;
 	END IF;
-	SELECT * INTO old FROM outbox.subscriptions s WHERE s.target_id = tid AND s.pattern = topic
-	   FOR UPDATE;
+	-- One statement, so that concurrent subscribes neither fail nor lose a filter.
+	INSERT INTO outbox.subscriptions AS s (target_id, pattern, start_id, filter)
+	VALUES (tid, topic, outbox.frontier(), path)
+	ON CONFLICT (target_id, pattern) DO UPDATE SET filter = EXCLUDED.filter
+	 WHERE s.filter::text IS DISTINCT FROM EXCLUDED.filter::text
+	RETURNING s.xmax = 0 INTO inserted;
 	IF NOT FOUND THEN
-		INSERT INTO outbox.subscriptions (target_id, pattern, start_id, filter)
-		VALUES (tid, topic, outbox.frontier(), path);
-	ELSIF old.filter::text IS DISTINCT FROM path::text THEN
-		UPDATE outbox.subscriptions s SET filter = path
-		 WHERE s.target_id = tid AND s.pattern = topic;
+		RAISE NOTICE 'target "%" is already subscribed to "%"', target, topic;
+	ELSIF NOT inserted THEN
 		RAISE NOTICE 'target "%" is already subscribed to "%": its filter is now %', target, topic,
 			coalesce(quote_literal(path::text), 'none');
-	ELSE
-		RAISE NOTICE 'target "%" is already subscribed to "%"', target, topic;
 	END IF;
 	PERFORM outbox.config_changed();
 END

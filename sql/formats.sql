@@ -52,6 +52,18 @@ ROLLBACK;
 
 SELECT topic, headers FROM outbox.messages ORDER BY id;
 
+-- Headers that are not an object are refused, trace or not; a message's
+-- own tracestate without a traceparent goes when the session's is added.
+BEGIN;
+SET LOCAL outbox.traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+SELECT outbox_emit('t.bad', '{}', NULL, '[1, 2]');
+ROLLBACK;
+BEGIN;
+SET LOCAL outbox.traceparent = '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01';
+SELECT outbox_emit('t.lone.state', '{}', NULL, '{"tracestate": "other=1", "x-a": "b"}') IS NOT NULL AS emitted;
+COMMIT;
+SELECT headers FROM outbox.messages WHERE topic = 't.lone.state';
+
 -- A message's own trace headers are checked as the settings are.
 SELECT outbox_emit('t.bad', '{}', NULL, '{"traceparent": "00-abc"}');
 SELECT outbox_emit('t.bad', '{}', NULL, '{"TraceState": "Bad Key=1"}');
@@ -109,6 +121,9 @@ SELECT outbox.subscribe('f_http', 'refunds', filter => '$.headers."x-tenant" == 
 SELECT outbox.subscribe('f_http', 'audit', filter => '$.payload.items[*] ? (@.sku == "x")');
 SELECT outbox.subscribe('f_http', 'bad', filter => '$.payload.total >');
 SELECT outbox.subscribe('f_http', 'bad', filter => '$ ? (@ like_regex "(")');
+-- a variable has no value in a filter; a "$" in a string is no variable
+SELECT outbox.subscribe('f_http', 'bad', filter => '$.payload.total > $min');
+SELECT outbox.subscribe('f_http', 'dollar', filter => '$.payload.s == "x$" || $.payload.s == "$"');
 -- the same pattern again: its filter changes, or goes with NULL
 SELECT outbox.subscribe('f_http', 'orders.*', filter => '$.payload.total > 200');
 SELECT outbox.subscribe('f_http', 'orders.*', filter => '$.payload.total > 200');

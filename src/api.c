@@ -310,10 +310,14 @@ outbox_emit(PG_FUNCTION_ARGS)
 	{
 		Jsonb	   *headers = PG_ARGISNULL(3) ? NULL : PG_GETARG_JSONB_P(3);
 
-		/* the transaction's trace, unless the headers name their own */
-		headers = outbox_trace_add_current(headers);
 		if (headers != NULL)
 			outbox_check_headers(headers);
+		/* the transaction's trace, unless the headers name their own */
+		if (outbox_trace_active())
+		{
+			headers = outbox_trace_add_current(headers);
+			outbox_check_headers(headers);	/* its size, again */
+		}
 		msg.headers = (struct varlena *) headers;
 	}
 

@@ -467,13 +467,15 @@ outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
 			if (!isnull)
 				h = DatumGetJsonbP(d);
 		}
-		/* the transaction's trace, unless the row's headers name their own */
-		h = outbox_trace_add_current(h);
 		if (h != NULL)
-		{
 			outbox_check_headers(h);
-			msg->headers = (struct varlena *) h;
+		/* the transaction's trace, unless the row's headers name their own */
+		if (outbox_trace_active())
+		{
+			h = outbox_trace_add_current(h);
+			outbox_check_headers(h);	/* its size, again */
 		}
+		msg->headers = (struct varlena *) h;
 	}
 }
 

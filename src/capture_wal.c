@@ -1055,9 +1055,13 @@ capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 	memset(&m, 0, sizeof(m));
 	m.commit_time_off = -1;
 	outbox_capture_outbox_row(tup, desc, &r->oc, r->source, &m);
-	m.headers = (struct varlena *) outbox_trace_add((Jsonb *) m.headers,
-													dec->txn_traceparent,
-													dec->txn_tracestate);
+	if (dec->txn_traceparent[0] != '\0')
+	{
+		m.headers = (struct varlena *) outbox_trace_add((Jsonb *) m.headers,
+														dec->txn_traceparent,
+														dec->txn_tracestate);
+		outbox_check_headers((Jsonb *) m.headers);	/* its size, again */
+	}
 	m.emitted_at = dec->txn_commit_time;
 	outbox_make_uuid(&m.msg_id, m.emitted_at);
 	capture_collect(&m);

@@ -11,12 +11,14 @@
  *	   "payload": ...}
  *
  * A path that is a predicate ('$.payload.total > 100') selects a message
- * when it is true (as @@ does; unknown is false); any other path
- * ('$.payload.items[*] ? (@.sku == "x")') when it yields an item (as @?
- * does).  Errors a value can raise (a missing member in strict mode, a
- * type mismatch) make the path select nothing, as with the operators'
- * silent form.  PostgreSQL's own jsonpath evaluator runs it, called
- * directly, without SPI or the executor.
+ * when it is true (as @@ does; unknown is false).  Any other path selects
+ * it when it yields a single boolean that is true ('$.payload.vip'), or
+ * else when it yields anything ('$.payload.items[*] ? (@.sku == "x")', as
+ * @? does).  Evaluation is silent, and an error the silent form does not
+ * hide (a datetime conversion that needs a time zone, say) makes the path
+ * select nothing, with a WARNING: a message's content never stops
+ * delivery.  PostgreSQL's own jsonpath evaluator runs it, called directly,
+ * without SPI or the executor.
  *
  *-------------------------------------------------------------------------
  */
@@ -27,6 +29,7 @@
 #include "utils/jsonb.h"
 #include "utils/jsonpath.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "outbox.h"
 
@@ -115,9 +118,12 @@ outbox_filter_doc(const char *topic, const char *key, Jsonb *headers, Jsonb *pay
 	return JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
 }
 
-/* Whether the subscription's filter selects the document. */
-bool
-outbox_filter_match(const OutboxSubscription *s, Jsonb *doc)
+/*
+ * jsonb_path_match (or, with exists, jsonb_path_exists) of doc and the
+ * filter, silent: the boolean, or -1 for NULL.
+ */
+static int
+filter_call(const OutboxSubscription *s, Jsonb *doc, bool exists)
 {
 	static Jsonb *no_vars = NULL;
 	LOCAL_FCINFO(fcinfo, 4);
@@ -141,8 +147,60 @@ outbox_filter_match(const OutboxSubscription *s, Jsonb *doc)
 	fcinfo->args[2].isnull = false;
 	fcinfo->args[3].value = BoolGetDatum(true);	/* silent */
 	fcinfo->args[3].isnull = false;
-	result = s->filter_predicate ? jsonb_path_match(fcinfo) : jsonb_path_exists(fcinfo);
-	return !fcinfo->isnull && DatumGetBool(result);
+	result = exists ? jsonb_path_exists(fcinfo) : jsonb_path_match(fcinfo);
+	return fcinfo->isnull ? -1 : (int) DatumGetBool(result);
+}
+
+/*
+ * Whether the subscription's filter selects the document.  The evaluation
+ * reads only the document and the path, and holds no lock or buffer an
+ * error could leave behind, so an error of the value's (data exception,
+ * program limit, unsupported feature, a variable the path names but which
+ * is not there) is caught here and selects nothing; any other is thrown on.
+ */
+bool
+outbox_filter_match(const OutboxSubscription *s, Jsonb *doc)
+{
+	static TimestampTz warned_at = 0;
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile int r = 0;
+
+	PG_TRY();
+	{
+		r = filter_call(s, doc, false);
+		if (!s->filter_predicate && r < 0)
+			r = filter_call(s, doc, true);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		int			class;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		class = ERRCODE_TO_CATEGORY(edata->sqlerrcode);
+		if (edata->elevel != ERROR ||
+			!(class == ERRCODE_TO_CATEGORY(ERRCODE_DATA_EXCEPTION) ||
+			  class == ERRCODE_TO_CATEGORY(ERRCODE_PROGRAM_LIMIT_EXCEEDED) ||
+			  class == ERRCODE_TO_CATEGORY(ERRCODE_FEATURE_NOT_SUPPORTED) ||
+			  edata->sqlerrcode == ERRCODE_UNDEFINED_OBJECT))
+			PG_RE_THROW();
+		FlushErrorState();
+		/* at most once a minute: a bad filter may fail for every message */
+		if (TimestampDifferenceExceeds(warned_at, GetCurrentTimestamp(), 60 * 1000))
+		{
+			warned_at = GetCurrentTimestamp();
+			ereport(WARNING,
+					(errmsg("outbox filter of subscription \"%s\" selects nothing for a message: %s",
+							s->pattern, edata->message),
+					 errdetail("Such messages are not sent under this subscription; this is said at most once a minute."),
+					 errhint("Correct the filter with outbox.subscribe(target, pattern, filter => ...).")));
+		}
+		FreeErrorData(edata);
+		r = 0;
+	}
+	PG_END_TRY();
+	return r > 0;
 }
 
 /*

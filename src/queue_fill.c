@@ -26,6 +26,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "storage/lwlock.h"
+#include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
 #include "queue.h"
@@ -58,10 +59,12 @@ queue_fill_doc(void *arg)
  */
 static bool
 queue_matches(QueueInfo *qi, HeapTuple tup, TupleDesc desc, const char *topic,
-			  const char *key, int64 id)
+			  const char *key, int64 id, MemoryContext rowcxt)
 {
 	FillDocArg	a;
 	bool		filtered;
+	bool		taken;
+	MemoryContext oldcxt;
 
 	switch (outbox_subscriptions_route(qi->subs, qi->nsubs, topic, id))
 	{
@@ -70,12 +73,17 @@ queue_matches(QueueInfo *qi, HeapTuple tup, TupleDesc desc, const char *topic,
 		case 1:
 			return true;
 		default:
+			/* the payload detoasted and the document: gone after the row */
 			a.tup = tup;
 			a.desc = desc;
 			a.topic = topic;
 			a.key = key;
-			return outbox_subscriptions_select(qi->subs, qi->nsubs, topic, id,
-											   queue_fill_doc, &a, &filtered);
+			oldcxt = MemoryContextSwitchTo(rowcxt);
+			taken = outbox_subscriptions_select(qi->subs, qi->nsubs, topic, id,
+												queue_fill_doc, &a, &filtered);
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextReset(rowcxt);
+			return taken;
 	}
 }
 
@@ -148,6 +156,7 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 	TransactionId open_group = InvalidTransactionId;
 	Snapshot	snap;
 	MemoryContext caller = CurrentMemoryContext;
+	MemoryContext rowcxt;
 
 	LWLockAcquire(slot_lock(slot), LW_SHARED);
 	from = s->read_id;
@@ -215,6 +224,8 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 
 	/* Route and hash outside the lock (rows outlive SPI's memory). */
 	rows = MemoryContextAlloc(caller, sizeof(FillRow) * Max(n, 1));
+	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox queue filter",
+								   ALLOCSET_DEFAULT_SIZES);
 	for (i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
@@ -225,7 +236,7 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 		char	   *key = SPI_getvalue(tup, desc, 4);
 		FillRow    *r;
 
-		if (!queue_matches(qi, tup, desc, topic, key, id))
+		if (!queue_matches(qi, tup, desc, topic, key, id, rowcxt))
 			continue;
 		r = &rows[nfill++];
 		r->id = id;
@@ -234,6 +245,7 @@ queue_fill(QueueInfo *qi, int slot, int64 frontier, AckedIds *acked)
 		r->group = (TransactionId) strtoul(SPI_getvalue(tup, desc, 2), NULL, 10);
 		r->relid = DatumGetObjectId(SPI_getbinval(tup, desc, 5, &isnull));
 	}
+	MemoryContextDelete(rowcxt);
 	queue_spi_end(&st);
 
 	LWLockAcquire(slot_lock(slot), LW_EXCLUSIVE);

@@ -274,6 +274,7 @@ typedef struct RelayTarget
 	bool		retry_wanted;	/* dead letters wait to be delivered again */
 	int			nretry;			/* of those, queued in the lanes */
 	OutboxTargetStats stats;	/* published to shared memory (stats.c) */
+	uint64		filtered_pending;	/* filtered by a read not yet done */
 } RelayTarget;
 
 /* A dead letter waiting to be written with the next progress update. */

@@ -758,7 +758,12 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		relay_header_value(h, "outbox-count", number);
 	}
 	for (i = 0; i < t->nheader_lines; i++)
+	{
+		/* a CloudEvent's attributes are the relay's, not the target's */
+		if (t->format != RELAY_FORMAT_OUTBOX && pg_strncasecmp(t->header_lines[i], "ce-", 3) == 0)
+			continue;
 		relay_header(h, t->header_lines[i]);
+	}
 
 	h->response_len = 0;
 	h->response[0] = '\0';

@@ -873,7 +873,8 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 
 			/* a CloudEvent's attributes are the relay's: ce_* skipped */
 			if (t->format != RELAY_FORMAT_OUTBOX &&
-				(pg_strncasecmp(p, "ce_", 3) == 0 || pg_strncasecmp(p, "content-type", 12) == 0))
+				(pg_strncasecmp(p, "ce_", 3) == 0 ||
+				 (pg_strncasecmp(p, "content-type", 12) == 0 && (p[12] == ':' || p[12] == ';'))))
 				continue;
 			if (colon != NULL)
 				rd_kafka_header_add(hdrs, p, colon - p, colon[1] == ' ' ? colon + 2 : colon + 1, -1);

@@ -872,7 +872,8 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			if (colon == NULL || colon - p >= (int) sizeof(name) ||
 				pg_strncasecmp(p, "nats-", 5) == 0 ||
 				(t->format != RELAY_FORMAT_OUTBOX &&
-				 (pg_strncasecmp(p, "ce-", 3) == 0 || pg_strncasecmp(p, "content-type", 12) == 0)))
+				 (pg_strncasecmp(p, "ce-", 3) == 0 ||
+				  (pg_strncasecmp(p, "content-type", 12) == 0 && (p[12] == ':' || p[12] == ';')))))
 				continue;
 			memcpy(name, p, colon - p);
 			name[colon - p] = '\0';

@@ -100,38 +100,30 @@ relay_filter_doc(void *arg)
 }
 
 /*
- * Whether target t takes the message of this row: a subscription takes its
- * topic and, if it has a filter, the filter selects it.  A message only
- * filters turned away is counted (*filtered).
+ * Whether the filters of target t's subscriptions select the message of
+ * this row (outbox_subscriptions_route said only filtered ones take its
+ * topic).
  */
 static bool
-relay_subscribed(RelayTarget *t, HeapTuple tup, TupleDesc desc, const char *topic,
-				 int64 id, bool *filtered)
+relay_filters_select(RelayTarget *t, HeapTuple tup, TupleDesc desc, const char *topic,
+					 int64 id)
 {
 	RelayDocArg a;
+	bool		filtered;
 	bool		taken;
 
-	*filtered = false;
-	switch (outbox_subscriptions_route(t->subs, t->nsubs, topic, id))
-	{
-		case 0:
-			return false;
-		case 1:
-			return true;
-		default:
-			/* a filter that failed too often: the message goes dead */
-			if (relay_condemned(t, id))
-				return true;
-			a.tup = tup;
-			a.desc = desc;
-			a.topic = topic;
-			/* an error here makes the message poison (relay_read_messages) */
-			building_id = id;
-			taken = outbox_subscriptions_select(t->subs, t->nsubs, topic, id,
-												relay_filter_doc, &a, filtered);
-			building_id = 0;
-			return taken;
-	}
+	/* a message that failed too often goes dead (relay_condemned) */
+	if (relay_condemned(t, id))
+		return true;
+	a.tup = tup;
+	a.desc = desc;
+	a.topic = topic;
+	/* an error thrown on from here makes the message poison */
+	building_id = id;
+	taken = outbox_subscriptions_select(t->subs, t->nsubs, topic, id,
+										relay_filter_doc, &a, &filtered);
+	building_id = 0;
+	return taken;
 }
 
 static void relay_read_retries(RelayTarget *t, MemoryContext rowcxt);
@@ -398,11 +390,12 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 			int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 			MemoryContext oldcxt;
 			char	   *topic;
-			bool		filtered;
+			int			route;
 
 			oldcxt = MemoryContextSwitchTo(rowcxt);
 			topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
-			if (relay_subscribed(t, tup, desc, topic, id, &filtered))
+			route = outbox_subscriptions_route(t->subs, t->nsubs, topic, id);
+			if (route != 0)
 			{
 				Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
 				char	   *key = isnull ? NULL : TextDatumGetCString(kd);
@@ -416,6 +409,12 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 					 /* finished before a restart */ ;
 				else if (only_lane < 0 && lane->overflow_id != 0)
 					 /* the lane is behind; its refill will read this */ ;
+				else if (route == 2 && !relay_filters_select(t, tup, desc, topic, id))
+				{
+					/* counted once the read holds (relay_read_target_guarded) */
+					if (only_lane < 0)
+						t->filtered_pending++;
+				}
 				else if (!(t->batch_size > 1 && id <= lane->batch_end) &&
 						 t->nqueued > 0 && t->queued_bytes + est > queue_bytes)
 				{
@@ -464,8 +463,6 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 												 key, error);
 				}
 			}
-			else if (filtered && only_lane < 0)
-				t->stats.filtered++;
 			MemoryContextSwitchTo(oldcxt);
 			MemoryContextReset(rowcxt);
 			if (stop)
@@ -669,7 +666,10 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 	MemoryContextSwitchTo(oldcxt);
 	PG_TRY();
 	{
+		t->filtered_pending = 0;
 		relay_read_target(t, frontier, rowcxt);
+		t->stats.filtered += t->filtered_pending;
+		t->filtered_pending = 0;
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
@@ -706,6 +706,7 @@ relay_read_target_guarded(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 		relay_dead_letters_discard(dead_mark);
 		t->read_id = read_id;
 		t->read_need = 0;
+		t->filtered_pending = 0;	/* they will be read again */
 
 		if (building_id != 0 && building_id == t->poison_id)
 			t->poison_tries++;

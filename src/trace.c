@@ -314,9 +314,11 @@ trace_push_pair(JsonbParseState **st, const char *key, const char *value)
 
 /*
  * headers (NULL for none) with traceparent and, when given, tracestate
- * added, in the current memory context; headers itself when traceparent is
- * NULL or empty, or when they already name a traceparent (the message's
- * own trace is kept, and its tracestate with it).
+ * added (a tracestate of the headers' own goes), in the current memory
+ * context; headers itself when traceparent is NULL or empty, when they are
+ * not an object (the caller's check refuses them), or when they already
+ * name a traceparent (the message's own trace is kept, and its tracestate
+ * with it).
  */
 Jsonb *
 outbox_trace_add(Jsonb *headers, const char *traceparent, const char *tracestate)
@@ -327,6 +329,7 @@ outbox_trace_add(Jsonb *headers, const char *traceparent, const char *tracestate
 	JsonbIteratorToken tok;
 
 	if (traceparent == NULL || traceparent[0] == '\0' ||
+		(headers != NULL && (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))) ||
 		trace_headers_have(headers, "traceparent"))
 		return headers;
 	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
@@ -337,9 +340,11 @@ outbox_trace_add(Jsonb *headers, const char *traceparent, const char *tracestate
 		{
 			if (tok != WJB_KEY && tok != WJB_VALUE)
 				continue;
-			/* a tracestate without the traceparent it belongs to goes */
-			if (tok == WJB_KEY && tracestate != NULL && tracestate[0] != '\0' &&
-				v.val.string.len == 10 &&
+			/*
+			 * The message's own tracestate goes: it does not belong to the
+			 * traceparent added (it had none).
+			 */
+			if (tok == WJB_KEY && v.val.string.len == 10 &&
 				pg_strncasecmp(v.val.string.val, "tracestate", 10) == 0)
 			{
 				tok = JsonbIteratorNext(&it, &v, true);

@@ -8,7 +8,10 @@
 #  - what no filter selects is not sent and is counted in outbox.stats and
 #    outbox.metrics() (outbox_filtered_messages_total); per key the order of
 #    what is sent is kept;
-#  - a filter changed by subscribing again applies to messages read after.
+#  - a filter changed by subscribing again applies to messages read after;
+#  - a filter whose evaluation raises an error (one the silent form does
+#    not hide) selects nothing and wedges neither a target nor a queue; a
+#    path that yields a boolean selects by its value.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -150,6 +153,31 @@ sleep 1;
 @items2 = sink_path_records($sink, '/items');
 is(scalar(@items2), 41, 'a changed filter: one more message');
 is($cjson->decode($items2[-1]{body})->{total}, 7, '... the one it selects');
+
+# A filter that raises an error the silent form does not hide (a date
+# compared with a timestamptz needs a time zone) selects nothing, with a
+# warning, and wedges neither a target nor a queue; a path yielding a
+# boolean selects by its value.
+q1(q{
+SELECT outbox.create_http_target('dt', '} . $url . q{/dt');
+SELECT outbox.subscribe('dt', 'dates', filter => '$.payload.d.datetime() < "2030-01-01 00:00:00+00".datetime()');
+SELECT outbox.subscribe('dt', 'flags', filter => '$.payload.vip');
+SELECT outbox.create_queue('qd');
+SELECT outbox.subscribe('qd', 'dates', filter => '$.payload.d.datetime() < "2030-01-01 00:00:00+00".datetime()');
+SELECT outbox.subscribe('qd', 'flags', filter => '$.payload.vip');
+});
+q1(q{SELECT outbox_emit('dates', '{"d": "2024-01-01"}', 'd' || g) FROM generate_series(1, 5) g;
+SELECT outbox_emit('flags', v::jsonb, 'f') FROM unnest(ARRAY['{"vip": true}', '{"vip": false}', '{}']) v;});
+my @dt = sink_path_records($sink, '/dt', 1, 30);
+ok(wait_until(sub { q1(q{SELECT pending FROM outbox.lag WHERE target = 'dt'}) eq '0' }, 30),
+	'a filter that raises an error does not wedge its target');
+@dt = sink_path_records($sink, '/dt');
+is(scalar(@dt), 1, 'only the message whose boolean is true went');
+is($dt[0]{body}, '{"vip": true}', '... the vip one');
+is(q1(q{SELECT count(*) FROM outbox.receive('qd', 100)}), '1',
+	'a queue with such a filter receives on, only the vip one');
+like(slurp_file($node->logfile), qr/outbox filter of subscription "dates" selects nothing for a message: cannot convert value from date to timestamptz/,
+	'the error is logged');
 
 $listener->finish;
 stop_sink($sink);
