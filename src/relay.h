@@ -365,6 +365,7 @@ typedef struct RelayCeAttrs
 	int			n;
 	const char *name[RELAY_CE_MAX_ATTRS];	/* without the binding's prefix */
 	const char *value[RELAY_CE_MAX_ATTRS];
+	bool		safe[RELAY_CE_MAX_ATTRS];	/* JSON-safe as they are */
 	char		sequence[24];	/* storage of the values */
 	char		time[MAXDATELEN + 1];
 } RelayCeAttrs;

@@ -282,34 +282,85 @@ relay_ce_default_source(void)
  * and when it has a trace, traceparent and tracestate.  Values point into
  * m, t and a.
  */
+/* Write n digits of v, zero-padded, at p; returns the end. */
+static char *
+ce_digits(char *p, uint64 v, int n)
+{
+	int			i;
+
+	for (i = n - 1; i >= 0; i--)
+	{
+		p[i] = '0' + (char) (v % 10);
+		v /= 10;
+	}
+	return p + n;
+}
+
+/*
+ * t as RFC 3339 in UTC with microseconds, "2026-12-03T11:08:43.185470Z",
+ * into out (MAXDATELEN + 1 bytes).  Written by hand: the time zone and
+ * the general formatter cost more than the rest of a CloudEvent.
+ */
+static void
+ce_format_time(TimestampTz t, char *out)
+{
+	struct pg_tm tm;
+	fsec_t		fsec;
+	char	   *p = out;
+
+	if (timestamp2tm(t, NULL, &tm, &fsec, NULL, NULL) != 0 ||
+		tm.tm_year < 1 || tm.tm_year > 9999)
+	{
+		/* out of RFC 3339's range: as to_json() writes it */
+		JsonEncodeDateTime(out, TimestampTzGetDatum(t), TIMESTAMPTZOID, NULL);
+		return;
+	}
+	p = ce_digits(p, tm.tm_year, 4);
+	*p++ = '-';
+	p = ce_digits(p, tm.tm_mon, 2);
+	*p++ = '-';
+	p = ce_digits(p, tm.tm_mday, 2);
+	*p++ = 'T';
+	p = ce_digits(p, tm.tm_hour, 2);
+	*p++ = ':';
+	p = ce_digits(p, tm.tm_min, 2);
+	*p++ = ':';
+	p = ce_digits(p, tm.tm_sec, 2);
+	*p++ = '.';
+	p = ce_digits(p, fsec, 6);
+	*p++ = 'Z';
+	*p = '\0';
+}
+
 void
 relay_ce_attrs(RelayTarget *t, RelayMessage *m, RelayCeAttrs *a)
 {
 	const char *v;
 
-#define CE_ADD(n_, v_) do { a->name[a->n] = (n_); a->value[a->n] = (v_); a->n++; } while (0)
+#define CE_ADD(n_, v_, safe_) \
+	do { a->name[a->n] = (n_); a->value[a->n] = (v_); a->safe[a->n] = (safe_); a->n++; } while (0)
 	a->n = 0;
-	snprintf(a->sequence, sizeof(a->sequence), "%019lld", (long long) m->id);
-	JsonEncodeDateTime(a->time, TimestampTzGetDatum(m->emitted_at), TIMESTAMPTZOID, NULL);
-	CE_ADD("specversion", "1.0");
-	CE_ADD("id", m->msg_id);
-	CE_ADD("source", t->ce_source);
-	CE_ADD("type", m->topic);
-	CE_ADD("time", a->time);
-	CE_ADD("datacontenttype", "application/json");
-	CE_ADD("sequence", a->sequence);
+	*ce_digits(a->sequence, m->id < 0 ? 0 : (uint64) m->id, 19) = '\0';
+	ce_format_time(m->emitted_at, a->time);
+	CE_ADD("specversion", "1.0", true);
+	CE_ADD("id", m->msg_id, true);
+	CE_ADD("source", t->ce_source, false);
+	CE_ADD("type", m->topic, false);
+	CE_ADD("time", a->time, true);
+	CE_ADD("datacontenttype", "application/json", true);
+	CE_ADD("sequence", a->sequence, true);
 	if (m->key != NULL && m->key[0] != '\0')
 	{
-		CE_ADD("subject", m->key);
-		CE_ADD("partitionkey", m->key);
+		CE_ADD("subject", m->key, false);
+		CE_ADD("partitionkey", m->key, false);
 	}
-	v = relay_message_header(m, "traceparent");
+	v = m->header_lines ? relay_message_header(m, "traceparent") : NULL;
 	if (v != NULL && *v != '\0')
 	{
-		CE_ADD("traceparent", v);
+		CE_ADD("traceparent", v, false);
 		v = relay_message_header(m, "tracestate");
 		if (v != NULL && *v != '\0')
-			CE_ADD("tracestate", v);
+			CE_ADD("tracestate", v, false);
 	}
 #undef CE_ADD
 	Assert(a->n <= RELAY_CE_MAX_ATTRS);
@@ -329,10 +380,21 @@ relay_ce_structured(RelayTarget *t, RelayMessage *m, StringInfo buf)
 	appendStringInfoChar(buf, '{');
 	for (i = 0; i < a.n; i++)
 	{
-		escape_json(buf, a.name[i]);
-		appendStringInfoChar(buf, ':');
-		escape_json(buf, a.value[i]);
-		appendStringInfoChar(buf, ',');
+		/* the names, and the values marked safe, need no escaping */
+		appendStringInfoChar(buf, '"');
+		appendStringInfoString(buf, a.name[i]);
+		appendStringInfoString(buf, "\":");
+		if (a.safe[i])
+		{
+			appendStringInfoChar(buf, '"');
+			appendStringInfoString(buf, a.value[i]);
+			appendStringInfoString(buf, "\",");
+		}
+		else
+		{
+			escape_json(buf, a.value[i]);
+			appendStringInfoChar(buf, ',');
+		}
 	}
 	appendStringInfoString(buf, "\"data\":");
 	appendBinaryStringInfo(buf, m->payload, m->payload_len);

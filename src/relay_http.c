@@ -723,15 +723,23 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		}
 		relay_header_value(h, "webhook-signature", h->sig.data);
 	}
+	/*
+	 * A CloudEvent carries the id, topic and key as ce-sequence, ce-type
+	 * and ce-subject (or in its body): no outbox-* copies of them.
+	 */
 	snprintf(number, sizeof(number), INT64_FORMAT, first->id);
-	relay_header_value(h, "outbox-seq", number);
+	if (t->format == RELAY_FORMAT_OUTBOX || t->batch_size > 1)
+		relay_header_value(h, "outbox-seq", number);
 	if (n == 1)
 	{
-		relay_header_value(h, "outbox-topic", first->topic);
-		if (first->key && *first->key)
-			relay_header_value(h, "outbox-key", first->key);
-		else if (first->key)
-			relay_header(h, "outbox-key;");
+		if (t->format == RELAY_FORMAT_OUTBOX)
+		{
+			relay_header_value(h, "outbox-topic", first->topic);
+			if (first->key && *first->key)
+				relay_header_value(h, "outbox-key", first->key);
+			else if (first->key)
+				relay_header(h, "outbox-key;");
+		}
 		if (first->header_lines)
 		{
 			char	   *p = first->header_lines;

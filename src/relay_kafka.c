@@ -860,11 +860,15 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			rd_kafka_header_add(hdrs, "content-type", -1, "application/cloudevents+json", -1);
 		}
 		rd_kafka_header_add(hdrs, "webhook-id", -1, m->msg_id, -1);
-		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
-		rd_kafka_header_add(hdrs, "outbox-seq", -1, number, -1);
-		rd_kafka_header_add(hdrs, "outbox-topic", -1, m->topic, -1);
-		if (m->key != NULL)
-			rd_kafka_header_add(hdrs, "outbox-key", -1, m->key, -1);
+		/* a CloudEvent carries them as attributes: no outbox-* copies */
+		if (t->format == RELAY_FORMAT_OUTBOX)
+		{
+			snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+			rd_kafka_header_add(hdrs, "outbox-seq", -1, number, -1);
+			rd_kafka_header_add(hdrs, "outbox-topic", -1, m->topic, -1);
+			if (m->key != NULL)
+				rd_kafka_header_add(hdrs, "outbox-key", -1, m->key, -1);
+		}
 		/* The message's own headers: "Name: value" lines, NUL-separated. */
 		for (p = m->header_lines; p != NULL && *p; p += strlen(p) + 1)
 		{

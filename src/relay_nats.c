@@ -852,12 +852,13 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			s = nats_header(msg, "Nats-Msg-Id", m->msg_id);
 		if (s == NATS_OK)
 			s = nats_header(msg, "webhook-id", m->msg_id);
+		/* a CloudEvent carries them as attributes: no outbox-* copies */
 		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
-		if (s == NATS_OK)
+		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
 			s = nats_header(msg, "outbox-seq", number);
-		if (s == NATS_OK)
+		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
 			s = nats_header(msg, "outbox-topic", m->topic);
-		if (s == NATS_OK && m->key != NULL)
+		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX && m->key != NULL)
 			s = nats_header(msg, "outbox-key", m->key);
 		/* The message's own headers: "Name: value" lines, NUL-separated. */
 		for (p = m->header_lines; s == NATS_OK && p != NULL && *p; p += strlen(p) + 1)

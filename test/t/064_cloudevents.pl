@@ -78,7 +78,8 @@ SELECT outbox_emit('ce.refunds', '[1, "two", null]', 'key with space/ü');
 
 my %want;    # by msg_id
 for my $row (split /\n/, q1(q{
-SELECT msg_id, id, topic, coalesce(key, ''), to_json(emitted_at) #>> '{}', payload::text
+SELECT msg_id, id, topic, coalesce(key, ''),
+	   to_char(emitted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), payload::text
   FROM outbox.messages ORDER BY id}))
 {
 	my ($mid, $id, $topic, $key, $at, $payload) = split /\|/, $row, 6;
@@ -200,7 +201,14 @@ for my $r (@bin)
 		'binary mode: still signed per Standard Webhooks');
 	is($h->{'ce-id'}, $h->{'webhook-id'}, 'ce-id is the webhook-id');
 }
-my ($spaced) = grep { ($_->{headers}{'outbox-key'} // '') =~ /space/ } @bin;
+for my $r (@bin)
+{
+	my $w = $want{ $r->{headers}{'ce-id'} };
+	is($r->{headers}{'ce-time'}, $w->{time}, 'ce-time is emitted_at, RFC 3339 in UTC with microseconds');
+	ok(!exists $r->{headers}{'outbox-topic'} && !exists $r->{headers}{'outbox-seq'},
+		'no outbox-* copies of the attributes');
+}
+my ($spaced) = grep { ($_->{headers}{'ce-subject'} // '') =~ /space/ } @bin;
 is($spaced->{headers}{'ce-subject'}, 'key%20with%20space/%C3%BC',
 	'a key HTTP headers cannot carry as is goes percent-encoded in ce-subject');
 is($_->{headers}{'content-type'}, 'application/cloudevents+json', 'structured mode: its content type')
