@@ -223,6 +223,27 @@ machine_busy() {
 		printf "%.2f", total ? busy / total * n : 0 }'
 }
 
+# Before a measurement: wait, at most QUIET_WAIT seconds, until the machine
+# is quiet (at most QUIET_MAX CPUs busy), else note it in $work/anomalies
+# and measure anyway; sets BUSY to the last figure.  $1: what is measured.
+wait_quiet() {
+	local waited=0
+	while :; do
+		BUSY=$(machine_busy 1)
+		awk -v b="$BUSY" -v m="$QUIET_MAX" 'BEGIN { exit !(b <= m) }' && return 0
+		if [ "$waited" -ge "$QUIET_WAIT" ]; then
+			log "machine still busy ($BUSY CPUs) after ${waited}s; measuring anyway"
+			echo "measured on a busy machine ($BUSY CPUs busy just before): $1" >>"$work/anomalies"
+			return 0
+		fi
+		[ "$waited" = 0 ] && log "machine busy ($BUSY CPUs, before: $1); waiting for quiet (<= $QUIET_MAX)"
+		local nap=$((QUIET_WAIT - waited - 1))
+		[ "$nap" -gt 4 ] && nap=4
+		[ "$nap" -gt 0 ] && sleep "$nap"
+		waited=$((waited + nap + 1))
+	done
+}
+
 # bench_payload(g) in $DB: the ~220-byte JSON payload of message g that the
 # relay benchmarks emit.
 create_bench_payload() {

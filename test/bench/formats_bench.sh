@@ -120,21 +120,6 @@ payload_bytes=$(sql -c "SELECT octet_length(fmt_payload(1)::text)")
 ustime() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.2f %.2f\n", $12 / hz, $13 / hz }' "/proc/$1/stat"; }
 relay_pid() { sql -c "SELECT pid FROM outbox.relays WHERE database = current_database()"; }
 
-wait_quiet() {	# what
-	local waited=0
-	while :; do
-		BUSY=$(machine_busy 1)
-		awk -v b="$BUSY" -v m="$QUIET_MAX" 'BEGIN { exit !(b <= m) }' && return 0
-		if [ "$waited" -ge "$QUIET_WAIT" ]; then
-			log "machine still busy ($BUSY CPUs) after ${waited}s; measuring anyway"
-			echo "measured on a busy machine ($BUSY CPUs busy just before): $1" >>"$work/anomalies"
-			return 0
-		fi
-		[ "$waited" = 0 ] && log "machine busy ($BUSY CPUs, before: $1); waiting for quiet (<= $QUIET_MAX)"
-		sleep 4
-		waited=$((waited + 5))
-	done
-}
 
 set_enabled() {	# on|off
 	sql -c "ALTER SYSTEM SET outbox.enabled = $1" -c "SELECT pg_reload_conf()" >/dev/null

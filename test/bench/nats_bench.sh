@@ -219,24 +219,6 @@ payload_bytes=$(sql -c "SELECT length(bench_payload($N)::text)")
 
 # ---- helpers --------------------------------------------------------------------------
 
-# machine_busy: common.sh.  Before a measurement: wait (up to QUIET_WAIT s)
-# until the machine is quiet; sets BUSY to the last figure.
-wait_quiet() {
-	local waited=0
-	while :; do
-		BUSY=$(machine_busy 1)
-		awk -v b="$BUSY" -v m="$QUIET_MAX" 'BEGIN { exit !(b <= m) }' && return 0
-		if [ "$waited" -ge "$QUIET_WAIT" ]; then
-			log "machine still busy ($BUSY CPUs) after ${waited}s; measuring anyway"
-			echo "measured on a busy machine ($BUSY CPUs busy just before): $1" >>"$work/anomalies"
-			return 0
-		fi
-		[ "$waited" = 0 ] && log "machine busy ($BUSY CPUs, before: $1); waiting for quiet (<= $QUIET_MAX)"
-		sleep 4
-		waited=$((waited + 5))
-	done
-}
-
 fresh_stream() {
 	nats delete "$NATS_URL" BENCH >/dev/null 2>&1 || true
 	nats create "$NATS_URL" BENCH 'bench.>'

@@ -212,27 +212,6 @@ payload_bytes=${#payload}
 
 # ---- helpers ------------------------------------------------------------------
 
-# machine_busy: common.sh
-# Before a measurement: wait (up to QUIET_WAIT s) until the machine is quiet;
-# sets BUSY to the last figure.
-wait_quiet() {
-	local waited=0
-	while :; do
-		BUSY=$(machine_busy 1)
-		awk -v b="$BUSY" -v m="$QUIET_MAX" 'BEGIN { exit !(b <= m) }' && return 0
-		if [ "$waited" -ge "$QUIET_WAIT" ]; then
-			log "machine still busy ($BUSY CPUs) after ${waited}s; measuring anyway"
-			echo "measured on a busy machine ($BUSY CPUs busy just before): $1" >>"$work/anomalies"
-			return 0
-		fi
-		[ "$waited" = 0 ] && log "machine busy ($BUSY CPUs, before: $1); waiting for quiet (<= $QUIET_MAX)"
-		local nap=$((QUIET_WAIT - waited - 1))
-		[ "$nap" -gt 4 ] && nap=4
-		[ "$nap" -gt 0 ] && sleep "$nap"
-		waited=$((waited + nap + 1))
-	done
-}
-
 # ---- preloading, one function per system ------------------------------------------
 # Each empties its system, fills it with messages 1..$1 and leaves it vacuumed
 # and checkpointed.
