@@ -144,7 +144,8 @@ run_suite() {
 	rm -rf "$here/test-output/$v"
 	if [ $rc -ne 0 ]; then
 		mkdir -p "$here/test-output/$v"
-		for f in regression.diffs regression.out results tmp_check/log; do
+		# TAP logs: tmp_check/log (15, PGXS), log (the kits' TAP library)
+		for f in regression.diffs regression.out results tmp_check/log log; do
 			[ -e "$scratch/$f" ] && cp -r "$scratch/$f" "$here/test-output/$v/" || true
 		done
 		[ -f "$scratch/regression.diffs" ] && head -200 "$scratch/regression.diffs"
