@@ -95,7 +95,10 @@ ok(wait_until(sub { delivered() >= 8000 }, 60), 'delivering after the moves');
 my $pid = relay_worker_pid($node);
 my $at = delivered();
 kill 'KILL', $pid;
-# The server restarts after a worker killed so (restart_after_crash).
+# The server restarts after a worker killed so (restart_after_crash): wait
+# until the postmaster has reaped the relay (it then stops everything), so
+# that the poll cannot pass before the restart, then for the restart.
+wait_until(sub { !kill(0, $pid) }, 60);
 $node->poll_query_until('postgres', 'SELECT true');
 note("relay killed with $at of 20000 delivered");
 ok($at < 18000, 'the relay was killed mid-stream');
