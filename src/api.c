@@ -135,7 +135,23 @@ outbox_is_reserved_header(const char *name, int len)
 	return false;
 }
 
-/* headers must be a flat JSON object of string values usable as HTTP headers. */
+/* Headers no larger than OUTBOX_MAX_HEADERS_SIZE. */
+void
+outbox_check_headers_size(Jsonb *headers)
+{
+	if (VARSIZE(headers) > OUTBOX_MAX_HEADERS_SIZE)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("outbox headers are too large"),
+				 errdetail("The headers take %zu bytes; the limit is %d.",
+						   (size_t) VARSIZE(headers), OUTBOX_MAX_HEADERS_SIZE),
+				 errhint("Move bulky data into the payload.")));
+}
+
+/*
+ * headers must be a flat JSON object of string values usable as HTTP
+ * headers, no larger than OUTBOX_MAX_HEADERS_SIZE.
+ */
 void
 outbox_check_headers(Jsonb *headers)
 {
@@ -145,13 +161,7 @@ outbox_check_headers(Jsonb *headers)
 	char	   *name = NULL;
 	int			name_len = 0;
 
-	if (VARSIZE(headers) > OUTBOX_MAX_HEADERS_SIZE)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("outbox headers are too large"),
-				 errdetail("The headers take %zu bytes; the limit is %d.",
-						   (size_t) VARSIZE(headers), OUTBOX_MAX_HEADERS_SIZE),
-				 errhint("Move bulky data into the payload.")));
+	outbox_check_headers_size(headers);
 
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers))
 		ereport(ERROR,
@@ -316,7 +326,7 @@ outbox_emit(PG_FUNCTION_ARGS)
 		if (outbox_trace_active())
 		{
 			headers = outbox_trace_add_current(headers);
-			outbox_check_headers(headers);	/* its size, again */
+			outbox_check_headers_size(headers);	/* the rest was checked */
 		}
 		msg.headers = (struct varlena *) headers;
 	}

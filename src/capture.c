@@ -473,7 +473,7 @@ outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
 		if (outbox_trace_active())
 		{
 			h = outbox_trace_add_current(h);
-			outbox_check_headers(h);	/* its size, again */
+			outbox_check_headers_size(h);	/* the rest was checked */
 		}
 		msg->headers = (struct varlena *) h;
 	}

@@ -1060,7 +1060,7 @@ capture_wal_outbox_row(WalRel *r, TupleDesc desc, HeapTuple tup)
 		m.headers = (struct varlena *) outbox_trace_add((Jsonb *) m.headers,
 														dec->txn_traceparent,
 														dec->txn_tracestate);
-		outbox_check_headers((Jsonb *) m.headers);	/* its size, again */
+		outbox_check_headers_size((Jsonb *) m.headers);	/* the rest was checked */
 	}
 	m.emitted_at = dec->txn_commit_time;
 	outbox_make_uuid(&m.msg_id, m.emitted_at);

@@ -318,6 +318,7 @@ extern void outbox_check_preloaded(const char *what);
 extern void outbox_check_topic(text *topic_t, const char **topic, int *topic_len);
 extern void outbox_check_key(text *key_t, const char **key, int *key_len);
 extern void outbox_check_headers(Jsonb *headers);
+extern void outbox_check_headers_size(Jsonb *headers);
 extern void outbox_check_payload_size(Datum payload);
 extern void outbox_make_uuid(pg_uuid_t *uuid, TimestampTz now);
 extern void outbox_note_config_change(void);
