@@ -80,6 +80,7 @@
 #include "replication/slot.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -1437,29 +1438,80 @@ capture_spi_exec(const char *sql, int expected)
 		elog(ERROR, "outbox capture: \"%s\" failed: %s", sql, SPI_result_code_string(rc));
 }
 
-/* Whether any WAL capture exists, and the stored offset (read in a transaction). */
+static void capture_extension_dropped(const char *error, uint64 wakes_seen);
+
+/*
+ * Lock the two tables the offset read uses, in this transaction, without
+ * waiting for either: the oid of one that another transaction holds is
+ * returned (InvalidOid when both are locked).  A worker that waited for
+ * one while holding the other could close a deadlock with a DROP EXTENSION
+ * (which takes every table of the extension) in which the drop is the
+ * transaction rolled back.  *gone: the extension's tables are not there.
+ */
+static Oid
+capture_lock_offset_tables(bool *gone)
+{
+	Oid			nsp = get_namespace_oid("outbox", true);
+	Oid			rels[2];
+	int			i;
+
+	*gone = true;
+	if (!OidIsValid(nsp))
+		return InvalidOid;
+	rels[0] = get_relname_relid("captured_tables", nsp);
+	rels[1] = get_relname_relid("capture_progress", nsp);
+	if (!OidIsValid(rels[0]) || !OidIsValid(rels[1]))
+		return InvalidOid;
+	*gone = false;
+	for (i = 0; i < lengthof(rels); i++)
+		if (!ConditionalLockRelationOid(rels[i], AccessShareLock))
+			return rels[i];
+	return InvalidOid;
+}
+
+/*
+ * Whether any WAL capture exists, and the stored offset (read in a
+ * transaction).  A table of the two held by someone else is waited for in
+ * a transaction that holds nothing else, and the read begins again; if the
+ * extension was dropped meanwhile, the worker stops here.
+ */
 static bool
-capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done)
+capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done,
+					uint64 wakes_seen)
 {
 	bool		any;
+	bool		gone;
+	bool		waited = false;
+	Oid			busy;
 
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	SPI_connect();
-	PushActiveSnapshot(GetTransactionSnapshot());
 	*end_lsn = InvalidXLogRecPtr;
 	*part_lsn = InvalidXLogRecPtr;
 	*parts_done = 0;
-	/* no extension (yet, or any more): nothing is captured */
-	if (SPI_execute("SELECT pg_catalog.to_regclass('outbox.capture_progress') IS NOT NULL",
-					true, 0) != SPI_OK_SELECT || SPI_processed != 1 ||
-		!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &any)))
+	for (;;)
 	{
-		PopActiveSnapshot();
-		SPI_finish();
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		busy = capture_lock_offset_tables(&gone);
+		if (gone)
+		{
+			/* no extension (yet, or any more): nothing is captured */
+			CommitTransactionCommand();
+			if (waited)
+				capture_extension_dropped(NULL, wakes_seen);
+			return false;
+		}
+		if (!OidIsValid(busy))
+			break;
 		CommitTransactionCommand();
-		return false;
+		StartTransactionCommand();
+		pgstat_report_activity(STATE_RUNNING, "waiting to read the outbox capture offset");
+		LockRelationOid(busy, AccessShareLock);
+		pgstat_report_activity(STATE_IDLE, NULL);
+		CommitTransactionCommand();
+		waited = true;
 	}
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_execute("SELECT 1 FROM outbox.captured_tables WHERE mode OPERATOR(pg_catalog.=) 'wal' LIMIT 1",
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox capture: cannot read outbox.captured_tables");
@@ -1911,10 +1963,10 @@ outbox_capture_main(Datum main_arg)
 	SpinLockRelease(&capture_shared->mutex);
 	before_shmem_exit(capture_worker_exit, (Datum) 0);
 
-	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done) &&
+	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done, wakes_seen) &&
 		capture_drop_slot_if_unused())
 		capture_exit_idle(wakes_seen);
-	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done))
+	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done, wakes_seen))
 		proc_exit(1);			/* a capture came and went meanwhile: again */
 	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
 	if (slot == NULL)
@@ -2044,7 +2096,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 						(errmsg("outbox capture restarts: the extension was created again")));
 				proc_exit(1);
 			}
-			if (!capture_read_offset(&e2, &p2, &d2))
+			if (!capture_read_offset(&e2, &p2, &d2, wakes_seen))
 			{
 				if (ctx != NULL)
 					FreeDecodingContext(ctx);

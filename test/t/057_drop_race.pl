@@ -8,6 +8,8 @@
 #   - the relay reloading its configuration (outbox.targets, after a reload),
 #   - the relay recording its progress (outbox.progress, after a delivery),
 #   - the WAL capture worker reading its offset (outbox.capture_progress).
+# The drop comes after the worker's own deadlock check, so that a worker
+# waiting while it holds another table would make the drop fail.
 use strict;
 use warnings;
 
@@ -27,6 +29,7 @@ wal_level = logical
 max_replication_slots = 4
 max_wal_senders = 4
 log_min_messages = info
+deadlock_timeout = 200ms
 });
 allow_output_plugins($node);
 # A second database keeps its outbox throughout: outbox.relays is read
@@ -84,6 +87,10 @@ SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l USING (pid)
  WHERE a.pid = $pid AND NOT l.granted AND l.relation = '$table'::regclass $doing}, '1'),
 		"$label: the $type waits inside its read (" . ($activity // 'its offset') . ')')
 	  or diag($node->safe_psql('postgres', qq{SELECT wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = $pid}));
+	# Past the worker's own deadlock check (deadlock_timeout): had the
+	# worker waited holding another of the extension's tables, the drop
+	# would now be the transaction a deadlock rolls back (CI saw it).
+	usleep(600_000);
 	$s->run_ok('DROP EXTENSION outbox CASCADE; COMMIT;');
 	$s->quit;
 	ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_stat_activity WHERE pid = $pid}, '0'),
