@@ -22,7 +22,13 @@ CREATE TABLE outbox.captured_tables (
 	headers_column	text,
 	snapshot_rows	bigint,
 	created_at		timestamptz	NOT NULL DEFAULT pg_catalog.now(),
-	CHECK ((topic IS NULL) <> (topic_column IS NULL))
+	-- 'outbox', 'debezium' (change events) or 'debezium-outbox' (an
+	-- outbox table routed as Debezium's outbox event router does)
+	format			text		NOT NULL DEFAULT 'outbox'
+					CHECK (format IN ('outbox', 'debezium', 'debezium-outbox')),
+	topic_prefix	text,		-- 'debezium': the source block's name
+	CHECK ((topic IS NULL) <> (topic_column IS NULL)),
+	CHECK ((format = 'debezium') = (topic_prefix IS NOT NULL))
 );
 COMMENT ON TABLE outbox.captured_tables IS 'tables whose changes become messages (outbox.capture)';
 REVOKE ALL ON TABLE outbox.captured_tables FROM PUBLIC;
@@ -96,7 +102,9 @@ CREATE FUNCTION outbox.capture(
 	topic_column	text	DEFAULT NULL,
 	key_column		text	DEFAULT NULL,
 	payload_column	text	DEFAULT NULL,
-	headers_column	text	DEFAULT NULL)
+	headers_column	text	DEFAULT NULL,
+	format			text	DEFAULT 'outbox',
+	topic_prefix	text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -188,6 +196,55 @@ BEGIN
 	IF snapshot IS NULL THEN
 		snapshot := false;
 	END IF;
+	IF format IS NULL OR format NOT IN ('outbox', 'debezium', 'debezium-outbox') THEN
+		RAISE EXCEPTION 'unknown capture format %', quote_nullable(format)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'The formats are ''outbox'' (the default), ''debezium'' (Debezium''s change events) and ''debezium-outbox'' (an outbox table routed as Debezium''s outbox event router does).',
+				  HINT = 'Pass format => ''outbox'', ''debezium'' or ''debezium-outbox''.';
+	END IF;
+	IF topic_prefix IS NOT NULL AND format <> 'debezium' THEN
+		RAISE EXCEPTION 'topic_prefix is for format "debezium"'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass format => ''debezium'', or leave topic_prefix out.';
+	END IF;
+	IF format = 'debezium' THEN
+		IF outbox_table THEN
+			RAISE EXCEPTION 'a Debezium change capture takes no outbox table columns'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'topic_column, key_column, payload_column or headers_column was given with format ''debezium''.',
+					  HINT = 'Capture an outbox table with format => ''debezium-outbox'', or a table''s changes without those columns.';
+		END IF;
+		topic_prefix := coalesce(topic_prefix, current_database());
+		IF topic_prefix = '' OR octet_length(topic_prefix) > 128 THEN
+			RAISE EXCEPTION 'topic_prefix must have 1 to 128 bytes'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Name the logical server, for example topic_prefix => ''inventory''.';
+		END IF;
+		PERFORM outbox.check_text(topic_prefix, 'topic', 'topic_prefix');
+		IF topic IS NULL THEN
+			topic := topic_prefix || '.' || rel.nspname || '.' || rel.relname;
+		END IF;
+	ELSIF format = 'debezium-outbox' THEN
+		-- Debezium's outbox event router: its default column names
+		IF columns IS NOT NULL OR key IS NOT NULL OR capture.topic IS NOT NULL THEN
+			RAISE EXCEPTION 'an outbox table capture takes its topic, key and payload from the row'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'topic, columns or key was given with format ''debezium-outbox''.',
+					  HINT = 'Leave them out; topic_column, key_column and payload_column name other columns than aggregatetype, aggregateid and payload.';
+		END IF;
+		topic_column := coalesce(topic_column, 'aggregatetype');
+		key_column := coalesce(key_column, 'aggregateid');
+		payload_column := coalesce(payload_column, 'payload');
+		outbox_table := true;
+		IF NOT EXISTS (SELECT 1 FROM pg_attribute a
+						WHERE a.attrelid = tbl AND a.attname = 'id' AND a.attnum > 0
+						  AND NOT a.attisdropped) THEN
+			RAISE EXCEPTION 'column "id" of table "%" does not exist', tbl
+				USING ERRCODE = 'undefined_column',
+					  DETAIL = 'Debezium''s outbox event router sends the id column as the header "id".',
+					  HINT = 'Add an id column (uuid), as Debezium''s outbox table has.';
+		END IF;
+	END IF;
 
 	-- Header values are printable ASCII: other bytes of the name are
 	-- percent-encoded (so is "%").
@@ -242,8 +299,9 @@ BEGIN
 						  HINT = 'Name a column of the right type.';
 			END IF;
 		END LOOP;
-		args := ARRAY['1', 'o', '-', source, topic_column, coalesce(key_column, ''),
-					  payload_column, coalesce(headers_column, '')];
+		args := ARRAY['1', CASE WHEN format = 'debezium-outbox' THEN 'r' ELSE 'o' END, '-', source,
+					  topic_column, coalesce(key_column, ''), payload_column, coalesce(headers_column, '')]
+				|| CASE WHEN format = 'debezium-outbox' THEN ARRAY['id'] END;
 	ELSE
 		IF octet_length(topic) > 255 OR topic = '' THEN
 			RAISE EXCEPTION 'outbox topic must have 1 to 255 bytes'
@@ -298,7 +356,10 @@ BEGIN
 						  HINT = 'Capture the columns it is computed from, or make it STORED.';
 			END IF;
 		END LOOP;
-		args := ARRAY['1', 'c', topic, source, coalesce(cardinality(columns), 0)::text]
+		args := CASE WHEN format = 'debezium'
+					 THEN ARRAY['1', 'd', topic, source, topic_prefix, rel.nspname, rel.relname]
+					 ELSE ARRAY['1', 'c', topic, source] END
+				|| coalesce(cardinality(columns), 0)::text
 				|| coalesce(columns, '{}') || cardinality(key)::text || key;
 		IF mode = 'wal' THEN
 			-- The WAL carries the old values of the replica identity only:
@@ -414,17 +475,19 @@ BEGIN
 		rows := outbox.capture_snapshot(tbl, args);
 	END IF;
 	INSERT INTO outbox.captured_tables (tbl, mode, topic, columns, key, topic_column, key_column,
-										payload_column, headers_column, snapshot_rows)
+										payload_column, headers_column, snapshot_rows, format,
+										topic_prefix)
 	VALUES (tbl, mode, CASE WHEN outbox_table THEN NULL ELSE topic END, columns,
 			CASE WHEN outbox_table THEN NULL ELSE key END,
-			topic_column, key_column, payload_column, headers_column, rows);
+			topic_column, key_column, payload_column, headers_column, rows, format,
+			topic_prefix);
 	IF mode = 'wal' THEN
 		PERFORM outbox.capture_wake();
 	END IF;
 END
 $$;
-REVOKE ALL ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text) FROM PUBLIC;
-COMMENT ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text) IS
+REVOKE ALL ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text, text, text) FROM PUBLIC;
+COMMENT ON FUNCTION outbox.capture(regclass, text, text, text[], text[], boolean, text, text, text, text, text, text) IS
 	'capture the changes of a table as messages';
 
 -- Stop capturing a table.
@@ -491,6 +554,7 @@ SELECT ct.tbl AS table_name,
 	   ct.mode,
 	   CASE WHEN ct.topic_column IS NULL THEN ct.topic ELSE '(' || ct.topic_column || ')' END AS topic,
 	   CASE WHEN ct.topic_column IS NOT NULL THEN 'outbox table' ELSE 'changes' END AS shape,
+	   ct.format,
 	   CASE
 		   WHEN ct.mode = 'wal' THEN
 			   CASE WHEN s.wal_status = 'lost' OR w.state = 'lost' THEN 'lost'

@@ -90,11 +90,15 @@ typedef struct CaptureEntry
 	Oid			relid;			/* the table the trigger is on */
 	bool		valid;			/* cleared by a relcache invalidation */
 	MemoryContext cxt;			/* what follows, when valid */
-	char		kind;			/* 'c'hange or 'o'utbox row */
+	char		kind;			/* 'c'hange, 'd'ebezium change or 'o'utbox row */
 	char	   *topic;
 	int			topic_len;
 	char	   *source;			/* source-table header value */
-	/* kind 'c' */
+	/* kind 'd': the source block's name, schema and table */
+	char	   *dbz_name;
+	char	   *dbz_schema;
+	char	   *dbz_table;
+	/* kinds 'c' and 'd' */
 	int			ncols;			/* captured columns (all, if none listed) */
 	CaptureColumn *cols;
 	int			nkeys;
@@ -185,9 +189,19 @@ capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
 	outbox_check_text(e->source, strlen(e->source), OUTBOX_TEXT_HEADER_VALUE,
 					  "outbox header \"source-table\"");
 
-	if (strcmp(a[1], "c") == 0)
+	if (strcmp(a[1], "c") == 0 || strcmp(a[1], "d") == 0)
 	{
 		int			pos = 4;
+
+		if (e->kind == 'd')
+		{
+			if (n < 8)
+				capture_bad_arguments(tg, "A Debezium capture names its prefix, schema and table.");
+			e->dbz_name = pstrdup(a[4]);
+			e->dbz_schema = pstrdup(a[5]);
+			e->dbz_table = pstrdup(a[6]);
+			pos = 7;
+		}
 
 		if (pos >= n)
 			capture_bad_arguments(tg, "The column count is missing.");
@@ -219,13 +233,23 @@ capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
 									   capture_column(rel, a[pos++], tg),
 									   e->cxt);
 	}
-	else if (strcmp(a[1], "o") == 0)
+	else if (strcmp(a[1], "o") == 0 || strcmp(a[1], "r") == 0)
 	{
 		Oid			outfn;
 		bool		varlena;
 
-		if (n != 8)
-			capture_bad_arguments(tg, "An outbox table capture has 8 arguments.");
+		if (n != (e->kind == 'r' ? 9 : 8))
+			capture_bad_arguments(tg, e->kind == 'r' ? "A routed outbox table capture has 9 arguments." :
+								  "An outbox table capture has 8 arguments.");
+		if (e->kind == 'r')
+		{
+			e->kind = 'o';
+			e->oc.router = true;
+			e->oc.id_att = capture_column(rel, a[8], tg);
+			getTypeOutputInfo(TupleDescAttr(desc, e->oc.id_att - 1)->atttypid,
+							  &outfn, &varlena);
+			fmgr_info_cxt(outfn, &e->oc.id_out, e->cxt);
+		}
 		e->oc.topic_att = capture_column(rel, a[4], tg);
 		e->oc.key_att = a[5][0] ? capture_column(rel, a[5], tg) : 0;
 		e->oc.payload_att = capture_column(rel, a[6], tg);
@@ -248,7 +272,7 @@ capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
 			capture_bad_arguments(tg, "The headers column is not of type jsonb.");
 	}
 	else
-		capture_bad_arguments(tg, "The kind is neither \"c\" nor \"o\".");
+		capture_bad_arguments(tg, "The kind is none of \"c\", \"d\", \"o\" and \"r\".");
 }
 
 static CaptureEntry *
@@ -358,7 +382,9 @@ capture_headers(CaptureEntry *e)
 static void
 capture_key(CaptureEntry *e, HeapTuple tuple, TupleDesc desc, OutboxMessage *msg)
 {
-	msg->key = outbox_capture_key(tuple, desc, e->keys, e->nkeys, &msg->key_len);
+	msg->key = e->kind == 'd' ?
+		outbox_capture_debezium_key(tuple, desc, e->keys, e->nkeys, NULL, &msg->key_len) :
+		outbox_capture_key(tuple, desc, e->keys, e->nkeys, &msg->key_len);
 	if (msg->key == NULL)
 		return;
 	if (msg->key_len > OUTBOX_MAX_KEY_LEN)
@@ -371,33 +397,82 @@ capture_key(CaptureEntry *e, HeapTuple tuple, TupleDesc desc, OutboxMessage *msg
 	outbox_check_text(msg->key, msg->key_len, OUTBOX_TEXT_KEY, "outbox key");
 }
 
+/* Debezium's letter for an op. */
+static char
+capture_debezium_op(const char *op)
+{
+	switch (op[0])
+	{
+		case 'i':
+			return 'c';
+		case 'u':
+			return 'u';
+		case 'd':
+			return 'd';
+		case 'r':
+			return 'r';
+		default:
+			return 't';
+	}
+}
+
 /*
- * A change: the envelope {"op", "before", "after"} and the key, from the new
- * row, or the old one for a delete.
+ * A change: the envelope {"op", "before", "after"} (kind 'c') or Debezium's
+ * (kind 'd', snapshot its source.snapshot) and the key, from the new row, or
+ * the old one for a delete.
  */
 static void
 capture_change(CaptureEntry *e, TupleDesc desc, const char *op,
-			   HeapTuple oldtup, HeapTuple newtup, OutboxMessage *msg)
+			   HeapTuple oldtup, HeapTuple newtup, const char *snapshot,
+			   OutboxMessage *msg)
 {
-	JsonbParseState *st = NULL;
-	JsonbValue	null;
 	Jsonb	   *payload;
 
-	null.type = jbvNull;
-	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
-	outbox_capture_push_string(&st, WJB_KEY, "op");
-	outbox_capture_push_string(&st, WJB_VALUE, op);
-	outbox_capture_push_string(&st, WJB_KEY, "before");
-	if (oldtup != NULL)
-		outbox_capture_push_row(&st, oldtup, desc, e->cols, e->ncols, NULL);
+	msg->emitted_at = GetCurrentTimestamp();
+	if (e->kind == 'd')
+	{
+		CaptureDebeziumSource src;
+
+		memset(&src, 0, sizeof(src));
+		src.name = e->dbz_name;
+		src.schema = e->dbz_schema;
+		src.table = e->dbz_table;
+		src.snapshot = snapshot;
+		src.xid = GetTopTransactionId();
+		if (op[0] == 'r')
+		{
+			/* as the connector's snapshot: its transaction's start, xid8 */
+			src.ts = GetCurrentTransactionStartTimestamp();
+			src.full_xid = U64FromFullTransactionId(GetTopFullTransactionId());
+		}
+		else
+			src.ts = msg->emitted_at;	/* the commit is still to come */
+		src.lsn = InvalidXLogRecPtr;
+		src.commit_lsn = InvalidXLogRecPtr;
+		payload = outbox_capture_debezium(&src, capture_debezium_op(op), oldtup, newtup,
+										  desc, e->cols, e->ncols, NULL);
+	}
 	else
-		pushJsonbValue(&st, WJB_VALUE, &null);
-	outbox_capture_push_string(&st, WJB_KEY, "after");
-	if (newtup != NULL)
-		outbox_capture_push_row(&st, newtup, desc, e->cols, e->ncols, NULL);
-	else
-		pushJsonbValue(&st, WJB_VALUE, &null);
-	payload = JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+	{
+		JsonbParseState *st = NULL;
+		JsonbValue	null;
+
+		null.type = jbvNull;
+		pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
+		outbox_capture_push_string(&st, WJB_KEY, "op");
+		outbox_capture_push_string(&st, WJB_VALUE, op);
+		outbox_capture_push_string(&st, WJB_KEY, "before");
+		if (oldtup != NULL)
+			outbox_capture_push_row(&st, oldtup, desc, e->cols, e->ncols, NULL);
+		else
+			pushJsonbValue(&st, WJB_VALUE, &null);
+		outbox_capture_push_string(&st, WJB_KEY, "after");
+		if (newtup != NULL)
+			outbox_capture_push_row(&st, newtup, desc, e->cols, e->ncols, NULL);
+		else
+			pushJsonbValue(&st, WJB_VALUE, &null);
+		payload = JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+	}
 	outbox_check_payload_size(PointerGetDatum(payload));
 	msg->payload = (struct varlena *) payload;
 	if (newtup != NULL || oldtup != NULL)
@@ -407,6 +482,38 @@ capture_change(CaptureEntry *e, TupleDesc desc, const char *op,
 	msg->topic_len = e->topic_len;
 	msg->headers = (struct varlena *) capture_headers(e);
 	msg->commit_time_off = e->commit_time_off;
+}
+
+/*
+ * The headers of a routed outbox table row: those of its headers column
+ * (h, or NULL), with "id", as Debezium's outbox event router adds it.
+ */
+static Jsonb *
+capture_router_headers(HeapTuple row, TupleDesc desc, const CaptureOutboxColumns *oc,
+					   const char *source, Jsonb *h)
+{
+	JsonbParseState *st = NULL;
+	bool		isnull;
+	Datum		d;
+	Jsonb	   *add;
+
+	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
+	d = heap_getattr(row, oc->id_att, desc, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("outbox event id must not be null"),
+				 errdetail("The row inserted into captured outbox table \"%s\" has a null id column.",
+						   source),
+				 errhint("Give each outbox row an id, for example gen_random_uuid().")));
+	outbox_capture_push_string(&st, WJB_KEY, "id");
+	outbox_capture_push_string(&st, WJB_VALUE, OutputFunctionCall((FmgrInfo *) &oc->id_out, d));
+	add = JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+	if (h == NULL)
+		return add;
+	/* the row's own headers give way to the router's */
+	return DatumGetJsonbP(DirectFunctionCall2(jsonb_concat, JsonbPGetDatum(h),
+											  JsonbPGetDatum(add)));
 }
 
 /*
@@ -431,7 +538,19 @@ outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
 				 errdetail("The row inserted into captured outbox table \"%s\" has a null topic column.",
 						   source),
 				 errhint("Name the topic, for example 'orders.created'.")));
-	outbox_check_topic(DatumGetTextPP(d), &msg->topic, &msg->topic_len);
+	if (oc->router)
+	{
+		/* Debezium's route.topic.replacement: outbox.event.${routedByValue} */
+		text	   *v = DatumGetTextPP(d);
+		StringInfoData t;
+
+		initStringInfo(&t);
+		appendStringInfoString(&t, CAPTURE_ROUTER_TOPIC_PREFIX);
+		appendBinaryStringInfo(&t, VARDATA_ANY(v), VARSIZE_ANY_EXHDR(v));
+		outbox_check_topic(cstring_to_text_with_len(t.data, t.len), &msg->topic, &msg->topic_len);
+	}
+	else
+		outbox_check_topic(DatumGetTextPP(d), &msg->topic, &msg->topic_len);
 
 	if (oc->key_att)
 	{
@@ -467,6 +586,8 @@ outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
 			if (!isnull)
 				h = DatumGetJsonbP(d);
 		}
+		if (oc->router)
+			h = capture_router_headers(row, desc, oc, source, h);
 		if (h != NULL)
 			outbox_check_headers(h);
 		/* the transaction's trace, unless the row's headers name their own */
@@ -525,20 +646,52 @@ outbox_capture_trigger(PG_FUNCTION_ARGS)
 		TriggerEvent ev = td->tg_event;
 
 		if (TRIGGER_FIRED_BY_INSERT(ev))
-			capture_change(e, desc, "insert", NULL, td->tg_trigtuple, &msg);
+			capture_change(e, desc, "insert", NULL, td->tg_trigtuple, "false", &msg);
+		else if (TRIGGER_FIRED_BY_UPDATE(ev) && e->kind == 'd' &&
+				 outbox_capture_key_changed(td->tg_trigtuple, td->tg_newtuple, desc,
+											e->keys, e->nkeys))
+		{
+			/* Debezium: a delete of the old key, then a create of the new */
+			OutboxMessage del;
+
+			memset(&del, 0, sizeof(del));
+			del.commit_time_off = -1;
+			capture_change(e, desc, "delete", td->tg_trigtuple, NULL, "false", &del);
+			outbox_make_uuid(&del.msg_id, del.emitted_at);
+			outbox_buffer_append(&del);
+			capture_change(e, desc, "insert", NULL, td->tg_newtuple, "false", &msg);
+		}
 		else if (TRIGGER_FIRED_BY_UPDATE(ev))
 			capture_change(e, desc, "update", td->tg_trigtuple,
-						   td->tg_newtuple, &msg);
+						   td->tg_newtuple, "false", &msg);
 		else if (TRIGGER_FIRED_BY_DELETE(ev))
-			capture_change(e, desc, "delete", td->tg_trigtuple, NULL, &msg);
+			capture_change(e, desc, "delete", td->tg_trigtuple, NULL, "false", &msg);
 		else
-			capture_change(e, desc, "truncate", NULL, NULL, &msg);
+			capture_change(e, desc, "truncate", NULL, NULL, "false", &msg);
 	}
-	msg.emitted_at = GetCurrentTimestamp();
+	if (msg.emitted_at == 0)
+		msg.emitted_at = GetCurrentTimestamp();
 	outbox_make_uuid(&msg.msg_id, msg.emitted_at);
 	outbox_buffer_append(&msg);
 
 	return PointerGetDatum(NULL);
+}
+
+/* Buffer a row of a snapshot as a change with op "read". */
+static void
+capture_snapshot_row(CaptureEntry *e, TupleDesc desc, HeapTuple tup,
+					 const char *snapshot, MemoryContext rowcxt)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
+	OutboxMessage msg;
+
+	memset(&msg, 0, sizeof(msg));
+	msg.commit_time_off = -1;
+	capture_change(e, desc, "read", NULL, tup, snapshot, &msg);
+	outbox_make_uuid(&msg.msg_id, msg.emitted_at);
+	outbox_buffer_append(&msg);
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextReset(rowcxt);
 }
 
 /*
@@ -566,7 +719,12 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 	ListCell   *lc;
 	int64		count = 0;
 	MemoryContext rowcxt;
+	MemoryContext pendcxt;
 	Snapshot	snapshot;
+	List	   *opened = NIL;
+	HeapTuple	pending = NULL;
+	CaptureEntry *pend_e = NULL;
+	TupleDesc	pend_desc = NULL;
 
 	outbox_check_preloaded("outbox.capture_snapshot()");
 	outbox_check_database("outbox.capture_snapshot()");
@@ -603,6 +761,8 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	rowcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox capture snapshot row",
 								   ALLOCSET_DEFAULT_SIZES);
+	pendcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox capture snapshot last row",
+									ALLOCSET_DEFAULT_SIZES);
 	foreach(lc, relids)
 	{
 		Relation	rel = table_open(lfirst_oid(lc), AccessShareLock);
@@ -615,11 +775,13 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 			table_close(rel, AccessShareLock);
 			continue;
 		}
+		/* closed at the end: the row held back may be this table's */
+		opened = lappend(opened, rel);
 		e = palloc0(sizeof(CaptureEntry));
 		e->relid = RelationGetRelid(rel);
 		e->cxt = CurrentMemoryContext;
 		capture_build(e, rel, &tg);
-		if (e->kind != 'c')
+		if (e->kind != 'c' && e->kind != 'd')
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("an outbox table capture has no snapshot")));
@@ -627,26 +789,41 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 		scan = table_beginscan(rel, snapshot, 0, NULL);
 		while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
 		{
-			MemoryContext oldcxt = MemoryContextSwitchTo(rowcxt);
 			bool		should_free;
-			HeapTuple	tup = ExecFetchSlotHeapTuple(slot, false, &should_free);
-			OutboxMessage msg;
+			HeapTuple	tup;
 
 			CHECK_FOR_INTERRUPTS();
-			memset(&msg, 0, sizeof(msg));
-			msg.commit_time_off = -1;
-			capture_change(e, RelationGetDescr(rel), "read", NULL, tup, &msg);
-			msg.emitted_at = GetCurrentTimestamp();
-			outbox_make_uuid(&msg.msg_id, msg.emitted_at);
-			outbox_buffer_append(&msg);
-			count++;
-			MemoryContextSwitchTo(oldcxt);
-			MemoryContextReset(rowcxt);
+			/*
+			 * Each row is sent when the next is read, so that the last one
+			 * can say so (Debezium's source.snapshot "last").
+			 */
+			if (pending != NULL)
+			{
+				capture_snapshot_row(pend_e, pend_desc, pending, "true", rowcxt);
+				count++;
+			}
+			MemoryContextReset(pendcxt);
+			tup = ExecFetchSlotHeapTuple(slot, false, &should_free);
+			pending = MemoryContextAlloc(pendcxt, HEAPTUPLESIZE + tup->t_len);
+			pending->t_len = tup->t_len;
+			pending->t_self = tup->t_self;
+			pending->t_tableOid = tup->t_tableOid;
+			pending->t_data = (HeapTupleHeader) ((char *) pending + HEAPTUPLESIZE);
+			memcpy(pending->t_data, tup->t_data, tup->t_len);
+			pend_e = e;
+			pend_desc = RelationGetDescr(rel);
 		}
 		table_endscan(scan);
 		ExecDropSingleTupleTableSlot(slot);
-		table_close(rel, AccessShareLock);
 	}
+	if (pending != NULL)
+	{
+		capture_snapshot_row(pend_e, pend_desc, pending, "last", rowcxt);
+		count++;
+	}
+	foreach(lc, opened)
+		table_close((Relation) lfirst(lc), AccessShareLock);
+	MemoryContextDelete(pendcxt);
 	MemoryContextDelete(rowcxt);
 	UnregisterSnapshot(snapshot);
 	PG_RETURN_INT64(count);

@@ -12,7 +12,9 @@
 
 #include "access/htup.h"
 #include "access/tupdesc.h"
+#include "access/xlogdefs.h"
 #include "catalog/pg_attribute.h"
+#include "datatype/timestamp.h"
 #include "fmgr.h"
 #include "utils/jsonb.h"
 
@@ -24,6 +26,7 @@ typedef struct CaptureColumn
 	AttrNumber	attnum;			/* in the table's descriptor */
 	char	   *name;
 	Oid			typid;			/* the base type, for domains */
+	int32		typmod;			/* of the base type: time precision */
 	char		category;		/* see capture_json.c */
 	FmgrInfo	out;			/* the type's output function */
 } CaptureColumn;
@@ -56,6 +59,37 @@ extern char *outbox_capture_key(HeapTuple tuple, TupleDesc desc,
 								const CaptureColumn *keys, int nkeys,
 								int *len);
 
+/*
+ * Debezium's change events (capture_json.c): what the source block of one
+ * change says.
+ */
+typedef struct CaptureDebeziumSource
+{
+	const char *name;			/* the topic prefix */
+	const char *schema;
+	const char *table;
+	TimestampTz ts;				/* source.ts_ms: commit (WAL) or change time */
+	const char *snapshot;		/* "false", "true" or "last" */
+	TransactionId xid;			/* txId */
+	uint64		full_xid;		/* txId of a snapshot row: with its epoch */
+	XLogRecPtr	lsn;			/* the change's, or InvalidXLogRecPtr */
+	XLogRecPtr	commit_lsn;		/* its transaction's commit, or invalid */
+} CaptureDebeziumSource;
+
+/* What an unchanged TOASTed column holds in a Debezium event. */
+#define CAPTURE_DEBEZIUM_UNAVAILABLE	"__debezium_unavailable_value"
+
+extern Jsonb *outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
+									  HeapTuple before, HeapTuple after,
+									  TupleDesc desc, const CaptureColumn *cols,
+									  int ncols, const bool *unavailable);
+extern bool outbox_capture_key_changed(HeapTuple oldtup, HeapTuple newtup,
+									   TupleDesc desc, const CaptureColumn *keys,
+									   int nkeys);
+extern char *outbox_capture_debezium_key(HeapTuple tuple, TupleDesc desc,
+										 const CaptureColumn *keys, int nkeys,
+										 const bool *unavailable, int *len);
+
 /* The columns of a captured outbox table (capture.c). */
 typedef struct CaptureOutboxColumns
 {
@@ -65,7 +99,14 @@ typedef struct CaptureOutboxColumns
 	AttrNumber	headers_att;	/* 0 for none */
 	Oid			payload_type;	/* JSONBOID, JSONOID or TEXTOID */
 	FmgrInfo	key_out;		/* the key column's output function */
+	/* Debezium's outbox event router (format 'debezium-outbox') */
+	bool		router;			/* topic "outbox.event.<topic column>" */
+	AttrNumber	id_att;			/* its id column: header "id" */
+	FmgrInfo	id_out;
 } CaptureOutboxColumns;
+
+/* The topic of a routed outbox table row: this, then the routing column. */
+#define CAPTURE_ROUTER_TOPIC_PREFIX	"outbox.event."
 
 extern void outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,
 									  const CaptureOutboxColumns *oc,

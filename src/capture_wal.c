@@ -64,6 +64,7 @@
 #include "catalog/pg_namespace.h"
 #include "catalog/partition.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -440,6 +441,10 @@ typedef struct WalRel
 	bool		full;			/* REPLICA IDENTITY FULL */
 	char	   *topic;
 	char	   *source;
+	/* kind 'd' (Debezium): the source block's name, schema and table */
+	char	   *dbz_name;
+	char	   *dbz_schema;
+	char	   *dbz_table;
 	int			ncols;
 	CaptureColumn *cols;
 	int			nkeys;
@@ -478,6 +483,7 @@ typedef struct CaptureDecoding
 	int			txn_first_msg;	/* index in msgs of its first message */
 	uint64		txn_seq;		/* transactions begun: what rels hold for */
 	TransactionId txn_xid_raw;
+	XLogRecPtr	change_lsn;		/* of the change being decoded */
 	char		txn_xid[32];
 	char		txn_lsn[32];
 	char		txn_time[OUTBOX_COMMIT_TIME_LEN + 1];
@@ -672,6 +678,7 @@ capture_wal_rel(Relation relation)
 	MemoryContext oldcxt;
 	Oid			captured = relid;
 	text	   *t;
+	text	   *format;
 
 	Snapshot	snap = GetCatalogSnapshot(RelationRelationId);
 
@@ -736,6 +743,9 @@ capture_wal_rel(Relation relation)
 	r->root = captured;
 	r->full = relation->rd_rel->relreplident == REPLICA_IDENTITY_FULL;
 	r->source = capture_source_name(captured);
+	/* a schema older than the formats has no format column: 'outbox' */
+	format = capture_attnum(cfgdesc, "format") ?
+		capture_getarg_text(cfg, cfgdesc, "format") : NULL;
 	t = capture_getarg_text(cfg, cfgdesc, "topic_column");
 	if (t == NULL)
 	{
@@ -743,6 +753,17 @@ capture_wal_rel(Relation relation)
 		r->topic = text_to_cstring(capture_getarg_text(cfg, cfgdesc, "topic"));
 		capture_resolve_columns(r, relation, cfg, cfgdesc, "columns", &r->cols, &r->ncols, true);
 		capture_resolve_columns(r, relation, cfg, cfgdesc, "key", &r->keys, &r->nkeys, false);
+		if (format != NULL && strcmp(text_to_cstring(format), "debezium") == 0)
+		{
+			text	   *prefix = capture_getarg_text(cfg, cfgdesc, "topic_prefix");
+			char	   *nsp = get_namespace_name(get_rel_namespace(captured));
+			char	   *name = get_rel_name(captured);
+
+			r->kind = 'd';
+			r->dbz_name = prefix ? text_to_cstring(prefix) : get_database_name(MyDatabaseId);
+			r->dbz_schema = nsp ? nsp : "?";
+			r->dbz_table = name ? name : "?";
+		}
 	}
 	else
 	{
@@ -756,9 +777,15 @@ capture_wal_rel(Relation relation)
 		r->oc.payload_att = p ? capture_attnum(desc, text_to_cstring(p)) : 0;
 		r->oc.key_att = k ? capture_attnum(desc, text_to_cstring(k)) : 0;
 		r->oc.headers_att = h ? capture_attnum(desc, text_to_cstring(h)) : 0;
-		if (r->oc.topic_att == 0 || r->oc.payload_att == 0)
+		if (format != NULL && strcmp(text_to_cstring(format), "debezium-outbox") == 0)
 		{
-			capture_note_error("the topic or payload column of captured outbox table %s no longer exists",
+			r->oc.router = true;
+			r->oc.id_att = capture_attnum(desc, "id");
+		}
+		if (r->oc.topic_att == 0 || r->oc.payload_att == 0 ||
+			(r->oc.router && r->oc.id_att == 0))
+		{
+			capture_note_error("the topic, payload or id column of captured outbox table %s no longer exists",
 							   r->source);
 			dec->skipped--;
 			r->captured = false;
@@ -775,6 +802,13 @@ capture_wal_rel(Relation relation)
 								  &outfn, &varlena);
 				fmgr_info_cxt(outfn, &r->oc.key_out, r->cxt);
 			}
+			if (r->oc.router)
+			{
+				getTypeOutputInfo(TupleDescAttr(desc, r->oc.id_att - 1)->atttypid,
+								  &outfn, &varlena);
+				fmgr_info_cxt(outfn, &r->oc.id_out, r->cxt);
+			}
+
 		}
 	}
 	MemoryContextSwitchTo(oldcxt);
@@ -899,12 +933,83 @@ capture_wal_headers(WalRel *r)
 	return JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
 }
 
+/*
+ * A change as Debezium's envelope.  before: the whole old row under REPLICA
+ * IDENTITY FULL; else, for a delete or an update that changed the key, the
+ * old key's columns (the others null, as the WAL has them); else null.
+ * skip marks the new row's unchanged TOASTed columns.
+ */
+static Jsonb *
+capture_wal_debezium(WalRel *r, TupleDesc desc, const char *op,
+					 HeapTuple oldtup, HeapTuple newtup, const bool *skip)
+{
+	CaptureDebeziumSource src;
+	char		letter;
+
+	memset(&src, 0, sizeof(src));
+	src.name = r->dbz_name;
+	src.schema = r->dbz_schema;
+	src.table = r->dbz_table;
+	src.ts = dec->txn_commit_time;
+	src.snapshot = "false";
+	src.xid = dec->txn_xid_raw;
+	src.lsn = dec->change_lsn;
+	src.commit_lsn = dec->txn_commit_lsn;
+	letter = op[0] == 'i' ? 'c' : op[0] == 'u' ? 'u' : op[0] == 'd' ? 'd' : 't';
+	if (letter == 'c' || letter == 't')
+		oldtup = NULL;
+	return outbox_capture_debezium(&src, letter, oldtup, newtup, desc,
+								   r->cols, r->ncols, skip);
+}
+
+/* A change as the {"op", "before", "after"[, "unchanged"]} envelope. */
+static Jsonb *
+capture_wal_envelope(WalRel *r, TupleDesc desc, const char *op,
+					 HeapTuple oldtup, HeapTuple newtup, const bool *skip,
+					 const bool *keyskip, List *unchanged)
+{
+	JsonbParseState *st = NULL;
+
+	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
+	outbox_capture_push_string(&st, WJB_KEY, "op");
+	outbox_capture_push_string(&st, WJB_VALUE, op);
+	outbox_capture_push_string(&st, WJB_KEY, "before");
+	if (strcmp(op, "insert") == 0 || strcmp(op, "truncate") == 0)
+		capture_push_null(&st);
+	else if (r->full && oldtup != NULL)
+		outbox_capture_push_row(&st, oldtup, desc, r->cols, r->ncols, NULL);
+	else if (oldtup != NULL)
+		/* the replica identity's key only */
+		outbox_capture_push_row(&st, oldtup, desc, r->keys, r->nkeys, NULL);
+	else if (newtup != NULL)
+		/* the key, unchanged: as in the new row */
+		outbox_capture_push_row(&st, newtup, desc, r->keys, r->nkeys, keyskip);
+	else
+		capture_push_null(&st);
+
+	outbox_capture_push_string(&st, WJB_KEY, "after");
+	if (newtup != NULL)
+		outbox_capture_push_row(&st, newtup, desc, r->cols, r->ncols, skip);
+	else
+		capture_push_null(&st);
+	if (unchanged != NIL)
+	{
+		ListCell   *lc;
+
+		outbox_capture_push_string(&st, WJB_KEY, "unchanged");
+		pushJsonbValue(&st, WJB_BEGIN_ARRAY, NULL);
+		foreach(lc, unchanged)
+			outbox_capture_push_string(&st, WJB_ELEM, lfirst(lc));
+		pushJsonbValue(&st, WJB_END_ARRAY, NULL);
+	}
+	return JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+}
+
 /* A change of a captured table as the {"op", "before", "after"} message. */
 static void
 capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 				   HeapTuple oldtup, HeapTuple newtup)
 {
-	JsonbParseState *st = NULL;
 	OutboxMessage m;
 	Jsonb	   *payload;
 	bool	   *skip = NULL;
@@ -915,9 +1020,6 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 
 	memset(&m, 0, sizeof(m));
 	m.commit_time_off = -1;
-	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
-	outbox_capture_push_string(&st, WJB_KEY, "op");
-	outbox_capture_push_string(&st, WJB_VALUE, op);
 
 	/*
 	 * An unchanged TOASTed value is in the WAL only as a pointer, which
@@ -960,6 +1062,17 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 			unchanged = lappend(unchanged, r->cols[i].name);
 		}
 	}
+	/*
+	 * Debezium: a change of the key is a delete of the old key (in the old
+	 * row as the WAL has it) and a create of the new row.
+	 */
+	if (r->kind == 'd' && strcmp(op, "update") == 0 && oldtup != NULL && newtup != NULL &&
+		outbox_capture_key_changed(oldtup, newtup, desc, r->keys, r->nkeys))
+	{
+		capture_wal_change(r, desc, "delete", oldtup, NULL);
+		capture_wal_change(r, desc, "insert", NULL, newtup);
+		return;
+	}
 	if (strcmp(op, "delete") == 0 && oldtup == NULL)
 	{
 		capture_note_error("a delete of %s at %s carries no old row (replica identity NOTHING?): it has no key",
@@ -978,36 +1091,10 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 			}
 	}
 
-	outbox_capture_push_string(&st, WJB_KEY, "before");
-	if (strcmp(op, "insert") == 0 || strcmp(op, "truncate") == 0)
-		capture_push_null(&st);
-	else if (r->full && oldtup != NULL)
-		outbox_capture_push_row(&st, oldtup, desc, r->cols, r->ncols, NULL);
-	else if (oldtup != NULL)
-		/* the replica identity's key only */
-		outbox_capture_push_row(&st, oldtup, desc, r->keys, r->nkeys, NULL);
-	else if (newtup != NULL)
-		/* the key, unchanged: as in the new row */
-		outbox_capture_push_row(&st, newtup, desc, r->keys, r->nkeys, keyskip);
+	if (r->kind == 'd')
+		payload = capture_wal_debezium(r, desc, op, oldtup, newtup, skip);
 	else
-		capture_push_null(&st);
-
-	outbox_capture_push_string(&st, WJB_KEY, "after");
-	if (newtup != NULL)
-		outbox_capture_push_row(&st, newtup, desc, r->cols, r->ncols, skip);
-	else
-		capture_push_null(&st);
-	if (unchanged != NIL)
-	{
-		ListCell   *lc;
-
-		outbox_capture_push_string(&st, WJB_KEY, "unchanged");
-		pushJsonbValue(&st, WJB_BEGIN_ARRAY, NULL);
-		foreach(lc, unchanged)
-			outbox_capture_push_string(&st, WJB_ELEM, lfirst(lc));
-		pushJsonbValue(&st, WJB_END_ARRAY, NULL);
-	}
-	payload = JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+		payload = capture_wal_envelope(r, desc, op, oldtup, newtup, skip, keyskip, unchanged);
 	if (VARSIZE(payload) - VARHDRSZ > (Size) outbox_max_payload_size)
 	{
 		capture_note_error("a change of %s at %s is larger than outbox.max_payload_size: not captured",
@@ -1025,7 +1112,9 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 	}
 	else if (keytup != NULL)
 	{
-		m.key = outbox_capture_key(keytup, desc, r->keys, r->nkeys, &m.key_len);
+		m.key = r->kind == 'd' ?
+			outbox_capture_debezium_key(keytup, desc, r->keys, r->nkeys, NULL, &m.key_len) :
+			outbox_capture_key(keytup, desc, r->keys, r->nkeys, &m.key_len);
 		if (m.key != NULL &&
 			(m.key_len > OUTBOX_MAX_KEY_LEN ||
 			 outbox_bad_char(m.key, m.key_len, OUTBOX_TEXT_KEY, NULL) > 0))
@@ -1268,6 +1357,7 @@ capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 		return;					/* an outbox table's rows are its inserts */
 	if (!capture_part_take(capture_tuple_size(oldtup, desc) + capture_tuple_size(newtup, desc)))
 		return;
+	dec->change_lsn = change->lsn;
 	capture_wal_one(r, desc, op, oldtup, newtup);
 }
 
@@ -1291,7 +1381,7 @@ capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 		WalRel	   *r = capture_wal_rel(relations[i]);
 		bool		root_named = false;
 
-		if (!r->captured || r->kind != 'c')
+		if (!r->captured || r->kind == 'o')
 			continue;
 		if (RelationGetRelid(relations[i]) != r->root)
 		{
@@ -1309,6 +1399,7 @@ capture_truncate_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 		}
 		if (!capture_part_take(0))
 			continue;
+		dec->change_lsn = change->lsn;
 		capture_wal_one(r, RelationGetDescr(relations[i]), "truncate", NULL, NULL);
 	}
 }

@@ -308,6 +308,7 @@ extern const char *outbox_parse_signing_key(const char *text, OutboxSigningKey *
 extern bool outbox_sign(const OutboxSigningKey *key, const char *webhook_id,
 						const char *timestamp, const char *body, int body_len,
 						StringInfo out);
+extern void outbox_append_b64(StringInfo out, const uint8 *data, int len);
 
 extern void outbox_emit_init(void);
 extern void outbox_buffer_append(const OutboxMessage *msg);

@@ -127,7 +127,8 @@ outbox_parse_signing_key(const char *text, OutboxSigningKey *key)
 	return NULL;
 }
 
-static void
+/* Append len bytes of data to out in base64 (RFC 4648, padded). */
+void
 outbox_append_b64(StringInfo out, const uint8 *data, int len)
 {
 	int			n;
@@ -136,7 +137,7 @@ outbox_append_b64(StringInfo out, const uint8 *data, int len)
 	n = pg_b64_encode((const outbox_b64_byte *) data, len, out->data + out->len,
 					  out->maxlen - out->len);
 	if (n < 0)
-		elog(ERROR, "outbox: could not encode a webhook signature");
+		elog(ERROR, "outbox: could not encode bytes in base64");
 	out->len += n;
 	out->data[out->len] = '\0';
 }
