@@ -3,7 +3,10 @@
 -- customers table and example row, its envelope, source block, key and
 -- type mappings.  Times that change with each run (ts_ms, ts_us, ts_ns)
 -- and the transaction id are checked for what they must be, then left out.
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS outbox;
+RESET client_min_messages;
+DELETE FROM outbox.messages;
 SET TimeZone = 'Europe/Paris';
 
 CREATE FUNCTION dbz_stable(p jsonb) RETURNS jsonb LANGUAGE sql AS $$

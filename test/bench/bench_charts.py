@@ -42,6 +42,7 @@ COLOR = {
     "hand": "#2ca02c",
     "emitted": "#1f6fb4",
     "commit": "#8fbfe6",
+    "alt": "#9467bd",
 }
 
 TERMINAL = ('set terminal svg size {w},{h} dynamic noenhanced font "DejaVu Sans,13" '
