@@ -90,7 +90,9 @@ CREATE TABLE types (
 	tstz0		timestamptz(0),
 	tstz3		timestamptz(3),
 	tstz_inf	timestamptz,
+	tstz_bc		timestamptz,
 	iv			interval,
+	iv_big		interval,
 	raw			bytea,
 	js			json,
 	jsb			jsonb,
@@ -109,12 +111,34 @@ INSERT INTO types VALUES (
 	'2018-06-20', 'infinity', '10:40:39.212', '10:40:39.212', '10:40:39.5+02',
 	'2018-06-20 10:40:39.212', '2018-06-20 10:40:39.212', '-infinity', 'infinity',
 	'2018-06-20 10:40:39.212+02', '2018-06-20 10:40:39+02', '2018-06-20 10:40:39.1+02', 'infinity',
-	'1 year 2 months 3 days 04:05:06.78', '\x0102ff', '{"a": 1,  "b": [true]}',
+	'0001-01-01 00:00:00+00 BC',
+	'1 year 2 months 3 days 04:05:06.78', '178000000 years', '\x0102ff', '{"a": 1,  "b": [true]}',
 	'{"a": 1, "b": [true]}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
 	'{1,2,3}', '{"x", NULL}', '{"2018-06-20 10:40:39.212+02"}', 'happy', '192.168.0.1/24',
 	'ab', NULL);
 SELECT topic, key, jsonb_pretty(payload->'after') AS after, payload->'source'->>'name' AS name
   FROM outbox.messages;
+DELETE FROM outbox.messages;
+
+-- A large jsonb stored out of line is read whole.
+CREATE TABLE docs (id int PRIMARY KEY, j jsonb);
+ALTER TABLE docs ALTER j SET STORAGE EXTERNAL;
+SELECT outbox.capture('docs', format => 'debezium');
+INSERT INTO docs SELECT 1, jsonb_build_object('items', jsonb_agg(g)) FROM generate_series(1, 20000) g;
+SELECT (payload->'after'->>'j')::jsonb = (SELECT j FROM docs) AS whole,
+	   length(payload->'after'->>'j') AS length
+  FROM outbox.messages;
+DELETE FROM outbox.messages;
+
+-- An update that leaves the key as it is is an update, even when the key's
+-- value is stored compressed in one version of the row and not the other.
+CREATE TABLE tk (k text PRIMARY KEY, b1 bytea, b2 bytea);
+SELECT outbox.capture('tk', format => 'debezium');
+INSERT INTO tk VALUES (repeat('x', 300), 'small', 'small');
+UPDATE tk SET b1 = (SELECT string_agg(decode(md5(g::text), 'hex'), '') FROM generate_series(1, 75) g),
+			  b2 = (SELECT string_agg(decode(md5((g + 100)::text), 'hex'), '') FROM generate_series(1, 75) g);
+SELECT pg_column_compression(k) AS k_compressed FROM tk;
+SELECT payload->>'op' AS op FROM outbox.messages ORDER BY id;
 DELETE FROM outbox.messages;
 
 -- A snapshot: op "r", source.snapshot "true", and "last" for the last row.

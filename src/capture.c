@@ -98,6 +98,7 @@ typedef struct CaptureEntry
 	char	   *dbz_name;
 	char	   *dbz_schema;
 	char	   *dbz_table;
+	int		   *dbz_order;		/* outbox_capture_json_order(cols) */
 	/* kinds 'c' and 'd' */
 	int			ncols;			/* captured columns (all, if none listed) */
 	CaptureColumn *cols;
@@ -232,6 +233,8 @@ capture_build(CaptureEntry *e, Relation rel, Trigger *tg)
 			outbox_capture_column_init(&e->keys[i], desc,
 									   capture_column(rel, a[pos++], tg),
 									   e->cxt);
+		if (e->kind == 'd')
+			e->dbz_order = outbox_capture_json_order(e->cols, e->ncols);
 	}
 	else if (strcmp(a[1], "o") == 0 || strcmp(a[1], "r") == 0)
 	{
@@ -450,7 +453,7 @@ capture_change(CaptureEntry *e, TupleDesc desc, const char *op,
 		src.lsn = InvalidXLogRecPtr;
 		src.commit_lsn = InvalidXLogRecPtr;
 		payload = outbox_capture_debezium(&src, capture_debezium_op(op), oldtup, newtup,
-										  desc, e->cols, e->ncols, NULL);
+										  desc, e->cols, e->ncols, e->dbz_order, NULL);
 	}
 	else
 	{

@@ -79,10 +79,12 @@ typedef struct CaptureDebeziumSource
 /* What an unchanged TOASTed column holds in a Debezium event. */
 #define CAPTURE_DEBEZIUM_UNAVAILABLE	"__debezium_unavailable_value"
 
+extern int *outbox_capture_json_order(const CaptureColumn *cols, int ncols);
 extern Jsonb *outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
 									  HeapTuple before, HeapTuple after,
 									  TupleDesc desc, const CaptureColumn *cols,
-									  int ncols, const bool *unavailable);
+									  int ncols, const int *order,
+									  const bool *unavailable);
 extern bool outbox_capture_key_changed(HeapTuple oldtup, HeapTuple newtup,
 									   TupleDesc desc, const CaptureColumn *keys,
 									   int nkeys);

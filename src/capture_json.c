@@ -43,6 +43,7 @@
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/numeric.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
@@ -201,13 +202,14 @@ capture_push_array(JsonbParseState **st, JsonbIteratorToken tok, Datum val)
 						   nulls, &pos, base, capture_category(base));
 }
 
-static void
+static JsonbValue *
 capture_push_composite(JsonbParseState **st, Datum val)
 {
 	HeapTupleHeader td = DatumGetHeapTupleHeader(val);
 	TupleDesc	desc;
 	HeapTupleData tmptup;
 	int			i;
+	JsonbValue *res;
 
 	desc = lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(td),
 								  HeapTupleHeaderGetTypMod(td));
@@ -236,8 +238,9 @@ capture_push_composite(JsonbParseState **st, Datum val)
 		base = getBaseType(att->atttypid);
 		capture_push_value(st, WJB_VALUE, d, base, capture_category(base), NULL);
 	}
-	pushJsonbValue(st, WJB_END_OBJECT, NULL);
+	res = pushJsonbValue(st, WJB_END_OBJECT, NULL);
 	ReleaseTupleDesc(desc);
+	return res;
 }
 
 /* Push a non-null value of base type typid as tok (WJB_VALUE or WJB_ELEM). */
@@ -450,18 +453,24 @@ outbox_capture_key(HeapTuple tuple, TupleDesc desc, const CaptureColumn *keys,
 #define DBZ_TIMESTAMP_POS_INFINITY	INT64CONST(9223372036825200000)
 #define DBZ_TIMESTAMP_NEG_INFINITY	INT64CONST(-9223372036832400000)
 
-static void capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok,
-								   Datum val, Oid typid, int32 typmod,
-								   FmgrInfo *out);
+static bool capture_dbz_scalar(Datum val, Oid typid, int32 typmod,
+							   char category, FmgrInfo *out, JsonbValue *v);
+static JsonbValue *capture_push_dbz_array(JsonbParseState **st, Datum val,
+										  int32 typmod);
 
 static void
-capture_push_int64(JsonbParseState **st, JsonbIteratorToken tok, int64 n)
+capture_set_string(JsonbValue *v, const char *s)
 {
-	JsonbValue	v;
+	v->type = jbvString;
+	v->val.string.val = (char *) s;
+	v->val.string.len = strlen(s);
+}
 
-	v.type = jbvNumeric;
-	v.val.numeric = int64_to_numeric(n);
-	pushJsonbValue(st, tok, &v);
+static void
+capture_set_int64(JsonbValue *v, int64 n)
+{
+	v->type = jbvNumeric;
+	v->val.numeric = int64_to_numeric(n);
 }
 
 /* floor(a / b) for b > 0 */
@@ -519,8 +528,8 @@ capture_dbz_zoned_timestamp(TimestampTz t, int32 typmod)
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("timestamp out of range")));
 	initStringInfo(&buf);
-	if (tm.tm_year <= 0)
-		appendStringInfo(&buf, "-%04d", 1 - tm.tm_year);	/* 1 BC is year 0 */
+	if (tm.tm_year < 0)
+		appendStringInfo(&buf, "-%04d", -tm.tm_year);	/* 1 BC is year 0 */
 	else if (tm.tm_year > 9999)
 		appendStringInfo(&buf, "+%d", tm.tm_year);
 	else
@@ -532,9 +541,29 @@ capture_dbz_zoned_timestamp(TimestampTz t, int32 typmod)
 	return buf.data;
 }
 
+/* Push a non-null value of base type typid the way Debezium writes it. */
 static void
-capture_push_dbz_array(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
-					   int32 typmod)
+capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
+					   Oid typid, int32 typmod, FmgrInfo *out)
+{
+	JsonbValue	v;
+	char		category = capture_category(typid);
+
+	if (capture_dbz_scalar(val, typid, typmod, category, out, &v))
+		pushJsonbValue(st, tok, &v);
+	else if (category == CAT_ARRAY)
+		(void) capture_push_dbz_array(st, val, typmod);
+	else
+		(void) capture_push_composite(st, val);
+}
+
+/*
+ * An array as Debezium's list: the elements in order, each mapped as a
+ * scalar is (a multi-dimensional array is flattened).  Returns the array
+ * built, at top level.
+ */
+static JsonbValue *
+capture_push_dbz_array(JsonbParseState **st, Datum val, int32 typmod)
 {
 	ArrayType  *arr = DatumGetArrayTypeP(val);
 	Oid			elemtype = ARR_ELEMTYPE(arr);
@@ -551,7 +580,6 @@ capture_push_dbz_array(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 	int32		elemmod = typmod;
 	Oid			base = getBaseTypeAndTypmod(elemtype, &elemmod);
 
-	/* Debezium's arrays are one-dimensional lists: the elements in order */
 	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
 	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
 					  &elems, &nulls, &nelems);
@@ -570,67 +598,91 @@ capture_push_dbz_array(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 		else
 			capture_push_dbz_value(st, WJB_ELEM, elems[i], base, elemmod, &out);
 	}
-	pushJsonbValue(st, WJB_END_ARRAY, NULL);
+	return pushJsonbValue(st, WJB_END_ARRAY, NULL);
 }
 
-/* Push a non-null value of base type typid the way Debezium writes it. */
-static void
-capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
-					   Oid typid, int32 typmod, FmgrInfo *out)
+/*
+ * A non-null value of base type typid (of capture_category category) as
+ * Debezium writes it, into *v, if it is a scalar; false for an array or a
+ * composite.
+ */
+static bool
+capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
+				   FmgrInfo *out, JsonbValue *v)
 {
 	switch (typid)
 	{
 		case BOOLOID:
+			v->type = jbvBool;
+			v->val.boolean = DatumGetBool(val);
+			return true;
 		case INT2OID:
+			capture_set_int64(v, DatumGetInt16(val));
+			return true;
 		case INT4OID:
+			capture_set_int64(v, DatumGetInt32(val));
+			return true;
 		case INT8OID:
+			capture_set_int64(v, DatumGetInt64(val));
+			return true;
 		case FLOAT4OID:
 		case FLOAT8OID:
-			capture_push_value(st, tok, val, typid, capture_category(typid), out);
-			return;
+			{
+				char	   *s = capture_output(val, typid, out);
+
+				/* NaN and infinities as Kafka's JSON converter writes them */
+				if (pg_strcasecmp(s, "NaN") == 0 || strstr(s, "nfinity") != NULL)
+					capture_set_string(v, s);
+				else
+				{
+					v->type = jbvNumeric;
+					v->val.numeric = DatumGetNumeric(DirectFunctionCall3(numeric_in,
+																		 CStringGetDatum(s),
+																		 ObjectIdGetDatum(InvalidOid),
+																		 Int32GetDatum(-1)));
+				}
+			}
+			return true;
 		case TIMESTAMPTZOID:
-			outbox_capture_push_string(st, tok,
-									   capture_dbz_zoned_timestamp(DatumGetTimestampTz(val), typmod));
-			return;
+			capture_set_string(v, capture_dbz_zoned_timestamp(DatumGetTimestampTz(val), typmod));
+			return true;
 		case NUMERICOID:
 			{
 				Numeric		n = DatumGetNumeric(val);
 
 				/* Debezium's SpecialValueDecimal names */
 				if (numeric_is_nan(n))
-					outbox_capture_push_string(st, tok, "NAN");
+					capture_set_string(v, "NAN");
 				else if (numeric_is_inf(n))
-					outbox_capture_push_string(st, tok,
-											   capture_output(val, typid, out)[0] == '-' ?
-											   "NEGATIVE_INFINITY" : "POSITIVE_INFINITY");
+					capture_set_string(v, capture_output(val, typid, out)[0] == '-' ?
+									   "NEGATIVE_INFINITY" : "POSITIVE_INFINITY");
 				else
-					outbox_capture_push_string(st, tok, capture_output(val, typid, out));
+					capture_set_string(v, capture_output(val, typid, out));
 			}
-			return;
+			return true;
 		case CASHOID:
-			outbox_capture_push_string(st, tok,
-									   DatumGetCString(DirectFunctionCall1(numeric_out,
-																		   DirectFunctionCall1(cash_numeric, val))));
-			return;
+			capture_set_string(v, DatumGetCString(DirectFunctionCall1(numeric_out,
+																	  DirectFunctionCall1(cash_numeric, val))));
+			return true;
 		case DATEOID:
 			{
 				DateADT		d = DatumGetDateADT(val);
 
 				if (DATE_NOT_FINITE(d))
-					capture_push_int64(st, tok, DATE_IS_NOBEGIN(d) ? DBZ_DATE_NEG_INFINITY :
-									   DBZ_DATE_POS_INFINITY);
+					capture_set_int64(v, DATE_IS_NOBEGIN(d) ? DBZ_DATE_NEG_INFINITY :
+									  DBZ_DATE_POS_INFINITY);
 				else
-					capture_push_int64(st, tok, (int64) d + DBZ_UNIX_EPOCH_DAYS);
+					capture_set_int64(v, (int64) d + DBZ_UNIX_EPOCH_DAYS);
 			}
-			return;
+			return true;
 		case TIMEOID:
 			{
 				TimeADT		t = DatumGetTimeADT(val);
 
 				/* time(0) to time(3): Time, milliseconds; else MicroTime */
-				capture_push_int64(st, tok, typmod >= 0 && typmod <= 3 ? t / 1000 : t);
+				capture_set_int64(v, typmod >= 0 && typmod <= 3 ? t / 1000 : t);
 			}
-			return;
+			return true;
 		case TIMESTAMPOID:
 			{
 				Timestamp	t = DatumGetTimestamp(val);
@@ -642,10 +694,10 @@ capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 				else
 					micros = t + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY;
 				/* timestamp(0) to timestamp(3): Timestamp, milliseconds */
-				capture_push_int64(st, tok, typmod >= 0 && typmod <= 3 ?
-								   capture_floor_div(micros, 1000) : micros);
+				capture_set_int64(v, typmod >= 0 && typmod <= 3 ?
+								  capture_floor_div(micros, 1000) : micros);
 			}
-			return;
+			return true;
 		case TIMETZOID:
 			{
 				TimeTzADT  *t = DatumGetTimeTzADTP(val);
@@ -658,9 +710,9 @@ capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 				initStringInfo(&buf);
 				capture_append_time(&buf, utc, -1);
 				appendStringInfoChar(&buf, 'Z');
-				outbox_capture_push_string(st, tok, buf.data);
+				capture_set_string(v, buf.data);
 			}
-			return;
+			return true;
 		case INTERVALOID:
 			{
 				Interval   *i = DatumGetIntervalP(val);
@@ -669,15 +721,21 @@ capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 #ifdef INTERVAL_NOT_FINITE
 				if (INTERVAL_NOT_FINITE(i))
 				{
-					outbox_capture_push_string(st, tok, INTERVAL_IS_NOBEGIN(i) ? "-infinity" : "infinity");
-					return;
+					capture_set_string(v, INTERVAL_IS_NOBEGIN(i) ? "-infinity" : "infinity");
+					return true;
 				}
 #endif
 				micros = (double) i->month * DBZ_DAYS_PER_MONTH * USECS_PER_DAY +
 					(double) i->day * USECS_PER_DAY + (double) i->time;
-				capture_push_int64(st, tok, (int64) micros);
+				/* saturated, as Java's (long) cast does */
+				if (micros >= (double) PG_INT64_MAX)
+					capture_set_int64(v, PG_INT64_MAX);
+				else if (micros <= (double) PG_INT64_MIN)
+					capture_set_int64(v, PG_INT64_MIN);
+				else
+					capture_set_int64(v, (int64) micros);
 			}
-			return;
+			return true;
 		case BYTEAOID:
 			{
 				bytea	   *b = DatumGetByteaPP(val);
@@ -686,49 +744,113 @@ capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 				initStringInfo(&buf);
 				outbox_append_b64(&buf, (const uint8 *) VARDATA_ANY(b),
 								  VARSIZE_ANY_EXHDR(b));
-				outbox_capture_push_string(st, tok, buf.data);
+				capture_set_string(v, buf.data);
 			}
-			return;
+			return true;
 		case JSONBOID:
-			outbox_capture_push_string(st, tok,
-									   JsonbToCString(NULL, &DatumGetJsonbP(val)->root,
-													  VARSIZE(DatumGetPointer(val))));
-			return;
+			{
+				Jsonb	   *jb = DatumGetJsonbP(val);
+
+				capture_set_string(v, JsonbToCString(NULL, &jb->root, VARSIZE(jb)));
+			}
+			return true;
 		default:
-			if (OidIsValid(get_element_type(typid)))
-			{
-				capture_push_dbz_array(st, tok, val, typmod);
-				return;
-			}
-			if (type_is_rowtype(typid))
-			{
-				capture_push_composite(st, val);
-				return;
-			}
+			if (category == CAT_ARRAY || category == CAT_COMPOSITE)
+				return false;
 			/* json, uuid, text, enums, xml, inet, ...: their text */
-			outbox_capture_push_string(st, tok, capture_output(val, typid, out));
-			return;
+			capture_set_string(v, capture_output(val, typid, out));
+			return true;
 	}
 }
 
-/*
- * The row as a Debezium row object: every column, the unavailable ones so
- * marked.  Returns what the object's end returns (the value, at top level).
- */
-static JsonbValue *
-capture_push_dbz_row(JsonbParseState **st, HeapTuple tuple, TupleDesc desc,
-					 const CaptureColumn *cols, int ncols, const bool *unavailable)
+/* A column's value as Debezium writes it, into *v. */
+static void
+capture_dbz_column(const CaptureColumn *col, Datum val, JsonbValue *v)
 {
+	JsonbParseState *st = NULL;
+
+	if (col->category == CAT_ARRAY)
+		*v = *capture_push_dbz_array(&st, val, col->typmod);
+	else if (col->category == CAT_COMPOSITE)
+		*v = *capture_push_composite(&st, val);
+	else if (!capture_dbz_scalar(val, col->typid, col->typmod, col->category,
+								 (FmgrInfo *) &col->out, v))
+		elog(ERROR, "outbox: type %u is not a scalar", col->typid);
+}
+
+/*
+ * The order in which a jsonb object stores the keys of cols (by length,
+ * then bytes), so that an object of them is built without sorting it per
+ * row.  Allocated in the current memory context.
+ */
+static const CaptureColumn *order_cols;
+
+static int
+capture_order_cmp(const void *a, const void *b)
+{
+	const char *ka = order_cols[*(const int *) a].name;
+	const char *kb = order_cols[*(const int *) b].name;
+	size_t		la = strlen(ka);
+	size_t		lb = strlen(kb);
+
+	if (la != lb)
+		return la < lb ? -1 : 1;
+	return memcmp(ka, kb, la);
+}
+
+int *
+outbox_capture_json_order(const CaptureColumn *cols, int ncols)
+{
+	int		   *order = palloc(Max(ncols, 1) * sizeof(int));
 	int			i;
 
-	pushJsonbValue(st, WJB_BEGIN_OBJECT, NULL);
 	for (i = 0; i < ncols; i++)
+		order[i] = i;
+	order_cols = cols;
+	qsort(order, ncols, sizeof(int), capture_order_cmp);
+	order_cols = NULL;
+	return order;
+}
+
+/* Fill pair p with key k (a literal) and make its value the one returned. */
+static JsonbValue *
+capture_pair(JsonbPair *p, int n, const char *k)
+{
+	p->key.type = jbvString;
+	p->key.val.string.val = (char *) k;
+	p->key.val.string.len = strlen(k);
+	p->order = n;
+	return &p->value;
+}
+
+static void
+capture_object(JsonbValue *v, JsonbPair *pairs, int n)
+{
+	v->type = jbvObject;
+	v->val.object.nPairs = n;
+	v->val.object.pairs = pairs;
+}
+
+/*
+ * The row as a Debezium row object: every column, in the object's order,
+ * the unavailable ones (by position in cols) so marked.
+ */
+static void
+capture_dbz_row(JsonbValue *v, HeapTuple tuple, TupleDesc desc,
+				const CaptureColumn *cols, int ncols, const int *order,
+				const bool *unavailable)
+{
+	JsonbPair  *pairs = palloc(Max(ncols, 1) * sizeof(JsonbPair));
+	int			k;
+
+	for (k = 0; k < ncols; k++)
 	{
+		int			i = order[k];
 		const CaptureColumn *col = &cols[i];
+		JsonbValue *cv = capture_pair(&pairs[k], k, col->name);
 		bool		isnull;
 		Datum		d;
 
-		outbox_capture_push_string(st, WJB_KEY, col->name);
 		if (unavailable != NULL && unavailable[i])
 		{
 			if (col->typid == BYTEAOID)
@@ -738,40 +860,19 @@ capture_push_dbz_row(JsonbParseState **st, HeapTuple tuple, TupleDesc desc,
 				initStringInfo(&buf);
 				outbox_append_b64(&buf, (const uint8 *) CAPTURE_DEBEZIUM_UNAVAILABLE,
 								  strlen(CAPTURE_DEBEZIUM_UNAVAILABLE));
-				outbox_capture_push_string(st, WJB_VALUE, buf.data);
+				capture_set_string(cv, buf.data);
 			}
 			else
-				outbox_capture_push_string(st, WJB_VALUE, CAPTURE_DEBEZIUM_UNAVAILABLE);
+				capture_set_string(cv, CAPTURE_DEBEZIUM_UNAVAILABLE);
 			continue;
 		}
 		d = heap_getattr(tuple, col->attnum, desc, &isnull);
 		if (isnull)
-		{
-			JsonbValue	v;
-
-			v.type = jbvNull;
-			pushJsonbValue(st, WJB_VALUE, &v);
-		}
+			cv->type = jbvNull;
 		else
-			capture_push_dbz_value(st, WJB_VALUE, d, col->typid, col->typmod,
-								   (FmgrInfo *) &col->out);
+			capture_dbz_column(col, d, cv);
 	}
-	return pushJsonbValue(st, WJB_END_OBJECT, NULL);
-}
-
-static void
-capture_push_dbz_key_string(JsonbParseState **st, const char *k, const char *v)
-{
-	outbox_capture_push_string(st, WJB_KEY, k);
-	if (v == NULL)
-	{
-		JsonbValue	null;
-
-		null.type = jbvNull;
-		pushJsonbValue(st, WJB_VALUE, &null);
-	}
-	else
-		outbox_capture_push_string(st, WJB_VALUE, v);
+	capture_object(v, pairs, ncols);
 }
 
 /* milliseconds since 1970 of a timestamptz */
@@ -781,122 +882,173 @@ capture_epoch_ms(TimestampTz t)
 	return capture_floor_div(t + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY, 1000);
 }
 
+static int64
+capture_epoch_us(TimestampTz t)
+{
+	return t + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY;
+}
+
+static void
+capture_set_string_or_null(JsonbValue *v, const char *s)
+{
+	if (s == NULL)
+		v->type = jbvNull;
+	else
+		capture_set_string(v, s);
+}
+
 /*
  * A change as Debezium's envelope: {"before", "after", "source", "op",
- * "ts_ms", "transaction"}.  op is Debezium's letter: c, u, d, r or t.
- * unavailable (by position in cols, or NULL) marks the after row's
- * unchanged TOASTed columns, which the WAL does not carry.
+ * "ts_ms", "ts_us", "ts_ns", "transaction"}.  op is Debezium's letter: c, u,
+ * d, r or t.  order is outbox_capture_json_order(cols).  unavailable (by
+ * position in cols, or NULL) marks the after row's unchanged TOASTed
+ * columns, which the WAL does not carry.
+ *
+ * The objects are built in jsonb's own key order (by length, then bytes),
+ * so none is sorted per change: the keys below are listed in that order.
  */
 Jsonb *
 outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
 						HeapTuple before, HeapTuple after, TupleDesc desc,
-						const CaptureColumn *cols, int ncols,
+						const CaptureColumn *cols, int ncols, const int *order,
 						const bool *unavailable)
 {
-	JsonbParseState *st = NULL;
-	JsonbValue	null;
+	static char *dbname = NULL;
+	JsonbPair	env[8];
+	JsonbPair	source[16];
+	JsonbValue	root;
+	JsonbValue *v;
 	char		opstr[2] = {op, '\0'};
 	TimestampTz now = GetCurrentTimestamp();
+	int			n = 0;
 
-	null.type = jbvNull;
-	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
-	outbox_capture_push_string(&st, WJB_KEY, "before");
-	if (before != NULL)
-		capture_push_dbz_row(&st, before, desc, cols, ncols, NULL);
-	else
-		pushJsonbValue(&st, WJB_VALUE, &null);
-	outbox_capture_push_string(&st, WJB_KEY, "after");
-	if (after != NULL)
-		capture_push_dbz_row(&st, after, desc, cols, ncols, unavailable);
-	else
-		pushJsonbValue(&st, WJB_VALUE, &null);
+	/* a database is not renamed while a session is connected to it */
+	if (dbname == NULL)
+		dbname = MemoryContextStrdup(TopMemoryContext, get_database_name(MyDatabaseId));
 
-	outbox_capture_push_string(&st, WJB_KEY, "source");
-	pushJsonbValue(&st, WJB_BEGIN_OBJECT, NULL);
-	capture_push_dbz_key_string(&st, "version", OUTBOX_VERSION);
-	capture_push_dbz_key_string(&st, "connector", "postgresql");
-	capture_push_dbz_key_string(&st, "name", src->name);
-	outbox_capture_push_string(&st, WJB_KEY, "ts_ms");
-	capture_push_int64(&st, WJB_VALUE, capture_epoch_ms(src->ts));
-	outbox_capture_push_string(&st, WJB_KEY, "ts_us");
-	capture_push_int64(&st, WJB_VALUE, src->ts + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY);
-	outbox_capture_push_string(&st, WJB_KEY, "ts_ns");
-	capture_push_int64(&st, WJB_VALUE, (src->ts + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY) * 1000);
-	capture_push_dbz_key_string(&st, "snapshot", src->snapshot);
-	capture_push_dbz_key_string(&st, "db", get_database_name(MyDatabaseId));
+	capture_set_string(capture_pair(&source[n], n, "db"), dbname), n++;
+	v = capture_pair(&source[n], n, "lsn"), n++;
 	if (!XLogRecPtrIsInvalid(src->lsn))
-	{
-		char	   *seq = XLogRecPtrIsInvalid(src->commit_lsn) ?
-			psprintf("[null,\"" UINT64_FORMAT "\"]", (uint64) src->lsn) :
-			psprintf("[\"" UINT64_FORMAT "\",\"" UINT64_FORMAT "\"]",
-					 (uint64) src->commit_lsn, (uint64) src->lsn);
-
-		capture_push_dbz_key_string(&st, "sequence", seq);
-	}
+		capture_set_int64(v, (int64) src->lsn);
 	else
-		capture_push_dbz_key_string(&st, "sequence", NULL);
-	capture_push_dbz_key_string(&st, "schema", src->schema);
-	capture_push_dbz_key_string(&st, "table", src->table);
-	outbox_capture_push_string(&st, WJB_KEY, "txId");
+		v->type = jbvNull;
+	capture_set_string(capture_pair(&source[n], n, "name"), src->name), n++;
+	v = capture_pair(&source[n], n, "txId"), n++;
 	if (src->full_xid != 0)
-		capture_push_int64(&st, WJB_VALUE, (int64) src->full_xid);
+		capture_set_int64(v, (int64) src->full_xid);
 	else if (TransactionIdIsValid(src->xid))
-		capture_push_int64(&st, WJB_VALUE, (int64) src->xid);
+		capture_set_int64(v, (int64) src->xid);
 	else
-		pushJsonbValue(&st, WJB_VALUE, &null);
-	outbox_capture_push_string(&st, WJB_KEY, "lsn");
-	if (!XLogRecPtrIsInvalid(src->lsn))
-		capture_push_int64(&st, WJB_VALUE, (int64) src->lsn);
-	else
-		pushJsonbValue(&st, WJB_VALUE, &null);
-	outbox_capture_push_string(&st, WJB_KEY, "xmin");
-	pushJsonbValue(&st, WJB_VALUE, &null);
-	outbox_capture_push_string(&st, WJB_KEY, "origin");
-	pushJsonbValue(&st, WJB_VALUE, &null);
-	outbox_capture_push_string(&st, WJB_KEY, "origin_lsn");
-	pushJsonbValue(&st, WJB_VALUE, &null);
-	pushJsonbValue(&st, WJB_END_OBJECT, NULL);
+		v->type = jbvNull;
+	capture_pair(&source[n], n, "xmin")->type = jbvNull, n++;
+	capture_set_string(capture_pair(&source[n], n, "table"), src->table), n++;
+	capture_set_int64(capture_pair(&source[n], n, "ts_ms"), capture_epoch_ms(src->ts)), n++;
+	capture_set_int64(capture_pair(&source[n], n, "ts_ns"), capture_epoch_us(src->ts) * 1000), n++;
+	capture_set_int64(capture_pair(&source[n], n, "ts_us"), capture_epoch_us(src->ts)), n++;
+	capture_pair(&source[n], n, "origin")->type = jbvNull, n++;
+	capture_set_string(capture_pair(&source[n], n, "schema"), src->schema), n++;
+	capture_set_string(capture_pair(&source[n], n, "version"), OUTBOX_VERSION), n++;
+	capture_set_string_or_null(capture_pair(&source[n], n, "sequence"),
+							   XLogRecPtrIsInvalid(src->lsn) ? NULL :
+							   XLogRecPtrIsInvalid(src->commit_lsn) ?
+							   psprintf("[null,\"" UINT64_FORMAT "\"]", (uint64) src->lsn) :
+							   psprintf("[\"" UINT64_FORMAT "\",\"" UINT64_FORMAT "\"]",
+										(uint64) src->commit_lsn, (uint64) src->lsn)), n++;
+	capture_set_string(capture_pair(&source[n], n, "snapshot"), src->snapshot), n++;
+	capture_set_string(capture_pair(&source[n], n, "connector"), "postgresql"), n++;
+	capture_pair(&source[n], n, "origin_lsn")->type = jbvNull, n++;
+	Assert(n == lengthof(source));
 
-	capture_push_dbz_key_string(&st, "op", opstr);
-	outbox_capture_push_string(&st, WJB_KEY, "ts_ms");
-	capture_push_int64(&st, WJB_VALUE, capture_epoch_ms(now));
-	outbox_capture_push_string(&st, WJB_KEY, "ts_us");
-	capture_push_int64(&st, WJB_VALUE, now + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY);
-	outbox_capture_push_string(&st, WJB_KEY, "ts_ns");
-	capture_push_int64(&st, WJB_VALUE, (now + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY) * 1000);
-	outbox_capture_push_string(&st, WJB_KEY, "transaction");
-	pushJsonbValue(&st, WJB_VALUE, &null);
-	return JsonbValueToJsonb(pushJsonbValue(&st, WJB_END_OBJECT, NULL));
+	n = 0;
+	capture_set_string(capture_pair(&env[n], n, "op"), pstrdup(opstr)), n++;
+	v = capture_pair(&env[n], n, "after"), n++;
+	if (after != NULL)
+		capture_dbz_row(v, after, desc, cols, ncols, order, unavailable);
+	else
+		v->type = jbvNull;
+	capture_set_int64(capture_pair(&env[n], n, "ts_ms"), capture_epoch_ms(now)), n++;
+	capture_set_int64(capture_pair(&env[n], n, "ts_ns"), capture_epoch_us(now) * 1000), n++;
+	capture_set_int64(capture_pair(&env[n], n, "ts_us"), capture_epoch_us(now)), n++;
+	v = capture_pair(&env[n], n, "before"), n++;
+	if (before != NULL)
+		capture_dbz_row(v, before, desc, cols, ncols, order, NULL);
+	else
+		v->type = jbvNull;
+	capture_object(capture_pair(&env[n], n, "source"), source, lengthof(source)), n++;
+	capture_pair(&env[n], n, "transaction")->type = jbvNull, n++;
+	Assert(n == lengthof(env));
+	capture_object(&root, env, lengthof(env));
+	return JsonbValueToJsonb(&root);
 }
 
 /*
- * The record key of a change as Debezium's key object, {"id": 1}, as text;
- * NULL when a key column is not available (stored out of line, unchanged).
+ * The record key of a change as Debezium's key object, as text, compact and
+ * in the key's column order as the connector's JSON converter writes it:
+ * {"id":1}.  NULL when a key column is not available (stored out of line,
+ * unchanged).
  */
 char *
 outbox_capture_debezium_key(HeapTuple tuple, TupleDesc desc,
 							const CaptureColumn *keys, int nkeys,
 							const bool *unavailable, int *len)
 {
-	JsonbParseState *st = NULL;
-	Jsonb	   *jb;
-	char	   *s;
+	StringInfoData buf;
 	int			i;
 
 	if (unavailable != NULL)
 		for (i = 0; i < nkeys; i++)
 			if (unavailable[i])
 				return NULL;
-	jb = JsonbValueToJsonb(capture_push_dbz_row(&st, tuple, desc, keys, nkeys, NULL));
-	s = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
-	*len = strlen(s);
-	return s;
+	initStringInfo(&buf);
+	appendStringInfoChar(&buf, '{');
+	for (i = 0; i < nkeys; i++)
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tuple, keys[i].attnum, desc, &isnull);
+		JsonbValue	v;
+
+		if (i > 0)
+			appendStringInfoChar(&buf, ',');
+		escape_json(&buf, keys[i].name);
+		appendStringInfoChar(&buf, ':');
+		if (isnull)
+		{
+			appendStringInfoString(&buf, "null");
+			continue;
+		}
+		capture_dbz_column(&keys[i], d, &v);
+		switch (v.type)
+		{
+			case jbvString:
+				escape_json(&buf, pnstrdup(v.val.string.val, v.val.string.len));
+				break;
+			case jbvNumeric:
+				appendStringInfoString(&buf, DatumGetCString(DirectFunctionCall1(numeric_out,
+																				 NumericGetDatum(v.val.numeric))));
+				break;
+			case jbvBool:
+				appendStringInfoString(&buf, v.val.boolean ? "true" : "false");
+				break;
+			default:
+				{
+					/* an array or a composite: jsonb's text of it */
+					Jsonb	   *jb = JsonbValueToJsonb(&v);
+
+					appendStringInfoString(&buf, JsonbToCString(NULL, &jb->root, VARSIZE(jb)));
+				}
+				break;
+		}
+	}
+	appendStringInfoChar(&buf, '}');
+	*len = buf.len;
+	return buf.data;
 }
 
 /*
- * Whether the key columns of two versions of a row differ (byte for byte,
- * as Debezium compares its key objects): a change of the key is sent as a
- * delete of the old key and a create of the new one.
+ * Whether the key columns of two versions of a row differ (in value, as
+ * Debezium compares its key objects; the same value compressed or not is
+ * the same): a change of the key is sent as a delete of the old key and a
+ * create of the new one.
  */
 bool
 outbox_capture_key_changed(HeapTuple oldtup, HeapTuple newtup, TupleDesc desc,
@@ -914,7 +1066,7 @@ outbox_capture_key_changed(HeapTuple oldtup, HeapTuple newtup, TupleDesc desc,
 
 		if (n1 != n2)
 			return true;
-		if (!n1 && !datumIsEqual(d1, d2, att->attbyval, att->attlen))
+		if (!n1 && !datum_image_eq(d1, d2, att->attbyval, att->attlen))
 			return true;
 	}
 	return false;

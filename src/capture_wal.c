@@ -61,10 +61,12 @@
 #include "access/xlog.h"
 #include "access/xlogutils.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/partition.h"
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
+#include "commands/extension.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -445,6 +447,7 @@ typedef struct WalRel
 	char	   *dbz_name;
 	char	   *dbz_schema;
 	char	   *dbz_table;
+	int		   *dbz_order;		/* outbox_capture_json_order(cols) */
 	int			ncols;
 	CaptureColumn *cols;
 	int			nkeys;
@@ -763,6 +766,7 @@ capture_wal_rel(Relation relation)
 			r->dbz_name = prefix ? text_to_cstring(prefix) : get_database_name(MyDatabaseId);
 			r->dbz_schema = nsp ? nsp : "?";
 			r->dbz_table = name ? name : "?";
+			r->dbz_order = outbox_capture_json_order(r->cols, r->ncols);
 		}
 	}
 	else
@@ -959,7 +963,7 @@ capture_wal_debezium(WalRel *r, TupleDesc desc, const char *op,
 	if (letter == 'c' || letter == 't')
 		oldtup = NULL;
 	return outbox_capture_debezium(&src, letter, oldtup, newtup, desc,
-								   r->cols, r->ncols, skip);
+								   r->cols, r->ncols, r->dbz_order, skip);
 }
 
 /* A change as the {"op", "before", "after"[, "unchanged"]} envelope. */
@@ -1040,6 +1044,13 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 			if (!capture_is_unchanged_toast(newtup, desc, i) || oldtup == NULL ||
 				capture_is_unchanged_toast(oldtup, desc, i))
 				continue;
+			/*
+			 * A key-only old row (REPLICA IDENTITY DEFAULT or INDEX, the key
+			 * changed) has nulls for the other columns: not their values.
+			 */
+			(void) heap_getattr(oldtup, i, desc, &isnull);
+			if (isnull)
+				continue;
 			if (values == NULL)
 			{
 				values = palloc(desc->natts * sizeof(Datum));
@@ -1047,7 +1058,7 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 				repl = palloc0(desc->natts * sizeof(bool));
 			}
 			values[i - 1] = heap_getattr(oldtup, i, desc, &isnull);
-			nulls[i - 1] = isnull;
+			nulls[i - 1] = false;
 			repl[i - 1] = true;
 		}
 		if (values != NULL)
@@ -1069,8 +1080,18 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 	if (r->kind == 'd' && strcmp(op, "update") == 0 && oldtup != NULL && newtup != NULL &&
 		outbox_capture_key_changed(oldtup, newtup, desc, r->keys, r->nkeys))
 	{
+		int			nmsgs = dec->nmsgs;
+		Size		bytes = dec->bytes;
+		uint64		skipped = dec->skipped;
+
 		capture_wal_change(r, desc, "delete", oldtup, NULL);
 		capture_wal_change(r, desc, "insert", NULL, newtup);
+		/* both or neither: a consumer must not see the delete alone */
+		if (dec->skipped != skipped)
+		{
+			dec->nmsgs = nmsgs;
+			dec->bytes = bytes;
+		}
 		return;
 	}
 	if (strcmp(op, "delete") == 0 && oldtup == NULL)
@@ -1266,6 +1287,8 @@ capture_wal_one(WalRel *r, TupleDesc desc, const char *op,
 				HeapTuple oldtup, HeapTuple newtup)
 {
 	MemoryContext oldcxt = MemoryContextSwitchTo(dec->change_cxt);
+	volatile int nmsgs = dec->nmsgs;
+	volatile Size bytes = dec->bytes;
 
 	capture_txn_strings();
 	PG_TRY();
@@ -1284,6 +1307,9 @@ capture_wal_one(WalRel *r, TupleDesc desc, const char *op,
 		if (!capture_error_skips_change(edata))
 			PG_RE_THROW();
 		FlushErrorState();
+		/* a change becomes all its messages or none (a key change: two) */
+		dec->nmsgs = nmsgs;
+		dec->bytes = bytes;
 		capture_note_error("a change of %s at %s cannot become a message: %s",
 						   r->source, dec->txn_lsn, edata->message);
 	}
@@ -1633,6 +1659,22 @@ capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done,
 }
 
 /*
+ * Take the extension itself in share mode, first: a DROP EXTENSION takes it
+ * exclusively before any of its tables, so the hand-off, which writes two
+ * of them, waits for a drop (or the drop for it) holding none, and the two
+ * never deadlock.  A drop that committed meanwhile fails the hand-off's
+ * statements, which ends in the drop's own stop.
+ */
+static void
+capture_lock_extension(void)
+{
+	Oid			ext = get_extension_oid("outbox", true);
+
+	if (OidIsValid(ext))
+		LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
+}
+
+/*
  * Hand off what the pass collected, with the new offset, in one local
  * transaction; durable when this returns.
  */
@@ -1645,6 +1687,7 @@ capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done)
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
+	capture_lock_extension();
 	replorigin_session_origin = DoNotReplicateId;
 	PG_TRY();
 	{

@@ -58,6 +58,7 @@ my @steps = (
 	[ 'truncate', q{TRUNCATE customers} ],
 	[ 'toast', q{INSERT INTO docs SELECT 1, 'a', string_agg(md5(g::text), '') FROM generate_series(1, 200) g} ],
 	[ 'toast update', q{UPDATE docs SET title = 'b' WHERE id = 1} ],
+	[ 'toast rekey', q{UPDATE docs SET id = 2 WHERE id = 1} ],
 	[ 'router', q{INSERT INTO outbox_events VALUES ('6d7a3c2e-5b1f-4a8e-9c1d-2f3e4a5b6c7d', 'Order', '123',
 		'OrderCreated', '{"id": 123, "customerId": 456}')} ],
 	[ 'trigger', q{INSERT INTO trig VALUES (1, 'x')} ]);
@@ -67,7 +68,7 @@ for my $s (@steps)
 }
 my %xid = map { split /\|/ } split /\n/, q1(q{SELECT label, xid FROM xids});
 
-my $n = 2 + 2 + 2 + 2 + 1 + 1 + 1 + 1 + 1;
+my $n = 2 + 2 + 2 + 2 + 1 + 1 + 1 + 2 + 1 + 1;
 my @r = sink_path_records($sink, '/t', $n, 60);
 is(scalar(@r), $n, "all $n messages arrived");
 
@@ -94,7 +95,7 @@ my $c = ev_of($cust, 'c');
 ok($c, 'create: op c on topic <prefix>.<schema>.<table>');
 is_deeply($c->{v}{after}, $anne, 'create: after is the row');
 is($c->{v}{before}, undef, 'create: before is null');
-is($c->{key}, '{"id": 1}', 'create: the key is the key object');
+is($c->{key}, '{"id":1}', 'create: the key is the key object');
 my $s = $c->{v}{source};
 is_deeply([ @$s{qw(connector name db schema table snapshot)} ],
 	[ 'postgresql', 'PostgreSQL_server', 'postgres', 'public', 'customers', 'false' ],
@@ -123,10 +124,10 @@ is_deeply(ev_of($full, 'u')->{v}{before}, $anne, 'update, REPLICA IDENTITY FULL:
 my $rd = ev_of($cust, 'd');
 is_deeply($rd->{v}{before}, { id => 1, first_name => undef, last_name => undef, email => undef },
 	'update of the key, DEFAULT: a delete with the old key, the rest null');
-is($rd->{key}, '{"id": 1}', '... keyed by the old key');
+is($rd->{key}, '{"id":1}', '... keyed by the old key');
 my $rc = ev_of($cust, 'c', 1);
 is_deeply($rc->{v}{after}, { %$anne2, id => 2 }, '... then a create of the new row');
-is($rc->{key}, '{"id": 2}', '... keyed by the new key');
+is($rc->{key}, '{"id":2}', '... keyed by the new key');
 is(ev_of($cust, 'u', 1), undef, '... and no update');
 is($rd->{v}{source}{txId}, $xid{rekey} % 4294967296, '... both in the transaction');
 
@@ -134,7 +135,7 @@ my $d = ev_of($cust, 'd', 1);
 is_deeply($d->{v}{before}, { id => 2, first_name => undef, last_name => undef, email => undef },
 	'delete, DEFAULT: before has the key, the rest null');
 is($d->{v}{after}, undef, 'delete: after is null');
-is($d->{key}, '{"id": 2}', 'delete: the key');
+is($d->{key}, '{"id":2}', 'delete: the key');
 is_deeply(ev_of($full, 'd')->{v}{before}, $anne2, 'delete, FULL: before is the old row');
 
 my $t = ev_of($cust, 't');
@@ -148,6 +149,13 @@ my $tu = ev_of($doc, 'u');
 is($tu->{v}{after}{body}, '__debezium_unavailable_value',
 	'an unchanged TOASTed value not in the WAL: the connector\'s placeholder');
 is($tu->{v}{after}{title}, 'b', '... the other columns as they are');
+# a key change under REPLICA IDENTITY DEFAULT: the old row in the WAL has
+# the key only, never the other columns' values (nulls there are not values)
+is(ev_of($doc, 'd')->{key}, '{"id":1}', 'key change of a row with a TOASTed value: the delete');
+my $tc = ev_of($doc, 'c', 1);
+is($tc->{key}, '{"id":2}', '... the create');
+is($tc->{v}{after}{body}, '__debezium_unavailable_value', '... whose unchanged TOASTed value is the placeholder, not null');
+is($tc->{v}{after}{title}, 'b', '... and whose other columns are the row\'s');
 
 my ($ro) = grep { $_->{topic} eq 'outbox.event.Order' } @ev;
 ok($ro, 'router: topic outbox.event.<aggregatetype>');
