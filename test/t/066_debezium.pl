@@ -34,6 +34,8 @@ ALTER TABLE customers_full REPLICA IDENTITY FULL;
 CREATE TABLE docs (id int PRIMARY KEY, title text, body text);
 ALTER TABLE docs ALTER body SET STORAGE EXTERNAL;
 CREATE TABLE trig (id int PRIMARY KEY, v text);
+CREATE TABLE docs_outbox (id int PRIMARY KEY, title text, body text);
+ALTER TABLE docs_outbox ALTER body SET STORAGE EXTERNAL;
 CREATE TABLE outbox_events (
 	id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
 	type varchar(255) NOT NULL, payload jsonb);
@@ -41,6 +43,7 @@ CREATE TABLE xids (label text, xid xid8);
 SELECT outbox.capture('customers', mode => 'wal', format => 'debezium', topic_prefix => 'PostgreSQL_server');
 SELECT outbox.capture('customers_full', mode => 'wal', format => 'debezium', topic_prefix => 'PostgreSQL_server');
 SELECT outbox.capture('docs', mode => 'wal', format => 'debezium');
+SELECT outbox.capture('docs_outbox', mode => 'wal');
 SELECT outbox.capture('outbox_events', mode => 'wal', format => 'debezium-outbox');
 SELECT outbox.capture('trig', format => 'debezium', topic_prefix => 'PostgreSQL_server');
 SELECT outbox.create_http_target('t', '$url/t');
@@ -59,6 +62,8 @@ my @steps = (
 	[ 'toast', q{INSERT INTO docs SELECT 1, 'a', string_agg(md5(g::text), '') FROM generate_series(1, 200) g} ],
 	[ 'toast update', q{UPDATE docs SET title = 'b' WHERE id = 1} ],
 	[ 'toast rekey', q{UPDATE docs SET id = 2 WHERE id = 1} ],
+	[ 'toast rekey, outbox format', q{INSERT INTO docs_outbox SELECT 1, 'a', string_agg(md5(g::text), '') FROM generate_series(1, 200) g;
+		UPDATE docs_outbox SET id = 2 WHERE id = 1} ],
 	[ 'router', q{INSERT INTO outbox_events VALUES ('6d7a3c2e-5b1f-4a8e-9c1d-2f3e4a5b6c7d', 'Order', '123',
 		'OrderCreated', '{"id": 123, "customerId": 456}')} ],
 	[ 'trigger', q{INSERT INTO trig VALUES (1, 'x')} ]);
@@ -68,7 +73,7 @@ for my $s (@steps)
 }
 my %xid = map { split /\|/ } split /\n/, q1(q{SELECT label, xid FROM xids});
 
-my $n = 2 + 2 + 2 + 2 + 1 + 1 + 1 + 2 + 1 + 1;
+my $n = 2 + 2 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + 1 + 1;
 my @r = sink_path_records($sink, '/t', $n, 60);
 is(scalar(@r), $n, "all $n messages arrived");
 
@@ -83,7 +88,7 @@ for my $r (@r)
 sub ev_of
 {
 	my ($topic, $op, $nth) = @_;
-	my @m = grep { $_->{topic} eq $topic && ($_->{v}{op} // '') eq $op } @ev;
+	my @m = grep { ($_->{topic} // '') eq $topic && ($_->{v}{op} // '') eq $op } @ev;
 	return $m[ $nth // 0 ];
 }
 my $cust = 'PostgreSQL_server.public.customers';
@@ -156,6 +161,13 @@ my $tc = ev_of($doc, 'c', 1);
 is($tc->{key}, '{"id":2}', '... the create');
 is($tc->{v}{after}{body}, '__debezium_unavailable_value', '... whose unchanged TOASTed value is the placeholder, not null');
 is($tc->{v}{after}{title}, 'b', '... and whose other columns are the row\'s');
+
+# The same in outbox's own format: the value is left out and listed as
+# unchanged, not null.
+my $ou = ev_of('public.docs_outbox', 'update');
+ok($ou && !exists $ou->{v}{after}{body}, 'outbox format, key change: the unchanged TOASTed value is left out')
+  or diag(explain($ou->{v}));
+is_deeply($ou->{v}{unchanged}, ['body'], '... and listed as unchanged');
 
 my ($ro) = grep { $_->{topic} eq 'outbox.event.Order' } @ev;
 ok($ro, 'router: topic outbox.event.<aggregatetype>');
