@@ -40,6 +40,8 @@ CREATE TABLE outbox_events (
 	id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, aggregateid varchar(255) NOT NULL,
 	type varchar(255) NOT NULL, payload jsonb);
 CREATE TABLE xids (label text, xid xid8);
+CREATE TABLE stock (sku text PRIMARY KEY, n int);
+INSERT INTO stock VALUES ('a', 1), ('b', 2);
 SELECT outbox.capture('customers', mode => 'wal', format => 'debezium', topic_prefix => 'PostgreSQL_server');
 SELECT outbox.capture('customers_full', mode => 'wal', format => 'debezium', topic_prefix => 'PostgreSQL_server');
 SELECT outbox.capture('docs', mode => 'wal', format => 'debezium');
@@ -49,6 +51,7 @@ SELECT outbox.capture('trig', format => 'debezium', topic_prefix => 'PostgreSQL_
 SELECT outbox.create_http_target('t', '$url/t');
 SELECT outbox.subscribe('t', '*');
 });
+q1(q{SELECT outbox.capture('stock', mode => 'wal', format => 'debezium', snapshot => true)});
 
 # One transaction per step, its xid kept (xids is not captured).
 my @steps = (
@@ -73,7 +76,7 @@ for my $s (@steps)
 }
 my %xid = map { split /\|/ } split /\n/, q1(q{SELECT label, xid FROM xids});
 
-my $n = 2 + 2 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + 1 + 1;
+my $n = 2 + 2 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + 1 + 1 + 2;
 my @r = sink_path_records($sink, '/t', $n, 60);
 is(scalar(@r), $n, "all $n messages arrived");
 
@@ -168,6 +171,12 @@ my $ou = ev_of('public.docs_outbox', 'update');
 ok($ou && !exists $ou->{v}{after}{body}, 'outbox format, key change: the unchanged TOASTed value is left out')
   or diag(explain($ou->{v}));
 is_deeply($ou->{v}{unchanged}, ['body'], '... and listed as unchanged');
+
+# A WAL capture's snapshot: read events, the last one so marked.
+my @snap = grep { ($_->{topic} // '') eq 'postgres.public.stock' } @ev;
+# (different keys: in any order of arrival)
+is_deeply([ sort map { "$_->{v}{op} $_->{v}{source}{snapshot} $_->{key}" } @snap ],
+	[ 'r last {"sku":"b"}', 'r true {"sku":"a"}' ], 'WAL capture with a snapshot: op r, snapshot true then last');
 
 my ($ro) = grep { $_->{topic} eq 'outbox.event.Order' } @ev;
 ok($ro, 'router: topic outbox.event.<aggregatetype>');
