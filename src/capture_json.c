@@ -175,29 +175,45 @@ capture_push_dimension(JsonbParseState **st, JsonbIteratorToken tok, int dim,
 	pushJsonbValue(st, WJB_END_ARRAY, NULL);
 }
 
-static void
-capture_push_array(JsonbParseState **st, JsonbIteratorToken tok, Datum val)
+/*
+ * The elements of array val, of every dimension in order, and the base type
+ * of its elements (and that type's typmod, from typmod, the array's).
+ */
+static ArrayType *
+capture_array_elements(Datum val, Datum **elems, bool **nulls, int *nelems,
+					   Oid *base, int32 *typmod)
 {
 	ArrayType  *arr = DatumGetArrayTypeP(val);
 	Oid			elemtype = ARR_ELEMTYPE(arr);
 	int16		typlen;
 	bool		typbyval;
 	char		typalign;
+
+	*base = getBaseTypeAndTypmod(elemtype, typmod);
+	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
+	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
+					  elems, nulls, nelems);
+	return arr;
+}
+
+static void
+capture_push_array(JsonbParseState **st, JsonbIteratorToken tok, Datum val)
+{
+	ArrayType  *arr;
 	Datum	   *elems;
 	bool	   *nulls;
 	int			nelems;
 	int			pos = 0;
-	Oid			base = getBaseType(elemtype);
+	Oid			base;
+	int32		typmod = -1;
 
+	arr = capture_array_elements(val, &elems, &nulls, &nelems, &base, &typmod);
 	if (ARR_NDIM(arr) == 0)
 	{
 		pushJsonbValue(st, WJB_BEGIN_ARRAY, NULL);
 		pushJsonbValue(st, WJB_END_ARRAY, NULL);
 		return;
 	}
-	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
-	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
-					  &elems, &nulls, &nelems);
 	capture_push_dimension(st, tok, 0, ARR_NDIM(arr), ARR_DIMS(arr), elems,
 						   nulls, &pos, base, capture_category(base));
 }
@@ -565,11 +581,6 @@ capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 static JsonbValue *
 capture_push_dbz_array(JsonbParseState **st, Datum val, int32 typmod)
 {
-	ArrayType  *arr = DatumGetArrayTypeP(val);
-	Oid			elemtype = ARR_ELEMTYPE(arr);
-	int16		typlen;
-	bool		typbyval;
-	char		typalign;
 	Datum	   *elems;
 	bool	   *nulls;
 	int			nelems;
@@ -578,11 +589,9 @@ capture_push_dbz_array(JsonbParseState **st, Datum val, int32 typmod)
 	bool		varlena;
 	FmgrInfo	out;
 	int32		elemmod = typmod;
-	Oid			base = getBaseTypeAndTypmod(elemtype, &elemmod);
+	Oid			base;
 
-	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
-	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
-					  &elems, &nulls, &nelems);
+	(void) capture_array_elements(val, &elems, &nulls, &nelems, &base, &elemmod);
 	getTypeOutputInfo(base, &outfn, &varlena);
 	fmgr_info(outfn, &out);
 	pushJsonbValue(st, WJB_BEGIN_ARRAY, NULL);
