@@ -156,6 +156,12 @@ SELECT outbox.capture('lines', format => 'debezium', key => ARRAY['line', 'order
 INSERT INTO lines VALUES (7, 1, 'a');
 SELECT key, key::jsonb = '{"order_id": 7, "line": 1}' AS same FROM outbox.messages;
 DELETE FROM outbox.messages;
+-- an array key: compact too
+CREATE TABLE ak (k int[] PRIMARY KEY, v text);
+SELECT outbox.capture('ak', format => 'debezium');
+INSERT INTO ak VALUES ('{1,2}', 'x');
+SELECT key FROM outbox.messages;
+DELETE FROM outbox.messages;
 
 -- Debezium's outbox table, routed as its outbox event router does: topic
 -- outbox.event.<aggregatetype>, key aggregateid, payload as it is, the id

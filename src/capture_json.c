@@ -241,7 +241,8 @@ capture_push_composite(JsonbParseState **st, Datum val)
 
 		if (att->attisdropped)
 			continue;
-		outbox_capture_push_string(st, WJB_KEY, NameStr(att->attname));
+		/* copied: the names go when the descriptor is released */
+		outbox_capture_push_string(st, WJB_KEY, pstrdup(NameStr(att->attname)));
 		d = heap_getattr(&tmptup, i + 1, desc, &isnull);
 		if (isnull)
 		{
@@ -933,7 +934,11 @@ outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
 
 	/* a database is not renamed while a session is connected to it */
 	if (dbname == NULL)
-		dbname = MemoryContextStrdup(TopMemoryContext, get_database_name(MyDatabaseId));
+	{
+		char	   *name = get_database_name(MyDatabaseId);
+
+		dbname = MemoryContextStrdup(TopMemoryContext, name ? name : "");
+	}
 
 	capture_set_string(capture_pair(&source[n], n, "db"), dbname), n++;
 	v = capture_pair(&source[n], n, "lsn"), n++;
@@ -990,6 +995,55 @@ outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
 	return JsonbValueToJsonb(&root);
 }
 
+/* An in-memory JSON value as compact text, as Jackson writes it: {"a":[1,2]} */
+static void
+capture_append_compact(StringInfo buf, const JsonbValue *v)
+{
+	int			i;
+
+	check_stack_depth();
+	switch (v->type)
+	{
+		case jbvNull:
+			appendStringInfoString(buf, "null");
+			break;
+		case jbvString:
+			escape_json(buf, pnstrdup(v->val.string.val, v->val.string.len));
+			break;
+		case jbvNumeric:
+			appendStringInfoString(buf, DatumGetCString(DirectFunctionCall1(numeric_out,
+																			NumericGetDatum(v->val.numeric))));
+			break;
+		case jbvBool:
+			appendStringInfoString(buf, v->val.boolean ? "true" : "false");
+			break;
+		case jbvArray:
+			appendStringInfoChar(buf, '[');
+			for (i = 0; i < v->val.array.nElems; i++)
+			{
+				if (i > 0)
+					appendStringInfoChar(buf, ',');
+				capture_append_compact(buf, &v->val.array.elems[i]);
+			}
+			appendStringInfoChar(buf, ']');
+			break;
+		case jbvObject:
+			appendStringInfoChar(buf, '{');
+			for (i = 0; i < v->val.object.nPairs; i++)
+			{
+				if (i > 0)
+					appendStringInfoChar(buf, ',');
+				capture_append_compact(buf, &v->val.object.pairs[i].key);
+				appendStringInfoChar(buf, ':');
+				capture_append_compact(buf, &v->val.object.pairs[i].value);
+			}
+			appendStringInfoChar(buf, '}');
+			break;
+		default:
+			elog(ERROR, "outbox: unexpected JSON value type %d in a key", (int) v->type);
+	}
+}
+
 /*
  * The record key of a change as Debezium's key object, as text, compact and
  * in the key's column order as the connector's JSON converter writes it:
@@ -1026,27 +1080,7 @@ outbox_capture_debezium_key(HeapTuple tuple, TupleDesc desc,
 			continue;
 		}
 		capture_dbz_column(&keys[i], d, &v);
-		switch (v.type)
-		{
-			case jbvString:
-				escape_json(&buf, pnstrdup(v.val.string.val, v.val.string.len));
-				break;
-			case jbvNumeric:
-				appendStringInfoString(&buf, DatumGetCString(DirectFunctionCall1(numeric_out,
-																				 NumericGetDatum(v.val.numeric))));
-				break;
-			case jbvBool:
-				appendStringInfoString(&buf, v.val.boolean ? "true" : "false");
-				break;
-			default:
-				{
-					/* an array or a composite: jsonb's text of it */
-					Jsonb	   *jb = JsonbValueToJsonb(&v);
-
-					appendStringInfoString(&buf, JsonbToCString(NULL, &jb->root, VARSIZE(jb)));
-				}
-				break;
-		}
+		capture_append_compact(&buf, &v);
 	}
 	appendStringInfoChar(&buf, '}');
 	*len = buf.len;
@@ -1075,7 +1109,9 @@ outbox_capture_key_changed(HeapTuple oldtup, HeapTuple newtup, TupleDesc desc,
 
 		if (n1 != n2)
 			return true;
-		if (!n1 && !datum_image_eq(d1, d2, att->attbyval, att->attlen))
+		/* the same bytes first: an unchanged out-of-line value is not read */
+		if (!n1 && !datumIsEqual(d1, d2, att->attbyval, att->attlen) &&
+			!datum_image_eq(d1, d2, att->attbyval, att->attlen))
 			return true;
 	}
 	return false;

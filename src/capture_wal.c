@@ -1662,16 +1662,23 @@ capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done,
  * Take the extension itself in share mode, first: a DROP EXTENSION takes it
  * exclusively before any of its tables, so the hand-off, which writes two
  * of them, waits for a drop (or the drop for it) holding none, and the two
- * never deadlock.  A drop that committed meanwhile fails the hand-off's
- * statements, which ends in the drop's own stop.
+ * never deadlock.  A drop that committed meanwhile fails the hand-off (even
+ * if the extension was created again since), which ends in the drop's own
+ * stop, or a restart for the new extension.
  */
 static void
 capture_lock_extension(void)
 {
 	Oid			ext = get_extension_oid("outbox", true);
 
-	if (OidIsValid(ext))
-		LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
+	if (!OidIsValid(ext))
+		return;
+	LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
+	/* dropped (and perhaps created again) while this waited */
+	if (get_extension_oid("outbox", true) != ext)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("extension \"outbox\" was dropped while the capture worker waited to hand off")));
 }
 
 /*
