@@ -386,7 +386,7 @@ static void
 capture_key(CaptureEntry *e, HeapTuple tuple, TupleDesc desc, OutboxMessage *msg)
 {
 	msg->key = e->kind == 'd' ?
-		outbox_capture_debezium_key(tuple, desc, e->keys, e->nkeys, NULL, &msg->key_len) :
+		outbox_capture_debezium_key(tuple, desc, e->keys, e->nkeys, &msg->key_len) :
 		outbox_capture_key(tuple, desc, e->keys, e->nkeys, &msg->key_len);
 	if (msg->key == NULL)
 		return;
@@ -398,25 +398,6 @@ capture_key(CaptureEntry *e, HeapTuple tuple, TupleDesc desc, OutboxMessage *msg
 						   msg->key_len, OUTBOX_MAX_KEY_LEN),
 				 errhint("Capture the table with shorter key columns (outbox.capture(..., key => ...)).")));
 	outbox_check_text(msg->key, msg->key_len, OUTBOX_TEXT_KEY, "outbox key");
-}
-
-/* Debezium's letter for an op. */
-static char
-capture_debezium_op(const char *op)
-{
-	switch (op[0])
-	{
-		case 'i':
-			return 'c';
-		case 'u':
-			return 'u';
-		case 'd':
-			return 'd';
-		case 'r':
-			return 'r';
-		default:
-			return 't';
-	}
 }
 
 /*
@@ -450,9 +431,10 @@ capture_change(CaptureEntry *e, TupleDesc desc, const char *op,
 		}
 		else
 			src.ts = msg->emitted_at;	/* the commit is still to come */
+		src.made = msg->emitted_at;
 		src.lsn = InvalidXLogRecPtr;
 		src.commit_lsn = InvalidXLogRecPtr;
-		payload = outbox_capture_debezium(&src, capture_debezium_op(op), oldtup, newtup,
+		payload = outbox_capture_debezium(&src, op, oldtup, newtup,
 										  desc, e->cols, e->ncols, e->dbz_order, NULL);
 	}
 	else
@@ -794,6 +776,7 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 		{
 			bool		should_free;
 			HeapTuple	tup;
+			MemoryContext oldcxt;
 
 			CHECK_FOR_INTERRUPTS();
 			/*
@@ -807,12 +790,9 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 			}
 			MemoryContextReset(pendcxt);
 			tup = ExecFetchSlotHeapTuple(slot, false, &should_free);
-			pending = MemoryContextAlloc(pendcxt, HEAPTUPLESIZE + tup->t_len);
-			pending->t_len = tup->t_len;
-			pending->t_self = tup->t_self;
-			pending->t_tableOid = tup->t_tableOid;
-			pending->t_data = (HeapTupleHeader) ((char *) pending + HEAPTUPLESIZE);
-			memcpy(pending->t_data, tup->t_data, tup->t_len);
+			oldcxt = MemoryContextSwitchTo(pendcxt);
+			pending = heap_copytuple(tup);
+			MemoryContextSwitchTo(oldcxt);
 			pend_e = e;
 			pend_desc = RelationGetDescr(rel);
 		}

@@ -69,6 +69,7 @@ typedef struct CaptureDebeziumSource
 	const char *schema;
 	const char *table;
 	TimestampTz ts;				/* source.ts_ms: commit (WAL) or change time */
+	TimestampTz made;			/* ts_ms: when outbox made the event */
 	const char *snapshot;		/* "false", "true" or "last" */
 	TransactionId xid;			/* txId */
 	uint64		full_xid;		/* txId of a snapshot row: with its epoch */
@@ -76,11 +77,12 @@ typedef struct CaptureDebeziumSource
 	XLogRecPtr	commit_lsn;		/* its transaction's commit, or invalid */
 } CaptureDebeziumSource;
 
-/* What an unchanged TOASTed column holds in a Debezium event. */
+/* What an unchanged TOASTed column holds in a Debezium event (bytea: base64). */
 #define CAPTURE_DEBEZIUM_UNAVAILABLE	"__debezium_unavailable_value"
+#define CAPTURE_DEBEZIUM_UNAVAILABLE_B64	"X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
 
 extern int *outbox_capture_json_order(const CaptureColumn *cols, int ncols);
-extern Jsonb *outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
+extern Jsonb *outbox_capture_debezium(const CaptureDebeziumSource *src, const char *op,
 									  HeapTuple before, HeapTuple after,
 									  TupleDesc desc, const CaptureColumn *cols,
 									  int ncols, const int *order,
@@ -90,7 +92,7 @@ extern bool outbox_capture_key_changed(HeapTuple oldtup, HeapTuple newtup,
 									   int nkeys);
 extern char *outbox_capture_debezium_key(HeapTuple tuple, TupleDesc desc,
 										 const CaptureColumn *keys, int nkeys,
-										 const bool *unavailable, int *len);
+										 int *len);
 
 /* The columns of a captured outbox table (capture.c). */
 typedef struct CaptureOutboxColumns

@@ -112,23 +112,34 @@ static void capture_push_value(JsonbParseState **st, JsonbIteratorToken tok,
 							   Datum val, Oid typid, char category,
 							   FmgrInfo *out);
 
-/* A number given as text, or a string if it is not a finite number. */
+/*
+ * A number given as text into *v, or a string if it is not a finite number
+ * ("NaN", "Infinity", "-Infinity", as Kafka's JSON converter writes them too).
+ */
+static void
+capture_number_text(const char *s, JsonbValue *v)
+{
+	if (pg_strcasecmp(s, "NaN") == 0 || strstr(s, "nfinity") != NULL)
+	{
+		v->type = jbvString;
+		v->val.string.val = (char *) s;
+		v->val.string.len = strlen(s);
+		return;
+	}
+	v->type = jbvNumeric;
+	v->val.numeric = DatumGetNumeric(DirectFunctionCall3(numeric_in,
+														 CStringGetDatum(s),
+														 ObjectIdGetDatum(InvalidOid),
+														 Int32GetDatum(-1)));
+}
+
 static void
 capture_push_number_text(JsonbParseState **st, JsonbIteratorToken tok,
 						 const char *s)
 {
 	JsonbValue	v;
 
-	if (pg_strcasecmp(s, "NaN") == 0 || strstr(s, "nfinity") != NULL)
-	{
-		outbox_capture_push_string(st, tok, s);
-		return;
-	}
-	v.type = jbvNumeric;
-	v.val.numeric = DatumGetNumeric(DirectFunctionCall3(numeric_in,
-														CStringGetDatum(s),
-														ObjectIdGetDatum(InvalidOid),
-														Int32GetDatum(-1)));
+	capture_number_text(s, &v);
 	pushJsonbValue(st, tok, &v);
 }
 
@@ -490,6 +501,13 @@ capture_set_int64(JsonbValue *v, int64 n)
 	v->val.numeric = int64_to_numeric(n);
 }
 
+/* microseconds since 1970 of a timestamp */
+static int64
+capture_epoch_us(Timestamp t)
+{
+	return t + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY;
+}
+
 /* floor(a / b) for b > 0 */
 static int64
 capture_floor_div(int64 a, int64 b)
@@ -637,21 +655,7 @@ capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
 			return true;
 		case FLOAT4OID:
 		case FLOAT8OID:
-			{
-				char	   *s = capture_output(val, typid, out);
-
-				/* NaN and infinities as Kafka's JSON converter writes them */
-				if (pg_strcasecmp(s, "NaN") == 0 || strstr(s, "nfinity") != NULL)
-					capture_set_string(v, s);
-				else
-				{
-					v->type = jbvNumeric;
-					v->val.numeric = DatumGetNumeric(DirectFunctionCall3(numeric_in,
-																		 CStringGetDatum(s),
-																		 ObjectIdGetDatum(InvalidOid),
-																		 Int32GetDatum(-1)));
-				}
-			}
+			capture_number_text(capture_output(val, typid, out), v);
 			return true;
 		case TIMESTAMPTZOID:
 			capture_set_string(v, capture_dbz_zoned_timestamp(DatumGetTimestampTz(val), typmod));
@@ -702,7 +706,7 @@ capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
 					micros = TIMESTAMP_IS_NOBEGIN(t) ? DBZ_TIMESTAMP_NEG_INFINITY :
 						DBZ_TIMESTAMP_POS_INFINITY;
 				else
-					micros = t + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY;
+					micros = capture_epoch_us(t);
 				/* timestamp(0) to timestamp(3): Timestamp, milliseconds */
 				capture_set_int64(v, typmod >= 0 && typmod <= 3 ?
 								  capture_floor_div(micros, 1000) : micros);
@@ -863,17 +867,9 @@ capture_dbz_row(JsonbValue *v, HeapTuple tuple, TupleDesc desc,
 
 		if (unavailable != NULL && unavailable[i])
 		{
-			if (col->typid == BYTEAOID)
-			{
-				StringInfoData buf;
-
-				initStringInfo(&buf);
-				outbox_append_b64(&buf, (const uint8 *) CAPTURE_DEBEZIUM_UNAVAILABLE,
-								  strlen(CAPTURE_DEBEZIUM_UNAVAILABLE));
-				capture_set_string(cv, buf.data);
-			}
-			else
-				capture_set_string(cv, CAPTURE_DEBEZIUM_UNAVAILABLE);
+			capture_set_string(cv, col->typid == BYTEAOID ?
+							   CAPTURE_DEBEZIUM_UNAVAILABLE_B64 :
+							   CAPTURE_DEBEZIUM_UNAVAILABLE);
 			continue;
 		}
 		d = heap_getattr(tuple, col->attnum, desc, &isnull);
@@ -885,17 +881,16 @@ capture_dbz_row(JsonbValue *v, HeapTuple tuple, TupleDesc desc,
 	capture_object(v, pairs, ncols);
 }
 
-/* milliseconds since 1970 of a timestamptz */
-static int64
-capture_epoch_ms(TimestampTz t)
+/*
+ * The three keys of a time, ts_ms, ts_ns and ts_us (in that order, from
+ * *n on), of t.
+ */
+static void
+capture_pair_times(JsonbPair *pairs, int *n, TimestampTz t)
 {
-	return capture_floor_div(t + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY, 1000);
-}
-
-static int64
-capture_epoch_us(TimestampTz t)
-{
-	return t + (int64) DBZ_UNIX_EPOCH_DAYS * USECS_PER_DAY;
+	capture_set_int64(capture_pair(&pairs[*n], *n, "ts_ms"), capture_floor_div(capture_epoch_us(t), 1000)), (*n)++;
+	capture_set_int64(capture_pair(&pairs[*n], *n, "ts_ns"), capture_epoch_us(t) * 1000), (*n)++;
+	capture_set_int64(capture_pair(&pairs[*n], *n, "ts_us"), capture_epoch_us(t)), (*n)++;
 }
 
 static void
@@ -909,8 +904,9 @@ capture_set_string_or_null(JsonbValue *v, const char *s)
 
 /*
  * A change as Debezium's envelope: {"before", "after", "source", "op",
- * "ts_ms", "ts_us", "ts_ns", "transaction"}.  op is Debezium's letter: c, u,
- * d, r or t.  order is outbox_capture_json_order(cols).  unavailable (by
+ * "ts_ms", "ts_us", "ts_ns", "transaction"}.  op is outbox's name of it
+ * (insert, update, delete, read, truncate), written as Debezium's letter.
+ * order is outbox_capture_json_order(cols).  unavailable (by
  * position in cols, or NULL) marks the after row's unchanged TOASTed
  * columns, which the WAL does not carry.
  *
@@ -918,7 +914,7 @@ capture_set_string_or_null(JsonbValue *v, const char *s)
  * so none is sorted per change: the keys below are listed in that order.
  */
 Jsonb *
-outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
+outbox_capture_debezium(const CaptureDebeziumSource *src, const char *op,
 						HeapTuple before, HeapTuple after, TupleDesc desc,
 						const CaptureColumn *cols, int ncols, const int *order,
 						const bool *unavailable)
@@ -928,8 +924,6 @@ outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
 	JsonbPair	source[16];
 	JsonbValue	root;
 	JsonbValue *v;
-	char		opstr[2] = {op, '\0'};
-	TimestampTz now = GetCurrentTimestamp();
 	int			n = 0;
 
 	/* a database is not renamed while a session is connected to it */
@@ -956,9 +950,7 @@ outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
 		v->type = jbvNull;
 	capture_pair(&source[n], n, "xmin")->type = jbvNull, n++;
 	capture_set_string(capture_pair(&source[n], n, "table"), src->table), n++;
-	capture_set_int64(capture_pair(&source[n], n, "ts_ms"), capture_epoch_ms(src->ts)), n++;
-	capture_set_int64(capture_pair(&source[n], n, "ts_ns"), capture_epoch_us(src->ts) * 1000), n++;
-	capture_set_int64(capture_pair(&source[n], n, "ts_us"), capture_epoch_us(src->ts)), n++;
+	capture_pair_times(source, &n, src->ts);
 	capture_pair(&source[n], n, "origin")->type = jbvNull, n++;
 	capture_set_string(capture_pair(&source[n], n, "schema"), src->schema), n++;
 	capture_set_string(capture_pair(&source[n], n, "version"), OUTBOX_VERSION), n++;
@@ -974,15 +966,16 @@ outbox_capture_debezium(const CaptureDebeziumSource *src, char op,
 	Assert(n == lengthof(source));
 
 	n = 0;
-	capture_set_string(capture_pair(&env[n], n, "op"), pstrdup(opstr)), n++;
+	/* outbox's op names to Debezium's letters */
+	capture_set_string(capture_pair(&env[n], n, "op"),
+					   op[0] == 'i' ? "c" : op[0] == 'u' ? "u" : op[0] == 'd' ? "d" :
+					   op[0] == 'r' ? "r" : "t"), n++;
 	v = capture_pair(&env[n], n, "after"), n++;
 	if (after != NULL)
 		capture_dbz_row(v, after, desc, cols, ncols, order, unavailable);
 	else
 		v->type = jbvNull;
-	capture_set_int64(capture_pair(&env[n], n, "ts_ms"), capture_epoch_ms(now)), n++;
-	capture_set_int64(capture_pair(&env[n], n, "ts_ns"), capture_epoch_us(now) * 1000), n++;
-	capture_set_int64(capture_pair(&env[n], n, "ts_us"), capture_epoch_us(now)), n++;
+	capture_pair_times(env, &n, src->made);
 	v = capture_pair(&env[n], n, "before"), n++;
 	if (before != NULL)
 		capture_dbz_row(v, before, desc, cols, ncols, order, NULL);
@@ -1047,21 +1040,15 @@ capture_append_compact(StringInfo buf, const JsonbValue *v)
 /*
  * The record key of a change as Debezium's key object, as text, compact and
  * in the key's column order as the connector's JSON converter writes it:
- * {"id":1}.  NULL when a key column is not available (stored out of line,
- * unchanged).
+ * {"id":1}.
  */
 char *
 outbox_capture_debezium_key(HeapTuple tuple, TupleDesc desc,
-							const CaptureColumn *keys, int nkeys,
-							const bool *unavailable, int *len)
+							const CaptureColumn *keys, int nkeys, int *len)
 {
 	StringInfoData buf;
 	int			i;
 
-	if (unavailable != NULL)
-		for (i = 0; i < nkeys; i++)
-			if (unavailable[i])
-				return NULL;
 	initStringInfo(&buf);
 	appendStringInfoChar(&buf, '{');
 	for (i = 0; i < nkeys; i++)

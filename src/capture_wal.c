@@ -948,7 +948,6 @@ capture_wal_debezium(WalRel *r, TupleDesc desc, const char *op,
 					 HeapTuple oldtup, HeapTuple newtup, const bool *skip)
 {
 	CaptureDebeziumSource src;
-	char		letter;
 
 	memset(&src, 0, sizeof(src));
 	src.name = r->dbz_name;
@@ -959,10 +958,10 @@ capture_wal_debezium(WalRel *r, TupleDesc desc, const char *op,
 	src.xid = dec->txn_xid_raw;
 	src.lsn = dec->change_lsn;
 	src.commit_lsn = dec->txn_commit_lsn;
-	letter = op[0] == 'i' ? 'c' : op[0] == 'u' ? 'u' : op[0] == 'd' ? 'd' : 't';
-	if (letter == 'c' || letter == 't')
+	src.made = GetCurrentTimestamp();
+	if (strcmp(op, "insert") == 0 || strcmp(op, "truncate") == 0)
 		oldtup = NULL;
-	return outbox_capture_debezium(&src, letter, oldtup, newtup, desc,
+	return outbox_capture_debezium(&src, op, oldtup, newtup, desc,
 								   r->cols, r->ncols, r->dbz_order, skip);
 }
 
@@ -1134,7 +1133,7 @@ capture_wal_change(WalRel *r, TupleDesc desc, const char *op,
 	else if (keytup != NULL)
 	{
 		m.key = r->kind == 'd' ?
-			outbox_capture_debezium_key(keytup, desc, r->keys, r->nkeys, NULL, &m.key_len) :
+			outbox_capture_debezium_key(keytup, desc, r->keys, r->nkeys, &m.key_len) :
 			outbox_capture_key(keytup, desc, r->keys, r->nkeys, &m.key_len);
 		if (m.key != NULL &&
 			(m.key_len > OUTBOX_MAX_KEY_LEN ||
