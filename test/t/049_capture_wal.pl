@@ -80,16 +80,19 @@ sub worker_pid
 my @killed;
 
 # kill -9 the capture worker (the postmaster then restarts every process)
-# and wait until the server accepts connections again.
+# and wait until the server accepts connections again: after the postmaster
+# has reaped the worker, else the poll may pass before the restart begins
+# and the next query meet it (CI on 18).
 sub kill_worker
 {
 	my $pid = worker_pid();
 	if ($pid ne '')
 	{
+		my $offset = -s $node->logfile;
 		kill 'KILL', $pid;
 		push @killed, $pid;
+		$node->wait_for_log(qr/\(PID $pid\) was terminated by signal 9/, $offset);
 	}
-	usleep(100_000);
 	$node->poll_query_until('postgres', 'SELECT true');
 }
 
