@@ -1676,3 +1676,368 @@ SELECT string_agg(block, '' ORDER BY ord)
 		 GROUP BY f.ord, f.name, f.type, f.help) blocks
 $$;
 
+
+---------------------------------------------------------------------------
+-- Redis Streams targets (src/relay_redis.c): each message appended to a
+-- stream with XADD, together with a de-duplication mark of its id, in one
+-- script run on the server, so a message sent again within the window is
+-- not appended twice.
+---------------------------------------------------------------------------
+ALTER TABLE outbox.targets
+	ADD COLUMN stream text,				-- Redis: the stream's key template
+	ADD COLUMN maxlen bigint,			-- Redis: approximate MAXLEN, NULL none
+	ADD COLUMN dedup_window int;		-- Redis: seconds a de-dup mark lives, 0 none
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_kind_check,
+	ADD CONSTRAINT targets_kind_check CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis'));
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_check,
+	ADD CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis')) = (url IS NOT NULL));
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
+	ADD CONSTRAINT targets_lanes_check
+		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis') OR lanes = 1)),
+	ADD CONSTRAINT targets_stream_check
+		CHECK ((kind = 'redis') = (stream IS NOT NULL) AND octet_length(stream) BETWEEN 1 AND 1024),
+	ADD CONSTRAINT targets_maxlen_check
+		CHECK (maxlen IS NULL OR (kind = 'redis' AND maxlen >= 1)),
+	ADD CONSTRAINT targets_dedup_window_check
+		CHECK ((kind = 'redis') = (dedup_window IS NOT NULL) AND dedup_window BETWEEN 0 AND 2592000);
+COMMENT ON COLUMN outbox.targets.stream IS
+	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in';
+COMMENT ON COLUMN outbox.targets.maxlen IS
+	'Redis: the stream is trimmed to about this many entries (XADD MAXLEN ~), NULL for never';
+COMMENT ON COLUMN outbox.targets.dedup_window IS
+	'Redis: seconds the mark of an appended message id lives; a message sent again within it is not appended again (0: no marks)';
+
+-- The checks of a Redis target's url and stream template (in C, as the
+-- relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_redis_target(url text, stream text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_redis_target';
+REVOKE ALL ON FUNCTION outbox.check_redis_target(text, text) FROM PUBLIC;
+
+-- The checks of a broker target's options (NATS, Kafka or Redis), shared
+-- by the create functions and alter_target.
+CREATE OR REPLACE FUNCTION outbox.check_broker_options(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.kind = 'nats' THEN
+		PERFORM outbox.check_nats_target(t.url, t.subject);
+	ELSIF t.kind = 'redis' THEN
+		PERFORM outbox.check_redis_target(t.url, t.stream);
+		IF t.maxlen IS NOT NULL AND t.maxlen < 1 THEN
+			RAISE EXCEPTION 'maxlen must be at least 1, not %', t.maxlen
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'It is about how many entries the stream keeps (XADD MAXLEN ~); pass NULL (or 0 to alter_target) to never trim.';
+		END IF;
+		IF t.dedup_window IS NULL OR t.dedup_window < 0 OR t.dedup_window > 2592000 THEN
+			RAISE EXCEPTION 'dedup_window must be between 0 and 2592000 seconds (30 days), not %', coalesce(t.dedup_window::text, 'NULL')
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'It is how long a message sent again is still recognised and not appended twice; 0 appends without marks.';
+		END IF;
+	ELSE
+		PERFORM outbox.check_kafka_target(t.url, t.topic, t.properties);
+	END IF;
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'It is how many messages of different keys a lane has waiting for their acknowledgements.';
+	END IF;
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.';
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+END
+$$;
+
+-- CloudEvents go to HTTP, NATS and Kafka targets only.
+CREATE OR REPLACE FUNCTION outbox.check_format(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.format IS NULL OR t.format NOT IN ('outbox', 'cloudevents', 'cloudevents-structured') THEN
+		RAISE EXCEPTION 'unknown target format %', quote_nullable(t.format)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A target sends ''outbox'' (its own shape), ''cloudevents'' (CloudEvents 1.0, binary content mode) or ''cloudevents-structured'' (CloudEvents 1.0, structured content mode).',
+				  HINT = 'Pass format => ''cloudevents'' for CloudEvents consumers.';
+	END IF;
+	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka') THEN
+		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents go to HTTP, NATS and Kafka targets; '
+						   || CASE t.kind WHEN 'redis' THEN 'a Redis stream entry has the outbox''s fields (CloudEvents has no Redis binding).'
+										  ELSE 'NOTIFY sends outbox envelopes only.' END,
+				  HINT = 'Use an HTTP, NATS or Kafka target for CloudEvents consumers.';
+	END IF;
+	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
+		RAISE EXCEPTION 'source is the CloudEvents source attribute, and the target sends format ''outbox'''
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass format => ''cloudevents'' as well, or leave source out (source => '''' removes it).';
+	END IF;
+	IF t.ce_source IS NOT NULL AND (t.ce_source = '' OR octet_length(t.ce_source) > 1024
+									OR t.ce_source ~ '[[:cntrl:][:space:]]') THEN
+		RAISE EXCEPTION 'invalid CloudEvents source %', quote_literal(left(t.ce_source, 100))
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A source is a URI-reference of 1 to 1024 bytes without white space or control characters.',
+				  HINT = 'Use a URI such as ''https://shop.example.com/orders'' or ''/shop/orders''.';
+	END IF;
+END
+$$;
+
+-- add_target stores the stream, maxlen and dedup_window too.
+CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	new_id int;
+	violated text;
+BEGIN
+	BEGIN
+		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
+									ordering, max_attempts, timeout_ms, ca_file, client_cert,
+									client_key, envelope_only, subject, topic, properties,
+									format, ce_source, stream, maxlen, dedup_window)
+		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
+				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
+				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
+				target.ca_file, target.client_cert, target.client_key,
+				coalesce(target.envelope_only, false), target.subject, target.topic,
+				target.properties, coalesce(target.format, 'outbox'), target.ce_source,
+				target.stream, target.maxlen, target.dedup_window)
+		RETURNING id INTO new_id;
+	EXCEPTION WHEN unique_violation THEN
+		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+		IF violated IS DISTINCT FROM 'targets_name_key' THEN
+			RAISE;
+		END IF;
+		RAISE EXCEPTION 'outbox target "%" already exists', target.name
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
+	END;
+	INSERT INTO outbox.progress (target_id, lane, done_id)
+	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+-- A target that appends messages to Redis streams, each once within the
+-- de-duplication window.
+CREATE FUNCTION outbox.create_redis_target(
+	name		 text,
+	url			 text,
+	stream		 text	DEFAULT '{topic}',
+	maxlen		 bigint	DEFAULT NULL,
+	dedup_window int	DEFAULT 3600,
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'redis';
+	t.url := url;
+	t.stream := stream;
+	t.maxlen := maxlen;
+	t.dedup_window := dedup_window;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := 'outbox';
+	PERFORM outbox.check_broker_options(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int) IS
+	'create a target that appends messages to Redis streams, each once within a de-duplication window';
+REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int) FROM PUBLIC;
+
+DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text);
+-- Change a target's options; NULL leaves an option as it is (see the
+-- previous definitions).  A Redis target takes url, stream, maxlen
+-- (maxlen => 0 never trims), dedup_window, batch_size, lanes, ordering,
+-- max_attempts, timeout_ms, max_rate and disable_after.
+CREATE FUNCTION outbox.alter_target(
+	name		  text,
+	url			  text		DEFAULT NULL,
+	headers		  jsonb		DEFAULT NULL,
+	secret		  text		DEFAULT NULL,
+	batch_size	  int		DEFAULT NULL,
+	lanes		  int		DEFAULT NULL,
+	ordering	  text		DEFAULT NULL,
+	max_attempts  int		DEFAULT NULL,
+	timeout_ms	  int		DEFAULT NULL,
+	max_rate	  float8	DEFAULT NULL,
+	disable_after interval	DEFAULT NULL,
+	ca_file		  text		DEFAULT NULL,
+	client_cert	  text		DEFAULT NULL,
+	client_key	  text		DEFAULT NULL,
+	envelope_only boolean	DEFAULT NULL,
+	subject		  text		DEFAULT NULL,
+	topic		  text		DEFAULT NULL,
+	properties	  jsonb		DEFAULT NULL,
+	format		  text		DEFAULT NULL,
+	source		  text		DEFAULT NULL,
+	stream		  text		DEFAULT NULL,
+	maxlen		  bigint	DEFAULT NULL,
+	dedup_window  int		DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(alter_target.name);
+	old outbox.targets;
+	t outbox.targets;
+	n int := 0;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	t := old;
+	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis') AND (url IS NOT NULL OR batch_size IS NOT NULL
+													  OR lanes IS NOT NULL OR ordering IS NOT NULL
+													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP, NATS, Kafka and Redis targets have a URL (brokers), batches, lanes, a timeout or a rate.';
+	END IF;
+	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
+							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets have headers, a secret or TLS files.';
+	END IF;
+	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a subject.';
+	END IF;
+	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Kafka targets have a topic and properties.';
+	END IF;
+	IF old.kind <> 'redis' AND (stream IS NOT NULL OR maxlen IS NOT NULL OR dedup_window IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Redis targets have a stream, maxlen and dedup_window.';
+	END IF;
+	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
+	END IF;
+	t.url := coalesce(url, old.url);
+	t.headers := coalesce(headers, old.headers);
+	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
+	t.batch_size := coalesce(batch_size, old.batch_size);
+	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
+	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
+	t.max_attempts := coalesce(max_attempts, old.max_attempts);
+	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
+	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
+	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
+							ELSE coalesce(disable_after, old.disable_after) END;
+	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
+	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
+	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
+	t.envelope_only := coalesce(envelope_only, old.envelope_only);
+	t.subject := coalesce(subject, old.subject);
+	t.topic := coalesce(topic, old.topic);
+	t.properties := coalesce(properties, old.properties);
+	t.format := coalesce(format, old.format);
+	t.ce_source := CASE WHEN source = '' THEN NULL ELSE coalesce(source, old.ce_source) END;
+	t.stream := coalesce(stream, old.stream);
+	t.maxlen := CASE WHEN maxlen = 0 THEN NULL ELSE coalesce(maxlen, old.maxlen) END;
+	t.dedup_window := coalesce(dedup_window, old.dedup_window);
+	IF t.secret IS NULL THEN
+		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
+	END IF;
+	IF old.kind = 'http' THEN
+		PERFORM outbox.check_http_target(t);
+	ELSIF old.kind IN ('nats', 'kafka', 'redis') THEN
+		PERFORM outbox.check_broker_options(t);
+	ELSE
+		PERFORM outbox.check_target_options(t);
+	END IF;
+	PERFORM outbox.check_format(t);
+	IF t.ordering = 'strict' THEN
+		IF lanes IS NOT NULL AND lanes <> 1 THEN
+			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
+		END IF;
+		t.lanes := 1;
+	END IF;
+
+	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
+		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
+		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
+		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
+		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
+		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
+		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
+		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
+		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
+		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
+		+ (t.client_key IS DISTINCT FROM old.client_key)::int
+		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
+		+ (t.subject IS DISTINCT FROM old.subject)::int
+		+ (t.topic IS DISTINCT FROM old.topic)::int
+		+ (t.properties IS DISTINCT FROM old.properties)::int
+		+ (t.format IS DISTINCT FROM old.format)::int
+		+ (t.ce_source IS DISTINCT FROM old.ce_source)::int
+		+ (t.stream IS DISTINCT FROM old.stream)::int
+		+ (t.maxlen IS DISTINCT FROM old.maxlen)::int
+		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int;
+
+	UPDATE outbox.targets x
+	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
+		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
+		   disable_after = t.disable_after, previous_secret = t.previous_secret,
+		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
+		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
+		   properties = t.properties, format = t.format, ce_source = t.ce_source,
+		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
+		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
+		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int) IS
+	'change a target''s options without a restart; returns how many changed';
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int) FROM PUBLIC;

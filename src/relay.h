@@ -9,7 +9,8 @@
  *	   +- relay_read.c		frontier -> read -> route to lanes
  *	   +- relay_progress.c	progress and dead-letter writes
  *	   +- relay_retention.c	retention step, current chunk
- *	   +- relay_http.c, relay_notify.c, relay_nats.c	transports (a
+ *	   +- relay_http.c, relay_notify.c, relay_nats.c, relay_kafka.c,
+ *		  relay_redis.c	transports (a
  *								RelayTransport each): send, then report
  *								an outcome; they know nothing of dead
  *								letters
@@ -136,7 +137,8 @@ typedef enum RelayTargetKind
 	RELAY_HTTP,
 	RELAY_NOTIFY,
 	RELAY_NATS,
-	RELAY_KAFKA
+	RELAY_KAFKA,
+	RELAY_REDIS
 } RelayTargetKind;
 
 struct RelayTarget;
@@ -191,6 +193,7 @@ extern const RelayTransport relay_http_transport;
 extern const RelayTransport relay_notify_transport;
 extern const RelayTransport relay_nats_transport;
 extern const RelayTransport relay_kafka_transport;
+extern const RelayTransport relay_redis_transport;
 extern const RelayTransport *const relay_transports[];	/* relay_main.c */
 extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
 
@@ -215,6 +218,10 @@ typedef struct RelayTarget
 	char	   *topic;			/* Kafka: the topic template */
 	char	   *properties;		/* Kafka: librdkafka settings (JSON text) */
 	Jsonb	   *properties_jb;	/* the same, or NULL */
+	char	   *stream;			/* Redis: the stream's key template */
+	int64		maxlen;			/* Redis: XADD MAXLEN ~ this, 0 for none */
+	int			dedup_window;	/* Redis: seconds a de-dup mark lives, 0
+								 * for none, -1 when not given */
 	char	  **header_lines;	/* "Name: value" of the target's headers */
 	char	  **header_names;	/* their names */
 	int			nheader_lines;	/* entries in header_lines */
@@ -457,6 +464,10 @@ extern const char *relay_nats_check_subject(const char *s, bool template);
 extern const char *relay_kafka_check_brokers(const char *brokers);
 extern const char *relay_kafka_check_topic(const char *template);
 extern const char *relay_kafka_check_properties(Jsonb *jb);
+
+/*---- relay_redis.c: checks of a Redis target's options ----*/
+extern const char *relay_redis_check_url(const char *url);
+extern const char *relay_redis_check_stream(const char *template);
 
 /*---- relay_config.c: what every transport's lanes have on the wire ----*/
 extern int	relay_in_flight(void);

@@ -250,7 +250,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		if (strcmp(s, relay_kinds[i]->kind) == 0)
 			t->transport = relay_kinds[i];
 	if (t->transport == NULL)
-		*problem = "kind is not 'http', 'notify', 'nats' or 'kafka'";
+		*problem = "kind is not 'http', 'notify', 'nats', 'kafka' or 'redis'";
 	else
 		t->kind = t->transport->id;
 	s = relay_spi_text(tup, desc, 24);
@@ -289,6 +289,13 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	}
 	else
 		t->ce_source = pstrdup(relay_ce_default_source());
+	t->stream = relay_spi_text(tup, desc, 30);
+	t->maxlen = relay_spi_int(tup, desc, 31, &isnull);
+	if (isnull)
+		t->maxlen = 0;
+	t->dedup_window = (int) relay_spi_int(tup, desc, 32, &isnull);
+	if (isnull)
+		t->dedup_window = -1;
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -479,6 +486,9 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->properties_jb = n->properties_jb;
 	t->format = n->format;
 	t->ce_source = n->ce_source;
+	t->stream = n->stream;
+	t->maxlen = n->maxlen;
+	t->dedup_window = n->dedup_window;
 	t->header_lines = n->header_lines;
 	t->header_names = n->header_names;
 	t->nheader_lines = n->nheader_lines;
@@ -604,8 +614,9 @@ relay_load_config(void)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
 	/*
-	 * Columns 24 to 29: ordering; the subject, topic, properties, format
-	 * and CloudEvents source (schema 0.3).
+	 * Columns 24 to 32: ordering; the subject, topic, properties, format,
+	 * CloudEvents source, and a Redis target's stream, maxlen and
+	 * dedup_window (schema 0.3).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -622,13 +633,14 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source") :
-					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text") :
+	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window") :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int") :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
 					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
-					"       t.ordering, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text"
+					"       t.ordering, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text,"
+					"       NULL::text, NULL::bigint, NULL::int"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

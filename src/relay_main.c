@@ -202,6 +202,7 @@ const RelayTransport *const relay_transports[] = {
 	&relay_notify_transport,
 	&relay_nats_transport,
 	&relay_kafka_transport,
+	&relay_redis_transport,
 	NULL
 };
 

@@ -280,7 +280,8 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	if (!isnull)
 	{
 		jb = DatumGetJsonbP(d);
-		if (t->kind == RELAY_NOTIFY || (t->kind == RELAY_HTTP && t->batch_size > 1))
+		if (t->kind == RELAY_NOTIFY || t->kind == RELAY_REDIS ||
+			(t->kind == RELAY_HTTP && t->batch_size > 1))
 		{
 			headers = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
 			headers_len = strlen(headers);

@@ -21,6 +21,10 @@ packages=(
 	# Kafka targets: librdkafka for the relay, and its mock cluster for the
 	# tests (test/kafka/)
 	librdkafka-dev
+	# Redis Streams targets: hiredis's reply parser for the relay, a real
+	# redis-server for the tests
+	libhiredis-dev
+	redis-server
 	libipc-run-perl
 	cppcheck
 	python3

@@ -1,0 +1,1524 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_redis.c
+ *	  Delivery to Redis Streams.  All Redis protocol use is here.
+ *
+ * A Redis target has one connection, shared by its lanes, on the relay's
+ * own thread: a non-blocking socket the relay opens itself (so every
+ * address it dials has passed outbox.denied_destinations /
+ * allowed_destinations), in an epoll set whose descriptor is in the
+ * relay's WaitEventSet.  Commands are written in RESP by this file;
+ * replies are parsed by hiredis's reader (with reply objects of our own
+ * that refuse what no answer of ours can be: large arrays, long strings).
+ * No library thread runs, apart from glibc's resolver for host names.
+ *
+ * Each message is one EVALSHA of a small Lua script that, atomically on
+ * the server, looks for a de-duplication mark of the message's id, and
+ * when there is none appends the message to the stream (XADD, with an
+ * approximate MAXLEN when the target has one) and sets the mark to expire
+ * after dedup_window seconds.  So a message sent again (after a relay
+ * crash, a lost reply, a reconnect) within the window is not appended
+ * twice: its reply says "already there", which counts as delivered.
+ *
+ * Replies come back in the order the commands were written; a FIFO of
+ * what each reply answers (a handshake step, or a lane's request and a
+ * position in it) matches them.  A request holds at most one message of a
+ * key (per_message), so no later message of a key is appended ahead of an
+ * earlier one that is to be sent again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <openssl/evp.h>
+
+#include "fmgr.h"
+#include "storage/fd.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "relay.h"
+
+/* Longest stream key, in bytes, once the template is filled in. */
+#define REDIS_MAX_STREAM	1024
+/* Most bytes of replies buffered and not yet parsed. */
+#define REDIS_MAX_UNPARSED	(4 * 1024 * 1024)
+/* Longest string in a reply; none of ours is near it. */
+#define REDIS_MAX_REPLY_STRING	(64 * 1024)
+/* Most elements of an array in a reply; ours have 2. */
+#define REDIS_MAX_REPLY_ARRAY	16
+/* Bytes read from a socket at a time. */
+#define REDIS_READ_CHUNK	65536
+/* Most readiness events taken in one call of relay_redis_drive(). */
+#define REDIS_MAX_EVENTS	64
+/* How often a host name being resolved is looked at, in milliseconds. */
+#define REDIS_LOOKUP_POLL_MS	1
+
+/*
+ * The script each message runs.  KEYS: the stream, the mark.  ARGV: the
+ * window in seconds (0: no mark), the MAXLEN (0: none), then the entry's
+ * fields and values.  Returns {1, entry id} when appended, {0, entry id}
+ * when the mark says it was appended before.
+ */
+static const char redis_script[] =
+"local w = ARGV[1] ~= '0'\n"
+"if w then\n"
+"  local seen = redis.call('GET', KEYS[2])\n"
+"  if seen then return {0, seen} end\n"
+"end\n"
+"local id\n"
+"if ARGV[2] ~= '0' then\n"
+"  id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))\n"
+"else\n"
+"  id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))\n"
+"end\n"
+"if w then redis.call('SET', KEYS[2], id, 'EX', ARGV[1]) end\n"
+"return {1, id}\n";
+
+/* What a reply answers. */
+typedef enum RedisPendingKind
+{
+	REDIS_PENDING_AUTH,
+	REDIS_PENDING_SELECT,
+	REDIS_PENDING_LOAD,
+	REDIS_PENDING_MESSAGE
+} RedisPendingKind;
+
+typedef struct RedisPending
+{
+	RedisPendingKind kind;
+	int			lane;			/* MESSAGE: the lane, its request and the */
+	uint32		request;		/* message's position in it */
+	int			pos;
+} RedisPending;
+
+typedef enum RedisConnState
+{
+	REDIS_CONN_NONE,			/* no connection */
+	REDIS_CONN_RESOLVING,		/* the host name is being resolved */
+	REDIS_CONN_CONNECTING,		/* connect() under way */
+	REDIS_CONN_OPEN				/* connected (the handshake may be under way) */
+} RedisConnState;
+
+/* A host name resolved by glibc's thread: malloc'd, glibc writes to it. */
+typedef struct RedisLookup
+{
+	struct gaicb cb;
+	struct addrinfo hints;
+	char		name[256];
+	char		service[8];
+} RedisLookup;
+
+/* A Redis URL, taken apart. */
+typedef struct RedisUrl
+{
+	char	   *user;			/* NULL for the default user */
+	char	   *password;		/* NULL for none */
+	char	   *host;
+	int			port;
+	long		db;
+} RedisUrl;
+
+/* A target's connection (RelayTarget.priv). */
+typedef struct RelayRedisTarget
+{
+	RedisConnState state;
+	int			fd;				/* the socket, or -1 */
+	uint64		serial;			/* epoll events name the connection by it */
+	bool		want_write;		/* EPOLLOUT asked for */
+	bool		broken;			/* a write failed: drive() closes it */
+	char		broken_why[RELAY_MAX_ERROR_LEN + 1];
+	char	   *url;			/* the url it was made for */
+	uint64		destinations;	/* outbox_destinations_generation then */
+	RedisLookup *lookup;		/* a host name being resolved, or NULL */
+	char		peer[INET6_ADDRSTRLEN + 8];	/* address:port dialled */
+	redisReader *reader;		/* replies being parsed */
+	StringInfoData out;			/* commands not yet written */
+	int			out_off;		/* bytes of out written */
+	RedisPending *pending;		/* ring of what the replies answer */
+	int			pending_head;
+	int			npending;
+	int			maxpending;
+	bool		loading;		/* a SCRIPT LOAD is on its way again */
+	int			in_flight;		/* lanes of the target with a request */
+	StringInfoData stream;		/* reused: a message's stream key */
+	StringInfoData mark;		/* reused: its mark's key */
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+} RelayRedisTarget;
+
+#define REDIS_TARGET(t)	((RelayRedisTarget *) (t)->priv)
+#define REDIS_LANE(lane)	((RelayAcks *) (lane)->priv)
+
+static int	epoll_fd = -1;
+static uint64 next_conn_serial = 1;
+static int	requests_in_flight = 0;
+static int	targets_resolving = 0;
+static char script_sha[41];
+
+/*---- reply objects: hiredis's reader builds them with these ----*/
+
+static void *
+redis_reply_attach(const redisReadTask *task, redisReply *r)
+{
+	if (task->parent != NULL)
+	{
+		redisReply *parent = (redisReply *) task->parent->obj;
+
+		parent->element[task->idx] = r;
+	}
+	return r;
+}
+
+static void *
+redis_reply_new(const redisReadTask *task, int type)
+{
+	redisReply *r = calloc(1, sizeof(redisReply));
+
+	if (r == NULL)
+		return NULL;
+	r->type = type;
+	return r;
+}
+
+static void *
+redis_create_string(const redisReadTask *task, char *str, size_t len)
+{
+	redisReply *r;
+
+	if (len > REDIS_MAX_REPLY_STRING)
+		return NULL;			/* the reader reports an error */
+	r = redis_reply_new(task, task->type);
+	if (r == NULL)
+		return NULL;
+	r->str = malloc(len + 1);
+	if (r->str == NULL)
+	{
+		free(r);
+		return NULL;
+	}
+	memcpy(r->str, str, len);
+	r->str[len] = '\0';
+	r->len = len;
+	return redis_reply_attach(task, r);
+}
+
+static void *
+redis_create_array(const redisReadTask *task, int elements)
+{
+	redisReply *r;
+
+	if (elements < 0 || elements > REDIS_MAX_REPLY_ARRAY)
+		return NULL;
+	r = redis_reply_new(task, REDIS_REPLY_ARRAY);
+	if (r == NULL)
+		return NULL;
+	if (elements > 0)
+	{
+		r->element = calloc(elements, sizeof(redisReply *));
+		if (r->element == NULL)
+		{
+			free(r);
+			return NULL;
+		}
+	}
+	r->elements = elements;
+	return redis_reply_attach(task, r);
+}
+
+static void *
+redis_create_integer(const redisReadTask *task, long long value)
+{
+	redisReply *r = redis_reply_new(task, REDIS_REPLY_INTEGER);
+
+	if (r == NULL)
+		return NULL;
+	r->integer = value;
+	return redis_reply_attach(task, r);
+}
+
+static void *
+redis_create_nil(const redisReadTask *task)
+{
+	redisReply *r = redis_reply_new(task, REDIS_REPLY_NIL);
+
+	if (r == NULL)
+		return NULL;
+	return redis_reply_attach(task, r);
+}
+
+static void
+redis_free_reply(void *obj)
+{
+	redisReply *r = (redisReply *) obj;
+	size_t		i;
+
+	if (r == NULL)
+		return;
+	for (i = 0; i < r->elements; i++)
+		if (r->element != NULL)
+			redis_free_reply(r->element[i]);
+	free(r->element);
+	free(r->str);
+	free(r);
+}
+
+static redisReplyObjectFunctions redis_reply_functions = {
+	redis_create_string,
+	redis_create_array,
+	redis_create_integer,
+	redis_create_nil,
+	redis_free_reply
+};
+
+/*---- checks, for the SQL functions and for rows read ----*/
+
+static int
+redis_hex(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* s[0..len) percent-decoded (palloc'd), or NULL when it is not valid. */
+static char *
+redis_unescape(const char *s, int len)
+{
+	char	   *out = palloc(len + 1);
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < len; i++)
+	{
+		if (s[i] == '%')
+		{
+			int			hi;
+			int			lo;
+
+			if (i + 2 >= len)
+				return NULL;
+			hi = redis_hex(s[i + 1]);
+			lo = redis_hex(s[i + 2]);
+			if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+				return NULL;
+			out[n++] = (char) (hi * 16 + lo);
+			i += 2;
+		}
+		else
+			out[n++] = s[i];
+	}
+	out[n] = '\0';
+	return out;
+}
+
+/*
+ * Whether url is a Redis URL the relay can use:
+ * redis://[[user]:password@]host[:port][/db].  Returns why not, or NULL;
+ * with u, fills it (palloc'd).
+ */
+static const char *
+redis_parse_url(const char *url, RedisUrl *u)
+{
+	const char *p;
+	const char *at;
+	const char *h;
+	const char *hend;
+	long		port = 6379;
+	long		db = 0;
+	char	   *user = NULL;
+	char	   *password = NULL;
+
+	if (url == NULL || *url == '\0')
+		return "it is empty";
+	if (strncmp(url, "rediss://", 9) == 0)
+		return "TLS (rediss://) is not supported: Debian 12's hiredis 0.14 has no TLS";
+	if (strncmp(url, "unix://", 7) == 0 || strncmp(url, "redis+unix://", 13) == 0)
+		return "Unix-domain sockets are not supported: give a host and port";
+	if (strncmp(url, "redis://", 8) != 0)
+		return "it must start with redis://";
+	p = url + 8;
+	at = strchr(p, '@');
+	if (at != NULL)
+	{
+		const char *colon = memchr(p, ':', at - p);
+
+		if (strchr(at + 1, '@') != NULL)
+			return "it has more than one @ (percent-encode an @ of the password as %40)";
+		if (colon == NULL)
+			return "it has a user without a password: give redis://user:password@host";
+		if (colon > p && (user = redis_unescape(p, colon - p)) == NULL)
+			return "the user has an invalid percent escape";
+		if ((password = redis_unescape(colon + 1, at - colon - 1)) == NULL)
+			return "the password has an invalid percent escape";
+		if (*password == '\0')
+			return "the password is empty";
+		if (user != NULL && *user == '\0')
+			user = NULL;
+		p = at + 1;
+	}
+	if (*p == '[')
+	{
+		h = ++p;
+		while (*p && *p != ']')
+			p++;
+		if (*p != ']')
+			return "an IPv6 address lacks its ']'";
+		hend = p++;
+	}
+	else
+	{
+		h = p;
+		while (*p && (isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+			p++;
+		hend = p;
+	}
+	if (hend == h || hend - h > 253)
+		return "it has no host, or one that is too long";
+	if (*p == ':')
+	{
+		char	   *end;
+
+		p++;
+		if (!isdigit((unsigned char) *p))
+			return "the port is not a number";
+		errno = 0;
+		port = strtol(p, &end, 10);
+		p = end;
+		if (errno != 0 || port < 1 || port > 65535)
+			return "the port is not between 1 and 65535";
+	}
+	if (*p == '/' && p[1] != '\0')
+	{
+		char	   *end;
+
+		p++;
+		if (!isdigit((unsigned char) *p))
+			return "the database is not a number";
+		errno = 0;
+		db = strtol(p, &end, 10);
+		p = end;
+		if (errno != 0 || db < 0 || db > PG_INT32_MAX)
+			return "the database number is out of range";
+	}
+	else if (*p == '/')
+		p++;
+	if (*p != '\0')
+		return "it has something after the host, port and database (a query, a second server?); only redis://[user:password@]host[:port][/db] is taken";
+	if (u != NULL)
+	{
+		u->user = user;
+		u->password = password;
+		u->host = pnstrdup(h, hend - h);
+		u->port = (int) port;
+		u->db = db;
+	}
+	return NULL;
+}
+
+const char *
+relay_redis_check_url(const char *url)
+{
+	return redis_parse_url(url, NULL);
+}
+
+/* The url without its user information, to show. */
+static char *
+redis_url_shown(const char *url)
+{
+	const char *at;
+
+	if (url == NULL)
+		return pstrdup("NULL");
+	if (strncmp(url, "redis://", 8) != 0 || (at = strchr(url + 8, '@')) == NULL)
+		return pstrdup(url);
+	return psprintf("redis://***@%s", at + 1);
+}
+
+/*
+ * Whether template is a stream key template: 1 to 1024 bytes without
+ * control characters, with {topic} and {key} the only braces.
+ */
+const char *
+relay_redis_check_stream(const char *template)
+{
+	const char *s;
+
+	if (template == NULL || *template == '\0')
+		return "it is empty";
+	if (strlen(template) > REDIS_MAX_STREAM)
+		return "it is longer than 1024 bytes";
+	for (s = template; *s; s++)
+	{
+		if (*s == '{')
+		{
+			if (strncmp(s, "{topic}", 7) == 0)
+				s += 6;
+			else if (strncmp(s, "{key}", 5) == 0)
+				s += 4;
+			else
+				return "only {topic} and {key} may stand in braces";
+			continue;
+		}
+		if (*s == '}')
+			return "only {topic} and {key} may stand in braces";
+		if ((unsigned char) *s < 0x20 || *s == 0x7f)
+			return "it has a control character";
+	}
+	return NULL;
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_redis_target);
+
+/*
+ * outbox.check_redis_target(url, stream): the checks of a Redis target's
+ * options, for create_redis_target() and alter_target().
+ */
+Datum
+outbox_check_redis_target(PG_FUNCTION_ARGS)
+{
+	char	   *url = PG_ARGISNULL(0) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char	   *stream = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
+	const char *why;
+
+	if ((why = relay_redis_check_url(url)) != NULL)
+		ereport(ERROR,
+				(errcode(strncmp(why, "TLS", 3) == 0 || strncmp(why, "Unix", 4) == 0 ?
+						 ERRCODE_FEATURE_NOT_SUPPORTED : ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid Redis URL %s",
+						url ? quote_literal_cstr(redis_url_shown(url)) : "NULL"),
+				 errdetail("The URL is not usable: %s.", why),
+				 strncmp(why, "TLS", 3) == 0 ?
+				 errhint("Reach a TLS-only Redis through a TLS tunnel on loopback (stunnel, spiped) and give its redis:// address.") :
+				 errhint("Give redis://host:port, with :password@ or user:password@ before the host for AUTH and /N after it for a database; percent-encode special characters of the password.")));
+	if ((why = relay_redis_check_stream(stream)) != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid Redis stream key %s", stream ? quote_literal_cstr(stream) : "NULL"),
+				 errdetail("The stream key is not usable: %s.", why),
+				 errhint("Give the stream's key, with {topic} or {key} standing for the message's topic or key, as in 'orders:{topic}'.")));
+	PG_RETURN_VOID();
+}
+
+/*---- on the relay's thread ----*/
+
+/* The script's SHA1, as EVALSHA names it. */
+static void
+redis_script_sha(void)
+{
+	unsigned char digest[EVP_MAX_MD_SIZE];
+	unsigned int len = 0;
+	int			i;
+
+	if (script_sha[0] != '\0')
+		return;
+	/* OpenSSL itself: pg_cryptohash needs a resource owner */
+	if (EVP_Digest(redis_script, strlen(redis_script), digest, &len, EVP_sha1(), NULL) != 1 ||
+		len != 20)
+		elog(ERROR, "outbox: could not compute the SHA1 of the Redis script");
+	for (i = 0; i < 20; i++)
+		snprintf(script_sha + i * 2, 3, "%02x", digest[i]);
+}
+
+static int
+relay_redis_start(void)
+{
+	epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+	if (epoll_fd < 0)
+		elog(ERROR, "outbox: could not create an epoll set: %m");
+	ReserveExternalFD();
+	redis_script_sha();
+	return epoll_fd;
+}
+
+/* Drop a lookup; one still running is left to glibc (a small leak). */
+static void
+redis_lookup_forget(RelayRedisTarget *rt)
+{
+	RedisLookup *l = rt->lookup;
+
+	if (l == NULL)
+		return;
+	rt->lookup = NULL;
+	if (gai_error(&l->cb) == EAI_INPROGRESS)
+	{
+		int			rc = gai_cancel(&l->cb);
+
+		if (rc != EAI_CANCELED && rc != EAI_ALLDONE)
+			return;
+	}
+	if (l->cb.ar_result)
+		freeaddrinfo(l->cb.ar_result);
+	free(l);
+}
+
+/* Close the connection; what it carried is forgotten. */
+static void
+redis_close(RelayRedisTarget *rt)
+{
+	if (rt->state == REDIS_CONN_RESOLVING)
+		targets_resolving--;
+	redis_lookup_forget(rt);
+	if (rt->fd >= 0)
+	{
+		(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, rt->fd, NULL);
+		close(rt->fd);
+		ReleaseExternalFD();
+		rt->fd = -1;
+	}
+	if (rt->reader != NULL)
+	{
+		redisReaderFree(rt->reader);
+		rt->reader = NULL;
+	}
+	resetStringInfo(&rt->out);
+	rt->out_off = 0;
+	rt->npending = 0;
+	rt->pending_head = 0;
+	rt->loading = false;
+	rt->want_write = false;
+	rt->broken = false;
+	rt->state = REDIS_CONN_NONE;
+}
+
+static void
+relay_redis_stop(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_REDIS && t->priv != NULL)
+			redis_close(REDIS_TARGET(t));
+	}
+	if (epoll_fd >= 0)
+	{
+		close(epoll_fd);
+		ReleaseExternalFD();
+		epoll_fd = -1;
+	}
+}
+
+/*---- RESP commands ----*/
+
+static void
+redis_arg(StringInfo out, const char *s, int len)
+{
+	appendStringInfo(out, "$%d\r\n", len);
+	appendBinaryStringInfo(out, s, len);
+	appendBinaryStringInfo(out, "\r\n", 2);
+}
+
+static void
+redis_arg_str(StringInfo out, const char *s)
+{
+	redis_arg(out, s, strlen(s));
+}
+
+/* Note that the next reply answers this. */
+static void
+redis_expect(RelayTarget *t, RedisPendingKind kind, int lane, uint32 request, int pos)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	RedisPending *p;
+
+	if (rt->npending == rt->maxpending)
+	{
+		int			size = Max(64, rt->maxpending * 2);
+		RedisPending *ring = MemoryContextAlloc(t->cxt, size * sizeof(RedisPending));
+		int			i;
+
+		for (i = 0; i < rt->npending; i++)
+			ring[i] = rt->pending[(rt->pending_head + i) % rt->maxpending];
+		if (rt->pending)
+			pfree(rt->pending);
+		rt->pending = ring;
+		rt->pending_head = 0;
+		rt->maxpending = size;
+	}
+	p = &rt->pending[(rt->pending_head + rt->npending) % rt->maxpending];
+	p->kind = kind;
+	p->lane = lane;
+	p->request = request;
+	p->pos = pos;
+	rt->npending++;
+}
+
+static void
+redis_queue_load(RelayTarget *t)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+
+	appendStringInfoString(&rt->out, "*3\r\n");
+	redis_arg_str(&rt->out, "SCRIPT");
+	redis_arg_str(&rt->out, "LOAD");
+	redis_arg_str(&rt->out, redis_script);
+	redis_expect(t, REDIS_PENDING_LOAD, 0, 0, 0);
+}
+
+/* The handshake a new connection starts with: AUTH, SELECT, SCRIPT LOAD. */
+static void
+redis_queue_handshake(RelayTarget *t, RedisUrl *u)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+
+	if (u->password != NULL)
+	{
+		appendStringInfo(&rt->out, "*%d\r\n", u->user ? 3 : 2);
+		redis_arg_str(&rt->out, "AUTH");
+		if (u->user)
+			redis_arg_str(&rt->out, u->user);
+		redis_arg_str(&rt->out, u->password);
+		redis_expect(t, REDIS_PENDING_AUTH, 0, 0, 0);
+	}
+	if (u->db != 0)
+	{
+		char		db[24];
+
+		snprintf(db, sizeof(db), "%ld", u->db);
+		appendStringInfoString(&rt->out, "*2\r\n");
+		redis_arg_str(&rt->out, "SELECT");
+		redis_arg_str(&rt->out, db);
+		redis_expect(t, REDIS_PENDING_SELECT, 0, 0, 0);
+	}
+	redis_queue_load(t);
+}
+
+/* Ask for EPOLLOUT while there is something to write (or a connect). */
+static void
+redis_want_write(RelayRedisTarget *rt, bool want)
+{
+	struct epoll_event ev;
+
+	if (rt->fd < 0 || rt->want_write == want)
+		return;
+	ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
+	ev.data.u64 = rt->serial;
+	if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, rt->fd, &ev) == 0)
+		rt->want_write = want;
+}
+
+/* Write what can be written now; a failure is left for drive(). */
+static void
+redis_flush(RelayRedisTarget *rt)
+{
+	while (rt->state == REDIS_CONN_OPEN && !rt->broken && rt->out_off < rt->out.len)
+	{
+		ssize_t		n = send(rt->fd, rt->out.data + rt->out_off,
+							 rt->out.len - rt->out_off, MSG_NOSIGNAL);
+
+		if (n > 0)
+			rt->out_off += n;
+		else if (n < 0 && errno == EINTR)
+			continue;
+		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		else
+		{
+			rt->broken = true;
+			snprintf(rt->broken_why, sizeof(rt->broken_why),
+					 "the connection to Redis at %s was lost: %s", rt->peer,
+					 n == 0 ? "closed" : strerror(errno));
+			break;
+		}
+	}
+	if (rt->out_off >= rt->out.len)
+	{
+		/* All written: the buffer starts again (kept if it grew large). */
+		if (rt->out.maxlen > 1024 * 1024)
+		{
+			pfree(rt->out.data);
+			initStringInfo(&rt->out);
+		}
+		resetStringInfo(&rt->out);
+		rt->out_off = 0;
+	}
+	if (rt->state == REDIS_CONN_OPEN)
+		redis_want_write(rt, rt->out_off < rt->out.len);
+}
+
+/*
+ * Dial the first address the destination rules allow of what the host
+ * resolved to.  Returns false, with rt->error, when none may be dialled or
+ * the dialling failed at once.
+ */
+static bool
+redis_dial(RelayRedisTarget *rt, struct addrinfo *list, const char *host)
+{
+	struct addrinfo *ai;
+	const char *refused = NULL;
+
+	for (ai = list; ai != NULL; ai = ai->ai_next)
+	{
+		const void *addr;
+		int			port;
+		int			fd;
+		int			one = 1;
+		char		text[INET6_ADDRSTRLEN];
+		struct epoll_event ev;
+
+		if (ai->ai_family == AF_INET)
+		{
+			addr = &((struct sockaddr_in *) ai->ai_addr)->sin_addr;
+			port = ntohs(((struct sockaddr_in *) ai->ai_addr)->sin_port);
+		}
+		else if (ai->ai_family == AF_INET6)
+		{
+			addr = &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr;
+			port = ntohs(((struct sockaddr_in6 *) ai->ai_addr)->sin6_port);
+		}
+		else
+			continue;
+		if ((refused = outbox_destination_refused(ai->ai_family, addr, host)) != NULL)
+			continue;
+		inet_ntop(ai->ai_family, addr, text, sizeof(text));
+		snprintf(rt->peer, sizeof(rt->peer), ai->ai_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
+				 text, port);
+		if (!AcquireExternalFD())
+		{
+			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: no file descriptor is free",
+					 rt->peer);
+			return false;
+		}
+		fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+		{
+			ReleaseExternalFD();
+			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: %s",
+					 rt->peer, strerror(errno));
+			return false;
+		}
+		(void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS)
+		{
+			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: %s",
+					 rt->peer, strerror(errno));
+			close(fd);
+			ReleaseExternalFD();
+			return false;
+		}
+		ev.events = EPOLLIN | EPOLLOUT;
+		ev.data.u64 = rt->serial;
+		if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0)
+		{
+			snprintf(rt->error, sizeof(rt->error), "could not wait for Redis at %s: %s",
+					 rt->peer, strerror(errno));
+			close(fd);
+			ReleaseExternalFD();
+			return false;
+		}
+		rt->fd = fd;
+		rt->want_write = true;
+		rt->state = REDIS_CONN_CONNECTING;
+		return true;
+	}
+	if (refused != NULL)
+		snprintf(rt->error, sizeof(rt->error), "connection refused by the relay: %s", refused);
+	else
+		snprintf(rt->error, sizeof(rt->error), "\"%s\" has no IPv4 or IPv6 address", host);
+	return false;
+}
+
+/*
+ * Make the target's connection if it has none: resolve its host (an
+ * address at once, a name in the background), dial, and queue the
+ * handshake.  Returns false, with rt->error, when it cannot be made.
+ */
+static bool
+redis_connect(RelayTarget *t)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	RedisUrl	u;
+	const char *bad;
+	struct in_addr a4;
+	struct in6_addr a6;
+	MemoryContext oldcxt;
+
+	if (rt->state != REDIS_CONN_NONE)
+		return true;
+	oldcxt = MemoryContextSwitchTo(t->cxt);
+	if (rt->url)
+		pfree(rt->url);
+	rt->url = pstrdup(t->url);
+	MemoryContextSwitchTo(oldcxt);
+	rt->destinations = outbox_destinations_generation;
+	rt->serial = next_conn_serial++;
+	if ((bad = redis_parse_url(t->url, &u)) != NULL)
+	{
+		snprintf(rt->error, sizeof(rt->error), "the url is not usable: %s", bad);
+		return false;
+	}
+	rt->reader = redisReaderCreateWithFunctions(&redis_reply_functions);
+	if (rt->reader == NULL)
+	{
+		snprintf(rt->error, sizeof(rt->error), "out of memory");
+		return false;
+	}
+	redis_queue_handshake(t, &u);
+
+	if (inet_pton(AF_INET, u.host, &a4) == 1 || inet_pton(AF_INET6, u.host, &a6) == 1)
+	{
+		struct addrinfo hints;
+		struct addrinfo *list = NULL;
+		char		service[8];
+		bool		ok;
+
+		/* An address: no lookup to wait for. */
+		memset(&hints, 0, sizeof(hints));
+		hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+		hints.ai_socktype = SOCK_STREAM;
+		snprintf(service, sizeof(service), "%d", u.port);
+		if (getaddrinfo(u.host, service, &hints, &list) != 0)
+		{
+			snprintf(rt->error, sizeof(rt->error), "\"%s\" is not an address", u.host);
+			redis_close(rt);
+			return false;
+		}
+		ok = redis_dial(rt, list, u.host);
+		freeaddrinfo(list);
+		if (!ok)
+			redis_close(rt);
+		return ok;
+	}
+	else
+	{
+		RedisLookup *l = calloc(1, sizeof(RedisLookup));
+		struct gaicb *list[1];
+		int			rc;
+		sigset_t	all;
+		sigset_t	old;
+
+		if (l == NULL)
+		{
+			snprintf(rt->error, sizeof(rt->error), "out of memory");
+			redis_close(rt);
+			return false;
+		}
+		strlcpy(l->name, u.host, sizeof(l->name));
+		snprintf(l->service, sizeof(l->service), "%d", u.port);
+		l->hints.ai_family = AF_UNSPEC;
+		l->hints.ai_socktype = SOCK_STREAM;
+		l->cb.ar_name = l->name;
+		l->cb.ar_service = l->service;
+		l->cb.ar_request = &l->hints;
+		list[0] = &l->cb;
+		/* glibc's resolver thread must not take PostgreSQL's signals. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		rc = getaddrinfo_a(GAI_NOWAIT, list, 1, NULL);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (rc != 0)
+		{
+			free(l);
+			snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", u.host,
+					 gai_strerror(rc));
+			redis_close(rt);
+			return false;
+		}
+		rt->lookup = l;
+		rt->state = REDIS_CONN_RESOLVING;
+		targets_resolving++;
+		return true;
+	}
+}
+
+static void
+relay_redis_lane_init(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+
+	if (t->priv == NULL)
+	{
+		RelayRedisTarget *rt = MemoryContextAllocZero(t->cxt, sizeof(RelayRedisTarget));
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+		rt->fd = -1;
+		initStringInfo(&rt->out);
+		initStringInfo(&rt->stream);
+		initStringInfo(&rt->mark);
+		MemoryContextSwitchTo(oldcxt);
+		t->priv = rt;
+	}
+	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayAcks));
+}
+
+static void
+relay_redis_lane_release(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+
+	if (lane->in_flight)
+	{
+		requests_in_flight--;
+		if (t->priv != NULL)
+			REDIS_TARGET(t)->in_flight--;
+		lane->in_flight = false;
+	}
+	/* The last lane closes the target's connection. */
+	if (lane->index == t->nlanes - 1 && t->priv != NULL)
+	{
+		redis_close(REDIS_TARGET(t));
+		t->priv = NULL;
+	}
+}
+
+/*
+ * Queue the lane's next request: one EVALSHA per message of the cut_n at
+ * its head.  Returns false, with *failed set, when not one could be.
+ */
+static bool
+relay_redis_send(RelayLane *lane, RelayOutcome *failed)
+{
+	RelayTarget *t = lane->target;
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	RelayAcks  *rl = REDIS_LANE(lane);
+	RelayMessage *m;
+	char		number[24];
+	char		window[16];
+	char		maxlen[24];
+	int			i;
+
+	Assert(!lane->in_flight && lane->nqueued > 0);
+	memset(failed, 0, sizeof(*failed));
+	relay_test_fault("send", lane->head->topic);
+
+	/* A connection made for another url or other rules is made anew. */
+	if (rt->state != REDIS_CONN_NONE && rt->in_flight == 0 &&
+		(strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation))
+		redis_close(rt);
+	if (!redis_connect(t))
+	{
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = rt->error;
+		return false;
+	}
+
+	relay_acks_begin(rl, lane->cut_n, t->cxt);
+	lane->nbatch = lane->cut_n;
+	snprintf(window, sizeof(window), "%d", Max(t->dedup_window, 0));
+	snprintf(maxlen, sizeof(maxlen), INT64_FORMAT, t->maxlen);
+	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
+	{
+		StringInfo	out = &rt->out;
+
+		if (!relay_template_fill(t->stream, m, &rt->stream))
+		{
+			relay_acks_bad(rl, i, RELAY_REJECTED,
+						   "the stream template has {key} and the message has no key");
+			break;
+		}
+		if (rt->stream.len == 0 || rt->stream.len > REDIS_MAX_STREAM)
+		{
+			relay_acks_bad(rl, i, RELAY_REJECTED,
+						   "the stream key is empty or longer than 1024 bytes once the template is filled in");
+			break;
+		}
+		resetStringInfo(&rt->mark);
+		appendBinaryStringInfo(&rt->mark, rt->stream.data, rt->stream.len);
+		appendStringInfo(&rt->mark, ":outbox-dedup:%s", m->msg_id);
+		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+
+		appendStringInfo(out, "*%d\r\n",
+						 5 + 2 + 6 + (m->key ? 2 : 0) + (m->headers ? 2 : 0) + 2);
+		redis_arg_str(out, "EVALSHA");
+		redis_arg(out, script_sha, 40);
+		redis_arg_str(out, "2");
+		redis_arg(out, rt->stream.data, rt->stream.len);
+		redis_arg(out, rt->mark.data, rt->mark.len);
+		redis_arg_str(out, window);
+		redis_arg_str(out, maxlen);
+		redis_arg_str(out, "id");
+		redis_arg_str(out, m->msg_id);
+		redis_arg_str(out, "seq");
+		redis_arg_str(out, number);
+		redis_arg_str(out, "topic");
+		redis_arg_str(out, m->topic);
+		if (m->key)
+		{
+			redis_arg_str(out, "key");
+			redis_arg_str(out, m->key);
+		}
+		if (m->headers)
+		{
+			redis_arg_str(out, "headers");
+			redis_arg_str(out, m->headers);
+		}
+		redis_arg_str(out, "payload");
+		redis_arg(out, m->payload, m->payload_len);
+		redis_expect(t, REDIS_PENDING_MESSAGE, lane->index, rl->request, i);
+		rl->nsent++;
+	}
+	if (rl->nsent == 0)
+	{
+		failed->kind = rl->bad_kind;
+		failed->error = rl->bad_error;
+		return false;
+	}
+	rl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
+	lane->in_flight = true;
+	rt->in_flight++;
+	requests_in_flight++;
+	redis_flush(rt);
+	return true;
+}
+
+/* Report the lane's request if what came back decides it. */
+static void
+redis_lane_check(RelayLane *lane, RelayFinishedFn finished)
+{
+	RelayOutcome outcome;
+
+	if (!relay_acks_decided(REDIS_LANE(lane)))
+		return;
+	relay_acks_outcome(REDIS_LANE(lane), &outcome);
+	lane->in_flight = false;
+	REDIS_TARGET(lane->target)->in_flight--;
+	requests_in_flight--;
+	finished(lane, &outcome);
+}
+
+/*
+ * The connection is given up: every request of the target waiting is
+ * decided at its first unanswered message (kind, why), those answered
+ * before it delivered.
+ */
+static void
+redis_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, RelayFinishedFn finished)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+	int			i;
+
+	strlcpy(error, why, sizeof(error));
+	redis_close(rt);
+	for (i = 0; i < t->nlanes && t->priv != NULL; i++)
+		if (t->lanes[i].in_flight)
+		{
+			RelayAcks  *rl = REDIS_LANE(&t->lanes[i]);
+
+			(void) relay_acks_decided(rl);
+			relay_acks_bad(rl, rl->prefix, kind, error);
+			redis_lane_check(&t->lanes[i], finished);
+		}
+}
+
+/* An error reply's text, printable ASCII only (it goes to last_error). */
+static void
+redis_error_text(const redisReply *r, const char *what, char *error, size_t size)
+{
+	char		text[201];
+	size_t		i;
+	size_t		n = r->str ? Min(r->len, sizeof(text) - 1) : 0;
+
+	for (i = 0; i < n; i++)
+		text[i] = ((unsigned char) r->str[i] >= 0x20 && (unsigned char) r->str[i] < 0x7f) ?
+			r->str[i] : '?';
+	text[n] = '\0';
+	snprintf(error, size, "%s: %s", what, text);
+}
+
+static bool
+redis_error_is(const redisReply *r, const char *code)
+{
+	size_t		n = strlen(code);
+
+	return r->str != NULL && r->len >= n && strncmp(r->str, code, n) == 0 &&
+		(r->len == n || r->str[n] == ' ');
+}
+
+/*
+ * One reply, answering the oldest pending entry.  Returns false when the
+ * connection is given up (the caller stops reading it).
+ */
+static bool
+redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	RedisPending p;
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+
+	if (rt->npending == 0)
+	{
+		snprintf(error, sizeof(error), "Redis at %s sent a reply to no command", rt->peer);
+		redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+		return false;
+	}
+	p = rt->pending[rt->pending_head];
+	rt->pending_head = (rt->pending_head + 1) % rt->maxpending;
+	rt->npending--;
+
+	switch (p.kind)
+	{
+		case REDIS_PENDING_AUTH:
+		case REDIS_PENDING_SELECT:
+		case REDIS_PENDING_LOAD:
+			if (r->type == REDIS_REPLY_ERROR)
+			{
+				redis_error_text(r, p.kind == REDIS_PENDING_AUTH ? "Redis refused the credentials" :
+								 p.kind == REDIS_PENDING_SELECT ? "Redis refused to select the database" :
+								 "Redis refused to load the relay's script", error, sizeof(error));
+				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+				return false;
+			}
+			if (p.kind == REDIS_PENDING_LOAD)
+			{
+				rt->loading = false;
+				if (r->type != REDIS_REPLY_STRING || r->len != 40 ||
+					strncmp(r->str, script_sha, 40) != 0)
+				{
+					snprintf(error, sizeof(error), "Redis at %s answered SCRIPT LOAD with something else than the script's SHA1",
+							 rt->peer);
+					redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+					return false;
+				}
+			}
+			return true;
+		case REDIS_PENDING_MESSAGE:
+			break;
+	}
+
+	{
+		RelayLane  *lane;
+		RelayAcks  *rl;
+
+		if (p.lane < 0 || p.lane >= t->nlanes)
+			return true;
+		lane = &t->lanes[p.lane];
+		rl = REDIS_LANE(lane);
+		if (!lane->in_flight || !relay_acks_waits(rl, p.request, p.pos))
+			return true;		/* a request given up already */
+		if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+			r->element[0]->type == REDIS_REPLY_INTEGER &&
+			(r->element[0]->integer == 0 || r->element[0]->integer == 1) &&
+			r->element[1]->type == REDIS_REPLY_STRING)
+			rl->acked[p.pos] = true;
+		else if (r->type == REDIS_REPLY_ERROR)
+		{
+			RelayOutcomeKind kind = RELAY_RECEIVER_FAILED;
+
+			redis_error_text(r, "Redis error", error, sizeof(error));
+			if (redis_error_is(r, "NOSCRIPT"))
+			{
+				/* The script was flushed: load it again, send again. */
+				kind = RELAY_RETRY;
+				if (!rt->loading)
+				{
+					redis_queue_load(t);
+					rt->loading = true;
+				}
+			}
+			else if (redis_error_is(r, "BUSY"))
+				kind = RELAY_RETRY;
+			else if (redis_error_is(r, "MOVED") || redis_error_is(r, "ASK") ||
+					 redis_error_is(r, "CROSSSLOT"))
+				snprintf(error, sizeof(error), "Redis Cluster is not supported (the server answered %.*s)",
+						 (int) Min(r->len, 100), r->str);
+			/* Anything else (WRONGTYPE, OOM, NOPERM, LOADING ...): held. */
+			relay_acks_bad(rl, p.pos, kind, error);
+		}
+		else
+		{
+			snprintf(error, sizeof(error), "Redis at %s answered the relay's script with an unexpected reply (type %d)",
+					 rt->peer, r->type);
+			relay_acks_bad(rl, p.pos, RELAY_RECEIVER_FAILED, error);
+		}
+		redis_lane_check(lane, finished);
+	}
+	return true;
+}
+
+/* Read what the socket has and take every whole reply in it. */
+static void
+redis_read(RelayTarget *t, RelayFinishedFn finished)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	char		buf[REDIS_READ_CHUNK];
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+
+	for (;;)
+	{
+		ssize_t		n = recv(rt->fd, buf, sizeof(buf), 0);
+		void	   *reply = NULL;
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return;
+		if (n <= 0)
+		{
+			snprintf(error, sizeof(error), "the connection to Redis at %s was lost: %s",
+					 rt->peer, n == 0 ? "closed by the server" : strerror(errno));
+			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+			return;
+		}
+		if (redisReaderFeed(rt->reader, buf, n) != REDIS_OK)
+		{
+			redis_fail(t, RELAY_RECEIVER_FAILED, "out of memory reading Redis replies", finished);
+			return;
+		}
+		for (;;)
+		{
+			if (redisReaderGetReply(rt->reader, &reply) != REDIS_OK)
+			{
+				snprintf(error, sizeof(error), "Redis at %s sent what the relay cannot parse: %s",
+						 rt->peer, rt->reader->errstr);
+				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+				return;
+			}
+			if (reply == NULL)
+				break;
+			if (!redis_reply(t, (redisReply *) reply, finished))
+			{
+				redis_free_reply(reply);
+				return;
+			}
+			redis_free_reply(reply);
+			if (t->priv == NULL || rt->state != REDIS_CONN_OPEN)
+				return;
+		}
+		if (rt->reader->len - rt->reader->pos > REDIS_MAX_UNPARSED)
+		{
+			snprintf(error, sizeof(error), "Redis at %s sent a reply larger than 4 MB", rt->peer);
+			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+			return;
+		}
+		/* a new reply may have queued a command (SCRIPT LOAD) */
+		redis_flush(rt);
+	}
+}
+
+static RelayTarget *
+redis_target_of(uint64 serial)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_REDIS && t->priv != NULL && REDIS_TARGET(t)->serial == serial &&
+			REDIS_TARGET(t)->fd >= 0)
+			return t;
+	}
+	return NULL;
+}
+
+/* A connect() under way has ended: open, or failed. */
+static void
+redis_connected(RelayTarget *t, RelayFinishedFn finished)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	int			err = 0;
+	socklen_t	len = sizeof(err);
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+
+	if (getsockopt(rt->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+		err = errno;
+	if (err != 0)
+	{
+		snprintf(error, sizeof(error), "could not connect to Redis at %s: %s", rt->peer,
+				 strerror(err));
+		redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+		return;
+	}
+	rt->state = REDIS_CONN_OPEN;
+	redis_flush(rt);
+}
+
+/* A host name resolved: dial it, or fail. */
+static void
+redis_resolved(RelayTarget *t, RelayFinishedFn finished)
+{
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	RedisLookup *l = rt->lookup;
+	int			rc = gai_error(&l->cb);
+
+	if (rc == EAI_INPROGRESS)
+		return;
+	targets_resolving--;
+	rt->state = REDIS_CONN_NONE;
+	if (rc != 0)
+		snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", l->name,
+				 gai_strerror(rc));
+	else if (redis_dial(rt, l->cb.ar_result, l->name))
+	{
+		redis_lookup_forget(rt);
+		return;
+	}
+	{
+		char		error[RELAY_MAX_ERROR_LEN + 1];
+
+		strlcpy(error, rt->error, sizeof(error));
+		redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+	}
+}
+
+/*
+ * Take what the sockets have: connects ended, replies, writes possible;
+ * then host names resolved, connections made for other settings, and
+ * requests past their time.
+ */
+static void
+relay_redis_drive(RelayFinishedFn finished)
+{
+	struct epoll_event evs[REDIS_MAX_EVENTS];
+	int			n;
+	int			i;
+	ListCell   *lc;
+	TimestampTz now = 0;
+
+	if (epoll_fd < 0)
+		return;
+	n = epoll_wait(epoll_fd, evs, REDIS_MAX_EVENTS, 0);
+	for (i = 0; i < n; i++)
+	{
+		RelayTarget *t = redis_target_of(evs[i].data.u64);
+		RelayRedisTarget *rt;
+
+		if (t == NULL)
+			continue;
+		rt = REDIS_TARGET(t);
+		if (rt->state == REDIS_CONN_CONNECTING)
+		{
+			redis_connected(t, finished);
+			continue;
+		}
+		if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+			redis_read(t, finished);
+		if (t->priv != NULL && rt->state == REDIS_CONN_OPEN && (evs[i].events & EPOLLOUT))
+			redis_flush(rt);
+	}
+
+	if (requests_in_flight == 0 && targets_resolving == 0)
+		return;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		RelayRedisTarget *rt;
+		char		error[RELAY_MAX_ERROR_LEN + 1];
+
+		if (t->kind != RELAY_REDIS || t->priv == NULL)
+			continue;
+		rt = REDIS_TARGET(t);
+		if (rt->state == REDIS_CONN_RESOLVING)
+			redis_resolved(t, finished);
+		if (rt->in_flight == 0 || t->priv == NULL)
+			continue;
+		if (rt->broken)
+		{
+			strlcpy(error, rt->broken_why, sizeof(error));
+			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+			continue;
+		}
+		if (strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation)
+		{
+			redis_fail(t, RELAY_RECEIVER_FAILED,
+					   "the url or the destination rules changed: connecting anew", finished);
+			continue;
+		}
+		/* Replies come in order: a request past its time stops the rest. */
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+
+			if (!lane->in_flight)
+				continue;
+			if (now == 0)
+				now = GetCurrentTimestamp();
+			if (now >= REDIS_LANE(lane)->deadline)
+			{
+				snprintf(error, sizeof(error), "no reply from Redis at %s within %d ms",
+						 rt->state == REDIS_CONN_OPEN ? rt->peer : t->name, t->timeout_ms);
+				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+				break;
+			}
+		}
+	}
+}
+
+/*
+ * Milliseconds the loop may sleep: replies and connects wake it through
+ * the epoll descriptor; what it must look at itself is a host name being
+ * resolved and the earliest request deadline.
+ */
+static long
+relay_redis_timeout(void)
+{
+	TimestampTz first = 0;
+	ListCell   *lc;
+	long		ms;
+
+	if (targets_resolving > 0)
+		return REDIS_LOOKUP_POLL_MS;
+	if (requests_in_flight == 0)
+		return -1;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_REDIS)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+			if (t->lanes[i].in_flight &&
+				(first == 0 || REDIS_LANE(&t->lanes[i])->deadline < first))
+				first = REDIS_LANE(&t->lanes[i])->deadline;
+	}
+	if (first == 0)
+		return -1;
+	ms = (long) ((first - GetCurrentTimestamp()) / 1000) + 1;
+	return Max(ms, 0);
+}
+
+/* The options of a Redis target row read (relay_config.c). */
+static const char *
+relay_redis_check(RelayTarget *t)
+{
+	const char *why;
+
+	if (t->url == NULL)
+		return "url is missing";
+	if ((why = relay_redis_check_url(t->url)) != NULL)
+		return psprintf("url: %s", why);
+	if ((why = relay_redis_check_stream(t->stream)) != NULL)
+		return psprintf("stream: %s", why);
+	if (t->maxlen < 0)
+		return "maxlen is below 1";
+	if (t->dedup_window < 0 || t->dedup_window > 2592000)
+		return "dedup_window is not between 0 and 2592000";
+	if (t->format != RELAY_FORMAT_OUTBOX)
+		return "a Redis target cannot send CloudEvents";
+	return NULL;
+}
+
+const RelayTransport relay_redis_transport = {
+	.kind = "redis",
+	.id = RELAY_REDIS,
+	.header_lines = false,
+	.per_message = true,
+	.check = relay_redis_check,
+	.start = relay_redis_start,
+	.stop = relay_redis_stop,
+	.lane_init = relay_redis_lane_init,
+	.lane_release = relay_redis_lane_release,
+	.send = relay_redis_send,
+	.drive = relay_redis_drive,
+	.timeout = relay_redis_timeout,
+};
