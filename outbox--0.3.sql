@@ -3796,7 +3796,7 @@ CREATE FUNCTION outbox.create_redis_target(
 	url			 text,
 	stream		 text	DEFAULT '{topic}',
 	maxlen		 bigint	DEFAULT NULL,
-	dedup_window int	DEFAULT 3600,
+	dedup_window int	DEFAULT 600,
 	batch_size	 int	DEFAULT 100,
 	lanes		 int	DEFAULT 8,
 	ordering	 text	DEFAULT 'key',

@@ -1224,13 +1224,11 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					rt->loading = true;
 				}
 			}
-			else if (redis_error_is(r, "BUSY"))
-				kind = RELAY_RETRY;
 			else if (redis_error_is(r, "MOVED") || redis_error_is(r, "ASK") ||
 					 redis_error_is(r, "CROSSSLOT"))
 				snprintf(error, sizeof(error), "Redis Cluster is not supported (the server answered %.*s)",
 						 (int) Min(r->len, 100), r->str);
-			/* Anything else (WRONGTYPE, OOM, NOPERM, LOADING ...): held. */
+			/* Anything else (WRONGTYPE, OOM, NOPERM, LOADING, BUSY ...): held. */
 			relay_acks_bad(rl, p.pos, kind, error);
 		}
 		else

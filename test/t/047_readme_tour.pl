@@ -4,7 +4,8 @@
 # library preloaded and the extension not yet created; the tour's webhook
 # URL http://127.0.0.1:8080 is pointed at the test receiver, its NATS URL
 # at a real nats-server -js with a stream taking orders.>, its Kafka broker
-# at librdkafka's mock cluster with a topic orders.  Then every
+# at librdkafka's mock cluster with a topic orders, its Redis URL at a real
+# redis-server.  Then every
 # message the tour emitted and committed reaches the receiver or its other
 # targets, none of the rolled-back ones does, and nothing is pending.
 use strict;
@@ -15,6 +16,7 @@ use Test::More;
 use OutboxRelayTest;
 use OutboxNats;
 use OutboxKafka;
+use OutboxRedis;
 
 my $root = $ENV{TESTDIR} // '.';
 my $readme = slurp_file("$root/README.md");
@@ -38,6 +40,9 @@ $run =~ s{nats://127\.0\.0\.1:4222}{$nats->{url}}g;
 my $kafka = kafka_mock('orders', 3);
 like($sql, qr{'127\.0\.0\.1:9092'}, 'the tour names the Kafka broker the test replaces');
 $run =~ s{'127\.0\.0\.1:9092'}{'$kafka->{bootstrap}'}g;
+my $redis = redis_start('tour');
+like($sql, qr{'redis://127\.0\.0\.1:6379'}, 'the tour names the Redis URL the test replaces');
+$run =~ s{redis://127\.0\.0\.1:6379}{redis://127.0.0.1:$redis->{port}}g;
 
 my ($stdout, $stderr);
 my $ok = $node->psql('postgres', $run, stdout => \$stdout, stderr => \$stderr,
@@ -62,6 +67,9 @@ is(join(' ', sort map { $_->{subject} } @$stored), 'orders.changed orders.create
 	'the stream holds the committed orders messages, once each');
 is(join(' ', sort map { $_->{headers}{'outbox-topic'} } @{ kafka_consume($kafka, 'orders') }),
 	'orders.changed orders.created', 'the Kafka topic holds them too');
+is(join(' ', sort map { $_->{topic} } @{ redis_entries($redis, 'orders') }),
+	'orders.changed orders.created', 'the Redis stream holds them too');
+redis_stop($redis);
 stop_sink($sink);
 nats_stop($nats);
 kafka_stop($kafka);
