@@ -21,6 +21,11 @@ SELECT outbox.create_redis_target('x', 'redis://127.0.0.1:0');
 SELECT outbox.create_redis_target('x', 'redis://127.0.0.1/x');
 SELECT outbox.create_redis_target('x', 'unix:///run/redis.sock');
 SELECT outbox.create_redis_target('x', NULL);
+-- the password is never in an error, whatever the URL
+SELECT outbox.create_redis_target('x', 'rediss://default:S3cretPW@redis.example.com:6380');
+SELECT outbox.create_redis_target('x', 'REDIS://:S3cretPW@127.0.0.1:6379');
+SELECT outbox.create_redis_target('x', 'redis://u:S3cret@PW@127.0.0.1');
+SELECT outbox.create_redis_target('x', 'redis://127.0.0.1:6379/0?password=S3cretPW');
 
 -- streams and limits
 SELECT outbox.create_redis_target('x', 'redis://127.0.0.1', stream => 'orders:{id}');

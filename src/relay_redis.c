@@ -59,12 +59,15 @@
 #define REDIS_MAX_REPLY_STRING	(64 * 1024)
 /* Most elements of an array in a reply; ours have 2. */
 #define REDIS_MAX_REPLY_ARRAY	16
-/* Bytes read from a socket at a time. */
+/* Bytes read from a socket at a time, and reads in one call of drive(). */
 #define REDIS_READ_CHUNK	65536
+#define REDIS_MAX_READS		16
 /* Most readiness events taken in one call of relay_redis_drive(). */
 #define REDIS_MAX_EVENTS	64
-/* How often a host name being resolved is looked at, in milliseconds. */
-#define REDIS_LOOKUP_POLL_MS	1
+/* Most addresses of a host kept to dial in turn. */
+#define REDIS_MAX_ADDRS		8
+/* epoll's name of the wake pipe (connections' serials start at 1). */
+#define REDIS_WAKE_SERIAL	0
 
 /*
  * The script each message runs.  KEYS: the stream, the mark.  ARGV: the
@@ -143,6 +146,10 @@ typedef struct RelayRedisTarget
 	char	   *url;			/* the url it was made for */
 	uint64		destinations;	/* outbox_destinations_generation then */
 	RedisLookup *lookup;		/* a host name being resolved, or NULL */
+	struct sockaddr_storage addrs[REDIS_MAX_ADDRS];	/* allowed, to dial */
+	socklen_t	addr_lens[REDIS_MAX_ADDRS];
+	int			naddrs;
+	int			next_addr;		/* the next of them to dial */
 	char		peer[INET6_ADDRSTRLEN + 8];	/* address:port dialled */
 	redisReader *reader;		/* replies being parsed */
 	StringInfoData out;			/* commands not yet written */
@@ -162,6 +169,7 @@ typedef struct RelayRedisTarget
 #define REDIS_LANE(lane)	((RelayAcks *) (lane)->priv)
 
 static int	epoll_fd = -1;
+static int	wake_pipe[2] = {-1, -1};
 static uint64 next_conn_serial = 1;
 static int	requests_in_flight = 0;
 static int	targets_resolving = 0;
@@ -219,7 +227,8 @@ redis_create_array(const redisReadTask *task, int elements)
 {
 	redisReply *r;
 
-	if (elements < 0 || elements > REDIS_MAX_REPLY_ARRAY)
+	/* Ours are flat: an array inside an array is no answer of ours. */
+	if (elements < 0 || elements > REDIS_MAX_REPLY_ARRAY || task->parent != NULL)
 		return NULL;
 	r = redis_reply_new(task, REDIS_REPLY_ARRAY);
 	if (r == NULL)
@@ -437,17 +446,34 @@ relay_redis_check_url(const char *url)
 	return redis_parse_url(url, NULL);
 }
 
-/* The url without its user information, to show. */
+/*
+ * The url to show in an error: without user information (up to the last
+ * '@', whatever the scheme) and without a query.
+ */
 static char *
 redis_url_shown(const char *url)
 {
+	const char *scheme_end;
+	const char *host;
 	const char *at;
+	StringInfoData buf;
 
 	if (url == NULL)
 		return pstrdup("NULL");
-	if (strncmp(url, "redis://", 8) != 0 || (at = strchr(url + 8, '@')) == NULL)
-		return pstrdup(url);
-	return psprintf("redis://***@%s", at + 1);
+	scheme_end = strstr(url, "://");
+	host = scheme_end ? scheme_end + 3 : url;
+	at = strrchr(host, '@');
+	initStringInfo(&buf);
+	appendBinaryStringInfo(&buf, url, host - url);
+	if (at != NULL)
+	{
+		appendStringInfoString(&buf, "***@");
+		host = at + 1;
+	}
+	appendBinaryStringInfo(&buf, host, strcspn(host, "?#"));
+	if (host[strcspn(host, "?#")] != '\0')
+		appendStringInfoString(&buf, "?...");
+	return buf.data;
 }
 
 /*
@@ -538,10 +564,16 @@ redis_script_sha(void)
 static int
 relay_redis_start(void)
 {
+	struct epoll_event ev;
+
 	epoll_fd = epoll_create1(EPOLL_CLOEXEC);
 	if (epoll_fd < 0)
 		elog(ERROR, "outbox: could not create an epoll set: %m");
 	ReserveExternalFD();
+	ev.events = EPOLLIN;
+	ev.data.u64 = REDIS_WAKE_SERIAL;
+	if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, relay_wake_pipe(wake_pipe), &ev) != 0)
+		elog(ERROR, "outbox: could not wait on a pipe: %m");
 	redis_script_sha();
 	return epoll_fd;
 }
@@ -567,6 +599,19 @@ redis_lookup_forget(RelayRedisTarget *rt)
 	free(l);
 }
 
+/* Close the socket alone (the commands, replies and state stay). */
+static void
+redis_close_socket(RelayRedisTarget *rt)
+{
+	if (rt->fd < 0)
+		return;
+	(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, rt->fd, NULL);
+	close(rt->fd);
+	ReleaseExternalFD();
+	rt->fd = -1;
+	rt->want_write = false;
+}
+
 /* Close the connection; what it carried is forgotten. */
 static void
 redis_close(RelayRedisTarget *rt)
@@ -574,13 +619,9 @@ redis_close(RelayRedisTarget *rt)
 	if (rt->state == REDIS_CONN_RESOLVING)
 		targets_resolving--;
 	redis_lookup_forget(rt);
-	if (rt->fd >= 0)
-	{
-		(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, rt->fd, NULL);
-		close(rt->fd);
-		ReleaseExternalFD();
-		rt->fd = -1;
-	}
+	redis_close_socket(rt);
+	rt->naddrs = 0;
+	rt->next_addr = 0;
 	if (rt->reader != NULL)
 	{
 		redisReaderFree(rt->reader);
@@ -614,6 +655,7 @@ relay_redis_stop(void)
 		ReleaseExternalFD();
 		epoll_fd = -1;
 	}
+	/* The pipe stays: a resolver thread still running may write to it. */
 }
 
 /*---- RESP commands ----*/
@@ -755,64 +797,89 @@ redis_flush(RelayRedisTarget *rt)
 }
 
 /*
- * Dial the first address the destination rules allow of what the host
- * resolved to.  Returns false, with rt->error, when none may be dialled or
- * the dialling failed at once.
+ * Keep the addresses of list that the destination rules allow (at most
+ * REDIS_MAX_ADDRS), to dial in turn.  Returns false, with rt->error, when
+ * none is allowed.
  */
 static bool
-redis_dial(RelayRedisTarget *rt, struct addrinfo *list, const char *host)
+redis_keep_addresses(RelayRedisTarget *rt, struct addrinfo *list, const char *host)
 {
 	struct addrinfo *ai;
 	const char *refused = NULL;
 
-	for (ai = list; ai != NULL; ai = ai->ai_next)
+	rt->naddrs = 0;
+	rt->next_addr = 0;
+	for (ai = list; ai != NULL && rt->naddrs < REDIS_MAX_ADDRS; ai = ai->ai_next)
 	{
 		const void *addr;
-		int			port;
-		int			fd;
-		int			one = 1;
-		char		text[INET6_ADDRSTRLEN];
-		struct epoll_event ev;
 
-		if (ai->ai_family == AF_INET)
-		{
+		if (ai->ai_family == AF_INET && ai->ai_addrlen == sizeof(struct sockaddr_in))
 			addr = &((struct sockaddr_in *) ai->ai_addr)->sin_addr;
-			port = ntohs(((struct sockaddr_in *) ai->ai_addr)->sin_port);
-		}
-		else if (ai->ai_family == AF_INET6)
-		{
+		else if (ai->ai_family == AF_INET6 && ai->ai_addrlen == sizeof(struct sockaddr_in6))
 			addr = &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr;
-			port = ntohs(((struct sockaddr_in6 *) ai->ai_addr)->sin6_port);
-		}
 		else
 			continue;
 		if ((refused = outbox_destination_refused(ai->ai_family, addr, host)) != NULL)
 			continue;
-		inet_ntop(ai->ai_family, addr, text, sizeof(text));
-		snprintf(rt->peer, sizeof(rt->peer), ai->ai_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
-				 text, port);
+		memcpy(&rt->addrs[rt->naddrs], ai->ai_addr, ai->ai_addrlen);
+		rt->addr_lens[rt->naddrs++] = ai->ai_addrlen;
+	}
+	if (rt->naddrs > 0)
+		return true;
+	if (refused != NULL)
+		snprintf(rt->error, sizeof(rt->error), "connection refused by the relay: %s", refused);
+	else
+		snprintf(rt->error, sizeof(rt->error), "\"%s\" has no IPv4 or IPv6 address", host);
+	return false;
+}
+
+/*
+ * Dial the next address kept.  Returns false, with rt->error, when every
+ * one failed at once (a connect() under way is seen in drive()).
+ */
+static bool
+redis_dial_next(RelayRedisTarget *rt)
+{
+	while (rt->next_addr < rt->naddrs)
+	{
+		struct sockaddr *sa = (struct sockaddr *) &rt->addrs[rt->next_addr];
+		socklen_t	salen = rt->addr_lens[rt->next_addr];
+		char		text[INET6_ADDRSTRLEN];
+		int			fd;
+		int			one = 1;
+		struct epoll_event ev;
+
+		rt->next_addr++;
+		if (sa->sa_family == AF_INET)
+			snprintf(rt->peer, sizeof(rt->peer), "%s:%d",
+					 inet_ntop(AF_INET, &((struct sockaddr_in *) sa)->sin_addr, text, sizeof(text)),
+					 ntohs(((struct sockaddr_in *) sa)->sin_port));
+		else
+			snprintf(rt->peer, sizeof(rt->peer), "[%s]:%d",
+					 inet_ntop(AF_INET6, &((struct sockaddr_in6 *) sa)->sin6_addr, text, sizeof(text)),
+					 ntohs(((struct sockaddr_in6 *) sa)->sin6_port));
 		if (!AcquireExternalFD())
 		{
 			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: no file descriptor is free",
 					 rt->peer);
 			return false;
 		}
-		fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+		fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 		if (fd < 0)
 		{
 			ReleaseExternalFD();
 			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: %s",
 					 rt->peer, strerror(errno));
-			return false;
+			continue;
 		}
 		(void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS)
+		if (connect(fd, sa, salen) != 0 && errno != EINPROGRESS)
 		{
 			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: %s",
 					 rt->peer, strerror(errno));
 			close(fd);
 			ReleaseExternalFD();
-			return false;
+			continue;
 		}
 		ev.events = EPOLLIN | EPOLLOUT;
 		ev.data.u64 = rt->serial;
@@ -829,11 +896,18 @@ redis_dial(RelayRedisTarget *rt, struct addrinfo *list, const char *host)
 		rt->state = REDIS_CONN_CONNECTING;
 		return true;
 	}
-	if (refused != NULL)
-		snprintf(rt->error, sizeof(rt->error), "connection refused by the relay: %s", refused);
-	else
-		snprintf(rt->error, sizeof(rt->error), "\"%s\" has no IPv4 or IPv6 address", host);
 	return false;
+}
+
+/* On glibc's resolver thread: a lookup ended; wake the relay. */
+static void
+redis_lookup_done(union sigval sv)
+{
+	char		c = 1;
+
+	/* Non-blocking: a full pipe has woken the relay already. */
+	if (write(wake_pipe[1], &c, 1) < 0)
+		return;
 }
 
 /*
@@ -891,7 +965,7 @@ redis_connect(RelayTarget *t)
 			redis_close(rt);
 			return false;
 		}
-		ok = redis_dial(rt, list, u.host);
+		ok = redis_keep_addresses(rt, list, u.host) && redis_dial_next(rt);
 		freeaddrinfo(list);
 		if (!ok)
 			redis_close(rt);
@@ -901,6 +975,7 @@ redis_connect(RelayTarget *t)
 	{
 		RedisLookup *l = calloc(1, sizeof(RedisLookup));
 		struct gaicb *list[1];
+		struct sigevent sev;
 		int			rc;
 		sigset_t	all;
 		sigset_t	old;
@@ -919,10 +994,14 @@ redis_connect(RelayTarget *t)
 		l->cb.ar_service = l->service;
 		l->cb.ar_request = &l->hints;
 		list[0] = &l->cb;
-		/* glibc's resolver thread must not take PostgreSQL's signals. */
+		/* Its end is told through the wake pipe, in the epoll set. */
+		memset(&sev, 0, sizeof(sev));
+		sev.sigev_notify = SIGEV_THREAD;
+		sev.sigev_notify_function = redis_lookup_done;
+		/* glibc's resolver threads must not take PostgreSQL's signals. */
 		sigfillset(&all);
 		pthread_sigmask(SIG_SETMASK, &all, &old);
-		rc = getaddrinfo_a(GAI_NOWAIT, list, 1, NULL);
+		rc = getaddrinfo_a(GAI_NOWAIT, list, 1, &sev);
 		pthread_sigmask(SIG_SETMASK, &old, NULL);
 		if (rc != 0)
 		{
@@ -994,15 +1073,28 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	char		window[16];
 	char		maxlen[24];
 	int			i;
+	int			out_len;
+	int			npending;
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
 	memset(failed, 0, sizeof(*failed));
 	relay_test_fault("send", lane->head->topic);
 
-	/* A connection made for another url or other rules is made anew. */
-	if (rt->state != REDIS_CONN_NONE && rt->in_flight == 0 &&
+	/*
+	 * A connection made for another url or other rules is made anew; with
+	 * requests of other lanes on it, drive() ends them first.
+	 */
+	if (rt->state != REDIS_CONN_NONE &&
 		(strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation))
+	{
+		if (rt->in_flight > 0)
+		{
+			failed->kind = RELAY_RETRY;
+			failed->error = "the url or the destination rules changed: the connection is made anew";
+			return false;
+		}
 		redis_close(rt);
+	}
 	if (!redis_connect(t))
 	{
 		failed->kind = RELAY_RECEIVER_FAILED;
@@ -1014,6 +1106,11 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	lane->nbatch = lane->cut_n;
 	snprintf(window, sizeof(window), "%d", Max(t->dedup_window, 0));
 	snprintf(maxlen, sizeof(maxlen), INT64_FORMAT, t->maxlen);
+	out_len = rt->out.len;
+	npending = rt->npending;
+	/* An error half-way (out of memory) must not leave half a command. */
+	PG_TRY();
+	{
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
 	{
 		StringInfo	out = &rt->out;
@@ -1065,6 +1162,15 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 		redis_expect(t, REDIS_PENDING_MESSAGE, lane->index, rl->request, i);
 		rl->nsent++;
 	}
+	}
+	PG_CATCH();
+	{
+		rt->out.len = out_len;
+		rt->out.data[out_len] = '\0';
+		rt->npending = npending;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	if (rl->nsent == 0)
 	{
 		failed->kind = rl->bad_kind;
@@ -1216,8 +1322,12 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 			redis_error_text(r, "Redis error", error, sizeof(error));
 			if (redis_error_is(r, "NOSCRIPT"))
 			{
-				/* The script was flushed: load it again, send again. */
-				kind = RELAY_RETRY;
+				/*
+				 * The script was flushed: load it again, and hold the
+				 * target a moment (no attempt counted) before sending again.
+				 */
+				snprintf(error, sizeof(error), "Redis at %s lost the relay's script (NOSCRIPT: SCRIPT FLUSH, or a restart); it is loaded again",
+						 rt->peer);
 				if (!rt->loading)
 				{
 					redis_queue_load(t);
@@ -1249,8 +1359,10 @@ redis_read(RelayTarget *t, RelayFinishedFn finished)
 	RelayRedisTarget *rt = REDIS_TARGET(t);
 	char		buf[REDIS_READ_CHUNK];
 	char		error[RELAY_MAX_ERROR_LEN + 1];
+	int			reads;
 
-	for (;;)
+	/* At most REDIS_MAX_READS: the rest wakes the loop again (level-triggered). */
+	for (reads = 0; reads < REDIS_MAX_READS; reads++)
 	{
 		ssize_t		n = recv(rt->fd, buf, sizeof(buf), 0);
 		void	   *reply = NULL;
@@ -1331,9 +1443,17 @@ redis_connected(RelayTarget *t, RelayFinishedFn finished)
 		err = errno;
 	if (err != 0)
 	{
+		int			tried = rt->next_addr;
+
 		snprintf(error, sizeof(error), "could not connect to Redis at %s: %s", rt->peer,
 				 strerror(err));
-		redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+		/* Nothing was written yet: the next address gets it all. */
+		redis_close_socket(rt);
+		rt->state = REDIS_CONN_NONE;
+		if (redis_dial_next(rt))
+			return;
+		/* the last address's own failure, when another was tried */
+		redis_fail(t, RELAY_RECEIVER_FAILED, rt->next_addr > tried ? rt->error : error, finished);
 		return;
 	}
 	rt->state = REDIS_CONN_OPEN;
@@ -1355,7 +1475,7 @@ redis_resolved(RelayTarget *t, RelayFinishedFn finished)
 	if (rc != 0)
 		snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", l->name,
 				 gai_strerror(rc));
-	else if (redis_dial(rt, l->cb.ar_result, l->name))
+	else if (redis_keep_addresses(rt, l->cb.ar_result, l->name) && redis_dial_next(rt))
 	{
 		redis_lookup_forget(rt);
 		return;
@@ -1387,8 +1507,16 @@ relay_redis_drive(RelayFinishedFn finished)
 	n = epoll_wait(epoll_fd, evs, REDIS_MAX_EVENTS, 0);
 	for (i = 0; i < n; i++)
 	{
-		RelayTarget *t = redis_target_of(evs[i].data.u64);
+		RelayTarget *t;
 		RelayRedisTarget *rt;
+
+		if (evs[i].data.u64 == REDIS_WAKE_SERIAL)
+		{
+			/* a host name resolved: looked at below */
+			relay_wake_pipe_drain(wake_pipe[0]);
+			continue;
+		}
+		t = redis_target_of(evs[i].data.u64);
 
 		if (t == NULL)
 			continue;
@@ -1427,8 +1555,8 @@ relay_redis_drive(RelayFinishedFn finished)
 		}
 		if (strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation)
 		{
-			redis_fail(t, RELAY_RECEIVER_FAILED,
-					   "the url or the destination rules changed: connecting anew", finished);
+			redis_fail(t, RELAY_RETRY,
+					   "the url or the destination rules changed: the connection is made anew", finished);
 			continue;
 		}
 		/* Replies come in order: a request past its time stops the rest. */
@@ -1452,9 +1580,9 @@ relay_redis_drive(RelayFinishedFn finished)
 }
 
 /*
- * Milliseconds the loop may sleep: replies and connects wake it through
- * the epoll descriptor; what it must look at itself is a host name being
- * resolved and the earliest request deadline.
+ * Milliseconds the loop may sleep: replies, connects and host names
+ * resolved wake it through the epoll descriptor; what it must look at
+ * itself is the earliest request deadline.
  */
 static long
 relay_redis_timeout(void)
@@ -1463,8 +1591,6 @@ relay_redis_timeout(void)
 	ListCell   *lc;
 	long		ms;
 
-	if (targets_resolving > 0)
-		return REDIS_LOOKUP_POLL_MS;
 	if (requests_in_flight == 0)
 		return -1;
 	foreach(lc, relay_targets)

@@ -20,6 +20,7 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
 use OutboxRedis;
+use IO::Socket::INET;
 
 my $redis = redis_start('single');
 my $port = $redis->{port};
@@ -237,6 +238,67 @@ sleep 2;
 is(redis_len($redis, 'wt:h'), $wt, 'a paused target appends nothing');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('wt')});
 ok(wait_until(sub { redis_len($redis, 'wt:h') == $wt + 5 }, 30), 'resumed: it appends what waited');
+
+# --- a hostile server: deeply nested replies, far more than any answer ---
+# It answers the handshake with arrays nested 8 deep, 16 wide (what
+# hiredis's reader would build into gigabytes), then holds the
+# connection.  The relay refuses the first nested array: held, with the
+# reason, its memory as before.
+sub relay_hwm_kb
+{
+	my ($p) = @_;
+	return (slurp_file("/proc/$p/status") =~ /^VmHWM:\s+(\d+)/m)[0];
+}
+my $hostile_port = PostgreSQL::Test::Cluster::get_free_port();
+my $listener = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $hostile_port,
+	Listen => 4, ReuseAddr => 1, Proto => 'tcp') or die "listen: $!";
+my $child = fork();
+if ($child == 0)
+{
+	my $c = $listener->accept;
+	my $buf;
+	sysread($c, $buf, 65536);
+	# a tree 7 arrays deep (hiredis's deepest), 16 wide, integer leaves,
+	# sent depth first until 50 MB have gone
+	my $budget = 50_000_000;
+	my $out = '';
+	my $tree;
+	$tree = sub {
+		my ($level) = @_;
+		return if $budget <= 0;
+		$out .= "*16\r\n";
+		for (1 .. 16)
+		{
+			if ($level == 6) { $out .= ":1\r\n"; }
+			else { $tree->($level + 1); }
+			if (length($out) >= 65536)
+			{
+				syswrite($c, $out) or return;
+				$budget -= length($out);
+				$out = '';
+			}
+			return if $budget <= 0;
+		}
+	};
+	$tree->(0);
+	sleep 60;
+	exit 0;
+}
+my $rpid = relay_worker_pid($node);
+my $hwm = relay_hwm_kb($rpid);
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_redis_target('hostile', 'redis://127.0.0.1:$hostile_port', stream => 'h');
+	SELECT outbox.subscribe('hostile', 'hostile');
+	SELECT outbox_emit('hostile', '{"n": 1}', 'k');
+});
+ok(wait_until(sub { (lag('hostile', 'last_error') // '') =~ /sent what the relay cannot parse/ }, 30),
+	'a hostile server\'s nested replies: held, with the reason')
+  or diag(lag('hostile', 'state, last_error'));
+my $grown = relay_hwm_kb($rpid) - $hwm;
+ok($grown < 20000, "... and the relay's memory did not grow with them ($grown kB)");
+kill 'KILL', $child;
+waitpid($child, 0);
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('hostile')});
 
 # --- destination rules ---
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.denied_destinations = '127.0.0.0/8'});
