@@ -239,6 +239,15 @@ is(redis_len($redis, 'wt:h'), $wt, 'a paused target appends nothing');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('wt')});
 ok(wait_until(sub { redis_len($redis, 'wt:h') == $wt + 5 }, 30), 'resumed: it appends what waited');
 
+# --- a host name: resolved in the background, each address tried ---
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_redis_target('byname', 'redis://localhost:$port', stream => 'byname');
+	SELECT outbox.subscribe('byname', 'named');
+	SELECT outbox_emit('named', '{"n": 1}', 'k');
+});
+ok(wait_until(sub { redis_len($redis, 'byname') == 1 }, 30), 'a host name (localhost): delivered')
+  or diag(lag('byname', 'state, last_error'));
+
 # --- a hostile server: deeply nested replies, far more than any answer ---
 # It answers the handshake with arrays nested 8 deep, 16 wide (what
 # hiredis's reader would build into gigabytes), then holds the
