@@ -43,6 +43,7 @@ OBJS = \
 	src/relay_main.o \
 	src/relay_nats.o \
 	src/relay_redis.o \
+	src/relay_rabbitmq.o \
 	src/relay_notify.o \
 	src/relay_progress.o \
 	src/relay_read.o \
@@ -60,7 +61,7 @@ DATA = outbox--0.1.sql outbox--0.1--0.2.sql outbox--0.2.sql \
 	outbox--0.2--0.3.sql outbox--0.3.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors targets operations security queue capture formats debezium redis
+REGRESS = emit savepoints triggers frontier errors targets operations security queue capture formats debezium redis rabbitmq
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 
@@ -77,7 +78,7 @@ PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags) -DOUTBOX_VERSION=
 PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wshadow=compatible-local \
 	$(if $(WERROR),-Werror)
-SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lhiredis -lcrypto
+SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lhiredis -lrabbitmq -lcrypto
 
 EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip
 

@@ -3629,31 +3629,45 @@ SELECT outbox.config_changed()
 -- Redis Streams targets (src/relay_redis.c): each message appended to a
 -- stream with XADD, together with a de-duplication mark of its id, in one
 -- script run on the server, so a message sent again within the window is
--- not appended twice.
+-- not appended twice.  RabbitMQ targets (src/relay_rabbitmq.c): each
+-- message published with AMQP 0-9-1 on a channel in confirm mode,
+-- persistent and mandatory, and waited for the broker's confirm.
 ---------------------------------------------------------------------------
 ALTER TABLE outbox.targets
 	ADD COLUMN stream text,				-- Redis: the stream's key template
 	ADD COLUMN maxlen bigint,			-- Redis: approximate MAXLEN, NULL none
-	ADD COLUMN dedup_window int;		-- Redis: seconds a de-dup mark lives, 0 none
+	ADD COLUMN dedup_window int,		-- Redis: seconds a de-dup mark lives, 0 none
+	ADD COLUMN exchange text,			-- RabbitMQ: the exchange ('' the default)
+	ADD COLUMN routing_key text;		-- RabbitMQ: the routing key template
 ALTER TABLE outbox.targets DROP CONSTRAINT targets_kind_check,
-	ADD CONSTRAINT targets_kind_check CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis'));
+	ADD CONSTRAINT targets_kind_check
+		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq'));
 ALTER TABLE outbox.targets DROP CONSTRAINT targets_check,
-	ADD CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis')) = (url IS NOT NULL));
+	ADD CONSTRAINT targets_check
+		CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq')) = (url IS NOT NULL));
 ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
 	ADD CONSTRAINT targets_lanes_check
-		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis') OR lanes = 1)),
+		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq') OR lanes = 1)),
 	ADD CONSTRAINT targets_stream_check
 		CHECK ((kind = 'redis') = (stream IS NOT NULL) AND octet_length(stream) BETWEEN 1 AND 1024),
 	ADD CONSTRAINT targets_maxlen_check
 		CHECK (maxlen IS NULL OR (kind = 'redis' AND maxlen >= 1)),
 	ADD CONSTRAINT targets_dedup_window_check
-		CHECK ((kind = 'redis') = (dedup_window IS NOT NULL) AND dedup_window BETWEEN 0 AND 2592000);
+		CHECK ((kind = 'redis') = (dedup_window IS NOT NULL) AND dedup_window BETWEEN 0 AND 2592000),
+	ADD CONSTRAINT targets_exchange_check
+		CHECK ((kind = 'rabbitmq') = (exchange IS NOT NULL) AND octet_length(exchange) <= 255),
+	ADD CONSTRAINT targets_routing_key_check
+		CHECK ((kind = 'rabbitmq') = (routing_key IS NOT NULL) AND octet_length(routing_key) <= 255);
 COMMENT ON COLUMN outbox.targets.stream IS
 	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in';
 COMMENT ON COLUMN outbox.targets.maxlen IS
 	'Redis: the stream is trimmed to about this many entries (XADD MAXLEN ~), NULL for never';
 COMMENT ON COLUMN outbox.targets.dedup_window IS
 	'Redis: seconds the mark of an appended message id lives; a message sent again within it is not appended again (0: no marks)';
+COMMENT ON COLUMN outbox.targets.exchange IS
+	'RabbitMQ: the exchange each message is published to ('''' is the default exchange, which routes to the queue the routing key names)';
+COMMENT ON COLUMN outbox.targets.routing_key IS
+	'RabbitMQ: the routing key, {topic} and {key} filled in';
 
 -- The checks of a Redis target's url and stream template (in C, as the
 -- relay makes them of every row it reads).
@@ -3664,8 +3678,17 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_check_redis_target';
 REVOKE ALL ON FUNCTION outbox.check_redis_target(text, text) FROM PUBLIC;
 
--- The checks of a broker target's options (NATS, Kafka or Redis), shared
--- by the create functions and alter_target.
+-- The checks of a RabbitMQ target's url, exchange and routing key
+-- template (in C, as the relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_rabbitmq_target(url text, exchange text, routing_key text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_rabbitmq_target';
+REVOKE ALL ON FUNCTION outbox.check_rabbitmq_target(text, text, text) FROM PUBLIC;
+
+-- The checks of a broker target's options (NATS, Kafka, Redis or
+-- RabbitMQ), shared by the create functions and alter_target.
 CREATE OR REPLACE FUNCTION outbox.check_broker_options(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -3674,6 +3697,8 @@ AS $$
 BEGIN
 	IF t.kind = 'nats' THEN
 		PERFORM outbox.check_nats_target(t.url, t.subject);
+	ELSIF t.kind = 'rabbitmq' THEN
+		PERFORM outbox.check_rabbitmq_target(t.url, t.exchange, t.routing_key);
 	ELSIF t.kind = 'redis' THEN
 		PERFORM outbox.check_redis_target(t.url, t.stream);
 		IF t.maxlen IS NOT NULL AND t.maxlen < 1 THEN
@@ -3733,6 +3758,7 @@ BEGIN
 			USING ERRCODE = 'feature_not_supported',
 				  DETAIL = 'CloudEvents go to HTTP, NATS and Kafka targets; '
 						   || CASE t.kind WHEN 'redis' THEN 'a Redis stream entry has the outbox''s fields (CloudEvents has no Redis binding).'
+										  WHEN 'rabbitmq' THEN 'RabbitMQ targets send outbox messages (the AMQP binding is not offered yet).'
 										  ELSE 'NOTIFY sends outbox envelopes only.' END,
 				  HINT = 'Use an HTTP, NATS or Kafka target for CloudEvents consumers.';
 	END IF;
@@ -3751,7 +3777,8 @@ BEGIN
 END
 $$;
 
--- add_target stores the stream, maxlen and dedup_window too.
+-- add_target stores the stream, maxlen, dedup_window, exchange and
+-- routing key too.
 CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -3765,14 +3792,16 @@ BEGIN
 		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
 									ordering, max_attempts, timeout_ms, ca_file, client_cert,
 									client_key, envelope_only, subject, topic, properties,
-									format, ce_source, stream, maxlen, dedup_window)
+									format, ce_source, stream, maxlen, dedup_window,
+									exchange, routing_key)
 		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
 				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
 				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
 				target.ca_file, target.client_cert, target.client_key,
 				coalesce(target.envelope_only, false), target.subject, target.topic,
 				target.properties, coalesce(target.format, 'outbox'), target.ce_source,
-				target.stream, target.maxlen, target.dedup_window)
+				target.stream, target.maxlen, target.dedup_window,
+				target.exchange, target.routing_key)
 		RETURNING id INTO new_id;
 	EXCEPTION WHEN unique_violation THEN
 		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -3833,11 +3862,55 @@ COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, in
 	'create a target that appends messages to Redis streams, each once within a de-duplication window';
 REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int) FROM PUBLIC;
 
+-- A target that publishes messages to a RabbitMQ exchange, each
+-- confirmed by the broker.
+CREATE FUNCTION outbox.create_rabbitmq_target(
+	name		 text,
+	url			 text,
+	exchange	 text	DEFAULT '',
+	routing_key	 text	DEFAULT '{topic}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'rabbitmq';
+	t.url := url;
+	t.exchange := exchange;
+	t.routing_key := routing_key;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := 'outbox';
+	PERFORM outbox.check_broker_options(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int) IS
+	'create a target that publishes messages to a RabbitMQ exchange, each confirmed by the broker';
+REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int) FROM PUBLIC;
+
 DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text);
 -- Change a target's options; NULL leaves an option as it is (see the
 -- previous definitions).  A Redis target takes url, stream, maxlen
 -- (maxlen => 0 never trims), dedup_window, batch_size, lanes, ordering,
--- max_attempts, timeout_ms, max_rate and disable_after.
+-- max_attempts, timeout_ms, max_rate and disable_after; a RabbitMQ
+-- target the same with exchange and routing_key instead of stream,
+-- maxlen and dedup_window.
 CREATE FUNCTION outbox.alter_target(
 	name		  text,
 	url			  text		DEFAULT NULL,
@@ -3861,7 +3934,9 @@ CREATE FUNCTION outbox.alter_target(
 	source		  text		DEFAULT NULL,
 	stream		  text		DEFAULT NULL,
 	maxlen		  bigint	DEFAULT NULL,
-	dedup_window  int		DEFAULT NULL)
+	dedup_window  int		DEFAULT NULL,
+	exchange	  text		DEFAULT NULL,
+	routing_key	  text		DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -3874,12 +3949,12 @@ DECLARE
 BEGIN
 	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
 	t := old;
-	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis') AND (url IS NOT NULL OR batch_size IS NOT NULL
+	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq') AND (url IS NOT NULL OR batch_size IS NOT NULL
 													  OR lanes IS NOT NULL OR ordering IS NOT NULL
 													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, NATS, Kafka and Redis targets have a URL (brokers), batches, lanes, a timeout or a rate.';
+				  DETAIL = 'Only HTTP, NATS, Kafka, Redis and RabbitMQ targets have a URL (brokers), batches, lanes, a timeout or a rate.';
 	END IF;
 	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
 							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
@@ -3901,6 +3976,11 @@ BEGIN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only Redis targets have a stream, maxlen and dedup_window.';
+	END IF;
+	IF old.kind <> 'rabbitmq' AND (exchange IS NOT NULL OR routing_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only RabbitMQ targets have an exchange and a routing key.';
 	END IF;
 	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -3930,12 +4010,14 @@ BEGIN
 	t.stream := coalesce(stream, old.stream);
 	t.maxlen := CASE WHEN maxlen = 0 THEN NULL ELSE coalesce(maxlen, old.maxlen) END;
 	t.dedup_window := coalesce(dedup_window, old.dedup_window);
+	t.exchange := coalesce(exchange, old.exchange);
+	t.routing_key := coalesce(routing_key, old.routing_key);
 	IF t.secret IS NULL THEN
 		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
 	END IF;
 	IF old.kind = 'http' THEN
 		PERFORM outbox.check_http_target(t);
-	ELSIF old.kind IN ('nats', 'kafka', 'redis') THEN
+	ELSIF old.kind IN ('nats', 'kafka', 'redis', 'rabbitmq') THEN
 		PERFORM outbox.check_broker_options(t);
 	ELSE
 		PERFORM outbox.check_target_options(t);
@@ -3969,7 +4051,9 @@ BEGIN
 		+ (t.ce_source IS DISTINCT FROM old.ce_source)::int
 		+ (t.stream IS DISTINCT FROM old.stream)::int
 		+ (t.maxlen IS DISTINCT FROM old.maxlen)::int
-		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int;
+		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int
+		+ (t.exchange IS DISTINCT FROM old.exchange)::int
+		+ (t.routing_key IS DISTINCT FROM old.routing_key)::int;
 
 	UPDATE outbox.targets x
 	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
@@ -3979,6 +4063,7 @@ BEGIN
 		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
 		   properties = t.properties, format = t.format, ce_source = t.ce_source,
 		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
+		   exchange = t.exchange, routing_key = t.routing_key,
 		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
 		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
 	 WHERE x.id = tid;
@@ -3986,6 +4071,6 @@ BEGIN
 	RETURN n;
 END
 $$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int) IS
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text) IS
 	'change a target''s options without a restart; returns how many changed';
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text) FROM PUBLIC;

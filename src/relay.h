@@ -10,7 +10,7 @@
  *	   +- relay_progress.c	progress and dead-letter writes
  *	   +- relay_retention.c	retention step, current chunk
  *	   +- relay_http.c, relay_notify.c, relay_nats.c, relay_kafka.c,
- *		  relay_redis.c	transports (a
+ *		  relay_redis.c, relay_rabbitmq.c	transports (a
  *								RelayTransport each): send, then report
  *								an outcome; they know nothing of dead
  *								letters
@@ -138,7 +138,8 @@ typedef enum RelayTargetKind
 	RELAY_NOTIFY,
 	RELAY_NATS,
 	RELAY_KAFKA,
-	RELAY_REDIS
+	RELAY_REDIS,
+	RELAY_RABBITMQ
 } RelayTargetKind;
 
 struct RelayTarget;
@@ -194,6 +195,7 @@ extern const RelayTransport relay_notify_transport;
 extern const RelayTransport relay_nats_transport;
 extern const RelayTransport relay_kafka_transport;
 extern const RelayTransport relay_redis_transport;
+extern const RelayTransport relay_rabbitmq_transport;
 extern const RelayTransport *const relay_transports[];	/* relay_main.c */
 extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
 
@@ -222,6 +224,8 @@ typedef struct RelayTarget
 	int64		maxlen;			/* Redis: XADD MAXLEN ~ this, 0 for none */
 	int			dedup_window;	/* Redis: seconds a de-dup mark lives, 0
 								 * for none, -1 when not given */
+	char	   *exchange;		/* RabbitMQ: the exchange ("" the default) */
+	char	   *routing_key;	/* RabbitMQ: the routing key template */
 	char	  **header_lines;	/* "Name: value" of the target's headers */
 	char	  **header_names;	/* their names */
 	int			nheader_lines;	/* entries in header_lines */
@@ -455,6 +459,7 @@ extern bool relay_acks_decided(RelayAcks *a);
 extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
 extern int	relay_wake_pipe(int fds[2]);
 extern void relay_wake_pipe_drain(int fd);
+extern char *relay_url_shown(const char *url);
 
 /*---- relay_nats.c: checks of a NATS target's options ----*/
 extern const char *relay_nats_check_url(const char *url);

@@ -2,8 +2,9 @@
  *
  * relay_acks.c
  *	  What the transports that acknowledge each message share (NATS,
- *	  Kafka): the acknowledgements of a lane's request, position by
- *	  position, and the pipe their libraries' threads wake the relay with.
+ *	  Kafka, Redis, RabbitMQ): the acknowledgements of a lane's request,
+ *	  position by position, the pipe their libraries' threads wake the
+ *	  relay with, and a URL shown without its password.
  *
  * A request's messages are acknowledged one by one, in any order.  It is
  * decided once every message up to the first failure is acknowledged (or
@@ -123,4 +124,34 @@ relay_wake_pipe_drain(int fd)
 
 	while (read(fd, buf, sizeof(buf)) > 0)
 		;
+}
+
+/*
+ * The url to show in an error: without user information (up to the last
+ * '@', whatever the scheme) and without a query.
+ */
+char *
+relay_url_shown(const char *url)
+{
+	const char *scheme_end;
+	const char *host;
+	const char *at;
+	StringInfoData buf;
+
+	if (url == NULL)
+		return pstrdup("NULL");
+	scheme_end = strstr(url, "://");
+	host = scheme_end ? scheme_end + 3 : url;
+	at = strrchr(host, '@');
+	initStringInfo(&buf);
+	appendBinaryStringInfo(&buf, url, host - url);
+	if (at != NULL)
+	{
+		appendStringInfoString(&buf, "***@");
+		host = at + 1;
+	}
+	appendBinaryStringInfo(&buf, host, strcspn(host, "?#"));
+	if (host[strcspn(host, "?#")] != '\0')
+		appendStringInfoString(&buf, "?...");
+	return buf.data;
 }

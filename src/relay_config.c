@@ -250,7 +250,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		if (strcmp(s, relay_kinds[i]->kind) == 0)
 			t->transport = relay_kinds[i];
 	if (t->transport == NULL)
-		*problem = "kind is not 'http', 'notify', 'nats', 'kafka' or 'redis'";
+		*problem = "kind is not 'http', 'notify', 'nats', 'kafka', 'redis' or 'rabbitmq'";
 	else
 		t->kind = t->transport->id;
 	s = relay_spi_text(tup, desc, 24);
@@ -296,6 +296,8 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	t->dedup_window = (int) relay_spi_int(tup, desc, 32, &isnull);
 	if (isnull)
 		t->dedup_window = -1;
+	t->exchange = relay_spi_text(tup, desc, 33);
+	t->routing_key = relay_spi_text(tup, desc, 34);
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -489,6 +491,8 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->stream = n->stream;
 	t->maxlen = n->maxlen;
 	t->dedup_window = n->dedup_window;
+	t->exchange = n->exchange;
+	t->routing_key = n->routing_key;
 	t->header_lines = n->header_lines;
 	t->header_names = n->header_names;
 	t->nheader_lines = n->nheader_lines;
@@ -614,9 +618,9 @@ relay_load_config(void)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
 	/*
-	 * Columns 24 to 32: ordering; the subject, topic, properties, format,
-	 * CloudEvents source, and a Redis target's stream, maxlen and
-	 * dedup_window (schema 0.3).
+	 * Columns 24 to 34: ordering; the subject, topic, properties, format,
+	 * CloudEvents source, a Redis target's stream, maxlen and dedup_window,
+	 * and a RabbitMQ target's exchange and routing key (schema 0.3).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -633,14 +637,14 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window") :
-					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int") :
+	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key") :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text") :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
 					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
 					"       t.ordering, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text,"
-					"       NULL::text, NULL::bigint, NULL::int"
+					"       NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

@@ -203,6 +203,7 @@ const RelayTransport *const relay_transports[] = {
 	&relay_nats_transport,
 	&relay_kafka_transport,
 	&relay_redis_transport,
+	&relay_rabbitmq_transport,
 	NULL
 };
 

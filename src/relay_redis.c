@@ -447,36 +447,6 @@ relay_redis_check_url(const char *url)
 }
 
 /*
- * The url to show in an error: without user information (up to the last
- * '@', whatever the scheme) and without a query.
- */
-static char *
-redis_url_shown(const char *url)
-{
-	const char *scheme_end;
-	const char *host;
-	const char *at;
-	StringInfoData buf;
-
-	if (url == NULL)
-		return pstrdup("NULL");
-	scheme_end = strstr(url, "://");
-	host = scheme_end ? scheme_end + 3 : url;
-	at = strrchr(host, '@');
-	initStringInfo(&buf);
-	appendBinaryStringInfo(&buf, url, host - url);
-	if (at != NULL)
-	{
-		appendStringInfoString(&buf, "***@");
-		host = at + 1;
-	}
-	appendBinaryStringInfo(&buf, host, strcspn(host, "?#"));
-	if (host[strcspn(host, "?#")] != '\0')
-		appendStringInfoString(&buf, "?...");
-	return buf.data;
-}
-
-/*
  * Whether template is a stream key template: 1 to 1024 bytes without
  * control characters, with {topic} and {key} the only braces.
  */
@@ -527,7 +497,7 @@ outbox_check_redis_target(PG_FUNCTION_ARGS)
 				(errcode(strncmp(why, "TLS", 3) == 0 || strncmp(why, "Unix", 4) == 0 ?
 						 ERRCODE_FEATURE_NOT_SUPPORTED : ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid Redis URL %s",
-						url ? quote_literal_cstr(redis_url_shown(url)) : "NULL"),
+						url ? quote_literal_cstr(relay_url_shown(url)) : "NULL"),
 				 errdetail("The URL is not usable: %s.", why),
 				 strncmp(why, "TLS", 3) == 0 ?
 				 errhint("Reach a TLS-only Redis through a TLS tunnel on loopback (stunnel, spiped) and give its redis:// address.") :

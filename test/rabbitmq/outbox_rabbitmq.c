@@ -1,0 +1,198 @@
+/*
+ * outbox_rabbitmq.c - the RabbitMQ tool of the TAP tests (test/t/068_*):
+ *
+ *   outbox_rabbitmq declare URL QUEUE          a durable classic queue
+ *   outbox_rabbitmq quorum URL QUEUE           a quorum queue
+ *   outbox_rabbitmq exchange URL NAME TYPE     a durable exchange
+ *   outbox_rabbitmq bind URL QUEUE EXCHANGE KEY
+ *   outbox_rabbitmq delete URL QUEUE
+ *   outbox_rabbitmq count URL QUEUE            messages ready in it
+ *   outbox_rabbitmq dump URL QUEUE             every message, one JSON
+ *       object a line (message_id, seq, topic, key, routing_key, exchange,
+ *       delivery_mode, content_type, payload, headers), in queue order;
+ *       taken with basic.get and not acknowledged, so they stay
+ *
+ * Exits 1 with the error on stderr when the broker refuses.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+
+static amqp_connection_state_t conn;
+
+static void
+check(amqp_rpc_reply_t r, const char *what)
+{
+	if (r.reply_type == AMQP_RESPONSE_NORMAL)
+		return;
+	if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CHANNEL_CLOSE_METHOD)
+	{
+		amqp_channel_close_t *c = r.reply.decoded;
+
+		fprintf(stderr, "%s: %d %.*s\n", what, c->reply_code, (int) c->reply_text.len,
+				(char *) c->reply_text.bytes);
+	}
+	else if (r.reply_type == AMQP_RESPONSE_SERVER_EXCEPTION && r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)
+	{
+		amqp_connection_close_t *c = r.reply.decoded;
+
+		fprintf(stderr, "%s: %d %.*s\n", what, c->reply_code, (int) c->reply_text.len,
+				(char *) c->reply_text.bytes);
+	}
+	else
+		fprintf(stderr, "%s: %s\n", what, amqp_error_string2(r.library_error));
+	exit(1);
+}
+
+static void
+json_str(const char *s, size_t len)
+{
+	size_t		i;
+
+	putchar('"');
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = s[i];
+
+		if (c == '"' || c == '\\')
+			printf("\\%c", c);
+		else if (c < 0x20)
+			printf("\\u%04x", c);
+		else
+			putchar(c);
+	}
+	putchar('"');
+}
+
+static void
+header(amqp_table_t *t, const char *name, const char *as)
+{
+	int			i;
+
+	for (i = 0; i < t->num_entries; i++)
+		if (t->entries[i].key.len == strlen(name) &&
+			memcmp(t->entries[i].key.bytes, name, t->entries[i].key.len) == 0 &&
+			(t->entries[i].value.kind == AMQP_FIELD_KIND_UTF8 || t->entries[i].value.kind == AMQP_FIELD_KIND_BYTES))
+		{
+			printf(", \"%s\": ", as);
+			json_str(t->entries[i].value.value.bytes.bytes, t->entries[i].value.value.bytes.len);
+		}
+}
+
+int
+main(int argc, char **argv)
+{
+	struct amqp_connection_info info;
+	amqp_socket_t *sock;
+	char	   *url;
+
+	if (argc < 4)
+	{
+		fprintf(stderr, "usage: see the head of outbox_rabbitmq.c\n");
+		return 2;
+	}
+	url = strdup(argv[2]);
+	amqp_default_connection_info(&info);
+	if (amqp_parse_url(url, &info) != AMQP_STATUS_OK)
+	{
+		fprintf(stderr, "bad url\n");
+		return 2;
+	}
+	conn = amqp_new_connection();
+	sock = amqp_tcp_socket_new(conn);
+	if (amqp_socket_open(sock, info.host, info.port) != AMQP_STATUS_OK)
+	{
+		fprintf(stderr, "cannot connect\n");
+		return 1;
+	}
+	check(amqp_login(conn, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password), "login");
+	amqp_channel_open(conn, 1);
+	check(amqp_get_rpc_reply(conn), "channel");
+
+	if (strcmp(argv[1], "declare") == 0 || strcmp(argv[1], "quorum") == 0)
+	{
+		amqp_table_entry_t e;
+		amqp_table_t args = amqp_empty_table;
+
+		if (argv[1][0] == 'q')
+		{
+			e.key = amqp_cstring_bytes("x-queue-type");
+			e.value.kind = AMQP_FIELD_KIND_UTF8;
+			e.value.value.bytes = amqp_cstring_bytes("quorum");
+			args.num_entries = 1;
+			args.entries = &e;
+		}
+		amqp_queue_declare(conn, 1, amqp_cstring_bytes(argv[3]), 0, 1, 0, 0, args);
+		check(amqp_get_rpc_reply(conn), "queue.declare");
+	}
+	else if (strcmp(argv[1], "exchange") == 0 && argc == 5)
+	{
+		amqp_exchange_declare(conn, 1, amqp_cstring_bytes(argv[3]), amqp_cstring_bytes(argv[4]),
+							  0, 1, 0, 0, amqp_empty_table);
+		check(amqp_get_rpc_reply(conn), "exchange.declare");
+	}
+	else if (strcmp(argv[1], "bind") == 0 && argc == 6)
+	{
+		amqp_queue_bind(conn, 1, amqp_cstring_bytes(argv[3]), amqp_cstring_bytes(argv[4]),
+						amqp_cstring_bytes(argv[5]), amqp_empty_table);
+		check(amqp_get_rpc_reply(conn), "queue.bind");
+	}
+	else if (strcmp(argv[1], "delete") == 0)
+	{
+		amqp_queue_delete(conn, 1, amqp_cstring_bytes(argv[3]), 0, 0);
+		check(amqp_get_rpc_reply(conn), "queue.delete");
+	}
+	else if (strcmp(argv[1], "count") == 0)
+	{
+		amqp_queue_declare_ok_t *ok = amqp_queue_declare(conn, 1, amqp_cstring_bytes(argv[3]), 1, 0, 0, 0,
+														 amqp_empty_table);
+
+		check(amqp_get_rpc_reply(conn), "queue.declare passive");
+		printf("%u\n", ok->message_count);
+	}
+	else if (strcmp(argv[1], "dump") == 0)
+	{
+		amqp_basic_qos(conn, 1, 0, 0, 0);
+		for (;;)
+		{
+			amqp_rpc_reply_t r = amqp_basic_get(conn, 1, amqp_cstring_bytes(argv[3]), 0);
+			amqp_message_t msg;
+			amqp_basic_get_ok_t *ok;
+
+			check(r, "basic.get");
+			if (r.reply.id == AMQP_BASIC_GET_EMPTY_METHOD)
+				break;
+			ok = r.reply.decoded;
+			printf("{\"routing_key\": ");
+			json_str(ok->routing_key.bytes, ok->routing_key.len);
+			printf(", \"exchange\": ");
+			json_str(ok->exchange.bytes, ok->exchange.len);
+			check(amqp_read_message(conn, 1, &msg, 0), "read");
+			printf(", \"message_id\": ");
+			json_str(msg.properties.message_id.bytes, msg.properties.message_id.len);
+			printf(", \"delivery_mode\": %d, \"content_type\": ", msg.properties.delivery_mode);
+			json_str(msg.properties.content_type.bytes, msg.properties.content_type.len);
+			header(&msg.properties.headers, "outbox-seq", "seq");
+			header(&msg.properties.headers, "outbox-topic", "topic");
+			header(&msg.properties.headers, "outbox-key", "key");
+			header(&msg.properties.headers, "webhook-id", "webhook_id");
+			header(&msg.properties.headers, "x-trace", "x_trace");
+			printf(", \"payload\": ");
+			json_str(msg.body.bytes, msg.body.len);
+			printf("}\n");
+			amqp_destroy_message(&msg);
+			amqp_maybe_release_buffers(conn);
+		}
+	}
+	else
+	{
+		fprintf(stderr, "usage: see the head of outbox_rabbitmq.c\n");
+		return 2;
+	}
+	amqp_channel_close(conn, 1, AMQP_REPLY_SUCCESS);
+	amqp_connection_close(conn, AMQP_REPLY_SUCCESS);
+	amqp_destroy_connection(conn);
+	return 0;
+}

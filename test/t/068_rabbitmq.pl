@@ -1,0 +1,237 @@
+# RabbitMQ targets against a real rabbitmq-server on loopback:
+#  - each message published persistent and mandatory with message_id = its
+#    id and the outbox headers, waited for the broker's confirm; outbox.lag,
+#    stats and metrics count them;
+#  - 20,000 messages over 200 keys into a quorum queue, the relay killed
+#    (kill -9) and the broker killed and started again mid-stream: every
+#    message there, per key in order, copies only with the same message_id;
+#  - unroutable (no queue bound): held with the reason, delivered once a
+#    queue is bound; an exchange that does not exist, access refused (a
+#    user without rights, a wrong password): held, then resumed;
+#  - a message above max_message_size: a dead letter, the rest flow;
+#  - pause/resume, replay (copies with the same message_id), destination
+#    rules.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time usleep);
+use OutboxRelayTest;
+use OutboxRabbitMQ;
+
+my $rmq = rmq_start('single', conf => "max_message_size = 100000\n");
+my $url = $rmq->{url};
+rmq_tool($url, 'quorum', 'orders');
+
+my $node = relay_node('rabbitmq');
+
+sub lag
+{
+	my ($target, $col) = @_;
+	return $node->safe_psql('postgres', qq{SELECT $col FROM outbox.lag WHERE target = '$target'});
+}
+
+# n messages over nkeys keys, in transactions of 10, topic 'orders'.
+my $emitted = 0;
+sub emit
+{
+	my ($n, $nkeys, $topic) = @_;
+	$topic //= 'orders';
+	my $sql = '';
+	for my $i (1 .. $n)
+	{
+		$emitted++;
+		my $key = 'k' . ($emitted % $nkeys);
+		$sql .= "BEGIN;\n" if $i % 10 == 1;
+		$sql .= qq{SELECT outbox_emit('$topic', '{"n": $emitted}', '$key', '{"x-trace": "t$emitted"}');\n};
+		$sql .= "COMMIT;\n" if $i % 10 == 0 || $i == $n;
+	}
+	$node->safe_psql('postgres', $sql);
+}
+
+# Every seq there; copies only of the same message_id; per key, the first
+# copies in order.  Returns the messages.
+sub check_queue
+{
+	my ($what, $queue, $want) = @_;
+	my $msgs = rmq_dump($url, $queue);
+	my (%id_of, %last, $bad_copy, $disorder, %seen, $shown);
+	for my $m (@$msgs)
+	{
+		if (exists $id_of{ $m->{seq} })
+		{
+			$bad_copy++ if $id_of{ $m->{seq} } ne $m->{message_id};
+			next;
+		}
+		$id_of{ $m->{seq} } = $m->{message_id};
+		if (defined $last{ $m->{key} } && $last{ $m->{key} } >= $m->{seq})
+		{
+			$disorder++;
+			if (!$shown++)
+			{
+				my $k = $m->{key};
+				diag("$what: key $k in queue order: "
+					  . join(' ', map { $_->{seq} } grep { $_->{key} eq $k } @$msgs));
+			}
+		}
+		$last{ $m->{key} } = $m->{seq};
+	}
+	is(scalar keys %id_of, $want, "$what: all $want messages are in the queue");
+	is($bad_copy // 0, 0, "$what: copies only with the same message_id");
+	is($disorder // 0, 0, "$what: per key in order");
+	note("$what: " . scalar(@$msgs) . " messages in the queue for $want");
+	return $msgs;
+}
+
+# --- delivery ---
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_rabbitmq_target('mq', '$url', routing_key => 'orders', lanes => 4);
+	SELECT outbox.subscribe('mq', 'orders');
+});
+emit(200, 20);
+ok(wait_until(sub { rmq_count($url, 'orders') >= 200 }, 60), 'messages reach the queue');
+my $msgs = check_queue('first 200', 'orders', 200);
+my ($m) = grep { $_->{seq} == 3 } @$msgs;
+my $id = $node->safe_psql('postgres', q{SELECT msg_id FROM outbox.messages WHERE id = 3});
+is($m->{message_id}, $id, 'message_id is the message id');
+is($m->{webhook_id}, $id, '... and the webhook-id header');
+is($m->{topic}, 'orders', 'outbox-topic header');
+is($m->{key}, 'k3', 'outbox-key header');
+is($m->{x_trace}, 't3', "the message's own header");
+is($m->{payload}, '{"n": 3}', 'the payload is the body');
+is($m->{delivery_mode}, 2, 'persistent');
+is($m->{content_type}, 'application/json', 'content type');
+is($m->{exchange}, '', 'through the default exchange');
+is(lag('mq', 'delivered'), '200', 'outbox.lag counts them');
+is(lag('mq', 'kind'), 'rabbitmq', '... as a rabbitmq target');
+ok(wait_until(sub {
+	$node->safe_psql('postgres', q{SELECT messages FROM outbox.stats WHERE target = 'mq'}) eq '200' }),
+	'outbox.stats counts them');
+like($node->safe_psql('postgres', q{SELECT outbox.metrics()}),
+	qr/^outbox_delivered_messages_total\{target="mq"\} 200$/m, 'and outbox.metrics()');
+
+# --- 20,000 over 200 keys: the relay and the broker killed mid-stream ---
+# (into a queue of its own: the first 200, read with basic.get and given
+# back, may come back in another order after the broker restarts, which
+# is the quorum queue's doing, not the relay's)
+rmq_tool($url, 'quorum', 'crash');
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('mq', routing_key => 'crash', batch_size => 20, max_rate => 60)});
+emit(20000, 200);
+my $want = 20000;
+ok(wait_until(sub { rmq_count($url, 'crash') >= 3000 }, 60), 'delivering');
+my $pid = relay_worker_pid($node);
+kill 'KILL', $pid;
+my $at = rmq_count($url, 'crash');
+note("relay killed with $at of $want in the queue");
+ok($at < 15000, 'the relay was killed mid-stream');
+ok(wait_until(sub { rmq_count($url, 'crash') >= $at + 2000 }, 90), 'delivering after the relay restarted');
+$at = rmq_count($url, 'crash');
+note("broker killed with $at of $want in the queue");
+ok($at < $want - 2000, 'the broker is killed mid-stream');
+rmq_kill($rmq);
+ok(wait_until(sub { (eval { lag('mq', 'last_error') } // '') =~ /RabbitMQ/ }, 60),
+	'the broker down: last_error says so') or diag(eval { lag('mq', 'state, last_error') });
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters}), '0',
+	'... and nothing is dead-lettered');
+$rmq = rmq_start('single', again => $rmq);
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('mq', max_rate => 0)});
+ok(wait_until(sub { lag('mq', 'pending') eq '0' }, 180), 'after the broker came back, everything is delivered');
+check_queue('relay and broker killed', 'crash', $want);
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters}), '0', 'no dead letters');
+
+# --- unroutable: held, then delivered once a queue is bound ---
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_rabbitmq_target('unrouted', '$url', routing_key => 'nowhere.{topic}');
+	SELECT outbox.subscribe('unrouted', 'u');
+});
+emit(10, 5, 'u');
+ok(wait_until(sub { lag('unrouted', q{state || ' ' || coalesce(last_error, '')}) =~
+	/^failing .*returned the message as unroutable: 312 NO_ROUTE .*routing key "nowhere\.u"/ }, 30),
+	'a message no queue is bound for: held, with the reason')
+  or diag(lag('unrouted', 'state, last_error'));
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'unrouted'}),
+	'0', '... nothing dead-lettered');
+rmq_tool($url, 'declare', 'nowhere.u');
+ok(wait_until(sub { rmq_count($url, 'nowhere.u') == 10 && lag('unrouted', 'pending') eq '0' }, 60),
+	'once a queue is bound, the held messages arrive');
+check_queue('unroutable, then bound', 'nowhere.u', 10);
+
+# --- an exchange that does not exist: held, then delivered ---
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_rabbitmq_target('byexchange', '$url', exchange => 'shop', routing_key => 'shop.{topic}');
+	SELECT outbox.subscribe('byexchange', 'x');
+});
+emit(5, 5, 'x');
+ok(wait_until(sub { lag('byexchange', 'last_error') =~ /404 NOT_FOUND - no exchange 'shop'/ }, 30),
+	'an exchange that does not exist: held, with the reason');
+rmq_tool($url, 'exchange', 'shop', 'topic');
+rmq_tool($url, 'declare', 'shop-all');
+rmq_tool($url, 'bind', 'shop-all', 'shop', 'shop.#');
+ok(wait_until(sub { rmq_count($url, 'shop-all') == 5 }, 60), 'declared and bound: delivered');
+is(rmq_dump($url, 'shop-all')->[0]{routing_key}, 'shop.x', 'under the routing key template');
+
+# --- a message above max_message_size: a dead letter ---
+rmq_tool($url, 'declare', 'big');
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_rabbitmq_target('big', '$url', routing_key => 'big', max_attempts => 3);
+	SELECT outbox.subscribe('big', 'big');
+	SELECT outbox_emit('big', '{"n": 1}', 'k');
+	SELECT outbox_emit('big', jsonb_build_object('pad', repeat('x', 200000)), 'k');
+	SELECT outbox_emit('big', '{"n": 3}', 'k');
+});
+ok(wait_until(sub { rmq_count($url, 'big') == 2 }, 60), 'a message too large: the others flow');
+like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big'}),
+	qr/larger than configured max size 100000/, 'it is a dead letter, with the broker\'s reason');
+is(join(',', map { $_->{payload} } @{ rmq_dump($url, 'big') }), '{"n": 1},{"n": 3}', 'in order, without it');
+
+# --- access refused: held, then resumed ---
+rmq_tool($url, 'declare', 'acl');
+rmq_ctl($rmq, 'add_user', 'relay', 's3cret');
+rmq_ctl($rmq, 'set_permissions', '-p', '/', 'relay', '^$', '^$', '^$');
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_rabbitmq_target('acl', 'amqp://relay:s3cret\@127.0.0.1:$rmq->{port}', routing_key => 'acl');
+	SELECT outbox.subscribe('acl', 'acl');
+});
+emit(5, 5, 'acl');
+ok(wait_until(sub { lag('acl', 'last_error') =~ /403 ACCESS_REFUSED/ }, 30),
+	'no write permission: held, with the reason') or diag(lag('acl', 'state, last_error'));
+rmq_ctl($rmq, 'set_permissions', '-p', '/', 'relay', '.*', '.*', '.*');
+ok(wait_until(sub { rmq_count($url, 'acl') == 5 }, 60), 'permitted: delivered');
+$node->safe_psql('postgres', qq{SELECT outbox.alter_target('acl', url => 'amqp://relay:wrong\@127.0.0.1:$rmq->{port}')});
+emit(5, 5, 'acl');
+ok(wait_until(sub { lag('acl', 'last_error') =~ /RabbitMQ refused the login/ }, 30),
+	'a wrong password: held, with the reason') or diag(lag('acl', 'state, last_error'));
+unlike(lag('acl', 'last_error'), qr/s3cret|wrong/, 'the password is never in last_error');
+$node->safe_psql('postgres', qq{SELECT outbox.alter_target('acl', url => 'amqp://relay:s3cret\@127.0.0.1:$rmq->{port}')});
+ok(wait_until(sub { rmq_count($url, 'acl') == 10 }, 60), 'the right password again: delivered');
+
+# --- pause, resume, replay ---
+$node->safe_psql('postgres', q{SELECT outbox.pause_target('big')});
+my $before = rmq_count($url, 'big');
+$node->safe_psql('postgres', q{SELECT outbox_emit('big', '{"n": 4}', 'k')});
+sleep 2;
+is(rmq_count($url, 'big'), $before, 'a paused target publishes nothing');
+$node->safe_psql('postgres', q{SELECT outbox.resume_target('big')});
+ok(wait_until(sub { rmq_count($url, 'big') == $before + 1 }, 30), 'resumed: it publishes what waited');
+$node->safe_psql('postgres', q{SELECT outbox.replay('acl', now() - interval '1 hour')});
+ok(wait_until(sub { rmq_count($url, 'acl') == 20 }, 60), 'replay: the messages are published again');
+check_queue('replayed', 'acl', 10);
+
+# --- destination rules ---
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.denied_destinations = '127.0.0.0/8'});
+$node->reload;
+sleep 1;
+$before = rmq_count($url, 'big');
+$node->safe_psql('postgres', q{SELECT outbox_emit('big', '{"n": 5}', 'k')});
+ok(wait_until(sub { lag('big', 'last_error') =~ /connection refused by the relay: 127\.0\.0\.1 is denied/ }, 30),
+	'a denied broker address is refused at connect');
+is(rmq_count($url, 'big'), $before, 'nothing was published');
+$node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.denied_destinations});
+$node->reload;
+ok(wait_until(sub { rmq_count($url, 'big') == $before + 1 }, 60), 'allowed again: delivered');
+
+relay_no_crash($node, $pid);
+$node->stop;
+rmq_stop($rmq);
+done_testing();
