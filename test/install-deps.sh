@@ -25,6 +25,10 @@ packages=(
 	# redis-server for the tests
 	libhiredis-dev
 	redis-server
+	# RabbitMQ targets: rabbitmq-c for the relay (and test/rabbitmq/), a real
+	# rabbitmq-server for the tests
+	librabbitmq-dev
+	rabbitmq-server
 	libipc-run-perl
 	cppcheck
 	python3
