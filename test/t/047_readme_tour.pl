@@ -5,7 +5,8 @@
 # URL http://127.0.0.1:8080 is pointed at the test receiver, its NATS URL
 # at a real nats-server -js with a stream taking orders.>, its Kafka broker
 # at librdkafka's mock cluster with a topic orders, its Redis URL at a real
-# redis-server.  Then every
+# redis-server, its RabbitMQ URL at a real rabbitmq-server with a queue
+# orders.  Then every
 # message the tour emitted and committed reaches the receiver or its other
 # targets, none of the rolled-back ones does, and nothing is pending.
 use strict;
@@ -17,6 +18,7 @@ use OutboxRelayTest;
 use OutboxNats;
 use OutboxKafka;
 use OutboxRedis;
+use OutboxRabbitMQ;
 
 my $root = $ENV{TESTDIR} // '.';
 my $readme = slurp_file("$root/README.md");
@@ -43,6 +45,10 @@ $run =~ s{'127\.0\.0\.1:9092'}{'$kafka->{bootstrap}'}g;
 my $redis = redis_start('tour');
 like($sql, qr{'redis://127\.0\.0\.1:6379'}, 'the tour names the Redis URL the test replaces');
 $run =~ s{redis://127\.0\.0\.1:6379}{redis://127.0.0.1:$redis->{port}}g;
+my $rmq = rmq_start('tour');
+rmq_tool($rmq->{url}, 'declare', 'orders');
+like($sql, qr{'amqp://guest:guest\@127\.0\.0\.1:5672'}, 'the tour names the RabbitMQ URL the test replaces');
+$run =~ s{amqp://guest:guest\@127\.0\.0\.1:5672}{$rmq->{url}}g;
 
 my ($stdout, $stderr);
 my $ok = $node->psql('postgres', $run, stdout => \$stdout, stderr => \$stderr,
@@ -70,6 +76,9 @@ is(join(' ', sort map { $_->{headers}{'outbox-topic'} } @{ kafka_consume($kafka,
 is(join(' ', sort map { $_->{topic} } @{ redis_entries($redis, 'orders') }),
 	'orders.changed orders.created', 'the Redis stream holds them too');
 redis_stop($redis);
+is(join(' ', sort map { $_->{topic} } @{ rmq_dump($rmq->{url}, 'orders') }),
+	'orders.changed orders.created', 'the RabbitMQ queue holds them too');
+rmq_stop($rmq);
 stop_sink($sink);
 nats_stop($nats);
 kafka_stop($kafka);
