@@ -34,7 +34,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <linux/sockios.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -61,6 +63,8 @@
 #define RMQ_MAX_FRAMES		100000
 /* Most headers a message carries (the outbox's and its own). */
 #define RMQ_MAX_HEADERS		64
+/* Bytes of frames around a message's body and properties, at most. */
+#define RMQ_FRAME_OVERHEAD	512
 /* The channel the relay publishes on. */
 #define RMQ_CHANNEL			1
 
@@ -673,6 +677,34 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		failed->kind = RELAY_RECEIVER_FAILED;
 		failed->error = rt->error;
 		return false;
+	}
+
+	/*
+	 * rabbitmq-c waits without end when the socket cannot take what it
+	 * writes (a broker that stopped reading: an alarm, flow control).  So
+	 * a request goes only when it fits in what the socket's buffer has
+	 * free, or when the buffer is empty (a message larger than it).
+	 */
+	{
+		int			outq = 0;
+		int			sndbuf = 0;
+		socklen_t	len = sizeof(sndbuf);
+		Size		need = 0;
+
+		for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
+			need += m->payload_len + RMQ_FRAME_OVERHEAD + strlen(m->topic) +
+				(m->key ? strlen(m->key) : 0) +
+				(m->header_lines ? strlen(m->header_lines) * 2 : 0);
+		if (ioctl(rt->fd, SIOCOUTQ, &outq) == 0 &&
+			getsockopt(rt->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len) == 0 &&
+			outq > 0 && (Size) outq + need > (Size) sndbuf / 2)
+		{
+			snprintf(rt->error, sizeof(rt->error), "RabbitMQ at %s is not reading what the relay sent (%d bytes wait in the socket): flow control or an alarm",
+					 rt->peer, outq);
+			failed->kind = RELAY_RECEIVER_FAILED;
+			failed->error = rt->error;
+			return false;
+		}
 	}
 
 	relay_acks_begin(rl, lane->cut_n, t->cxt);
