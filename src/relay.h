@@ -366,6 +366,7 @@ extern void relay_append_time(StringInfo buf, TimestampTz t);
 extern char *relay_header_lines(Jsonb *jb, int *len);
 extern void relay_uuid_text(const pg_uuid_t *uuid, char *out);
 extern bool relay_template_fill(const char *template, RelayMessage *m, StringInfo buf);
+extern const char *relay_template_check(const char *template, int maxlen, bool allow_empty);
 
 /*---- relay_envelope.c: CloudEvents ----*/
 #define RELAY_CE_MAX_ATTRS	11	/* the most relay_ce_attrs() gives */
@@ -460,6 +461,7 @@ extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
 extern int	relay_wake_pipe(int fds[2]);
 extern void relay_wake_pipe_drain(int fd);
 extern char *relay_url_shown(const char *url);
+extern long relay_acks_next_deadline_ms(RelayTargetKind kind);
 
 /*---- relay_nats.c: checks of a NATS target's options ----*/
 extern const char *relay_nats_check_url(const char *url);

@@ -23,6 +23,7 @@
 
 #include "storage/fd.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "relay.h"
 
@@ -95,6 +96,39 @@ relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome)
 		outcome->error = a->bad_error;
 		outcome->ndelivered = a->prefix;
 	}
+}
+
+/*
+ * Milliseconds until the earliest deadline of a request in flight on a
+ * target of kind (whose lanes keep RelayAcks), 0 when one has passed, -1
+ * for none.
+ */
+long
+relay_acks_next_deadline_ms(RelayTargetKind kind)
+{
+	TimestampTz first = 0;
+	ListCell   *lc;
+	long		ms;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != kind)
+			continue;
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayAcks  *a = (RelayAcks *) t->lanes[i].priv;
+
+			if (t->lanes[i].in_flight && a != NULL && (first == 0 || a->deadline < first))
+				first = a->deadline;
+		}
+	}
+	if (first == 0)
+		return -1;
+	ms = (long) ((first - GetCurrentTimestamp()) / 1000) + 1;
+	return Max(ms, 0);
 }
 
 /*

@@ -188,6 +188,43 @@ relay_uuid_text(const pg_uuid_t *uuid, char *out)
 }
 
 /*
+ * Whether template is a key template of a broker target (a Redis stream,
+ * a RabbitMQ routing key): at most maxlen bytes (and some, unless
+ * allow_empty), no control characters, {topic} and {key} the only braces.
+ * Returns why not, or NULL.
+ */
+const char *
+relay_template_check(const char *template, int maxlen, bool allow_empty)
+{
+	const char *s;
+
+	if (template == NULL)
+		return "it is NULL";
+	if (*template == '\0' && !allow_empty)
+		return "it is empty";
+	if (strlen(template) > (size_t) maxlen)
+		return psprintf("it is longer than %d bytes", maxlen);
+	for (s = template; *s; s++)
+	{
+		if (*s == '{')
+		{
+			if (strncmp(s, "{topic}", 7) == 0)
+				s += 6;
+			else if (strncmp(s, "{key}", 5) == 0)
+				s += 4;
+			else
+				return "only {topic} and {key} may stand in braces";
+			continue;
+		}
+		if (*s == '}')
+			return "only {topic} and {key} may stand in braces";
+		if ((unsigned char) *s < 0x20 || *s == 0x7f)
+			return "it has a control character";
+	}
+	return NULL;
+}
+
+/*
  * Fill in a broker target's template (a NATS subject, a Kafka topic):
  * {topic} with the message's topic, {key} with its key.  Returns false,
  * with buf holding nothing usable, when it has {key} and the message no

@@ -174,34 +174,11 @@ rmq_check_exchange(const char *s)
 	return NULL;
 }
 
-/* Whether template is a routing key template. */
+/* Whether template is a routing key template ('' is one). */
 static const char *
 rmq_check_routing_key(const char *template)
 {
-	const char *s;
-
-	if (template == NULL)
-		return "it is NULL";
-	if (strlen(template) > RMQ_MAX_SHORTSTR)
-		return "it is longer than 255 bytes";
-	for (s = template; *s; s++)
-	{
-		if (*s == '{')
-		{
-			if (strncmp(s, "{topic}", 7) == 0)
-				s += 6;
-			else if (strncmp(s, "{key}", 5) == 0)
-				s += 4;
-			else
-				return "only {topic} and {key} may stand in braces";
-			continue;
-		}
-		if (*s == '}')
-			return "only {topic} and {key} may stand in braces";
-		if ((unsigned char) *s < 0x20 || *s == 0x7f)
-			return "it has a control character";
-	}
-	return NULL;
+	return relay_template_check(template, RMQ_MAX_SHORTSTR, true);
 }
 
 PG_FUNCTION_INFO_V1(outbox_check_rabbitmq_target);
@@ -1140,28 +1117,7 @@ relay_rabbitmq_drive(RelayFinishedFn finished)
 static long
 relay_rabbitmq_timeout(void)
 {
-	TimestampTz first = 0;
-	ListCell   *lc;
-	long		ms;
-
-	if (requests_in_flight == 0)
-		return -1;
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		int			i;
-
-		if (t->kind != RELAY_RABBITMQ)
-			continue;
-		for (i = 0; i < t->nlanes; i++)
-			if (t->lanes[i].in_flight &&
-				(first == 0 || RMQ_LANE(&t->lanes[i])->deadline < first))
-				first = RMQ_LANE(&t->lanes[i])->deadline;
-	}
-	if (first == 0)
-		return -1;
-	ms = (long) ((first - GetCurrentTimestamp()) / 1000) + 1;
-	return Max(ms, 0);
+	return requests_in_flight > 0 ? relay_acks_next_deadline_ms(RELAY_RABBITMQ) : -1;
 }
 
 /* The options of a RabbitMQ target row read (relay_config.c). */

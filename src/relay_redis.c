@@ -446,37 +446,11 @@ relay_redis_check_url(const char *url)
 	return redis_parse_url(url, NULL);
 }
 
-/*
- * Whether template is a stream key template: 1 to 1024 bytes without
- * control characters, with {topic} and {key} the only braces.
- */
+/* Whether template is a stream key template. */
 const char *
 relay_redis_check_stream(const char *template)
 {
-	const char *s;
-
-	if (template == NULL || *template == '\0')
-		return "it is empty";
-	if (strlen(template) > REDIS_MAX_STREAM)
-		return "it is longer than 1024 bytes";
-	for (s = template; *s; s++)
-	{
-		if (*s == '{')
-		{
-			if (strncmp(s, "{topic}", 7) == 0)
-				s += 6;
-			else if (strncmp(s, "{key}", 5) == 0)
-				s += 4;
-			else
-				return "only {topic} and {key} may stand in braces";
-			continue;
-		}
-		if (*s == '}')
-			return "only {topic} and {key} may stand in braces";
-		if ((unsigned char) *s < 0x20 || *s == 0x7f)
-			return "it has a control character";
-	}
-	return NULL;
+	return relay_template_check(template, REDIS_MAX_STREAM, false);
 }
 
 PG_FUNCTION_INFO_V1(outbox_check_redis_target);
@@ -1557,28 +1531,7 @@ relay_redis_drive(RelayFinishedFn finished)
 static long
 relay_redis_timeout(void)
 {
-	TimestampTz first = 0;
-	ListCell   *lc;
-	long		ms;
-
-	if (requests_in_flight == 0)
-		return -1;
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		int			i;
-
-		if (t->kind != RELAY_REDIS)
-			continue;
-		for (i = 0; i < t->nlanes; i++)
-			if (t->lanes[i].in_flight &&
-				(first == 0 || REDIS_LANE(&t->lanes[i])->deadline < first))
-				first = REDIS_LANE(&t->lanes[i])->deadline;
-	}
-	if (first == 0)
-		return -1;
-	ms = (long) ((first - GetCurrentTimestamp()) / 1000) + 1;
-	return Max(ms, 0);
+	return requests_in_flight > 0 ? relay_acks_next_deadline_ms(RELAY_REDIS) : -1;
 }
 
 /* The options of a Redis target row read (relay_config.c). */
