@@ -34,9 +34,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <linux/sockios.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/epoll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -59,14 +59,23 @@
 #define RMQ_HANDSHAKE_MS	5000
 /* Largest frame asked for. */
 #define RMQ_FRAME_MAX		131072
-/* Most frames taken in one call of relay_rabbitmq_drive() per target. */
-#define RMQ_MAX_FRAMES		100000
+/* Most frames taken in one turn of the loop per target. */
+#define RMQ_MAX_FRAMES		256
 /* Most headers a message carries (the outbox's and its own). */
 #define RMQ_MAX_HEADERS		64
-/* Bytes of frames around a message's body and properties, at most. */
-#define RMQ_FRAME_OVERHEAD	512
+/* Longest a connection waits for a host name's lookup, each attempt. */
+#define RMQ_LOOKUP_WAIT_MS	50
 /* The channel the relay publishes on. */
 #define RMQ_CHANNEL			1
+
+/* A host name resolved by glibc's thread: malloc'd, glibc writes to it. */
+typedef struct RmqLookup
+{
+	struct gaicb cb;
+	struct addrinfo hints;
+	char		name[256];
+	char		service[8];
+} RmqLookup;
 
 /* What a delivery tag was. */
 typedef struct RmqTag
@@ -89,6 +98,7 @@ typedef struct RelayRmqTarget
 	char	   *url;			/* the url it was made for */
 	uint64		destinations;	/* outbox_destinations_generation then */
 	char		peer[INET6_ADDRSTRLEN + 8];
+	RmqLookup  *lookup;			/* a host name being resolved, or NULL */
 	bool		broken;			/* a publish failed: drive() ends it */
 	bool		blocked;		/* connection.blocked, not yet unblocked */
 	char		blocked_why[128];
@@ -98,11 +108,18 @@ typedef struct RelayRmqTarget
 	int			ntags;
 	int			maxtags;
 	uint64		first_tag;		/* tag of tags[tags_head] */
+	bool		more;			/* frames were left for the next turn */
 	bool		returning;		/* a basic.return's content follows */
 	uint64		return_body_left;	/* its body bytes still to come */
 	bool		return_header;	/* its header frame was read */
 	char		return_why[RELAY_MAX_ERROR_LEN + 1];
 	int			in_flight;		/* lanes of the target with a request */
+	StringInfoData out;			/* frames not yet written */
+	int			out_off;		/* bytes of out written */
+	bool		want_write;		/* EPOLLOUT asked for */
+	char		broken_why[RELAY_MAX_ERROR_LEN + 1];
+	long		max_message_size;	/* the broker refused a body above this
+									 * (a 406), 0 for not known */
 	StringInfoData key;			/* reused: a message's routing key */
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 } RelayRmqTarget;
@@ -125,6 +142,9 @@ static const char *
 rmq_parse_url(const char *url, struct amqp_connection_info *info, char **copy)
 {
 	char	   *s;
+	const char *why = NULL;
+	const char *slash;
+	const char *at;
 	struct amqp_connection_info i;
 
 	if (url == NULL || *url == '\0')
@@ -137,25 +157,37 @@ rmq_parse_url(const char *url, struct amqp_connection_info *info, char **copy)
 		return "it has a query; only amqp://[user:password@]host[:port][/vhost] is taken";
 	if (strchr(url + 7, ',') != NULL)
 		return "it names several servers; give one";
+	/* a user without a password would log in with rabbitmq-c's "guest" */
+	slash = strchr(url + 7, '/');
+	at = memchr(url + 7, '@', (slash ? slash : url + strlen(url)) - (url + 7));
+	if (at != NULL && memchr(url + 7, ':', at - (url + 7)) == NULL)
+		return "it has a user without a password: give amqp://user:password@host";
 	s = pstrdup(url);
 	amqp_default_connection_info(&i);
 	if (amqp_parse_url(s, &i) != AMQP_STATUS_OK)
-		return "it is not an AMQP URL (a bad port, a bad percent escape, an IPv6 address without brackets?)";
-	if (i.host == NULL || *i.host == '\0' || strlen(i.host) > 253)
-		return "it has no host, or one that is too long";
-	if (i.port < 1 || i.port > 65535)
-		return "the port is not between 1 and 65535";
-	/* "amqp://host/" names the empty vhost, which no one has: the default */
-	if (i.vhost[0] == '\0')
-		i.vhost = "/";
-	if (strlen(i.vhost) > RMQ_MAX_SHORTSTR)
-		return "the virtual host is longer than 255 bytes";
-	if (info)
+		why = "it is not an AMQP URL (a bad port, a bad percent escape, an IPv6 address without brackets?)";
+	else if (i.host == NULL || *i.host == '\0' || strlen(i.host) > 253)
+		why = "it has no host, or one that is too long";
+	else if (i.port < 1 || i.port > 65535)
+		why = "the port is not between 1 and 65535";
+	else
+	{
+		/* "amqp://host/" names the empty vhost, which no one has: the default */
+		if (i.vhost[0] == '\0')
+			i.vhost = "/";
+		if (strlen(i.vhost) > RMQ_MAX_SHORTSTR)
+			why = "the virtual host is longer than 255 bytes";
+	}
+	if (why == NULL && info != NULL)
 	{
 		*info = i;
-		*copy = s;
+		*copy = s;				/* the caller wipes it */
+		return NULL;
 	}
-	return NULL;
+	/* the decoded password goes from memory */
+	memset(s, 0, strlen(url));
+	pfree(s);
+	return why;
 }
 
 /* Whether s is an exchange name RabbitMQ takes ("" the default). */
@@ -233,6 +265,27 @@ relay_rabbitmq_start(void)
 	return epoll_fd;
 }
 
+/* Drop the lookup; one still running is left to glibc (a small leak). */
+static void
+rmq_lookup_forget(RelayRmqTarget *rt)
+{
+	RmqLookup  *l = rt->lookup;
+
+	if (l == NULL)
+		return;
+	rt->lookup = NULL;
+	if (gai_error(&l->cb) == EAI_INPROGRESS)
+	{
+		int			rc = gai_cancel(&l->cb);
+
+		if (rc != EAI_CANCELED && rc != EAI_ALLDONE)
+			return;
+	}
+	if (l->cb.ar_result)
+		freeaddrinfo(l->cb.ar_result);
+	free(l);
+}
+
 /* Close the connection; what it carried is forgotten. */
 static void
 rmq_close(RelayRmqTarget *rt)
@@ -253,11 +306,16 @@ rmq_close(RelayRmqTarget *rt)
 		ReleaseExternalFD();
 	}
 	rt->fd = -1;
+	rmq_lookup_forget(rt);
 	rt->ntags = 0;
 	rt->tags_head = 0;
 	rt->returning = false;
 	rt->broken = false;
 	rt->blocked = false;
+	rt->want_write = false;
+	if (rt->out.data != NULL)
+		resetStringInfo(&rt->out);
+	rt->out_off = 0;
 }
 
 static void
@@ -323,11 +381,85 @@ rmq_reply_text(amqp_rpc_reply_t r, const char *what, char *error, size_t size)
 }
 
 /*
+ * A host name's addresses, resolved in the background: a lookup is
+ * started (or one under way for the same name looked at) and waited for
+ * RMQ_LOOKUP_WAIT_MS at most; while it runs the connection fails with
+ * that reason, and the next attempt looks again.  The list is the
+ * lookup's (rmq_lookup_forget frees it).
+ */
+static bool
+rmq_resolve(RelayRmqTarget *rt, const char *host, const char *service, struct addrinfo **list)
+{
+	RmqLookup  *l = rt->lookup;
+	int			rc;
+
+	if (l != NULL && (strcmp(l->name, host) != 0 || strcmp(l->service, service) != 0))
+	{
+		rmq_lookup_forget(rt);
+		l = NULL;
+	}
+	if (l == NULL)
+	{
+		struct gaicb *one[1];
+		sigset_t	all;
+		sigset_t	old;
+
+		l = calloc(1, sizeof(RmqLookup));
+		if (l == NULL)
+		{
+			snprintf(rt->error, sizeof(rt->error), "out of memory");
+			return false;
+		}
+		strlcpy(l->name, host, sizeof(l->name));
+		strlcpy(l->service, service, sizeof(l->service));
+		l->hints.ai_family = AF_UNSPEC;
+		l->hints.ai_socktype = SOCK_STREAM;
+		l->cb.ar_name = l->name;
+		l->cb.ar_service = l->service;
+		l->cb.ar_request = &l->hints;
+		one[0] = &l->cb;
+		/* glibc's resolver thread must not take PostgreSQL's signals */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		rc = getaddrinfo_a(GAI_NOWAIT, one, 1, NULL);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (rc != 0)
+		{
+			free(l);
+			snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", host, gai_strerror(rc));
+			return false;
+		}
+		rt->lookup = l;
+	}
+	{
+		const struct gaicb *one[1] = {&l->cb};
+		struct timespec ts = {0, RMQ_LOOKUP_WAIT_MS * 1000000L};
+
+		if (gai_error(&l->cb) == EAI_INPROGRESS)
+			(void) gai_suspend(one, 1, &ts);
+	}
+	rc = gai_error(&l->cb);
+	if (rc == EAI_INPROGRESS)
+	{
+		snprintf(rt->error, sizeof(rt->error), "resolving \"%s\" (the DNS is slow: the target waits, the relay goes on)", host);
+		return false;
+	}
+	if (rc != 0)
+	{
+		snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", host, gai_strerror(rc));
+		rmq_lookup_forget(rt);
+		return false;
+	}
+	*list = l->cb.ar_result;
+	return true;
+}
+
+/*
  * Dial the broker: the first allowed address that accepts within the
  * handshake's time.  Returns the socket, or -1 with rt->error.
  */
 static int
-rmq_dial(RelayRmqTarget *rt, const char *host, int port, int wait_ms)
+rmq_dial(RelayRmqTarget *rt, const char *host, int port, TimestampTz deadline)
 {
 	struct addrinfo hints;
 	struct addrinfo *list = NULL;
@@ -335,12 +467,20 @@ rmq_dial(RelayRmqTarget *rt, const char *host, int port, int wait_ms)
 	char		service[8];
 	const char *refused = NULL;
 	int			rc;
+	bool		from_lookup = false;
 
 	memset(&hints, 0, sizeof(hints));
 	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
 	snprintf(service, sizeof(service), "%d", port);
-	/* An address at once; a name through the resolver (bounded below). */
-	if ((rc = getaddrinfo(host, service, &hints, &list)) != 0)
+	/* An address at once; a name in the background (glibc's thread). */
+	if ((rc = getaddrinfo(host, service, &hints, &list)) == EAI_NONAME)
+	{
+		if (!rmq_resolve(rt, host, service, &list))
+			return -1;
+		from_lookup = true;
+	}
+	else if (rc != 0)
 	{
 		snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", host, gai_strerror(rc));
 		return -1;
@@ -393,7 +533,12 @@ rmq_dial(RelayRmqTarget *rt, const char *host, int port, int wait_ms)
 			{
 				pfd.fd = fd;
 				pfd.events = POLLOUT;
-				rc = poll(&pfd, 1, wait_ms);
+				do
+				{
+					long		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
+
+					rc = left > 0 ? poll(&pfd, 1, (int) left) : 0;
+				} while (rc < 0 && errno == EINTR);
 				if (rc == 0)
 					err = ETIMEDOUT;
 				else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
@@ -408,10 +553,16 @@ rmq_dial(RelayRmqTarget *rt, const char *host, int port, int wait_ms)
 			ReleaseExternalFD();
 			continue;
 		}
-		freeaddrinfo(list);
+		if (from_lookup)
+			rmq_lookup_forget(rt);
+		else
+			freeaddrinfo(list);
 		return fd;
 	}
-	freeaddrinfo(list);
+	if (from_lookup)
+		rmq_lookup_forget(rt);
+	else
+		freeaddrinfo(list);
 	return -1;
 }
 
@@ -430,7 +581,9 @@ rmq_connect(RelayTarget *t)
 	amqp_socket_t *sock;
 	amqp_rpc_reply_t r;
 	struct timeval tv;
-	int			wait_ms = Min(t->timeout_ms, RMQ_HANDSHAKE_MS);
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   Min(t->timeout_ms, RMQ_HANDSHAKE_MS));
+	long		left;
 	int			fd;
 	amqp_table_entry_t caps[2];
 	amqp_table_entry_t props[3];
@@ -451,8 +604,12 @@ rmq_connect(RelayTarget *t)
 		snprintf(rt->error, sizeof(rt->error), "the url is not usable: %s", bad);
 		return false;
 	}
-	if ((fd = rmq_dial(rt, info.host, info.port, wait_ms)) < 0)
+	if ((fd = rmq_dial(rt, info.host, info.port, deadline)) < 0)
+	{
+		memset(copy, 0, strlen(t->url));	/* the password, gone from memory */
+		pfree(copy);
 		return false;
+	}
 
 	rt->conn = amqp_new_connection();
 	sock = rt->conn ? amqp_tcp_socket_new(rt->conn) : NULL;
@@ -464,12 +621,16 @@ rmq_connect(RelayTarget *t)
 			amqp_destroy_connection(rt->conn);
 		rt->conn = NULL;
 		snprintf(rt->error, sizeof(rt->error), "out of memory");
+		memset(copy, 0, strlen(t->url));
+		pfree(copy);
 		return false;
 	}
 	amqp_tcp_socket_set_sockfd(sock, fd);
 	rt->fd = fd;
-	tv.tv_sec = wait_ms / 1000;
-	tv.tv_usec = (wait_ms % 1000) * 1000;
+	/* the handshake gets what is left of the connection's time */
+	left = Max((long) ((deadline - GetCurrentTimestamp()) / 1000), 1);
+	tv.tv_sec = left / 1000;
+	tv.tv_usec = (left % 1000) * 1000;
 	(void) amqp_set_handshake_timeout(rt->conn, &tv);
 	(void) amqp_set_rpc_timeout(rt->conn, &tv);
 
@@ -545,6 +706,7 @@ relay_rabbitmq_lane_init(RelayLane *lane)
 
 		rt->fd = -1;
 		initStringInfo(&rt->key);
+		initStringInfo(&rt->out);
 		MemoryContextSwitchTo(oldcxt);
 		t->priv = rt;
 	}
@@ -614,6 +776,146 @@ rmq_header_str(amqp_table_entry_t *e, const char *name, const char *value)
 	e->value.value.bytes = amqp_cstring_bytes(value);
 }
 
+/* Ask for EPOLLOUT while frames wait to be written. */
+static void
+rmq_want_write(RelayRmqTarget *rt, bool want)
+{
+	struct epoll_event ev;
+
+	if (rt->fd < 0 || rt->want_write == want)
+		return;
+	ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
+	ev.data.u64 = rt->serial;
+	if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, rt->fd, &ev) == 0)
+		rt->want_write = want;
+}
+
+/*
+ * Write what the socket takes now, never waiting (rabbitmq-c's own
+ * publish waits without end on a broker that stopped reading); a failure
+ * is left for drive().
+ */
+static void
+rmq_flush(RelayRmqTarget *rt)
+{
+	while (rt->conn != NULL && !rt->broken && rt->out_off < rt->out.len)
+	{
+		ssize_t		n = send(rt->fd, rt->out.data + rt->out_off,
+							 rt->out.len - rt->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (n > 0)
+			rt->out_off += n;
+		else if (n < 0 && errno == EINTR)
+			continue;
+		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		else
+		{
+			rt->broken = true;
+			snprintf(rt->broken_why, sizeof(rt->broken_why),
+					 "the connection to RabbitMQ at %s was lost: %s", rt->peer,
+					 n == 0 ? "closed" : strerror(errno));
+			break;
+		}
+	}
+	if (rt->out_off >= rt->out.len)
+	{
+		if (rt->out.maxlen > 4 * 1024 * 1024)
+		{
+			pfree(rt->out.data);
+			initStringInfo(&rt->out);
+		}
+		resetStringInfo(&rt->out);
+		rt->out_off = 0;
+	}
+	if (rt->conn != NULL)
+		rmq_want_write(rt, rt->out_off < rt->out.len);
+}
+
+/* One frame: type, channel, size, payload, end (AMQP 0-9-1, 2.3.5). */
+static void
+rmq_frame(StringInfo out, uint8 type, const char *payload, uint32 len)
+{
+	unsigned char h[7];
+
+	h[0] = type;
+	h[1] = 0;
+	h[2] = RMQ_CHANNEL;
+	h[3] = (len >> 24) & 0xFF;
+	h[4] = (len >> 16) & 0xFF;
+	h[5] = (len >> 8) & 0xFF;
+	h[6] = len & 0xFF;
+	appendBinaryStringInfo(out, (const char *) h, 7);
+	appendBinaryStringInfo(out, payload, len);
+	appendStringInfoChar(out, (char) AMQP_FRAME_END);
+}
+
+/*
+ * The frames of one publish (basic.publish, its content header, its body
+ * in frames of the negotiated size), appended to out whole, or not at
+ * all: returns why the message cannot be framed (its properties do not
+ * fit in a frame), or NULL.
+ */
+static const char *
+rmq_encode_publish(RelayRmqTarget *rt, const char *exchange, const char *routing_key,
+				   amqp_basic_properties_t *props, const char *body, size_t len)
+{
+	int			frame_max = amqp_get_frame_max(rt->conn);
+	int			room = frame_max - 8;
+	char	   *buf = palloc(frame_max);
+	amqp_basic_publish_t m;
+	amqp_bytes_t enc;
+	int			n;
+	size_t		off;
+	int			start = rt->out.len;
+
+	memset(&m, 0, sizeof(m));
+	m.exchange = amqp_cstring_bytes(exchange);
+	m.routing_key = amqp_cstring_bytes(routing_key);
+	m.mandatory = 1;
+	m.immediate = 0;
+	/* method: class 60, method 40, then the arguments */
+	buf[0] = 0;
+	buf[1] = 60;
+	buf[2] = 0;
+	buf[3] = 40;
+	enc.bytes = buf + 4;
+	enc.len = room - 4;
+	if ((n = amqp_encode_method(AMQP_BASIC_PUBLISH_METHOD, &m, enc)) < 0)
+	{
+		pfree(buf);
+		return "the exchange and routing key do not fit in the broker's frame size";
+	}
+	rmq_frame(&rt->out, AMQP_FRAME_METHOD, buf, 4 + n);
+	/* content header: class, weight, body size, then the properties */
+	buf[0] = 0;
+	buf[1] = 60;
+	buf[2] = 0;
+	buf[3] = 0;
+	{
+		uint64		size = len;
+		int			i;
+
+		for (i = 0; i < 8; i++)
+			buf[4 + i] = (char) ((size >> (56 - 8 * i)) & 0xFF);
+	}
+	enc.bytes = buf + 12;
+	enc.len = room - 12;
+	if ((n = amqp_encode_properties(60, props, enc)) < 0)
+	{
+		/* the method frame goes too: nothing of this message is written */
+		rt->out.len = start;
+		rt->out.data[start] = '\0';
+		pfree(buf);
+		return "its headers do not fit in the broker's frame size";
+	}
+	rmq_frame(&rt->out, AMQP_FRAME_HEADER, buf, 12 + n);
+	for (off = 0; off < len; off += room)
+		rmq_frame(&rt->out, AMQP_FRAME_BODY, body + off, (uint32) Min((size_t) room, len - off));
+	pfree(buf);
+	return NULL;
+}
+
 /*
  * Publish the lane's next request: the cut_n messages at its head.
  * Returns false, with *failed set, when not one could be published.
@@ -643,10 +945,13 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		}
 		rmq_close(rt);
 	}
+	/* A connection that failed with nothing on it is made anew. */
+	if (rt->conn != NULL && rt->broken && rt->in_flight == 0)
+		rmq_close(rt);
 	if (rt->blocked || rt->broken)
 	{
 		failed->kind = RELAY_RECEIVER_FAILED;
-		failed->error = rt->blocked ? rt->blocked_why : "the connection to RabbitMQ failed";
+		failed->error = rt->blocked ? rt->blocked_why : rt->broken_why;
 		return false;
 	}
 	if (!rmq_connect(t))
@@ -654,34 +959,6 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		failed->kind = RELAY_RECEIVER_FAILED;
 		failed->error = rt->error;
 		return false;
-	}
-
-	/*
-	 * rabbitmq-c waits without end when the socket cannot take what it
-	 * writes (a broker that stopped reading: an alarm, flow control).  So
-	 * a request goes only when it fits in what the socket's buffer has
-	 * free, or when the buffer is empty (a message larger than it).
-	 */
-	{
-		int			outq = 0;
-		int			sndbuf = 0;
-		socklen_t	len = sizeof(sndbuf);
-		Size		need = 0;
-
-		for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
-			need += m->payload_len + RMQ_FRAME_OVERHEAD + strlen(m->topic) +
-				(m->key ? strlen(m->key) : 0) +
-				(m->header_lines ? strlen(m->header_lines) * 2 : 0);
-		if (ioctl(rt->fd, SIOCOUTQ, &outq) == 0 &&
-			getsockopt(rt->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len) == 0 &&
-			outq > 0 && (Size) outq + need > (Size) sndbuf / 2)
-		{
-			snprintf(rt->error, sizeof(rt->error), "RabbitMQ at %s is not reading what the relay sent (%d bytes wait in the socket): flow control or an alarm",
-					 rt->peer, outq);
-			failed->kind = RELAY_RECEIVER_FAILED;
-			failed->error = rt->error;
-			return false;
-		}
 	}
 
 	relay_acks_begin(rl, lane->cut_n, t->cxt);
@@ -692,9 +969,8 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		amqp_table_entry_t headers[RMQ_MAX_HEADERS];
 		int			nheaders = 0;
 		char		number[24];
-		amqp_bytes_t body;
 		char	   *p;
-		int			rc;
+		const char *bad;
 
 		if (!relay_template_fill(t->routing_key, m, &rt->key))
 		{
@@ -718,8 +994,19 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		for (p = m->header_lines; p != NULL && *p && nheaders < RMQ_MAX_HEADERS; p += strlen(p) + 1)
 		{
 			char	   *colon = strchr(p, ':');
+			size_t		plen = strlen(p);
 
-			if (colon == NULL || colon - p > 128)
+			/* "Name: value", or "Name;" for an empty value */
+			if (colon == NULL && plen > 1 && p[plen - 1] == ';')
+			{
+				headers[nheaders].key.bytes = p;
+				headers[nheaders].key.len = plen - 1;
+				headers[nheaders].value.kind = AMQP_FIELD_KIND_UTF8;
+				headers[nheaders].value.value.bytes = amqp_cstring_bytes("");
+				nheaders++;
+				continue;
+			}
+			if (colon == NULL || colon - p > RMQ_MAX_SHORTSTR)
 				continue;
 			headers[nheaders].key.bytes = p;
 			headers[nheaders].key.len = colon - p;
@@ -736,18 +1023,19 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		props.timestamp = (uint64) (timestamptz_to_time_t(m->emitted_at));
 		props.headers.num_entries = nheaders;
 		props.headers.entries = headers;
-		body.bytes = m->payload;
-		body.len = m->payload_len;
-		rc = amqp_basic_publish(rt->conn, RMQ_CHANNEL, amqp_cstring_bytes(t->exchange),
-								amqp_cstring_bytes(rt->key.data), 1, 0, &props, body);
-		if (rc != AMQP_STATUS_OK)
+		if (rt->max_message_size > 0 && m->payload_len > rt->max_message_size)
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];
 
-			snprintf(error, sizeof(error), "could not publish to RabbitMQ at %s: %s",
-					 rt->peer, amqp_error_string2(rc));
-			rt->broken = true;
-			relay_acks_bad(rl, i, i == 0 ? RELAY_RECEIVER_FAILED : RELAY_RETRY, error);
+			snprintf(error, sizeof(error), "the message's %d bytes are more than the broker's max_message_size (%ld, from its earlier refusal)",
+					 m->payload_len, rt->max_message_size);
+			relay_acks_bad(rl, i, RELAY_REJECTED, error);
+			break;
+		}
+		if ((bad = rmq_encode_publish(rt, t->exchange, rt->key.data, &props, m->payload,
+									  m->payload_len)) != NULL)
+		{
+			relay_acks_bad(rl, i, RELAY_REJECTED, bad);
 			break;
 		}
 		rmq_tag(t, lane, rl->request, i, m);
@@ -763,6 +1051,7 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	lane->in_flight = true;
 	rt->in_flight++;
 	requests_in_flight++;
+	rmq_flush(rt);
 	return true;
 }
 
@@ -866,8 +1155,11 @@ rmq_confirm(RelayTarget *t, uint64 tag, bool multiple, bool ack, RelayFinishedFn
 	}
 }
 
-/* A returned message (mandatory, unroutable): its tag comes from its id. */
-static void
+/*
+ * A returned message (mandatory, unroutable): its tag comes from its id.
+ * Returns false when it is none of those waiting for a confirm.
+ */
+static bool
 rmq_returned(RelayTarget *t, const char *msg_id, int len)
 {
 	RelayRmqTarget *rt = RMQ_TARGET(t);
@@ -881,9 +1173,10 @@ rmq_returned(RelayTarget *t, const char *msg_id, int len)
 			memcmp(g->msg_id, msg_id, RELAY_UUID_LEN) == 0)
 		{
 			g->returned = true;
-			return;
+			return true;
 		}
 	}
+	return false;
 }
 
 /* Take every frame rabbitmq-c has or can read without waiting. */
@@ -893,12 +1186,26 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 	RelayRmqTarget *rt = RMQ_TARGET(t);
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 	int			n;
+	amqp_channel_t last_channel = 0;
 
-	for (n = 0; n < RMQ_MAX_FRAMES && rt->conn != NULL; n++)
+	rt->more = false;
+	for (n = 0; rt->conn != NULL; n++)
 	{
 		amqp_frame_t f;
 		struct timeval zero = {0, 0};
-		int			rc = amqp_simple_wait_frame_noblock(rt->conn, &f, &zero);
+		int			rc;
+
+		/* a bounded turn; the rest is taken at the next (rt->more) */
+		if (n == RMQ_MAX_FRAMES)
+		{
+			rt->more = true;
+			break;
+		}
+		/* nothing of a frame is kept once it is handled */
+		if (n > 0)
+			amqp_maybe_release_buffers_on_channel(rt->conn, last_channel);
+		rc = amqp_simple_wait_frame_noblock(rt->conn, &f, &zero);
+		last_channel = f.channel;
 
 		if (rc == AMQP_STATUS_TIMEOUT)
 			break;
@@ -909,14 +1216,23 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
 			return;
 		}
+		if (f.channel != RMQ_CHANNEL && f.frame_type != AMQP_FRAME_METHOD)
+			continue;
 		if (f.frame_type == AMQP_FRAME_HEADER && rt->returning && !rt->return_header)
 		{
 			amqp_basic_properties_t *p = (amqp_basic_properties_t *) f.payload.properties.decoded;
 
 			rt->return_header = true;
 			rt->return_body_left = f.payload.properties.body_size;
-			if (p != NULL && (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG))
-				rmq_returned(t, (const char *) p->message_id.bytes, (int) p->message_id.len);
+			if (p == NULL || !(p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG) ||
+				!rmq_returned(t, (const char *) p->message_id.bytes, (int) p->message_id.len))
+			{
+				/* not one of ours: its confirm must not count as delivered */
+				snprintf(error, sizeof(error), "RabbitMQ at %s returned a message the relay did not publish or cannot match",
+						 rt->peer);
+				rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
+				return;
+			}
 			if (rt->return_body_left == 0)
 				rt->returning = false;
 			continue;
@@ -932,6 +1248,9 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 		}
 		if (f.frame_type != AMQP_FRAME_METHOD)
 			continue;			/* heartbeats; nothing else is sent to us */
+		/* connection.* on channel 0, the rest on ours; others are not ours */
+		if (f.channel != ((f.payload.method.id >> 16) == AMQP_CONNECTION_CLASS ? 0 : RMQ_CHANNEL))
+			continue;
 		switch (f.payload.method.id)
 		{
 			case AMQP_BASIC_ACK_METHOD:
@@ -1011,6 +1330,9 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 						buf[text.len] = '\0';
 						if ((m = strstr(buf, "larger than configured max size ")) != NULL)
 							max = strtol(m + 32, NULL, 10);
+						/* later messages above it are refused here at once */
+						if (max > 0)
+							rt->max_message_size = max;
 					}
 					rmq_fail(t, max > 0 ? RELAY_RETRY : RELAY_RECEIVER_FAILED, error, max, finished);
 					return;
@@ -1042,9 +1364,9 @@ rmq_target_of(uint64 serial)
 }
 
 /*
- * Take what the sockets have (confirms, returns, closes); then end
- * connections a publish broke or other settings made stale, and requests
- * past their time.
+ * Take what the sockets have (confirms, returns, closes) and write what
+ * waits; then end connections that broke or that other settings made
+ * stale, and requests past their time.
  */
 static void
 relay_rabbitmq_drive(RelayFinishedFn finished)
@@ -1062,11 +1384,9 @@ relay_rabbitmq_drive(RelayFinishedFn finished)
 	{
 		RelayTarget *t = rmq_target_of(evs[i].data.u64);
 
-		if (t != NULL)
-			rmq_read(t, finished);
+		if (t != NULL && (evs[i].events & EPOLLOUT))
+			rmq_flush(RMQ_TARGET(t));
 	}
-	if (requests_in_flight == 0)
-		return;
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
@@ -1076,18 +1396,22 @@ relay_rabbitmq_drive(RelayFinishedFn finished)
 		if (t->kind != RELAY_RABBITMQ || t->priv == NULL)
 			continue;
 		rt = RMQ_TARGET(t);
-		if (rt->in_flight == 0)
-			continue;
-		/* frames rabbitmq-c read during a publish wait in its buffer */
+		/*
+		 * Every connection, each turn: frames rabbitmq-c read ahead wait in
+		 * its buffer, where epoll does not see them.
+		 */
 		if (rt->conn != NULL)
 			rmq_read(t, finished);
-		if (t->priv == NULL || rt->in_flight == 0)
+		if (t->priv == NULL || rt->conn == NULL)
 			continue;
-		if (rt->broken || rt->conn == NULL)
+		if (rt->broken)
 		{
-			rmq_fail(t, RELAY_RECEIVER_FAILED, "the connection to RabbitMQ failed while publishing", 0, finished);
+			strlcpy(error, rt->broken_why, sizeof(error));
+			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
 			continue;
 		}
+		if (rt->in_flight == 0)
+			continue;
 		if (strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation)
 		{
 			rmq_fail(t, RELAY_RETRY,
@@ -1117,6 +1441,15 @@ relay_rabbitmq_drive(RelayFinishedFn finished)
 static long
 relay_rabbitmq_timeout(void)
 {
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_RABBITMQ && t->priv != NULL && RMQ_TARGET(t)->more)
+			return 0;
+	}
 	return requests_in_flight > 0 ? relay_acks_next_deadline_ms(RELAY_RABBITMQ) : -1;
 }
 

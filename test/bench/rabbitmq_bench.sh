@@ -72,7 +72,7 @@ rtool() { "$work/outbox_rabbitmq" "$1" "$URL" "${@:2}"; }
 mkdir -p "$work/rmq"
 echo '[].' >"$work/rmq/enabled_plugins"
 : >"$work/rmq/rabbitmq.conf"
-HOME=$work/rmq RABBITMQ_MNESIA_BASE=$work/rmq/mnesia RABBITMQ_LOG_BASE=$work/rmq/log \
+HOME=$work/rmq ERL_CRASH_DUMP=$work/rmq/erl_crash.dump RABBITMQ_MNESIA_BASE=$work/rmq/mnesia RABBITMQ_LOG_BASE=$work/rmq/log \
 	RABBITMQ_NODENAME=outbox_bench_$$@localhost RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
 	RABBITMQ_DIST_PORT=$((AMQP_PORT + 20000)) RABBITMQ_ENABLED_PLUGINS_FILE=$work/rmq/enabled_plugins \
 	RABBITMQ_PID_FILE=$work/rmq/pid RABBITMQ_CONFIG_FILE=$work/rmq/rabbitmq \

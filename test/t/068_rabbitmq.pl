@@ -20,7 +20,9 @@ use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
 use OutboxRabbitMQ;
 
-my $rmq = rmq_start('single', conf => "max_message_size = 100000\n");
+# frame_max small: bodies go in several frames, and a message whose
+# headers do not fit in one is a dead letter
+my $rmq = rmq_start('single', conf => "max_message_size = 100000\nframe_max = 16384\n");
 my $url = $rmq->{url};
 rmq_tool($url, 'quorum', 'orders');
 
@@ -197,6 +199,32 @@ ok(wait_until(sub { rmq_count($url, 'big') == 2 }, 60), 'a message too large: th
 like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big'}),
 	qr/larger than configured max size 100000/, 'it is a dead letter, with the broker\'s reason');
 is(join(',', map { $_->{payload} } @{ rmq_dump($url, 'big') }), '{"n": 1},{"n": 3}', 'in order, without it');
+
+# --- headers larger than a frame: a dead letter, nothing half-written ---
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('big', '{"n": 6}', 'k2', jsonb_build_object('x-big', repeat('v', 20000)));
+	SELECT outbox_emit('big', '{"n": 7}', 'k2');
+});
+ok(wait_until(sub { rmq_count($url, 'big') == 3 }, 60), 'headers larger than a frame: the next message flows');
+like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big' ORDER BY id DESC LIMIT 1}),
+	qr/its headers do not fit in the broker's frame size/, '... and that one is a dead letter, with the reason');
+
+# --- the broker stops reading (a memory alarm): the relay is not stuck ---
+rmq_ctl($rmq, 'set_vm_memory_high_watermark', 'absolute', '1');
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('big', jsonb_build_object('pad', repeat('y', 90000)), 'k' || g) FROM generate_series(1, 40) g;
+});
+ok(wait_until(sub { lag('big', q{state || ' ' || coalesce(last_error, '')}) =~ /^failing .*(blocked|not reading|no confirm)/i }, 60),
+	'a broker that stopped reading: held, with the reason') or diag(lag('big', 'state, last_error'));
+my $stuck = relay_worker_pid($node);
+$node->safe_psql('postgres', qq{SELECT pg_terminate_backend($stuck)});
+ok(wait_until(sub { my $p = eval { relay_worker_pid($node) } // ''; $p ne '' && $p ne $stuck }, 30),
+	'... and the relay still answers: terminated, it starts again');
+rmq_ctl($rmq, 'set_vm_memory_high_watermark', '0.4');
+ok(wait_until(sub { lag('big', 'pending') eq '0' }, 120), 'the alarm cleared: the 40 are delivered')
+  or diag(lag('big', 'state, last_error'));
+my %big = map { ($_->{seq} // 0) => 1 } @{ rmq_dump($url, 'big') };
+is(scalar(keys %big), 43, '... all of them in the queue (copies aside)');
 
 # --- access refused: held, then resumed ---
 rmq_tool($url, 'declare', 'acl');

@@ -49,7 +49,8 @@ sub _env
 		RABBITMQ_PID_FILE => "$s->{dir}/pid",
 		RABBITMQ_CONFIG_FILE => "$s->{dir}/rabbitmq",
 		RABBITMQ_ADVANCED_CONFIG_FILE => "$s->{dir}/advanced.config",
-		RABBITMQ_CONF_ENV_FILE => "$s->{dir}/rabbitmq-env.conf");
+		RABBITMQ_CONF_ENV_FILE => "$s->{dir}/rabbitmq-env.conf",
+		ERL_CRASH_DUMP => "$s->{dir}/erl_crash.dump");
 }
 
 # Start a node.  %opts: port and dir (to start one again), conf (lines of
