@@ -114,6 +114,7 @@ typedef struct RelayRmqTarget
 	bool		return_header;	/* its header frame was read */
 	char		return_why[RELAY_MAX_ERROR_LEN + 1];
 	int			in_flight;		/* lanes of the target with a request */
+	MemoryContext cxt;			/* the target's, where out lives */
 	StringInfoData out;			/* frames not yet written */
 	int			out_off;		/* bytes of out written */
 	bool		want_write;		/* EPOLLOUT asked for */
@@ -310,6 +311,8 @@ rmq_close(RelayRmqTarget *rt)
 	rt->ntags = 0;
 	rt->tags_head = 0;
 	rt->returning = false;
+	rt->return_header = false;
+	rt->more = false;
 	rt->broken = false;
 	rt->blocked = false;
 	rt->want_write = false;
@@ -593,6 +596,9 @@ rmq_connect(RelayTarget *t)
 
 	if (rt->conn != NULL)
 		return true;
+	/* another broker (or the same reconfigured): its limit is not known */
+	if (rt->url == NULL || strcmp(rt->url, t->url) != 0)
+		rt->max_message_size = 0;
 	oldcxt = MemoryContextSwitchTo(t->cxt);
 	if (rt->url)
 		pfree(rt->url);
@@ -664,12 +670,41 @@ rmq_connect(RelayTarget *t)
 		rmq_close(rt);
 		return false;
 	}
-	amqp_channel_open(rt->conn, RMQ_CHANNEL);
-	r = amqp_get_rpc_reply(rt->conn);
-	if (r.reply_type == AMQP_RESPONSE_NORMAL)
+	/*
+	 * The relay writes its publishes itself (rmq_flush): rabbitmq-c must
+	 * never write on its own, which it would for heartbeats.
+	 */
+	if (amqp_get_heartbeat(rt->conn) != 0)
 	{
-		amqp_confirm_select(rt->conn, RMQ_CHANNEL);
+		snprintf(rt->error, sizeof(rt->error), "RabbitMQ at %s asked for heartbeats the relay cannot send", rt->peer);
+		rmq_close(rt);
+		return false;
+	}
+	/* each RPC gets what is left of the one deadline */
+	left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
+	if (left > 0)
+	{
+		tv.tv_sec = left / 1000;
+		tv.tv_usec = (left % 1000) * 1000;
+		(void) amqp_set_rpc_timeout(rt->conn, &tv);
+		amqp_channel_open(rt->conn, RMQ_CHANNEL);
 		r = amqp_get_rpc_reply(rt->conn);
+		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
+		if (r.reply_type == AMQP_RESPONSE_NORMAL && left > 0)
+		{
+			tv.tv_sec = left / 1000;
+			tv.tv_usec = (left % 1000) * 1000;
+			(void) amqp_set_rpc_timeout(rt->conn, &tv);
+			amqp_confirm_select(rt->conn, RMQ_CHANNEL);
+			r = amqp_get_rpc_reply(rt->conn);
+		}
+	}
+	if (left <= 0)
+	{
+		snprintf(rt->error, sizeof(rt->error), "RabbitMQ at %s did not finish the handshake within %d ms",
+				 rt->peer, Min(t->timeout_ms, RMQ_HANDSHAKE_MS));
+		rmq_close(rt);
+		return false;
 	}
 	if (r.reply_type != AMQP_RESPONSE_NORMAL)
 	{
@@ -705,6 +740,7 @@ relay_rabbitmq_lane_init(RelayLane *lane)
 		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
 
 		rt->fd = -1;
+		rt->cxt = t->cxt;
 		initStringInfo(&rt->key);
 		initStringInfo(&rt->out);
 		MemoryContextSwitchTo(oldcxt);
@@ -822,8 +858,11 @@ rmq_flush(RelayRmqTarget *rt)
 	{
 		if (rt->out.maxlen > 4 * 1024 * 1024)
 		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(rt->cxt);
+
 			pfree(rt->out.data);
 			initStringInfo(&rt->out);
+			MemoryContextSwitchTo(oldcxt);
 		}
 		resetStringInfo(&rt->out);
 		rt->out_off = 0;
@@ -928,6 +967,9 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	RelayAcks  *rl = RMQ_LANE(lane);
 	RelayMessage *m;
 	int			i;
+	int			out_len;
+	int			ntags;
+	uint64		next_tag;
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
 	memset(failed, 0, sizeof(*failed));
@@ -963,6 +1005,12 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 
 	relay_acks_begin(rl, lane->cut_n, t->cxt);
 	lane->nbatch = lane->cut_n;
+	out_len = rt->out.len;
+	ntags = rt->ntags;
+	next_tag = rt->next_tag;
+	/* An error half-way (out of memory) must not leave half a message. */
+	PG_TRY();
+	{
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
 	{
 		amqp_basic_properties_t props;
@@ -999,6 +1047,8 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 			/* "Name: value", or "Name;" for an empty value */
 			if (colon == NULL && plen > 1 && p[plen - 1] == ';')
 			{
+				if (plen - 1 > RMQ_MAX_SHORTSTR)
+					continue;	/* AMQP cannot carry the name */
 				headers[nheaders].key.bytes = p;
 				headers[nheaders].key.len = plen - 1;
 				headers[nheaders].value.kind = AMQP_FIELD_KIND_UTF8;
@@ -1041,6 +1091,16 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		rmq_tag(t, lane, rl->request, i, m);
 		rl->nsent++;
 	}
+	}
+	PG_CATCH();
+	{
+		rt->out.len = out_len;
+		rt->out.data[out_len] = '\0';
+		rt->ntags = ntags;
+		rt->next_tag = next_tag;
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	if (rl->nsent == 0)
 	{
 		failed->kind = rl->bad_kind;
