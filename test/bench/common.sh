@@ -259,3 +259,61 @@ create_bench_payload() {
 	$$;
 	SQL
 }
+
+# perf_fold DATA OUT: the call stacks of a perf record --call-graph file as
+# folded stacks (one line "outer;...;inner count" per distinct stack, the
+# format flamegraph.pl, speedscope and inferno read), symbols resolved in a
+# private mount namespace where the library directory is the server's.
+perf_fold() {
+	unshare -m sh -c 'mount --bind "$1" "$2" && shift 2 && exec perf script "$@"' \
+		sh "$work/pkglib" "$pkglibdir" -i "$1" -F comm,ip,sym,dso --no-inline 2>/dev/null |
+		"$PY" -c '
+import collections, sys
+counts = collections.Counter()
+frames, head = [], None
+def flush():
+    if head is not None:
+        counts[";".join([head] + frames[::-1])] += 1
+for line in sys.stdin:
+    line = line.rstrip("\n")
+    if not line.strip():
+        flush(); frames, head = [], None
+    elif not line.startswith("\t"):
+        flush(); frames, head = [], line.split()[0]
+    else:
+        parts = line.split(None, 1)
+        sym = parts[1] if len(parts) > 1 else parts[0]
+        dso = sym.rsplit(" (", 1)
+        name = dso[0].split("+0x")[0]
+        if name == "[unknown]" and len(dso) > 1:
+            name = "[" + dso[1].rstrip(")").rsplit("/", 1)[-1] + "]"
+        frames.append(name.replace(";", ":"))
+flush()
+for stack, n in counts.most_common():
+    print(stack, n)
+' >"$2"
+}
+
+# perf_report_files DATA NAME: from a perf record --call-graph file of the
+# relay worker, $work/out/perf-NAME.txt (self time by thread and shared
+# object, the top self-time symbols, the top inclusive ones) and
+# $work/out/perf-NAME.folded (perf_fold).
+perf_report_files() {
+	local preport
+	preport() {
+		unshare -m sh -c 'mount --bind "$1" "$2" && shift 2 && exec perf report "$@"' \
+			sh "$work/pkglib" "$pkglibdir" -i "$DATA" --no-inline --stdio -g none "$@" 2>/dev/null |
+			grep -E '^ +[0-9]' || true
+	}
+	local DATA=$1
+	{
+		echo "==== $2: perf record -F 999 --call-graph dwarf of the relay worker ($(perf script -i "$DATA" -F pid 2>/dev/null | wc -l) samples)"
+		echo "  self time by thread name and shared object:"
+		preport --no-children --sort comm,dso | head -16 | sed 's/^/    /'
+		echo "  top self-time symbols:"
+		preport --no-children --sort dso,sym | head -40 | sed 's/^/    /'
+		echo "  inclusive time (children, self) of the top symbols:"
+		preport --children --sort dso,sym | head -60 | sed 's/^/    /'
+	} >"$work/out/perf-$2.txt"
+	perf_fold "$DATA" "$work/out/perf-$2.folded"
+}

@@ -6,7 +6,8 @@
  * curl_multi_poll, each POSTing the same body with the headers the relay
  * sends for a batch_size 1 message, and a new request as soon as one ends.
  * Prints one JSON line: {"handles": n, "seconds": s, "requests": n,
- * "rps": x, "failed": n}.
+ * "rps": x, "failed": n, "cpu_s": s} (cpu_s: its own user + system time,
+ * from getrusage).
  *
  *   curl_client URL HANDLES SECONDS BODY_FILE
  *
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static size_t
@@ -140,8 +142,14 @@ main(int argc, char **argv)
 		curl_multi_poll(multi, NULL, 0, 100, NULL);
 	}
 
-	printf("{\"handles\": %d, \"seconds\": %.3f, \"requests\": %ld, \"rps\": %.1f, \"failed\": %ld}\n",
-		   nhandles, elapsed, requests, requests / elapsed, failed);
+	{
+		struct rusage ru;
+
+		getrusage(RUSAGE_SELF, &ru);
+		printf("{\"handles\": %d, \"seconds\": %.3f, \"requests\": %ld, \"rps\": %.1f, \"failed\": %ld, \"cpu_s\": %.3f}\n",
+			   nhandles, elapsed, requests, requests / elapsed, failed,
+			   ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+	}
 
 	for (i = 0; i < nhandles; i++)
 	{

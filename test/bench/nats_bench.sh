@@ -437,6 +437,7 @@ if [ "$PERF" = 1 ]; then
 			echo "  inclusive time (children, self) of the top symbols:"
 			preport -i "$work/perf.data" --children --sort dso,sym --stdio -g none | grep -E '^ +[0-9]' | head -40 | sed 's/^/    /'
 		} >"$work/out/perf.txt"
+		perf_fold "$work/perf.data" "$work/out/perf-relay.folded"
 		set -o pipefail
 	fi
 fi

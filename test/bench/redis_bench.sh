@@ -38,6 +38,7 @@ LANES=${LANES:-8}
 POLL_MS=${POLL_MS:-20}
 DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-300}
 KEEP=${KEEP:-0}
+PERF=${PERF:-0}
 OUT=${OUT:-}
 REV=${REV:-}
 INSTALL=${INSTALL:-0}
@@ -55,8 +56,11 @@ repo=$(cd "$here/../.." && pwd)
 
 BENCH_NAME=redis-bench
 BENCH_PACKAGES=(gcc libhiredis-dev redis-server)
+if [ "$PERF" = 1 ]; then BENCH_PACKAGES+=(linux-perf); fi
+perf_pid=
 redis_pid=
 bench_on_exit() {
+	[ -n "$perf_pid" ] && kill "$perf_pid" 2>/dev/null
 	[ -n "$redis_pid" ] && kill -TERM "$redis_pid" 2>/dev/null
 	return 0
 }
@@ -84,8 +88,8 @@ payload=$(sql -c "SELECT bench_payload(50000)::text")
 ticks_of() { awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
-run_relay() {	# round
-	local r=$1 name="redis_r$1" wpid t0 t1 w0 w1 s0 s1
+run_relay() {	# round [perf]
+	local r=$1 run=relay name="redis_r$1" wpid t0 t1 w0 w1 s0 s1
 	rcli FLUSHALL >/dev/null
 	sql -c "SELECT count(outbox.drop_target(name)) FROM outbox.targets" -c "TRUNCATE outbox.messages" >/dev/null
 	sql -c "SELECT outbox.create_redis_target('$name', 'redis://127.0.0.1:$REDIS_PORT', stream => 'bench', batch_size => $BATCH, lanes => $LANES)" \
@@ -95,13 +99,20 @@ run_relay() {	# round
 	wpid=$(worker_pid)
 	wait_quiet "relay round $r"
 	w0=$(ticks_of "$wpid") s0=$(ticks_of "$redis_pid")
+	if [ "${2:-}" = perf ]; then
+		run=relay_perf
+		perf record -q -F 999 --call-graph dwarf,16384 -p "$wpid" -o "$work/perf.data" >/dev/null 2>&1 &
+		perf_pid=$!
+		sleep 0.5
+	fi
 	t0=$(date +%s%N)
 	sql -c "SELECT outbox.resume_target('$name')" >/dev/null
 	t1=$(bare wait 127.0.0.1 "$REDIS_PORT" bench "$N" "$POLL_MS" "$DRAIN_TIMEOUT") ||
 		{ echo "relay round $r: the stream did not reach $N" | tee -a "$work/anomalies" >&2; return; }
 	w1=$(ticks_of "$wpid") s1=$(ticks_of "$redis_pid")
+	if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; perf_pid=; fi
 	[ "$(rcli XLEN bench)" = "$N" ] || echo "relay round $r: XLEN $(rcli XLEN bench), not $N" | tee -a "$work/anomalies" >&2
-	record "{\"run\": \"relay\", \"round\": $r, \"secs\": $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", (b - a) / 1e9}'),
+	record "{\"run\": \"$run\", \"round\": $r, \"secs\": $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", (b - a) / 1e9}'),
 		\"cpu_relay\": $(awk -v a="$w0" -v b="$w1" -v h="$HZ" 'BEGIN {printf "%.3f", (b - a) / h}'),
 		\"cpu_redis\": $(awk -v a="$s0" -v b="$s1" -v h="$HZ" 'BEGIN {printf "%.3f", (b - a) / h}')}"
 }
@@ -122,6 +133,13 @@ for ((r = 1; r <= RUNS; r++)); do
 	if ((r % 2)); then run_relay "$r"; run_bare "$r"; else run_bare "$r"; run_relay "$r"; fi
 	log "round $r done"
 done
+
+# ---- profile (not timed: perf slows the relay) --------------------------------------------
+if [ "$PERF" = 1 ]; then
+	log "profile: one more relay run under perf record --call-graph dwarf"
+	run_relay 0 perf
+	perf_report_files "$work/perf.data" relay
+fi
 
 "$PY" - "$RESULTS" "$N" <<'PY'
 import json, statistics, sys

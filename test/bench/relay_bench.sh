@@ -15,7 +15,8 @@
 #   libcurl   test/bench/curl_client.c: the same POSTs from 32 reused libcurl
 #             easy handles on one multi handle (keep-alive, curl_multi_poll),
 #             no database: the most one-message-per-request delivery through
-#             libcurl reaches here, for comparison with batch_size 1
+#             libcurl reaches here, for comparison with batch_size 1; and
+#             again with bodies of BARE_BATCH messages; its own CPU time
 #   drain     a backlog of N=100000 committed messages (1000 keys, ~220-byte
 #             payload) emitted while outbox.enabled = off into a fresh target,
 #             then released at once (outbox.enabled = on); time from the
@@ -56,7 +57,12 @@
 #   RUNS=3 N=100000 KEYS=1000 XACTS=10 (transactions the backlog is emitted in)
 #   CONFIGS="1:32 1:8 100:8 100:32"  batch_size:lanes of the timed drains
 #   WRK_SECS=10 WRK_CONNS=32      the ceiling's wrk run
-#   HAND_PROCS=4                  parallel hand-rolled relays (0: skip)
+#   HAND_PROCS=4                  parallel hand-rolled relays (0: no hand-rolled
+#                                 relay at all)
+#   BARE_BATCH=100 BARE_BATCH_HANDLES=8  the libcurl client once more per
+#                                 round, posting bodies of BARE_BATCH envelopes
+#                                 (as a batch_size BARE_BATCH target sends them;
+#                                 1: skip) from that many handles
 #   LAT_RATE=500 LAT_SECS=20 LAT_LANES=8
 #   PERF=1 VERIFY=1 KEEP=0
 #   REV=                          build this git revision instead of the
@@ -84,6 +90,8 @@ CONFIGS=${CONFIGS:-"1:32 1:8 100:8 100:32"}
 WRK_SECS=${WRK_SECS:-10}
 WRK_CONNS=${WRK_CONNS:-32}
 HAND_PROCS=${HAND_PROCS:-4}
+BARE_BATCH=${BARE_BATCH:-100}
+BARE_BATCH_HANDLES=${BARE_BATCH_HANDLES:-8}
 LAT_RATE=${LAT_RATE:-500}
 LAT_SECS=${LAT_SECS:-20}
 LAT_LANES=${LAT_LANES:-8}
@@ -141,6 +149,15 @@ payload_bytes=${#payload}
 
 
 printf '%s' "$payload" >"$work/body.json"
+# the body of a batch of BARE_BATCH messages, as the relay sends it (the
+# envelope of each, in a JSON array), for the libcurl client's batch run
+"$PY" - "$payload" "$BARE_BATCH" >"$work/body-batch.json" <<'PYEOF'
+import sys
+p, n = sys.argv[1], int(sys.argv[2])
+env = ('{"id":"0190f0a2-6b1e-7c3d-9a4f-%012d","seq":%d,"topic":"orders.created","key":"key-%d",'
+       '"headers":{},"payload":%s,"emitted_at":"2026-12-03T12:00:00.123456+00:00"}')
+print("[" + ",".join(env % (i, i, i % 1000, p) for i in range(n)) + "]", end="")
+PYEOF
 cat >"$work/post.lua" <<EOF
 wrk.method = "POST"
 wrk.body = [[$payload]]
@@ -241,6 +258,12 @@ run_curl_client() {	# round
 	out=$("$work/curl_client" "$NGINX_URL" "$WRK_CONNS" "$WRK_SECS" "$work/body.json" || true)
 	record "{\"kind\": \"libcurl\", \"round\": $1, \"busy_before\": $BUSY}" "$out"
 	log "  libcurl client, $WRK_CONNS handles, ${WRK_SECS}s: $out"
+	if [ "$BARE_BATCH" -gt 1 ]; then
+		wait_quiet "libcurl client (batch body) round $1"
+		out=$("$work/curl_client" "$NGINX_URL" "$BARE_BATCH_HANDLES" "$WRK_SECS" "$work/body-batch.json" || true)
+		record "{\"kind\": \"libcurl_batch\", \"batch\": $BARE_BATCH, \"round\": $1, \"busy_before\": $BUSY}" "$out"
+		log "  libcurl client, $BARE_BATCH_HANDLES handles, bodies of $BARE_BATCH messages, ${WRK_SECS}s: $out"
+	fi
 }
 
 load_hand() {
@@ -298,7 +321,7 @@ for ((r = 1; r <= RUNS; r++)); do
 		tid=$(prepare_backlog "drain_b${bs}_l${lanes}_r$r" "$NGINX_URL" "$bs" "$lanes" "$N")
 		timed_drain "$tid" "b${bs}_l${lanes}" "{\"batch\": $bs, \"lanes\": $lanes, \"round\": $r}"
 	done
-	run_hand 1 "$r"
+	[ "$HAND_PROCS" = 0 ] || run_hand 1 "$r"
 done
 if [ "$HAND_PROCS" -gt 1 ]; then
 	run_hand "$HAND_PROCS" 1
@@ -405,6 +428,7 @@ if [ "$PERF" = 1 ]; then
 					grep -E '\] (outbox_worker_main|relay_[a-z_]+|outbox_[a-z_]+|WaitEventSetWait|epoll_wait|curl_multi_socket_action|curl_multi_add_handle|curl_multi_remove_handle|curl_multi_info_read|Curl_[a-zA-Z_]+|SPI_execute_plan|SPI_getvalue|JsonbToCString|XLogFlush|CommitTransactionCommand|StartTransactionCommand|ProcessConfigFile|__libc_send|__libc_recv|__GI___libc_write|__GI___libc_read|__send|__recv|__libc_sendto|__libc_recvfrom|issue_xlog_fsync|pg_fsync|fdatasync|__GI_fdatasync)$' |
 					awk '{printf "    %7s %7s  %-22s %s\n", $1, $2, $3, $NF}' | head -40
 			} >>"$work/out/perf.txt"
+			perf_fold "$work/perf-b$bs.data" "$work/out/perf-http-b$bs.folded"
 		done
 		set -o pipefail
 	fi
