@@ -315,6 +315,9 @@ typedef struct RelayRetried
  * the same batches.
  */
 #define RELAY_MAX_BATCH_BYTES	(64 * 1024 * 1024)
+/* batch_size's upper bound (targets_batch_size_check), and the power of 2 at or above it */
+#define RELAY_MAX_BATCH_SIZE	1000
+#define RELAY_MAX_BATCH_SIZE_POW2	1024
 
 /* Longest last_error kept, in bytes. */
 #define RELAY_MAX_ERROR_LEN		256

@@ -320,7 +320,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 			*problem = MemoryContextStrdup(oldcxt, why);
 	}
 
-	if (*problem == NULL && (t->batch_size < 1 || t->batch_size > 1000))
+	if (*problem == NULL && (t->batch_size < 1 || t->batch_size > RELAY_MAX_BATCH_SIZE))
 		*problem = "batch_size is not between 1 and 1000";
 	if (*problem == NULL && (t->nlanes < 1 || t->nlanes > 256 ||
 							 (t->kind == RELAY_NOTIFY && t->nlanes != 1)))

@@ -454,6 +454,9 @@ relay_lane_may_send(RelayLane *lane, TimestampTz now)
  * Nothing is recorded: each message goes under its own id, so a request's
  * members do not matter when it is sent again.
  */
+StaticAssertDecl(RELAY_MAX_BATCH_SIZE <= RELAY_MAX_BATCH_SIZE_POW2,
+				 "RELAY_MAX_BATCH_SIZE_POW2 is below RELAY_MAX_BATCH_SIZE");
+
 static bool
 relay_lane_cut_keys(RelayLane *lane)
 {
@@ -464,20 +467,33 @@ relay_lane_cut_keys(RelayLane *lane)
 	int			n = 0;
 	Size		bytes = 0;
 
+	/*
+	 * The keys taken so far, in an open-addressing set of at least twice
+	 * max slots (batch_size is at most RELAY_MAX_BATCH_SIZE), so that a cut
+	 * costs a probe or two per message, not a walk of the request so far.
+	 */
+	RelayMessage *seen[2 * RELAY_MAX_BATCH_SIZE_POW2];
+	uint32		mask = 1;
+
+	while (mask < (uint32) (2 * max))
+		mask <<= 1;
+	Assert(mask <= lengthof(seen));
+	memset(seen, 0, mask * sizeof(RelayMessage *));
+	mask--;
+
 	for (; m != NULL && n < max && !m->retry; m = m->next, n++)
 	{
-		if (n > 0 && m->key != NULL)
+		if (m->key != NULL && max > 1)
 		{
-			RelayMessage *o = first;
-			int			i;
+			uint32		slot = m->key_hash & mask;
+			RelayMessage *o;
 
-			/* Batches are small (batch_size <= 1000): compare hashes. */
-			for (i = 0; i < n; i++, o = o->next)
-				if (o->key != NULL && o->key_hash == m->key_hash &&
-					strcmp(o->key, m->key) == 0)
-					break;
-			if (i < n)
-				break;
+			while ((o = seen[slot]) != NULL &&
+				   !(o->key_hash == m->key_hash && strcmp(o->key, m->key) == 0))
+				slot = (slot + 1) & mask;
+			if (o != NULL)
+				break;			/* a second message of a key */
+			seen[slot] = m;
 		}
 		bytes += m->payload_len;
 		lane->cut_last = m->id;
