@@ -77,11 +77,40 @@ static int64 building_id = 0;
 
 static bool relay_condemned(RelayTarget *t, int64 id);
 
+/*
+ * A row of the read query (id, msg_id, topic, key, payload, headers,
+ * emitted_at; the dead letter read has the same columns), deformed once:
+ * reading the columns one by one walks the tuple again for each column
+ * after the first variable-length one.
+ */
+#define RELAY_ROW_COLS 7
+typedef struct RelayRow
+{
+	Datum		v[RELAY_ROW_COLS];
+	bool		n[RELAY_ROW_COLS];
+} RelayRow;
+
+#define ROW_ID		0
+#define ROW_MSG_ID	1
+#define ROW_TOPIC	2
+#define ROW_KEY		3
+#define ROW_PAYLOAD	4
+#define ROW_HEADERS	5
+#define ROW_EMITTED	6
+
+static void
+relay_row_deform(HeapTuple tup, TupleDesc desc, RelayRow *row)
+{
+	if (desc->natts != RELAY_ROW_COLS)
+		elog(ERROR, "outbox: the read query returned %d columns, not %d",
+			 desc->natts, RELAY_ROW_COLS);
+	heap_deform_tuple(tup, desc, row->v, row->n);
+}
+
 /* A row of the read cursor, for a filter's document. */
 typedef struct RelayDocArg
 {
-	HeapTuple	tup;
-	TupleDesc	desc;
+	RelayRow   *row;
 	const char *topic;
 } RelayDocArg;
 
@@ -89,14 +118,11 @@ static Jsonb *
 relay_filter_doc(void *arg)
 {
 	RelayDocArg *a = (RelayDocArg *) arg;
-	bool		isnull;
-	Datum		k = SPI_getbinval(a->tup, a->desc, 4, &isnull);
-	char	   *key = isnull ? NULL : TextDatumGetCString(k);
-	Datum		h = SPI_getbinval(a->tup, a->desc, 6, &isnull);
-	Jsonb	   *headers = isnull ? NULL : DatumGetJsonbP(h);
+	RelayRow   *row = a->row;
+	char	   *key = row->n[ROW_KEY] ? NULL : TextDatumGetCString(row->v[ROW_KEY]);
+	Jsonb	   *headers = row->n[ROW_HEADERS] ? NULL : DatumGetJsonbP(row->v[ROW_HEADERS]);
 
-	return outbox_filter_doc(a->topic, key, headers,
-							 DatumGetJsonbP(SPI_getbinval(a->tup, a->desc, 5, &isnull)));
+	return outbox_filter_doc(a->topic, key, headers, DatumGetJsonbP(row->v[ROW_PAYLOAD]));
 }
 
 /*
@@ -105,8 +131,7 @@ relay_filter_doc(void *arg)
  * topic).
  */
 static bool
-relay_filters_select(RelayTarget *t, HeapTuple tup, TupleDesc desc, const char *topic,
-					 int64 id)
+relay_filters_select(RelayTarget *t, RelayRow *row, const char *topic, int64 id)
 {
 	RelayDocArg a;
 	bool		filtered;
@@ -115,8 +140,7 @@ relay_filters_select(RelayTarget *t, HeapTuple tup, TupleDesc desc, const char *
 	/* a message that failed too often goes dead (relay_condemned) */
 	if (relay_condemned(t, id))
 		return true;
-	a.tup = tup;
-	a.desc = desc;
+	a.row = row;
 	a.topic = topic;
 	/* an error thrown on from here makes the message poison */
 	building_id = id;
@@ -143,14 +167,13 @@ relay_lane_of(RelayTarget *t, const char *key, int64 id)
  * at once, with the reason; its lane goes on without it.
  */
 static void
-relay_dead_letter_unsent(RelayLane *lane, HeapTuple tup, TupleDesc desc,
+relay_dead_letter_unsent(RelayLane *lane, RelayRow *row,
 						 int64 id, const char *topic, const char *key,
 						 const char *error)
 {
 	char		msg_id[RELAY_UUID_LEN + 1];
-	bool		isnull;
 
-	relay_uuid_text(DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)), msg_id);
+	relay_uuid_text(DatumGetUUIDP(row->v[ROW_MSG_ID]), msg_id);
 	relay_add_dead_letter(lane->target, id, msg_id, topic, key, 0, 0, error);
 	lane->dead_delta++;
 	lane->target->stats.dead_letters++;
@@ -176,7 +199,7 @@ relay_payload_text(Jsonb *jb, char **error)
 
 	PG_TRY();
 	{
-		(void) JsonbToCString(&text_buf, &jb->root, VARSIZE(jb));
+		relay_jsonb_text(&text_buf, jb);
 	}
 	PG_CATCH();
 	{
@@ -208,11 +231,9 @@ relay_payload_text(Jsonb *jb, char **error)
  * be encoded.
  */
 static RelayMessage *
-relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
+relay_make_message(RelayTarget *t, RelayRow *row, int64 id,
 				   const char *topic, const char *key, char **error)
 {
-	bool		isnull;
-	Datum		d;
 	char	   *payload;
 	int			payload_len;
 	char	   *headers = NULL;
@@ -264,8 +285,7 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 		MemoryContextSwitchTo(oldcxt);
 	}
 	resetStringInfo(&text_buf);
-	d = SPI_getbinval(tup, desc, 5, &isnull);
-	jb = DatumGetJsonbP(d);		/* detoasted here, outside the guard */
+	jb = DatumGetJsonbP(row->v[ROW_PAYLOAD]);	/* detoasted here, outside the guard */
 
 	if (!relay_payload_text(jb, error))
 		return NULL;
@@ -276,15 +296,18 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 	 * Headers: as "Name: value" lines for a single-message HTTP request, as
 	 * JSON text for envelopes (batches and NOTIFY).
 	 */
-	d = SPI_getbinval(tup, desc, 6, &isnull);
-	if (!isnull)
+	if (!row->n[ROW_HEADERS])
 	{
-		jb = DatumGetJsonbP(d);
+		jb = DatumGetJsonbP(row->v[ROW_HEADERS]);
 		if (t->kind == RELAY_NOTIFY || t->kind == RELAY_REDIS ||
 			(t->kind == RELAY_HTTP && t->batch_size > 1))
 		{
-			headers = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
-			headers_len = strlen(headers);
+			StringInfoData hb;
+
+			initStringInfo(&hb);
+			relay_jsonb_text(&hb, jb);
+			headers = hb.data;
+			headers_len = hb.len;
 		}
 		if (t->transport->header_lines && JsonContainerSize(&jb->root) > 0)
 			lines = relay_header_lines(jb, &lines_len);
@@ -302,10 +325,10 @@ relay_make_message(RelayTarget *t, HeapTuple tup, TupleDesc desc, int64 id,
 		hash_bytes((const unsigned char *) key, strlen(key)) : 0;
 	m->mem_size = size;
 
-	relay_uuid_text(DatumGetUUIDP(SPI_getbinval(tup, desc, 2, &isnull)), m->msg_id);
+	relay_uuid_text(DatumGetUUIDP(row->v[ROW_MSG_ID]), m->msg_id);
 
 	/* Formatted only when an envelope needs it. */
-	m->emitted_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 7, &isnull));
+	m->emitted_at = DatumGetTimestampTz(row->v[ROW_EMITTED]);
 
 	m->topic = p;
 	strcpy(p, topic);
@@ -385,24 +408,23 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 			break;
 		for (i = 0; i < SPI_processed && !stop; i++)
 		{
-			HeapTuple	tup = SPI_tuptable->vals[i];
-			TupleDesc	desc = SPI_tuptable->tupdesc;
-			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+			RelayRow	row;
+			int64		id;
 			MemoryContext oldcxt;
 			char	   *topic;
 			int			route;
 
+			relay_row_deform(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &row);
+			id = DatumGetInt64(row.v[ROW_ID]);
 			oldcxt = MemoryContextSwitchTo(rowcxt);
-			topic = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
+			topic = TextDatumGetCString(row.v[ROW_TOPIC]);
 			route = outbox_subscriptions_route(t->subs, t->nsubs, topic, id);
 			if (route != 0)
 			{
-				Datum		kd = SPI_getbinval(tup, desc, 4, &isnull);
-				char	   *key = isnull ? NULL : TextDatumGetCString(kd);
+				char	   *key = row.n[ROW_KEY] ? NULL : TextDatumGetCString(row.v[ROW_KEY]);
 				int			l = relay_lane_of(t, key, id);
 				RelayLane  *lane = &t->lanes[l];
-				Size		est = toast_raw_datum_size(SPI_getbinval(tup, desc, 5, &isnull));
+				Size		est = toast_raw_datum_size(row.v[ROW_PAYLOAD]);
 
 				if (only_lane >= 0 && l != only_lane)
 					 /* another lane's message */ ;
@@ -410,7 +432,7 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 					 /* finished before a restart */ ;
 				else if (only_lane < 0 && lane->overflow_id != 0)
 					 /* the lane is behind; its refill will read this */ ;
-				else if (route == 2 && !relay_filters_select(t, tup, desc, topic, id))
+				else if (route == 2 && !relay_filters_select(t, &row, topic, id))
 				{
 					/* counted once the read holds (relay_read_target_guarded) */
 					if (only_lane < 0)
@@ -446,7 +468,7 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 					char	   *error = psprintf("message could not be prepared: %s",
 												 t->poison_error);
 
-					relay_dead_letter_unsent(lane, tup, desc, id, topic, key, error);
+					relay_dead_letter_unsent(lane, &row, id, topic, key, error);
 				}
 				else
 				{
@@ -455,12 +477,12 @@ relay_read_range(RelayTarget *t, int64 after, int64 upto, int limit,
 
 					building_id = id;
 					relay_test_fault("read", topic);
-					m = relay_make_message(t, tup, desc, id, topic, key, &error);
+					m = relay_make_message(t, &row, id, topic, key, &error);
 					building_id = 0;
 					if (m != NULL)
 						relay_lane_push(lane, m);
 					else
-						relay_dead_letter_unsent(lane, tup, desc, id, topic,
+						relay_dead_letter_unsent(lane, &row, id, topic,
 												 key, error);
 				}
 			}
@@ -612,21 +634,24 @@ relay_read_retries(RelayTarget *t, MemoryContext rowcxt)
 		elog(ERROR, "outbox: could not read dead letters to deliver again");
 	for (i = 0; i < SPI_processed; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		int64		id = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		char	   *topic = SPI_getvalue(tup, desc, 3);
-		char	   *key = SPI_getvalue(tup, desc, 4);
+		RelayRow	row;
+		int64		id;
+		char	   *topic;
+		char	   *key;
 		char	   *error = NULL;
 		RelayMessage *m;
+
+		relay_row_deform(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, &row);
+		id = DatumGetInt64(row.v[ROW_ID]);
+		topic = TextDatumGetCString(row.v[ROW_TOPIC]);
+		key = row.n[ROW_KEY] ? NULL : TextDatumGetCString(row.v[ROW_KEY]);
 
 		if (bytes > relay_queue_bytes(t))
 		{
 			t->retry_wanted = true; /* the rest later */
 			break;
 		}
-		m = relay_make_message(t, tup, desc, id, topic, key, &error);
+		m = relay_make_message(t, &row, id, topic, key, &error);
 		if (m == NULL)
 			continue;			/* cannot be encoded: stays a dead letter */
 		bytes += m->mem_size;
