@@ -366,6 +366,7 @@ extern void relay_lane_retry_later(RelayLane *lane, const char *error);
 extern void relay_envelope(RelayMessage *m, int parts, StringInfo buf);
 extern Size relay_envelope_size(struct RelayTarget *t, RelayMessage *m);
 extern void relay_append_time(StringInfo buf, TimestampTz t);
+extern void relay_append_int64(StringInfo buf, int64 v);
 extern void relay_jsonb_text(StringInfo buf, Jsonb *jb);
 extern char *relay_header_lines(Jsonb *jb, int *len);
 extern void relay_uuid_text(const pg_uuid_t *uuid, char *out);

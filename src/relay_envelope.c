@@ -59,8 +59,11 @@
 void
 relay_envelope(RelayMessage *m, int parts, StringInfo buf)
 {
-	appendStringInfo(buf, "{\"id\":\"%s\",\"seq\":" INT64_FORMAT ",\"topic\":",
-					 m->msg_id, m->id);
+	appendBinaryStringInfo(buf, "{\"id\":\"", 7);
+	appendBinaryStringInfo(buf, m->msg_id, RELAY_UUID_LEN);
+	appendBinaryStringInfo(buf, "\",\"seq\":", 8);
+	relay_append_int64(buf, m->id);
+	appendBinaryStringInfo(buf, ",\"topic\":", 9);
 	escape_json(buf, m->topic);
 	appendStringInfoString(buf, ",\"key\":");
 	if (m->key)
@@ -260,6 +263,14 @@ relay_jsonb_text(StringInfo buf, Jsonb *jb)
 				elog(ERROR, "unexpected jsonb iterator token %d", (int) type);
 		}
 	}
+}
+
+/* Append v in decimal (what appendStringInfo's INT64_FORMAT gives, faster). */
+void
+relay_append_int64(StringInfo buf, int64 v)
+{
+	enlargeStringInfo(buf, MAXINT8LEN + 1);
+	buf->len += pg_lltoa(v, buf->data + buf->len);
 }
 
 /* Append t as a JSON string, the way to_json() writes a timestamptz. */

@@ -39,6 +39,7 @@
 #include "common/hmac.h"
 #include "common/sha2.h"
 #include "storage/fd.h"
+#include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
@@ -681,7 +682,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	else
 		snprintf(webhook_id, sizeof(webhook_id), "batch_" INT64_FORMAT "_" INT64_FORMAT,
 				 first->id, last->id);
-	snprintf(timestamp, sizeof(timestamp), "%ld", (long) time(NULL));
+	pg_lltoa((int64) time(NULL), timestamp);
 
 	h->nlines = 0;
 	resetStringInfo(&h->hdr);
@@ -727,7 +728,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	 * A CloudEvent carries the id, topic and key as ce-sequence, ce-type
 	 * and ce-subject (or in its body): no outbox-* copies of them.
 	 */
-	snprintf(number, sizeof(number), INT64_FORMAT, first->id);
+	pg_lltoa(first->id, number);
 	if (t->format == RELAY_FORMAT_OUTBOX || t->batch_size > 1)
 		relay_header_value(h, "outbox-seq", number);
 	if (n == 1)
@@ -762,7 +763,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	}
 	else
 	{
-		snprintf(number, sizeof(number), "%d", n);
+		pg_ltoa(n, number);
 		relay_header_value(h, "outbox-count", number);
 	}
 	for (i = 0; i < t->nheader_lines; i++)

@@ -863,7 +863,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		/* a CloudEvent carries them as attributes: no outbox-* copies */
 		if (t->format == RELAY_FORMAT_OUTBOX)
 		{
-			snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+			pg_lltoa(m->id, number);
 			rd_kafka_header_add(hdrs, "outbox-seq", -1, number, -1);
 			rd_kafka_header_add(hdrs, "outbox-topic", -1, m->topic, -1);
 			if (m->key != NULL)

@@ -816,7 +816,13 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			break;
 		}
 		resetStringInfo(&nt->reply);
-		appendStringInfo(&nt->reply, "%s.%d.%u.%d", nt->inbox, lane->index, nl->request, i);
+		appendStringInfoString(&nt->reply, nt->inbox);
+		appendStringInfoChar(&nt->reply, '.');
+		relay_append_int64(&nt->reply, lane->index);
+		appendStringInfoChar(&nt->reply, '.');
+		relay_append_int64(&nt->reply, nl->request);
+		appendStringInfoChar(&nt->reply, '.');
+		relay_append_int64(&nt->reply, i);
 		if (t->format == RELAY_FORMAT_CE_STRUCTURED)
 		{
 			resetStringInfo(&nt->value);
@@ -853,7 +859,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		if (s == NATS_OK)
 			s = nats_header(msg, "webhook-id", m->msg_id);
 		/* a CloudEvent carries them as attributes: no outbox-* copies */
-		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+		pg_lltoa(m->id, number);
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
 			s = nats_header(msg, "outbox-seq", number);
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)

@@ -1032,7 +1032,7 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 						   "the routing key is longer than 255 bytes once the template is filled in");
 			break;
 		}
-		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+		pg_lltoa(m->id, number);
 		rmq_header_str(&headers[nheaders++], "webhook-id", m->msg_id);
 		rmq_header_str(&headers[nheaders++], "outbox-seq", number);
 		rmq_header_str(&headers[nheaders++], "outbox-topic", m->topic);

@@ -607,9 +607,20 @@ relay_redis_stop(void)
 static void
 redis_arg(StringInfo out, const char *s, int len)
 {
-	appendStringInfo(out, "$%d\r\n", len);
-	appendBinaryStringInfo(out, s, len);
-	appendBinaryStringInfo(out, "\r\n", 2);
+	char	   *p;
+
+	enlargeStringInfo(out, len + MAXINT8LEN + 6);
+	p = out->data + out->len;
+	*p++ = '$';
+	p += pg_ltoa(len, p);
+	*p++ = '\r';
+	*p++ = '\n';
+	memcpy(p, s, len);
+	p += len;
+	*p++ = '\r';
+	*p++ = '\n';
+	*p = '\0';
+	out->len = p - out->data;
 }
 
 static void
@@ -1073,11 +1084,13 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 		}
 		resetStringInfo(&rt->mark);
 		appendBinaryStringInfo(&rt->mark, rt->stream.data, rt->stream.len);
-		appendStringInfo(&rt->mark, ":outbox-dedup:%s", m->msg_id);
-		snprintf(number, sizeof(number), INT64_FORMAT, m->id);
+		appendBinaryStringInfo(&rt->mark, ":outbox-dedup:", 14);
+		appendBinaryStringInfo(&rt->mark, m->msg_id, RELAY_UUID_LEN);
+		pg_lltoa(m->id, number);
 
-		appendStringInfo(out, "*%d\r\n",
-						 5 + 2 + 6 + (m->key ? 2 : 0) + (m->headers ? 2 : 0) + 2);
+		appendStringInfoChar(out, '*');
+		relay_append_int64(out, 5 + 2 + 6 + (m->key ? 2 : 0) + (m->headers ? 2 : 0) + 2);
+		appendBinaryStringInfo(out, "\r\n", 2);
 		redis_arg_str(out, "EVALSHA");
 		redis_arg(out, script_sha, 40);
 		redis_arg_str(out, "2");

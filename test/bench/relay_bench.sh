@@ -496,8 +496,9 @@ for c in "$CONFIGS".split():
 print("  (worker/nginx CPU: share of one core over the drain; us/msg: worker CPU per message; machine: CPUs busy)")
 print()
 hand1 = [r for r in of("hand", procs=1)]
-hand = med(r["rate"] for r in hand1)
-print(f"hand-rolled relay, 1 process: median {hand:.0f} msg/s   runs: " + " ".join(f"{r['rate']:.0f}" for r in hand1))
+hand = med(r["rate"] for r in hand1) if hand1 else None	# HAND_PROCS=0: none
+if hand:
+    print(f"hand-rolled relay, 1 process: median {hand:.0f} msg/s   runs: " + " ".join(f"{r['rate']:.0f}" for r in hand1))
 for r in res:
     if r["kind"] == "hand" and r["procs"] > 1:
         print(f"hand-rolled relay, {r['procs']} processes in parallel (no per-key order): {r['rate']:.0f} msg/s")
@@ -525,8 +526,9 @@ if b100:
     for c, v in drains.items():
         if c.startswith("100:") and c != b100[1]:
             print(f"{'  (batch_size 100, ' + c.split(':')[1] + ' lanes msg/s)':44} {v:12.0f}   x ceiling {v / ceil:.2f}")
-print(f"{'hand-rolled relay msg/s (1 process)':44} {hand:12.0f}")
-if b1:
+if hand:
+    print(f"{'hand-rolled relay msg/s (1 process)':44} {hand:12.0f}")
+if b1 and hand:
     print(f"{'batch_size 1 / hand-rolled':44} {b1 / hand:12.2f}   >= 5     {goal(b1 / hand >= 5)}")
 print(f"{'latency p50 ms (arrival - emitted_at)':44} {L['p50']:12.2f}   <= 5     {goal(L['p50'] <= 5)}")
 print(f"{'latency p99 ms (arrival - emitted_at)':44} {L['p99']:12.2f}   <= 25    {goal(L['p99'] <= 25)}")
