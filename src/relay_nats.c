@@ -645,8 +645,12 @@ nats_connect(RelayTarget *t, const char **why)
 		s = natsOptions_SetServers(opts, (const char **) servers, n);
 	if (s == NATS_OK)
 		s = natsOptions_SetIgnoreDiscoveredServers(opts, true);
-	if (s == NATS_OK)
-		s = natsOptions_SetSendAsap(opts, true);
+	/*
+	 * Publishes go out through libnats' write buffer, which its flusher
+	 * thread writes at most a millisecond after the first of them, as a
+	 * bare publisher's do; sending each at once (SendAsap) cost a send()
+	 * and the server's wake-up per message, a quarter of the relay's CPU.
+	 */
 	if (s == NATS_OK)
 		s = natsOptions_SetName(opts, "outbox relay");
 	if (s == NATS_OK)
@@ -1028,6 +1032,31 @@ nats_target_of(uint64 conn)
 	return NULL;
 }
 
+/*
+ * A decimal number of at most 10 digits, at most PG_UINT32_MAX, at *p,
+ * ended by end: its value in *value, *p moved past end.  Digits only
+ * (sscanf's %u took signs and spaces, and cost more than the rest of an
+ * acknowledgement).
+ */
+static bool
+nats_subject_number(const char **p, char end, uint32 *value)
+{
+	const char *s = *p;
+	uint64		v = 0;
+	int			n = 0;
+
+	while (*s >= '0' && *s <= '9' && n < 10)
+	{
+		v = v * 10 + (uint64) (*s++ - '0');
+		n++;
+	}
+	if (n == 0 || *s != end || v > PG_UINT32_MAX)
+		return false;
+	*value = (uint32) v;
+	*p = end == '\0' ? s : s + 1;
+	return true;
+}
+
 /* An acknowledgement on a target's inbox: note it in its lane. */
 static void
 nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
@@ -1035,18 +1064,23 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 	RelayNatsTarget *nt = NATS_TARGET(t);
 	const char *subj = natsMsg_GetSubject(msg);
 	size_t		plen = strlen(nt->inbox);
-	unsigned int lane_index;
-	unsigned int request;
-	int			pos;
-	char		extra;
+	uint32		lane_index;
+	uint32		request;
+	uint32		pos;
+	const char *p;
 	RelayLane  *lane;
 	RelayAcks  *nl;
 	RelayOutcomeKind kind;
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 
-	if (subj == NULL || strncmp(subj, nt->inbox, plen) != 0 || subj[plen] != '.' ||
-		sscanf(subj + plen + 1, "%u.%u.%d%c", &lane_index, &request, &pos, &extra) != 3 ||
-		lane_index >= (unsigned int) t->nlanes)
+	/* <inbox>.<lane>.<request>.<position>, as relay_nats_send() wrote it */
+	if (subj == NULL || strncmp(subj, nt->inbox, plen) != 0 || subj[plen] != '.')
+		return;
+	p = subj + plen + 1;
+	if (!nats_subject_number(&p, '.', &lane_index) ||
+		!nats_subject_number(&p, '.', &request) ||
+		!nats_subject_number(&p, '\0', &pos) ||
+		lane_index >= (uint32) t->nlanes || pos > (uint32) PG_INT32_MAX)
 		return;
 	lane = &t->lanes[lane_index];
 	nl = NATS_LANE(lane);
