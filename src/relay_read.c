@@ -530,6 +530,29 @@ relay_forget_condemned(RelayTarget *t)
 }
 
 /* Whether target t has messages to read. */
+/*
+ * Whether reading on is worth a read for target t, which has room: a
+ * quarter of its read-ahead is free, in messages and in bytes, or one of
+ * its lanes has nothing left to send.  A backlog is then read in large
+ * parts instead of a few messages each time requests end (each read is a
+ * transaction, a snapshot and a cursor: 3 us a message at batch_size 1),
+ * while a lane never waits for a read the others do not need.
+ */
+static bool
+relay_target_read_worthwhile(RelayTarget *t)
+{
+	int			cap = relay_queue_cap(t);
+	Size		bytes = relay_queue_bytes(t);
+	int			i;
+
+	if (t->nqueued <= cap - cap / 4 && t->queued_bytes <= bytes - bytes / 4)
+		return true;
+	for (i = 0; i < t->nlanes; i++)
+		if (t->lanes[i].nqueued == 0)
+			return true;
+	return false;
+}
+
 bool
 relay_target_wants_read(RelayTarget *t, int64 frontier)
 {
@@ -543,7 +566,7 @@ relay_target_wants_read(RelayTarget *t, int64 frontier)
 	else if (t->retry_wanted && t->nretry == 0 && !relay_dead_letter_writes_pending())
 		return true;
 	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t) &&
-		relay_target_has_room(t))
+		relay_target_has_room(t) && relay_target_read_worthwhile(t))
 		return true;
 	for (i = 0; i < t->nlanes; i++)
 		if (relay_lane_needs_refill(&t->lanes[i]))
