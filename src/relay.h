@@ -359,6 +359,7 @@ extern void relay_lane_push_retry(RelayLane *lane, RelayMessage *m);
 extern bool relay_target_idle(RelayTarget *t);
 extern bool relay_target_resizable(RelayTarget *t);
 extern bool relay_lane_cut(RelayLane *lane);
+extern bool relay_lane_waits_for_read(RelayLane *lane);
 extern void relay_lane_notified(RelayLane *lane, int64 done);
 extern void relay_lane_retry_later(RelayLane *lane, const char *error);
 

@@ -463,21 +463,22 @@ relay_lane_cut_keys(RelayLane *lane)
 	RelayTarget *t = lane->target;
 	RelayMessage *m = lane->head;
 	RelayMessage *first = m;
-	int			max = t->strict ? 1 : t->batch_size;
+	int			max = t->strict ? 1 : Min(t->batch_size, RELAY_MAX_BATCH_SIZE);
 	int			n = 0;
 	Size		bytes = 0;
 
 	/*
-	 * The keys taken so far, in an open-addressing set of at least twice
-	 * max slots (batch_size is at most RELAY_MAX_BATCH_SIZE), so that a cut
-	 * costs a probe or two per message, not a walk of the request so far.
+	 * The keys taken so far, in an open-addressing set of at least twice as
+	 * many slots as the request can hold (batch_size is at most
+	 * RELAY_MAX_BATCH_SIZE), so that a cut costs a probe or two per message,
+	 * not a walk of the request so far.
 	 */
 	RelayMessage *seen[2 * RELAY_MAX_BATCH_SIZE_POW2];
 	uint32		mask = 1;
 
+	max = Min(max, Max(lane->nqueued, 1));
 	while (mask < (uint32) (2 * max))
 		mask <<= 1;
-	Assert(mask <= lengthof(seen));
 	memset(seen, 0, mask * sizeof(RelayMessage *));
 	mask--;
 
@@ -503,6 +504,24 @@ relay_lane_cut_keys(RelayLane *lane)
 		lane->cut_last = first->id;
 	lane->cut_bytes = bytes;
 	return true;
+}
+
+/*
+ * Whether the lane's next request waits for messages not read yet: the
+ * batch recorded before a restart (batch_end) is only partly queued, and
+ * must be cut the same way again (relay_lane_cut()).
+ */
+bool
+relay_lane_waits_for_read(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *m = lane->head;
+
+	return m != NULL && lane->retry_nbatch == 0 && !m->retry &&
+		t->batch_size > 1 && lane->batch_end >= m->id &&
+		lane->tail->id < lane->batch_end &&
+		(t->read_id < lane->batch_end ||
+		 (lane->overflow_id != 0 && lane->overflow_id <= lane->batch_end));
 }
 
 /*
@@ -552,9 +571,7 @@ relay_lane_cut(RelayLane *lane)
 	if (t->batch_size > 1 && lane->batch_end >= m->id)
 	{
 		/* All of the recorded batch must be queued first. */
-		if (lane->tail->id < lane->batch_end &&
-			(t->read_id < lane->batch_end ||
-			 (lane->overflow_id != 0 && lane->overflow_id <= lane->batch_end)))
+		if (relay_lane_waits_for_read(lane))
 			return false;
 		for (; m != NULL && m->id <= lane->batch_end && n < t->batch_size && !m->retry;
 			 m = m->next, n++)

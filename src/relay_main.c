@@ -379,7 +379,8 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 		{
 			RelayLane  *lane = &t->lanes[i];
 
-			if (!lane->in_flight && lane->nqueued > 0 &&
+			/* a lane waiting for a read is woken by the read's conditions */
+			if (!lane->in_flight && lane->nqueued > 0 && !relay_lane_waits_for_read(lane) &&
 				(t->hold_attempts == 0 || i == t->probe_lane))
 			{
 				long		ms = (long) ((lane->next_attempt - now + 999) / 1000);

@@ -529,14 +529,15 @@ relay_forget_condemned(RelayTarget *t)
 	}
 }
 
-/* Whether target t has messages to read. */
 /*
  * Whether reading on is worth a read for target t, which has room: a
- * quarter of its read-ahead is free, in messages and in bytes, or one of
- * its lanes has nothing left to send.  A backlog is then read in large
- * parts instead of a few messages each time requests end (each read is a
- * transaction, a snapshot and a cursor: 3 us a message at batch_size 1),
- * while a lane never waits for a read the others do not need.
+ * quarter of its read-ahead is free, in messages and in bytes, or a lane
+ * cannot go on without one (its recorded batch is not all read) or is
+ * failing (it may hold the read-ahead for long, and the others need
+ * messages meanwhile).  A healthy backlog is
+ * then read in large parts instead of a few messages each time requests
+ * end (each read is a transaction, a snapshot and a cursor: 3 us a message
+ * at batch_size 1), while a lane never waits for a read it needs.
  */
 static bool
 relay_target_read_worthwhile(RelayTarget *t)
@@ -548,11 +549,16 @@ relay_target_read_worthwhile(RelayTarget *t)
 	if (t->nqueued <= cap - cap / 4 && t->queued_bytes <= bytes - bytes / 4)
 		return true;
 	for (i = 0; i < t->nlanes; i++)
-		if (t->lanes[i].nqueued == 0)
+	{
+		RelayLane  *lane = &t->lanes[i];
+
+		if (lane->attempts > 0 || lane->retry_nbatch > 0 || relay_lane_waits_for_read(lane))
 			return true;
+	}
 	return false;
 }
 
+/* Whether target t has messages to read. */
 bool
 relay_target_wants_read(RelayTarget *t, int64 frontier)
 {

@@ -46,6 +46,47 @@ ok( wait_until(sub { delivered_of($good) >= 10 }, 15),
 	'with 12000 messages of a failing key pending, another lane\'s messages are still delivered');
 note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, last error %s', pending, delivered, last_error) FROM outbox.lag});
 
+# Two failing keys, in two lanes of four, hold more than three quarters of
+# what the relay keeps read ahead for a target (5,000 and 3,000 of
+# 10,000): the target waits for a quarter to be free before it reads on,
+# but not while one of its lanes has nothing left to send, so a third
+# lane's messages are still read and delivered.
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('t')});
+my ($sa, $sb, $g4) = map {
+	my $lane = $_;
+	$node->safe_psql(
+		'postgres', qq{
+SELECT k FROM (SELECT 'k4-' || g AS k FROM generate_series(1, 200) g) s
+ WHERE outbox.lane_of(k, 0, 4) = $lane ORDER BY k LIMIT 1})
+} (0, 1, 2);
+sink_control($sink, { key => $_, status => 503 }) for ($sa, $sb);
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('t4', '$sink->{url}/in4', lanes => 4, max_attempts => 0);
+SELECT outbox.subscribe('t4', 'y');
+COMMIT;
+});
+$node->safe_psql('postgres', qq{SELECT count(outbox_emit('y', '{}', '$sa')) FROM generate_series(1, 6000)});
+$node->safe_psql('postgres', qq{SELECT count(outbox_emit('y', '{}', '$sb')) FROM generate_series(1, 3000)});
+sub delivered4
+{
+	return scalar grep { $_->{key} eq $g4 && $_->{status} == 204 && $_->{path} eq '/in4' }
+	  @{ sink_attempts($sink, '/in4') };
+}
+ok( wait_until(
+		sub {
+			$node->safe_psql('postgres',
+				q{SELECT count(*) FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id
+				   WHERE t.name = 't4' AND p.last_error IS NOT NULL}) >= 2;
+		},
+		30),
+	'both failing lanes are retrying');
+$node->safe_psql('postgres', qq{SELECT count(outbox_emit('y', '{}', '$g4')) FROM generate_series(1, 5)});
+ok(wait_until(sub { delivered4() >= 5 }, 20),
+	'with two failing lanes holding over three quarters of the read-ahead, a third lane is still served');
+note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, last error %s', pending, delivered, last_error) FROM outbox.lag WHERE target = 't4'});
+
 relay_no_crash($node);
 stop_sink($sink);
 $node->stop;
