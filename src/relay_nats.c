@@ -67,6 +67,11 @@
 /* nats_ack_class(): a reply that is not JetStream's, to ignore. */
 #define NATS_NOT_AN_ACK		((RelayOutcomeKind) -1)
 /* Most acknowledgements taken in one call of relay_nats_drive(). */
+/*
+ * Messages a target may have waiting for acknowledgements (lanes x
+ * batch_size) from which it publishes through libnats' write buffer.
+ */
+#define NATS_BUFFERED_MIN_IN_FLIGHT 64
 #define NATS_MAX_DRAIN		100000
 /* Longest the relay waits for the servers' host names when it connects. */
 #define NATS_LOOKUP_WAIT_MS	50
@@ -646,11 +651,18 @@ nats_connect(RelayTarget *t, const char **why)
 	if (s == NATS_OK)
 		s = natsOptions_SetIgnoreDiscoveredServers(opts, true);
 	/*
-	 * Publishes go out through libnats' write buffer, which its flusher
-	 * thread writes at most a millisecond after the first of them, as a
-	 * bare publisher's do; sending each at once (SendAsap) cost a send()
-	 * and the server's wake-up per message, a quarter of the relay's CPU.
+	 * A target that can have many messages waiting for acknowledgements
+	 * publishes through libnats' write buffer, which its flusher thread
+	 * writes at most a millisecond after the first of them, as a bare
+	 * publisher's are: sending each at once cost a send() and the server's
+	 * wake-up per message, a quarter of the relay's CPU.  One that waits
+	 * for each acknowledgement (strict, or few lanes of small requests)
+	 * sends each at once (SendAsap): the millisecond would be its pace.
+	 * Decided when the connection is made.
 	 */
+	if (s == NATS_OK)
+		s = natsOptions_SetSendAsap(opts, t->strict ||
+									t->nlanes * t->batch_size < NATS_BUFFERED_MIN_IN_FLIGHT);
 	if (s == NATS_OK)
 		s = natsOptions_SetName(opts, "outbox relay");
 	if (s == NATS_OK)

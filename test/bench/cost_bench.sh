@@ -36,7 +36,8 @@
 # stacks, for flamegraph.pl, speedscope or inferno).
 #
 # Settings: KINDS="http nats kafka redis rabbitmq" RUNS=1 PERF=1 OUT=
-#   (required) REV= (build that revision in every benchmark)
+#   (required) REV= (build that revision in every benchmark) REPORT_ONLY=1
+#   (no runs: the table of what $OUT already holds, for KINDS)
 set -euo pipefail
 
 KINDS=${KINDS:-"http nats kafka redis rabbitmq"}
@@ -44,6 +45,7 @@ RUNS=${RUNS:-1}
 PERF=${PERF:-1}
 OUT=${OUT:?set OUT=DIR: where the results go}
 REV=${REV:-}
+REPORT_ONLY=${REPORT_ONLY:-0}
 
 here=$(cd "$(dirname "$0")" && pwd)
 [ "$(id -u)" -eq 0 ] || { echo "run as root" >&2; exit 1; }
@@ -65,6 +67,7 @@ run() {	# kind script settings...
 }
 
 for kind in $KINDS; do
+	[ "$REPORT_ONLY" = 1 ] && break
 	case $kind in
 	http) run http relay_bench.sh CONFIGS="1:32 100:8" HAND_PROCS=0 VERIFY=0 ;;
 	nats) run nats nats_bench.sh CONFIGS="100:32" ;;
