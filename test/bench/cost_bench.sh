@@ -29,7 +29,9 @@
 # libnats' included, on both sides), from /proc for the relay and from
 # getrusage or the shell's `time` for the bare clients, medians over RUNS.
 #
-# The table is printed and written to $OUT/cost.txt (and cost.json); each
+# The table is printed and written to $OUT/cost.txt (and cost.json), with
+# the share of the relay's samples in each of its parts, from the profiles
+# (test/bench/fold_split.py); each
 # kind's directory keeps its results (results.jsonl), its report
 # (report.txt) and the profile of a relay run: perf-*.txt (self time by
 # shared object and symbol, inclusive time) and perf-*.folded (folded
@@ -151,3 +153,12 @@ for r in rows:
               f"{r['rate']:11.0f} {r.get('bare_rate') or float('nan'):10.0f} {ratio:6.2f}  {r['bare']}{extra}")
 json.dump(rows, open(os.path.join(out, "cost.json"), "w"), indent=1)
 PY
+# Where the relay's samples go, from the profiles (test/bench/fold_split.py)
+if [ "$PERF" = 1 ]; then
+	echo
+	for kind in $KINDS; do
+		for f in "$OUT/$kind"/perf-*.folded; do
+			[ -s "$f" ] && /usr/bin/python3 "$here/fold_split.py" "$f"
+		done
+	done
+fi | sed "s|$OUT/||" | tee -a "$OUT/cost.txt"
