@@ -473,8 +473,21 @@ my @docs = (
 # "\u0000" is refused by jsonb: leave it out of the one document that has it
 $docs[11] =~ s/\\u0000//;
 my $exact_in = join(",\n", map { my $d = $_; $d =~ s/'/''/g; "('$d'::jsonb)" } @docs);
-$node->safe_psql('postgres',
-	"SELECT count(outbox_emit('exact.text', d)) FROM (VALUES $exact_in) v(d)");
+# and documents with more than 32 members (their stored form records an
+# offset every 32 entries), nested deep, of every type
+$node->safe_psql('postgres', qq{
+SELECT count(outbox_emit('exact.text', d)) FROM (VALUES $exact_in) v(d);
+SELECT outbox_emit('exact.text', (SELECT jsonb_object_agg('k' || g,
+		CASE g % 5 WHEN 0 THEN to_jsonb(g * 1.5) WHEN 1 THEN to_jsonb(repeat('s', g))
+		WHEN 2 THEN 'null'::jsonb WHEN 3 THEN jsonb_build_array(g, 'x', g % 2 = 0, '{}'::jsonb)
+		ELSE jsonb_build_object('n', g, 'e', '[]'::jsonb) END) FROM generate_series(1, 100) g));
+SELECT outbox_emit('exact.text', (SELECT jsonb_agg(CASE WHEN g % 3 = 0 THEN to_jsonb(g)
+		WHEN g % 3 = 1 THEN to_jsonb(E'tab\tq"' || g) ELSE jsonb_build_object('a', jsonb_build_array(g)) END)
+		FROM generate_series(1, 70) g));
+SELECT outbox_emit('exact.text', (SELECT string_agg('{"d": [', '') || '1' || string_agg(']}', '')
+		FROM generate_series(1, 200))::jsonb);
+});
+push @docs, 'object of 100', 'array of 70', 'nested 200 deep';
 my %exact_want = map { split /\t/, $_, 2 } split /\n/, $node->safe_psql(
 	'postgres', q{
 COPY (SELECT id, payload::text FROM outbox.messages WHERE topic = 'exact.text' ORDER BY id)
