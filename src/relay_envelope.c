@@ -167,105 +167,102 @@ relay_json_string(StringInfo buf, const char *s, int len)
 	appendStringInfoChar(buf, '"');
 }
 
-static void relay_jsonb_container(StringInfo buf, JsonbContainer *jc);
-
-/*
- * Append child index of container jc, whose data starts at off from base
- * (jsonb's on-disk form: what fillJsonbValue() reads), as JsonbToCString()
- * writes it.
- */
+/* Append one scalar of a jsonb, as JsonbToCString() writes it. */
 static void
-relay_jsonb_child(StringInfo buf, JsonbContainer *jc, int index, char *base, uint32 off)
+relay_jsonb_scalar(StringInfo buf, JsonbValue *v)
 {
-	JEntry		e = jc->children[index];
-	uint32		end = off;
-
-	JBE_ADVANCE_OFFSET(end, e);
-	if (JBE_ISSTRING(e))
-		relay_json_string(buf, base + off, (int) (end - off));
-	else if (JBE_ISNUMERIC(e))
+	switch (v->type)
 	{
-		char	   *num = DatumGetCString(DirectFunctionCall1(numeric_out,
-															  PointerGetDatum(base + INTALIGN(off))));
+		case jbvNull:
+			appendBinaryStringInfo(buf, "null", 4);
+			break;
+		case jbvString:
+			relay_json_string(buf, v->val.string.val, v->val.string.len);
+			break;
+		case jbvNumeric:
+			{
+				char	   *num = DatumGetCString(DirectFunctionCall1(numeric_out,
+																	  NumericGetDatum(v->val.numeric)));
 
-		appendStringInfoString(buf, num);
-		pfree(num);
-	}
-	else if (JBE_ISBOOL_TRUE(e))
-		appendBinaryStringInfo(buf, "true", 4);
-	else if (JBE_ISBOOL_FALSE(e))
-		appendBinaryStringInfo(buf, "false", 5);
-	else if (JBE_ISNULL(e))
-		appendBinaryStringInfo(buf, "null", 4);
-	else if (JBE_ISCONTAINER(e))
-		relay_jsonb_container(buf, (JsonbContainer *) (base + INTALIGN(off)));
-	else
-		elog(ERROR, "unexpected jsonb entry type %u in a stored document",
-			 (unsigned int) (e & JENTRY_TYPEMASK));
-}
-
-/*
- * Append container jc: an object's pairs in their stored order (keys are
- * children 0 .. n-1, values n .. 2n-1), an array's elements, a raw scalar
- * (an array of one) alone; ", " between members, ": " after keys.
- */
-static void
-relay_jsonb_container(StringInfo buf, JsonbContainer *jc)
-{
-	uint32		n = JsonContainerSize(jc);
-	uint32		i;
-	uint32		off = 0;
-
-	check_stack_depth();
-	if (JsonContainerIsObject(jc))
-	{
-		char	   *base = (char *) &jc->children[2 * n];
-		uint32		voff = n > 0 ? getJsonbOffset(jc, n) : 0;
-
-		appendStringInfoChar(buf, '{');
-		for (i = 0; i < n; i++)
-		{
-			if (i > 0)
-				appendBinaryStringInfo(buf, ", ", 2);
-			relay_jsonb_child(buf, jc, i, base, off);
-			JBE_ADVANCE_OFFSET(off, jc->children[i]);
-			appendBinaryStringInfo(buf, ": ", 2);
-			relay_jsonb_child(buf, jc, n + i, base, voff);
-			JBE_ADVANCE_OFFSET(voff, jc->children[n + i]);
-		}
-		appendStringInfoChar(buf, '}');
-	}
-	else
-	{
-		char	   *base = (char *) &jc->children[n];
-		bool		scalar = JsonContainerIsScalar(jc);
-
-		if (!scalar)
-			appendStringInfoChar(buf, '[');
-		for (i = 0; i < n; i++)
-		{
-			if (i > 0)
-				appendBinaryStringInfo(buf, ", ", 2);
-			relay_jsonb_child(buf, jc, i, base, off);
-			JBE_ADVANCE_OFFSET(off, jc->children[i]);
-		}
-		if (!scalar)
-			appendStringInfoChar(buf, ']');
+				appendStringInfoString(buf, num);
+				pfree(num);
+			}
+			break;
+		case jbvBool:
+			if (v->val.boolean)
+				appendBinaryStringInfo(buf, "true", 4);
+			else
+				appendBinaryStringInfo(buf, "false", 5);
+			break;
+		default:
+			elog(ERROR, "unexpected jsonb value type %d in a stored document", (int) v->type);
 	}
 }
 
 /*
  * Append the JSON text of a jsonb document, byte for byte what
- * JsonbToCString() (so jsonb_out, payload::text) gives.  It is the relay's
- * per-message conversion of payloads and headers, written out here
- * because JsonbToCString() copies every string and escapes it byte by
- * byte, and its iterator copies every value, which was a fifth of the
- * relay's CPU into Redis: this reads the document's stored form directly.
+ * JsonbToCString() (so jsonb_out, payload::text) gives: ", " between
+ * members and elements, ": " after keys, a raw scalar alone.  It is the
+ * relay's per-message conversion of payloads and headers, written out
+ * here because JsonbToCString() copies every string and escapes it byte by
+ * byte, which was a fifth of the relay's CPU into Redis.
  */
 void
 relay_jsonb_text(StringInfo buf, Jsonb *jb)
 {
-	relay_jsonb_container(buf, &jb->root);
+	JsonbIterator *it = JsonbIteratorInit(&jb->root);
+	JsonbIteratorToken type;
+	JsonbValue	v;
+	bool		first = true;
+	bool		raw_scalar = false;
+
+	while ((type = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		switch (type)
+		{
+			case WJB_BEGIN_ARRAY:
+				if (!first)
+					appendBinaryStringInfo(buf, ", ", 2);
+				if (v.val.array.rawScalar)
+					raw_scalar = true;
+				else
+					appendStringInfoChar(buf, '[');
+				first = true;
+				break;
+			case WJB_BEGIN_OBJECT:
+				if (!first)
+					appendBinaryStringInfo(buf, ", ", 2);
+				appendStringInfoChar(buf, '{');
+				first = true;
+				break;
+			case WJB_KEY:
+				if (!first)
+					appendBinaryStringInfo(buf, ", ", 2);
+				relay_jsonb_scalar(buf, &v);
+				appendBinaryStringInfo(buf, ": ", 2);
+				/* a container value follows with no separator */
+				first = true;
+				break;
+			case WJB_VALUE:
+			case WJB_ELEM:
+				if (!first)
+					appendBinaryStringInfo(buf, ", ", 2);
+				relay_jsonb_scalar(buf, &v);
+				first = false;
+				break;
+			case WJB_END_ARRAY:
+				if (!raw_scalar)
+					appendStringInfoChar(buf, ']');
+				first = false;
+				break;
+			case WJB_END_OBJECT:
+				appendStringInfoChar(buf, '}');
+				first = false;
+				break;
+			default:
+				elog(ERROR, "unexpected jsonb iterator token %d", (int) type);
+		}
+	}
 }
 
 /* Append v in decimal (what appendStringInfo's INT64_FORMAT gives, faster). */
