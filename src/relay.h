@@ -249,6 +249,7 @@ typedef struct RelayTarget
 	int64		read_id;		/* every id <= read_id was read or skipped */
 	int			read_failures;	/* failed reads in a row */
 	TimestampTz read_retry_at;	/* no read before, after a failure; 0 */
+	TimestampTz last_read_at;	/* when its queue was last read on */
 	int64		poison_id;		/* message whose building failed, or 0 */
 	int			poison_tries;	/* times in a row it failed */
 	char	   *poison_error;	/* the last error, or NULL */
@@ -401,6 +402,7 @@ extern void relay_load_config(void);
 
 /*---- relay_read.c: reading up to the frontier ----*/
 extern bool relay_target_wants_read(RelayTarget *t, int64 frontier);
+extern long relay_target_read_put_off_ms(RelayTarget *t, int64 frontier, TimestampTz now);
 extern bool relay_read_messages(int64 frontier);
 extern int	relay_lane_of(RelayTarget *t, const char *key, int64 id);
 

@@ -375,6 +375,13 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 
 			timeout = Min(timeout, Max(ms, 0));
 		}
+		{
+			/* a read put off while the target is nearly full */
+			long		ms = relay_target_read_put_off_ms(t, frontier, now);
+
+			if (ms >= 0)
+				timeout = Min(timeout, ms);
+		}
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];

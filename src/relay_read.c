@@ -530,17 +530,23 @@ relay_forget_condemned(RelayTarget *t)
 }
 
 /*
+ * How long a target more than three quarters full puts off reading on: a
+ * backlog is then read in parts of a quarter of its read-ahead, or of what
+ * was delivered in that time, instead of a few messages each time requests
+ * end (each read is a transaction, a snapshot and a cursor: 3 us a message
+ * at batch_size 1), and no lane waits longer than that for a read it needs
+ * behind lanes that are slow or failing.
+ */
+#define RELAY_READ_PUT_OFF_MS	20
+
+/*
  * Whether reading on is worth a read for target t, which has room: a
  * quarter of its read-ahead is free, in messages and in bytes, or a lane
- * cannot go on without one (its recorded batch is not all read) or is
- * failing (it may hold the read-ahead for long, and the others need
- * messages meanwhile).  A healthy backlog is
- * then read in large parts instead of a few messages each time requests
- * end (each read is a transaction, a snapshot and a cursor: 3 us a message
- * at batch_size 1), while a lane never waits for a read it needs.
+ * cannot go on without one (its batch recorded before a restart is only
+ * partly queued), or the last read was RELAY_READ_PUT_OFF_MS ago.
  */
 static bool
-relay_target_read_worthwhile(RelayTarget *t)
+relay_target_read_worthwhile(RelayTarget *t, TimestampTz now)
 {
 	int			cap = relay_queue_cap(t);
 	Size		bytes = relay_queue_bytes(t);
@@ -548,14 +554,39 @@ relay_target_read_worthwhile(RelayTarget *t)
 
 	if (t->nqueued <= cap - cap / 4 && t->queued_bytes <= bytes - bytes / 4)
 		return true;
+	if (now == 0)
+		now = GetCurrentTimestamp();
+	if (now - t->last_read_at >= RELAY_READ_PUT_OFF_MS * 1000)
+		return true;
 	for (i = 0; i < t->nlanes; i++)
-	{
-		RelayLane  *lane = &t->lanes[i];
-
-		if (lane->attempts > 0 || lane->retry_nbatch > 0 || relay_lane_waits_for_read(lane))
+		if (relay_lane_waits_for_read(&t->lanes[i]))
 			return true;
-	}
 	return false;
+}
+
+/* Whether t has messages to read and room for them. */
+static bool
+relay_target_may_read_on(RelayTarget *t, int64 frontier)
+{
+	return t->read_id < frontier && t->nqueued < relay_queue_cap(t) &&
+		relay_target_has_room(t);
+}
+
+/*
+ * Milliseconds until target t reads on, when it has messages to read and
+ * room but puts the read off (relay_target_read_worthwhile); -1 when it
+ * does not.
+ */
+long
+relay_target_read_put_off_ms(RelayTarget *t, int64 frontier, TimestampTz now)
+{
+	TimestampTz due;
+
+	if (relay_target_stopped(t) || !relay_target_may_read_on(t, frontier) ||
+		relay_target_read_worthwhile(t, now))
+		return -1;
+	due = t->last_read_at + RELAY_READ_PUT_OFF_MS * 1000;
+	return due > now ? (long) ((due - now + 999) / 1000) : 0;
 }
 
 /* Whether target t has messages to read. */
@@ -571,8 +602,7 @@ relay_target_wants_read(RelayTarget *t, int64 frontier)
 		frontier = Min(frontier, t->read_id);
 	else if (t->retry_wanted && t->nretry == 0 && !relay_dead_letter_writes_pending())
 		return true;
-	if (t->read_id < frontier && t->nqueued < relay_queue_cap(t) &&
-		relay_target_has_room(t) && relay_target_read_worthwhile(t))
+	if (relay_target_may_read_on(t, frontier) && relay_target_read_worthwhile(t, 0))
 		return true;
 	for (i = 0; i < t->nlanes; i++)
 		if (relay_lane_needs_refill(&t->lanes[i]))
@@ -619,6 +649,7 @@ relay_read_target(RelayTarget *t, int64 frontier, MemoryContext rowcxt)
 	if (t->read_id >= frontier || limit <= 0 || !relay_target_has_room(t))
 		return;
 	t->read_need = 0;
+	t->last_read_at = GetCurrentTimestamp();
 	if (relay_read_range(t, t->read_id, frontier, limit, -1, rowcxt, &last,
 						 &full) < (uint64) limit && !full)
 		t->read_id = frontier;

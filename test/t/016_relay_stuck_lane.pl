@@ -48,9 +48,9 @@ note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, las
 
 # Two failing keys, in two lanes of four, hold more than three quarters of
 # what the relay keeps read ahead for a target (5,000 and 3,000 of
-# 10,000): the target waits for a quarter to be free before it reads on,
-# but not while one of its lanes has nothing left to send, so a third
-# lane's messages are still read and delivered.
+# 10,000): the target puts off reading on until a quarter is free, but
+# never more than 20 ms, so a third lane's messages are still read and
+# delivered.
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('t')});
 my ($sa, $sb, $g4) = map {
 	my $lane = $_;
@@ -86,6 +86,43 @@ $node->safe_psql('postgres', qq{SELECT count(outbox_emit('y', '{}', '$g4')) FROM
 ok(wait_until(sub { delivered4() >= 5 }, 20),
 	'with two failing lanes holding over three quarters of the read-ahead, a third lane is still served');
 note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, last error %s', pending, delivered, last_error) FROM outbox.lag WHERE target = 't4'});
+
+# The same with lanes that are slow, not failing (2 s a request, each a
+# success): no attempt fails, and still the third lane is read within the
+# 20 ms bound, not once the slow lanes have delivered a quarter.
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('t4')});
+my ($slow_a, $slow_b, $g5) = map {
+	my $lane = $_;
+	$node->safe_psql(
+		'postgres', qq{
+SELECT k FROM (SELECT 'k5-' || g AS k FROM generate_series(1, 200) g) s
+ WHERE outbox.lane_of(k, 0, 4) = $lane ORDER BY k LIMIT 1})
+} (0, 1, 2);
+sink_control($sink, { key => $_, delay_ms => 2000 }) for ($slow_a, $slow_b);
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('t5', '$sink->{url}/in5', lanes => 4, max_attempts => 0);
+SELECT outbox.subscribe('t5', 'z');
+COMMIT;
+});
+$node->safe_psql('postgres', qq{SELECT count(outbox_emit('z', '{}', '$slow_a')) FROM generate_series(1, 6000)});
+$node->safe_psql('postgres', qq{SELECT count(outbox_emit('z', '{}', '$slow_b')) FROM generate_series(1, 3000)});
+ok( wait_until(
+		sub {
+			my %seen = map { $_->{key} => 1 } @{ sink_attempts($sink, '/in5') };
+			return $seen{$slow_a} && $seen{$slow_b};
+		},
+		30),
+	'both slow lanes are sending');
+$node->safe_psql('postgres', qq{SELECT count(outbox_emit('z', '{}', '$g5')) FROM generate_series(1, 5)});
+ok( wait_until(
+		sub {
+			return 5 <= scalar grep { $_->{key} eq $g5 && $_->{status} == 204 } @{ sink_attempts($sink, '/in5') };
+		},
+		20),
+	'with two slow lanes holding over three quarters of the read-ahead, a third lane is still served');
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('t5')});
 
 relay_no_crash($node);
 stop_sink($sink);
