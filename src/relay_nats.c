@@ -67,12 +67,12 @@
 /* nats_ack_class(): a reply that is not JetStream's, to ignore. */
 #define NATS_NOT_AN_ACK		((RelayOutcomeKind) -1)
 /* Most acknowledgements taken in one call of relay_nats_drive(). */
+#define NATS_MAX_DRAIN		100000
 /*
  * Messages a target may have waiting for acknowledgements (lanes x
  * batch_size) from which it publishes through libnats' write buffer.
  */
 #define NATS_BUFFERED_MIN_IN_FLIGHT 64
-#define NATS_MAX_DRAIN		100000
 /* Longest the relay waits for the servers' host names when it connects. */
 #define NATS_LOOKUP_WAIT_MS	50
 /* How often acknowledgements are collected while requests are in flight. */
