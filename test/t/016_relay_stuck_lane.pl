@@ -52,27 +52,40 @@ note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, las
 # never more than 20 ms, so a third lane's messages are still read and
 # delivered.
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('t')});
-my ($sa, $sb, $g4) = map {
-	my $lane = $_;
+
+# A 4-lane target $name at /$name on topic $topic, with keys in lanes 0, 1
+# and 2 (the sink told %$mode for the first two), 6,000 messages of the
+# first and 3,000 of the second emitted; returns the three keys.
+sub crowded_target
+{
+	my ($name, $topic, %mode) = @_;
+	my @keys = map {
+		my $lane = $_;
+		$node->safe_psql(
+			'postgres', qq{
+SELECT k FROM (SELECT '$name-' || g AS k FROM generate_series(1, 200) g) s
+ WHERE outbox.lane_of(k, 0, 4) = $lane ORDER BY k LIMIT 1})
+	} (0, 1, 2);
+	sink_control($sink, { key => $_, %mode }) for @keys[ 0, 1 ];
 	$node->safe_psql(
 		'postgres', qq{
-SELECT k FROM (SELECT 'k4-' || g AS k FROM generate_series(1, 200) g) s
- WHERE outbox.lane_of(k, 0, 4) = $lane ORDER BY k LIMIT 1})
-} (0, 1, 2);
-sink_control($sink, { key => $_, status => 503 }) for ($sa, $sb);
-$node->safe_psql(
-	'postgres', qq{
 BEGIN;
-SELECT outbox.create_http_target('t4', '$sink->{url}/in4', lanes => 4, max_attempts => 0);
-SELECT outbox.subscribe('t4', 'y');
+SELECT outbox.create_http_target('$name', '$sink->{url}/$name', lanes => 4, max_attempts => 0);
+SELECT outbox.subscribe('$name', '$topic');
 COMMIT;
 });
-$node->safe_psql('postgres', qq{SELECT count(outbox_emit('y', '{}', '$sa')) FROM generate_series(1, 6000)});
-$node->safe_psql('postgres', qq{SELECT count(outbox_emit('y', '{}', '$sb')) FROM generate_series(1, 3000)});
+	$node->safe_psql('postgres',
+		qq{SELECT count(outbox_emit('$topic', '{}', '$keys[0]')) FROM generate_series(1, 6000)});
+	$node->safe_psql('postgres',
+		qq{SELECT count(outbox_emit('$topic', '{}', '$keys[1]')) FROM generate_series(1, 3000)});
+	return @keys;
+}
+
+my ($sa, $sb, $g4) = crowded_target('t4', 'y', status => 503);
 sub delivered4
 {
-	return scalar grep { $_->{key} eq $g4 && $_->{status} == 204 && $_->{path} eq '/in4' }
-	  @{ sink_attempts($sink, '/in4') };
+	return scalar grep { $_->{key} eq $g4 && $_->{status} == 204 && $_->{path} eq '/t4' }
+	  @{ sink_attempts($sink, '/t4') };
 }
 ok( wait_until(
 		sub {
@@ -91,26 +104,10 @@ note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, las
 # success): no attempt fails, and still the third lane is read within the
 # 20 ms bound, not once the slow lanes have delivered a quarter.
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('t4')});
-my ($slow_a, $slow_b, $g5) = map {
-	my $lane = $_;
-	$node->safe_psql(
-		'postgres', qq{
-SELECT k FROM (SELECT 'k5-' || g AS k FROM generate_series(1, 200) g) s
- WHERE outbox.lane_of(k, 0, 4) = $lane ORDER BY k LIMIT 1})
-} (0, 1, 2);
-sink_control($sink, { key => $_, delay_ms => 2000 }) for ($slow_a, $slow_b);
-$node->safe_psql(
-	'postgres', qq{
-BEGIN;
-SELECT outbox.create_http_target('t5', '$sink->{url}/in5', lanes => 4, max_attempts => 0);
-SELECT outbox.subscribe('t5', 'z');
-COMMIT;
-});
-$node->safe_psql('postgres', qq{SELECT count(outbox_emit('z', '{}', '$slow_a')) FROM generate_series(1, 6000)});
-$node->safe_psql('postgres', qq{SELECT count(outbox_emit('z', '{}', '$slow_b')) FROM generate_series(1, 3000)});
+my ($slow_a, $slow_b, $g5) = crowded_target('t5', 'z', delay_ms => 2000);
 ok( wait_until(
 		sub {
-			my %seen = map { $_->{key} => 1 } @{ sink_attempts($sink, '/in5') };
+			my %seen = map { $_->{key} => 1 } @{ sink_attempts($sink, '/t5') };
 			return $seen{$slow_a} && $seen{$slow_b};
 		},
 		30),
@@ -118,7 +115,7 @@ ok( wait_until(
 $node->safe_psql('postgres', qq{SELECT count(outbox_emit('z', '{}', '$g5')) FROM generate_series(1, 5)});
 ok( wait_until(
 		sub {
-			return 5 <= scalar grep { $_->{key} eq $g5 && $_->{status} == 204 } @{ sink_attempts($sink, '/in5') };
+			return 5 <= scalar grep { $_->{key} eq $g5 && $_->{status} == 204 } @{ sink_attempts($sink, '/t5') };
 		},
 		20),
 	'with two slow lanes holding over three quarters of the read-ahead, a third lane is still served');
