@@ -63,7 +63,10 @@
 
 #include "relay.h"
 
-/* Record progress at least this often while requests are in flight. */
+/*
+ * Record progress at most this long after an acknowledgement, and no more
+ * often.
+ */
 #define RELAY_PROGRESS_INTERVAL_MS	20
 /*
  * After reading, let commits accumulate this long before the next read: the
@@ -793,13 +796,17 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 		timeout = relay_sleep_ms(frontier, now);
 		if (relay_progress_pending())
 		{
-			/* Write now when idle or due, else wake up when it is due. */
-			if (relay_in_flight() == 0 ||
-				TimestampDifferenceExceeds(relay_last_progress_write, now,
-										   RELAY_PROGRESS_INTERVAL_MS))
+			/*
+			 * Write when due, else wake up when it is due, idle or not: one
+			 * message at a time, a write (a transaction and its WAL flush)
+			 * per acknowledgement cost the relay more than the delivery.
+			 */
+			long		since = TimestampDifferenceMilliseconds(relay_last_progress_write, now);
+
+			if (since >= RELAY_PROGRESS_INTERVAL_MS)
 				relay_write_progress();
 			else
-				timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
+				timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS - since);
 		}
 
 		relay_publish_stats(now, !outbox_enabled ? "disabled (outbox.enabled = off)" :

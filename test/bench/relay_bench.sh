@@ -21,8 +21,8 @@
 #             payload) emitted while outbox.enabled = off into a fresh target,
 #             then released at once (outbox.enabled = on); time from the
 #             reload until outbox.progress records all N delivered (polled
-#             every 5 ms; the worker records progress every 20 ms while
-#             requests are in flight and at once when none is).  Per
+#             every 5 ms; the worker records progress at most 20 ms after
+#             an acknowledgement, and no more often).  Per
 #             CONFIGS entry batch_size:lanes (default 1:32 1:8 100:8 100:32).
 #   hand      the usual polling relay (test/bench/hand_relay.py): SELECT ...
 #             FOR UPDATE SKIP LOCKED LIMIT 100, one keep-alive POST per

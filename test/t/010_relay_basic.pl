@@ -12,6 +12,9 @@
 #  - a message emitted after subscribe() committed is delivered even when
 #    the worker read it with a configuration loaded just before;
 #  - an empty key is sent as an empty outbox-key header;
+#  - messages that come one at a time (each delivered before the next
+#    commits) have their progress recorded at most every 20 ms, not in a
+#    transaction of its own per message;
 #  - after DROP EXTENSION and CREATE EXTENSION, a new target that got the
 #    id of a dropped one receives its messages (not the old URL).
 use strict;
@@ -498,6 +501,58 @@ my @exact_bad = grep { encode_utf8($_->{body}) ne ($exact_want{ $_->{headers}{'o
 is(scalar @exact_bad, 0, 'each body is byte for byte payload::text');
 is(encode_utf8($exact_bad[0]{body}), $exact_want{ $exact_bad[0]{headers}{'outbox-seq'} }, 'first mismatch')
   if @exact_bad;
+
+# --- progress of messages that come one at a time ---
+# Each message is acknowledged before the next is committed, so the relay
+# is idle between them; it still records their progress at most every
+# 20 ms, not in a transaction (and a WAL flush) of its own per message.
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('trickle', '$url/trickle', lanes => 1);
+SELECT outbox.subscribe('trickle', 'trickle.one');
+COMMIT;
+CREATE TABLE public.trickle_writes (xid xid8, at timestamptz DEFAULT clock_timestamp());
+CREATE FUNCTION public.trickle_note() RETURNS trigger LANGUAGE plpgsql AS \$\$
+BEGIN
+	INSERT INTO public.trickle_writes (xid) VALUES (pg_catalog.pg_current_xact_id());
+	RETURN NULL;
+END \$\$;
+});
+my $trickle_id = $node->safe_psql('postgres', q{SELECT outbox.target_id('trickle')});
+$node->safe_psql('postgres', qq{
+CREATE TRIGGER trickle_note AFTER UPDATE ON outbox.progress FOR EACH ROW
+	WHEN (NEW.target_id = $trickle_id AND OLD.delivered <> NEW.delivered)
+	EXECUTE FUNCTION public.trickle_note();
+});
+my $trickle_n = 40;
+my $trickle_start = $node->safe_psql('postgres', q{SELECT clock_timestamp()});
+# one transaction a message, 5 ms apart: each is delivered in between
+$node->safe_psql('postgres', qq{
+DO \$\$
+BEGIN
+	FOR i IN 1..$trickle_n LOOP
+		PERFORM outbox_emit('trickle.one', jsonb_build_object('i', i), 'k');
+		COMMIT;
+		PERFORM pg_sleep(0.005);
+	END LOOP;
+END \$\$;
+});
+is(scalar(sink_path_records($sink, '/trickle', $trickle_n)), $trickle_n, 'messages one at a time: all arrive');
+ok(wait_until(sub {
+	$node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'trickle'}) == $trickle_n }, 30),
+	'... and their progress is recorded');
+my ($trickle_writes, $trickle_ms) = split /\|/, $node->safe_psql('postgres', qq{
+SELECT count(DISTINCT xid), round(extract(epoch FROM max(at) - '$trickle_start') * 1000)
+  FROM public.trickle_writes});
+# No more than one write per 20 ms since the first message, and the first.
+cmp_ok($trickle_writes, '<=', int($trickle_ms / 20) + 2,
+	"... in at most one transaction per 20 ms ($trickle_writes in $trickle_ms ms for $trickle_n messages)");
+$node->safe_psql('postgres', q{
+DROP TRIGGER trickle_note ON outbox.progress;
+DROP FUNCTION public.trickle_note();
+DROP TABLE public.trickle_writes;
+});
 
 # --- DROP EXTENSION and CREATE EXTENSION while the worker runs ---
 # Target ids start over in the new extension; the worker must not confuse
