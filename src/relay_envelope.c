@@ -167,6 +167,161 @@ relay_json_string(StringInfo buf, const char *s, int len)
 	appendStringInfoChar(buf, '"');
 }
 
+/*
+ * A numeric's stored form (the on-disk format, the same in every supported
+ * version; numeric.c keeps its macros to itself): after the varlena header,
+ * a 16-bit word, then for the long form a 16-bit weight, then the digits, in
+ * base 10000, most significant first.  The short form packs the sign, the
+ * display scale and a 7-bit weight into the word.
+ */
+#define RELAY_NUM_FORM_MASK			0xC000
+#define RELAY_NUM_POS				0x0000
+#define RELAY_NUM_NEG				0x4000
+#define RELAY_NUM_SHORT				0x8000
+#define RELAY_NUM_SHORT_NEG			0x2000
+#define RELAY_NUM_SHORT_DSCALE_MASK	0x1F80
+#define RELAY_NUM_SHORT_DSCALE_SHIFT 7
+#define RELAY_NUM_SHORT_WEIGHT_NEG	0x0040
+#define RELAY_NUM_SHORT_WEIGHT_MASK	0x003F
+#define RELAY_NUM_DSCALE_MASK		0x3FFF
+
+/* Append the four decimal digits of a base-10000 digit, or fewer when lead. */
+static inline char *
+relay_numeric_group(char *p, int dig, bool lead)
+{
+	int			div;
+
+	for (div = 1000; div > 1; div /= 10)
+	{
+		int			d = dig / div;
+
+		dig -= d * div;
+		if (d > 0 || !lead)
+		{
+			*p++ = '0' + d;
+			lead = false;
+		}
+	}
+	*p++ = '0' + dig;
+	return p;
+}
+
+/*
+ * Append a numeric as numeric_out() writes it (every digit before the point,
+ * a leading zero when there is none, then exactly the display scale's digits
+ * after it), straight from its stored form: numeric_out() builds a
+ * variable, a string and a copy per number.  Anything but the plain forms
+ * (NaN and infinities, a short or toasted varlena, a digit out of range) is
+ * left to numeric_out().
+ */
+static void
+relay_append_numeric(StringInfo buf, Numeric num)
+{
+	const char *data;
+	Size		size;
+	uint16		word;
+	int16		w;
+	bool		neg;
+	int			weight;
+	int			dscale;
+	int			ndigits;
+	const char *digits;
+	int			d;
+	int			i;
+	char	   *p;
+
+	if (VARATT_IS_EXTENDED(num))
+		goto slow;
+	size = VARSIZE(num) - VARHDRSZ;
+	data = VARDATA(num);
+	if (size < sizeof(uint16))
+		goto slow;
+	memcpy(&word, data, sizeof(uint16));
+	switch (word & RELAY_NUM_FORM_MASK)
+	{
+		case RELAY_NUM_SHORT:
+			neg = (word & RELAY_NUM_SHORT_NEG) != 0;
+			dscale = (word & RELAY_NUM_SHORT_DSCALE_MASK) >> RELAY_NUM_SHORT_DSCALE_SHIFT;
+			weight = word & RELAY_NUM_SHORT_WEIGHT_MASK;
+			if (word & RELAY_NUM_SHORT_WEIGHT_NEG)
+				weight -= RELAY_NUM_SHORT_WEIGHT_MASK + 1;
+			digits = data + sizeof(uint16);
+			ndigits = (size - sizeof(uint16)) / sizeof(int16);
+			break;
+		case RELAY_NUM_POS:
+		case RELAY_NUM_NEG:
+			if (size < 2 * sizeof(uint16))
+				goto slow;
+			neg = (word & RELAY_NUM_FORM_MASK) == RELAY_NUM_NEG;
+			dscale = word & RELAY_NUM_DSCALE_MASK;
+			memcpy(&w, data + sizeof(uint16), sizeof(int16));
+			weight = w;
+			digits = data + 2 * sizeof(uint16);
+			ndigits = (size - 2 * sizeof(uint16)) / sizeof(int16);
+			break;
+		default:
+			goto slow;
+	}
+	for (i = 0; i < ndigits; i++)
+	{
+		int16		dig;
+
+		memcpy(&dig, digits + i * sizeof(int16), sizeof(int16));
+		if (dig < 0 || dig > 9999)
+			goto slow;
+	}
+
+	/* sign, digits before the point (4 a group), point, dscale digits */
+	enlargeStringInfo(buf, 1 + 4 * (Max(weight, 0) + 1) + 1 + dscale + 4);
+	p = buf->data + buf->len;
+	if (neg)
+		*p++ = '-';
+	if (weight < 0)
+	{
+		*p++ = '0';
+		d = weight + 1;
+	}
+	else
+	{
+		for (d = 0; d <= weight; d++)
+		{
+			int16		dig = 0;
+
+			if (d < ndigits)
+				memcpy(&dig, digits + d * sizeof(int16), sizeof(int16));
+			p = relay_numeric_group(p, dig, d == 0);
+		}
+	}
+	if (dscale > 0)
+	{
+		char	   *end;
+
+		*p++ = '.';
+		end = p + dscale;
+		for (i = 0; i < dscale; d++, i += 4)
+		{
+			int16		dig = 0;
+
+			if (d >= 0 && d < ndigits)
+				memcpy(&dig, digits + d * sizeof(int16), sizeof(int16));
+			p = relay_numeric_group(p, dig, false);
+		}
+		p = end;
+	}
+	buf->len = p - buf->data;
+	buf->data[buf->len] = '\0';
+	return;
+
+slow:
+	{
+		char	   *text = DatumGetCString(DirectFunctionCall1(numeric_out,
+															   NumericGetDatum(num)));
+
+		appendStringInfoString(buf, text);
+		pfree(text);
+	}
+}
+
 /* Append one scalar of a jsonb, as JsonbToCString() writes it. */
 static void
 relay_jsonb_scalar(StringInfo buf, JsonbValue *v)
@@ -180,13 +335,7 @@ relay_jsonb_scalar(StringInfo buf, JsonbValue *v)
 			relay_json_string(buf, v->val.string.val, v->val.string.len);
 			break;
 		case jbvNumeric:
-			{
-				char	   *num = DatumGetCString(DirectFunctionCall1(numeric_out,
-																	  NumericGetDatum(v->val.numeric)));
-
-				appendStringInfoString(buf, num);
-				pfree(num);
-			}
+			relay_append_numeric(buf, v->val.numeric);
 			break;
 		case jbvBool:
 			if (v->val.boolean)
@@ -273,12 +422,69 @@ relay_append_int64(StringInfo buf, int64 v)
 	buf->len += pg_lltoa(v, buf->data + buf->len);
 }
 
-/* Append t as a JSON string, the way to_json() writes a timestamptz. */
+/*
+ * Append t as a JSON string, the way to_json() writes a timestamptz.  The
+ * text of the whole second is kept, with the place its fraction goes (just
+ * before the time zone offset, which cannot change within a second): the
+ * messages of a request were mostly emitted within the same second, and
+ * converting to the local time is most of the cost.
+ */
 void
 relay_append_time(StringInfo buf, TimestampTz t)
 {
+	static TimestampTz second_at = DT_NOBEGIN;
+	static pg_tz *second_tz = NULL;
+	static char second_text[MAXDATELEN + 1];
+	static int	second_split = -1;	/* where the fraction goes; -1: nowhere */
 	char		text[MAXDATELEN + 1];
+	TimestampTz second;
+	int64		fraction;
 
+	if (TIMESTAMP_NOT_FINITE(t))
+		goto whole;
+	fraction = t % USECS_PER_SEC;
+	if (fraction < 0)
+		fraction += USECS_PER_SEC;
+	second = t - fraction;
+	if (second != second_at || session_timezone != second_tz)
+	{
+		char	   *time_at;
+		char	   *zone;
+
+		JsonEncodeDateTime(second_text, TimestampTzGetDatum(second), TIMESTAMPTZOID, NULL);
+		second_at = second;
+		second_tz = session_timezone;
+		/* the offset's sign is the first after the date's 'T' */
+		time_at = strchr(second_text, 'T');
+		zone = time_at ? strpbrk(time_at, "+-") : NULL;
+		second_split = zone ? (int) (zone - second_text) : -1;
+	}
+	if (second_split < 0)
+		goto whole;
+	appendStringInfoChar(buf, '"');
+	appendBinaryStringInfo(buf, second_text, second_split);
+	if (fraction != 0)
+	{
+		char		digits[8];
+		int			n = 6;
+		int			i;
+
+		/* six digits, trailing zeros left out */
+		for (i = 5; i >= 0; i--)
+		{
+			digits[i] = '0' + fraction % 10;
+			fraction /= 10;
+		}
+		while (digits[n - 1] == '0')
+			n--;
+		appendStringInfoChar(buf, '.');
+		appendBinaryStringInfo(buf, digits, n);
+	}
+	appendStringInfoString(buf, second_text + second_split);
+	appendStringInfoChar(buf, '"');
+	return;
+
+whole:
 	JsonEncodeDateTime(text, TimestampTzGetDatum(t), TIMESTAMPTZOID, NULL);
 	appendStringInfoChar(buf, '"');
 	appendStringInfoString(buf, text);

@@ -490,7 +490,22 @@ SELECT outbox_emit('exact.text', (SELECT jsonb_agg(CASE WHEN g % 3 = 0 THEN to_j
 SELECT outbox_emit('exact.text', (SELECT string_agg('{"d": [', '') || '1' || string_agg(']}', '')
 		FROM generate_series(1, 200))::jsonb);
 });
-push @docs, 'object of 100', 'array of 70', 'nested 200 deep';
+# numbers of every shape numeric stores: integers and decimals, short and
+# long forms (weights past 63 base-10000 digits, scales past 63), leading
+# zero groups after the point, trailing zeros of the scale, negatives
+$node->safe_psql('postgres', q{
+SELECT outbox_emit('exact.text', (SELECT jsonb_agg(v ORDER BY g) FROM (
+	SELECT g, CASE g % 7
+		WHEN 0 THEN (g * 7919)::numeric * (CASE WHEN g % 2 = 0 THEN -1 ELSE 1 END)
+		WHEN 1 THEN -(g * 104729.5)::numeric / 10 ^ (g % 23)
+		WHEN 2 THEN (g::numeric * 12345.678901) * 10 ^ (g % 300)
+		WHEN 3 THEN round(g::numeric / 7, g % 90)
+		WHEN 4 THEN 1::numeric / 10 ^ (g % 130)
+		WHEN 5 THEN (g::numeric * 10000 + 0.5)::numeric(70, 30)
+		ELSE round((g % 3 - 1)::numeric, g % 5) END AS v
+	  FROM generate_series(1, 700) g) s));
+});
+push @docs, 'object of 100', 'array of 70', 'nested 200 deep', 'numbers';
 my %exact_want = map { split /\t/, $_, 2 } split /\n/, $node->safe_psql(
 	'postgres', q{
 COPY (SELECT id, payload::text FROM outbox.messages WHERE topic = 'exact.text' ORDER BY id)
@@ -501,6 +516,55 @@ my @exact_bad = grep { encode_utf8($_->{body}) ne ($exact_want{ $_->{headers}{'o
 is(scalar @exact_bad, 0, 'each body is byte for byte payload::text');
 is(encode_utf8($exact_bad[0]{body}), $exact_want{ $exact_bad[0]{headers}{'outbox-seq'} }, 'first mismatch')
   if @exact_bad;
+
+# --- emitted_at in envelopes, byte for byte ---
+# The relay writes emitted_at as to_json() does, from the text of the
+# whole second it keeps: fractions with and without trailing zeros, before
+# 2000 and BC, and in a time zone with a half-hour offset, then one whose
+# offset in 1850 had seconds (the relay's time zone changes on reload).
+$node->safe_psql(
+	'postgres', qq{
+BEGIN;
+SELECT outbox.create_http_target('times', '$url/times', batch_size => 100);
+SELECT outbox.subscribe('times', 'times.t');
+COMMIT;
+});
+my @times = ('2024-06-01 12:00:00+00', '2024-06-01 12:00:00.5+00', '2024-06-01 12:00:00.123456+00',
+	'2024-06-01 12:00:00.000001+00', '2024-06-01 12:00:00.12+00', '2024-06-01 12:00:01.999999+00',
+	'1969-12-31 23:59:59.75+00', '1999-12-31 23:59:59.5+00', '0044-03-15 10:00:00.25+00 BC',
+	'1850-01-01 00:00:00.5+00', '2026-03-29 01:00:00.5+00',
+	# the same second as the first: the next zone's first is not this text
+	'2024-06-01 12:00:00.25+00');
+my $times_sql = join(', ', map { "'$_'::timestamptz" } @times);
+my $times_round = 0;
+for my $zone ('UTC', 'America/St_Johns', 'Europe/Amsterdam')
+{
+	$node->safe_psql('postgres', qq{ALTER SYSTEM SET TimeZone = '$zone'; SELECT pg_reload_conf();});
+	# the reload reaches the relay before the rows are committed
+	ok(wait_until(sub {
+		$node->safe_psql('postgres', q{SELECT setting FROM pg_settings WHERE name = 'TimeZone'}) eq $zone }, 10),
+		"TimeZone $zone");
+	usleep(300_000);
+	$times_round++;
+	$node->safe_psql('postgres', qq{
+INSERT INTO outbox.messages (id, msg_id, topic, key, payload, headers, emitted_at)
+SELECT m.max_id + n, gen_random_uuid(), 'times.t', 'z$times_round', jsonb_build_object('n', n), NULL, t
+  FROM (SELECT max(id) AS max_id FROM outbox.messages) m,
+       unnest(ARRAY[$times_sql]) WITH ORDINALITY AS u(t, n);
+});
+	my %want = map { split /\t/, $_, 2 } split /\n/, $node->safe_psql('postgres', qq{
+SET TimeZone = '$zone';
+COPY (SELECT id, to_json(emitted_at)::text FROM outbox.messages WHERE key = 'z$times_round')
+  TO STDOUT WITH (FORMAT csv, DELIMITER E'\\t', QUOTE E'\\x01')});
+	my @got;
+	ok(wait_until(sub {
+		@got = map { $_->{body} =~ /"seq":\s*(\d+).*?"emitted_at":\s*("[^"]*")/g }
+			grep { ($_->{body} // '') =~ /"z$times_round"/ } sink_path_records($sink, '/times');
+		return @got >= 2 * @times }, 30), "$zone: every time arrived");
+	my %got = @got;
+	is_deeply(\%got, \%want, "$zone: each emitted_at is byte for byte to_json(emitted_at)");
+}
+$node->safe_psql('postgres', q{ALTER SYSTEM RESET TimeZone; SELECT pg_reload_conf();});
 
 # --- progress of messages that come one at a time ---
 # Each message is acknowledged before the next is committed, so the relay
