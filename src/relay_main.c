@@ -801,12 +801,14 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 			 * message at a time, a write (a transaction and its WAL flush)
 			 * per acknowledgement cost the relay more than the delivery.
 			 */
-			long		since = TimestampDifferenceMilliseconds(relay_last_progress_write, now);
+			TimestampTz due = TimestampTzPlusMilliseconds(relay_last_progress_write,
+														  RELAY_PROGRESS_INTERVAL_MS);
 
-			if (since >= RELAY_PROGRESS_INTERVAL_MS)
+			/* (a clock set back does not put the write off) */
+			if (now >= due || now < relay_last_progress_write)
 				relay_write_progress();
 			else
-				timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS - since);
+				timeout = Min(timeout, TimestampDifferenceMilliseconds(now, due));
 		}
 
 		relay_publish_stats(now, !outbox_enabled ? "disabled (outbox.enabled = off)" :

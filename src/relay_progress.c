@@ -7,9 +7,9 @@
  * lane is finished (delivered or dead-lettered), with counters and the last
  * error; dead letters (queued by relay_dead_letters.c) go to
  * outbox.dead_letters.  Both are written together in one short
- * transaction, batched over all lanes, at most every few milliseconds
- * while requests are in flight: a crash can only make the relay send again
- * what it may not have recorded (I5).  Batches cut short of batch_size are
+ * transaction, batched over all lanes, at most 20 ms after an
+ * acknowledgement and no more often (relay_main.c): a crash can only make
+ * the relay send again what it may not have recorded (I5).  Batches cut short of batch_size are
  * recorded, durably, before they are sent, so a restart cuts them the same
  * way.
  *
