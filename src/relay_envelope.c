@@ -451,7 +451,9 @@ relay_append_time(StringInfo buf, TimestampTz t)
 		char	   *time_at;
 		char	   *zone;
 
-		JsonEncodeDateTime(second_text, TimestampTzGetDatum(second), TIMESTAMPTZOID, NULL);
+		/* kept only once made: the conversion may fail (out of range) */
+		JsonEncodeDateTime(text, TimestampTzGetDatum(second), TIMESTAMPTZOID, NULL);
+		strlcpy(second_text, text, sizeof(second_text));
 		second_at = second;
 		second_tz = session_timezone;
 		/* the offset's sign is the first after the date's 'T' */

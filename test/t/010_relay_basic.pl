@@ -497,10 +497,10 @@ $node->safe_psql('postgres', q{
 SELECT outbox_emit('exact.text', (SELECT jsonb_agg(v ORDER BY g) FROM (
 	SELECT g, CASE g % 7
 		WHEN 0 THEN (g * 7919)::numeric * (CASE WHEN g % 2 = 0 THEN -1 ELSE 1 END)
-		WHEN 1 THEN -(g * 104729.5)::numeric / 10 ^ (g % 23)
-		WHEN 2 THEN (g::numeric * 12345.678901) * 10 ^ (g % 300)
+		WHEN 1 THEN -(g * 104729.5)::numeric / 10::numeric ^ (g % 23)
+		WHEN 2 THEN (g::numeric * 12345.678901) * 10::numeric ^ (g % 300)
 		WHEN 3 THEN round(g::numeric / 7, g % 90)
-		WHEN 4 THEN 1::numeric / 10 ^ (g % 130)
+		WHEN 4 THEN 1::numeric / 10::numeric ^ (g % 130)
 		WHEN 5 THEN (g::numeric * 10000 + 0.5)::numeric(70, 30)
 		ELSE round((g % 3 - 1)::numeric, g % 5) END AS v
 	  FROM generate_series(1, 700) g) s));
@@ -540,12 +540,21 @@ my $times_round = 0;
 for my $zone ('UTC', 'America/St_Johns', 'Europe/Amsterdam')
 {
 	$node->safe_psql('postgres', qq{ALTER SYSTEM SET TimeZone = '$zone'; SELECT pg_reload_conf();});
-	# the reload reaches the relay before the rows are committed
-	ok(wait_until(sub {
-		$node->safe_psql('postgres', q{SELECT setting FROM pg_settings WHERE name = 'TimeZone'}) eq $zone }, 10),
-		"TimeZone $zone");
-	usleep(300_000);
 	$times_round++;
+	# The relay has the new zone once a probe's emitted_at arrives in it
+	# (1850: every zone here had its own offset then).
+	my $probes = 0;
+	ok(wait_until(sub {
+		$probes++;
+		$node->safe_psql('postgres', qq{
+INSERT INTO outbox.messages (id, msg_id, topic, key, payload, headers, emitted_at)
+SELECT max(id) + 1, gen_random_uuid(), 'times.t', 'p$times_round-$probes', '{}', NULL, '1850-06-01 12:00:00+00'
+  FROM outbox.messages});
+		my $want = $node->safe_psql('postgres', qq{SET TimeZone = '$zone'; SELECT to_json('1850-06-01 12:00:00+00'::timestamptz)});
+		return wait_until(sub {
+			grep { ($_->{body} // '') =~ /"p$times_round-$probes".*"emitted_at":\Q$want\E/ }
+				sink_path_records($sink, '/times') }, 2);
+	}, 60), "the relay writes emitted_at in $zone");
 	$node->safe_psql('postgres', qq{
 INSERT INTO outbox.messages (id, msg_id, topic, key, payload, headers, emitted_at)
 SELECT m.max_id + n, gen_random_uuid(), 'times.t', 'z$times_round', jsonb_build_object('n', n), NULL, t
