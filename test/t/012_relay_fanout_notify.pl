@@ -190,10 +190,10 @@ my ($big_http) = grep { $_->{body} =~ /zzzz/ } @{ sink_records($sink) };
 is($big_http && $big_http->{body}, $by_seq{ $big_http->{headers}{'outbox-seq'} }{payload_text},
 	'the HTTP target gets the whole 20 kB payload');
 
-is( $node->safe_psql(
+ok( $node->poll_query_until(
 		'postgres', q{SELECT string_agg(format('%s:%s:%s', target, pending, delivered), ' ' ORDER BY target)
-		                FROM outbox.lag}),
-	"fan_http:0:$n_all fan_notify:0:$n_all fan_notify_b:0:" . scalar(@b_seqs),
+		                FROM outbox.lag},
+		"fan_http:0:$n_all fan_notify:0:$n_all fan_notify_b:0:" . scalar(@b_seqs)),
 	'the lag view: nothing pending, all delivered, for each target');
 
 # --- a message whose headers alone exceed the NOTIFY limit ---

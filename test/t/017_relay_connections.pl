@@ -81,10 +81,10 @@ my %later = map { (sink_records($sink)->[ $_->{rseq} - 1 ]{conn} => 1) }
   @$a[ 400 .. $#$a ];
 cmp_ok(scalar(keys %later), '<=', 4,
 	'... again at most one per lane (' . scalar(keys %later) . ')');
-is( $node->safe_psql(
+ok( $node->poll_query_until(
 		'postgres',
-		q{SELECT pending, dead_letters, coalesce(last_error, '') FROM outbox.lag WHERE target = 'conns'}),
-	'0|0|',
+		q{SELECT pending, dead_letters, coalesce(last_error, '') FROM outbox.lag WHERE target = 'conns'},
+		'0|0|'),
 	'nothing pending, no dead letter, no error');
 
 # --- "Connection: close" on every answer ---

@@ -58,8 +58,8 @@ sub ok_paths
 
 emit_batch(1, 10, 'poison.read');
 ok(settled(), 'read fault: every target settles');
-like($node->safe_psql('postgres', q{SELECT string_agg(format('%s %s', target, last_error), ';' ORDER BY target, id) FROM outbox.dead_letters WHERE topic = 'poison.read'}),
-	qr/^a message could not be prepared: .*injected fault.*;a message could not be prepared: .*;n message could not be prepared: .*injected fault.*;n message could not be prepared: /,
+ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT string_agg(format('%s %s', target, last_error), ';' ORDER BY target, id) FROM outbox.dead_letters WHERE topic = 'poison.read'}) =~
+	/^a message could not be prepared: .*injected fault.*;a message could not be prepared: .*;n message could not be prepared: .*injected fault.*;n message could not be prepared: / }),
 	'... both poison messages (in one read) are dead letters of each target that subscribes to them, with the error');
 is($node->safe_psql('postgres', q{SELECT sum(dead) FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id WHERE t.name = 'a'}),
 	'2', '... counted once each, though the reads that found them were retried');
@@ -83,8 +83,8 @@ is(ok_paths('/b'), 20, '... target b got its own');
 $node->safe_psql('postgres', q{SELECT outbox_emit('huge', to_jsonb(repeat(chr(1), 180 * 1000 * 1000)))});
 emit_batch(21, 30, 'ok.fine');
 ok(settled(), 'a payload that cannot be encoded: every target settles');
-like($node->safe_psql('postgres', q{SELECT string_agg(target || ' ' || last_error, ';' ORDER BY target) FROM outbox.dead_letters WHERE topic = 'huge'}),
-	qr/^a payload cannot be encoded as JSON text: .*;n payload cannot be encoded as JSON text: /,
+ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT string_agg(target || ' ' || last_error, ';' ORDER BY target) FROM outbox.dead_letters WHERE topic = 'huge'}) =~
+	/^a payload cannot be encoded as JSON text: .*;n payload cannot be encoded as JSON text: / }),
 	'... it is a dead letter with the reason');
 is(ok_paths('/a'), 32, '... the rest was delivered');
 

@@ -99,7 +99,7 @@ is($m->{key}, 'k3', 'outbox-key header');
 is($m->{payload}, '{"n": 3}', 'the payload is the body');
 my $id = $node->safe_psql('postgres', q{SELECT msg_id FROM outbox.messages WHERE id = 3});
 is($m->{id}, $id, 'Nats-Msg-Id is the message id');
-is($node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'js'}), '200',
+ok($node->poll_query_until('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'js'}, '200'),
 	'outbox.lag counts them');
 is($node->safe_psql('postgres', q{SELECT kind FROM outbox.lag WHERE target = 'js'}), 'nats',
 	'... as a nats target');
@@ -169,8 +169,12 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox_emit('big', '{"n": 3}', 'k');
 });
 ok(wait_until(sub { nats_count($url, 'SMALL') == 2 }, 60), 'a message too large: the others flow');
-like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'small'}),
-	qr/JetStream error .*10054/, 'it is a dead letter, with the stream\'s reason');
+ok( wait_until(
+		sub {
+			$node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'small'})
+			  =~ /JetStream error .*10054/;
+		}),
+	'it is a dead letter, with the stream\'s reason');
 my $small = nats_dump($url, 'SMALL');
 is(join(',', map { $_->{payload} } @$small), '{"n": 1},{"n": 3}', 'in order, without it');
 

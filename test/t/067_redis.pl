@@ -98,7 +98,7 @@ like(redis_cmd($redis, 'GET', "orders:b:outbox-dedup:$id"), qr/^\d+-\d+$/,
 	'the de-duplication mark holds the entry id');
 my $ttl = redis_cmd($redis, 'TTL', "orders:b:outbox-dedup:$id");
 ok($ttl > 500 && $ttl <= 600, "... and expires after dedup_window (TTL $ttl)");
-is(lag('rs', 'delivered'), '200', 'outbox.lag counts them');
+ok(wait_until(sub { lag('rs', 'delivered') eq '200' }), 'outbox.lag counts them');
 is(lag('rs', 'kind'), 'redis', '... as a redis target');
 ok(wait_until(sub {
 	$node->safe_psql('postgres', q{SELECT messages FROM outbox.stats WHERE target = 'rs'}) eq '200' }),

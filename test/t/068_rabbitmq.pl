@@ -105,7 +105,7 @@ is($m->{payload}, '{"n": 3}', 'the payload is the body');
 is($m->{delivery_mode}, 2, 'persistent');
 is($m->{content_type}, 'application/json', 'content type');
 is($m->{exchange}, '', 'through the default exchange');
-is(lag('mq', 'delivered'), '200', 'outbox.lag counts them');
+ok(wait_until(sub { lag('mq', 'delivered') eq '200' }), 'outbox.lag counts them');
 is(lag('mq', 'kind'), 'rabbitmq', '... as a rabbitmq target');
 ok(wait_until(sub {
 	$node->safe_psql('postgres', q{SELECT messages FROM outbox.stats WHERE target = 'mq'}) eq '200' }),
@@ -196,8 +196,8 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox_emit('big', '{"n": 3}', 'k');
 });
 ok(wait_until(sub { rmq_count($url, 'big') == 2 }, 60), 'a message too large: the others flow');
-like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big'}),
-	qr/larger than configured max size 100000/, 'it is a dead letter, with the broker\'s reason');
+ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big'}) =~
+	/larger than configured max size 100000/ }), 'it is a dead letter, with the broker\'s reason');
 is(join(',', map { $_->{payload} } @{ rmq_dump($url, 'big') }), '{"n": 1},{"n": 3}', 'in order, without it');
 
 # --- headers larger than a frame: a dead letter, nothing half-written ---
@@ -206,8 +206,8 @@ $node->safe_psql('postgres', q{
 	SELECT outbox_emit('big', '{"n": 7}', 'k2');
 });
 ok(wait_until(sub { rmq_count($url, 'big') == 3 }, 60), 'headers larger than a frame: the next message flows');
-like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big' ORDER BY id DESC LIMIT 1}),
-	qr/its headers do not fit in the broker's frame size/, '... and that one is a dead letter, with the reason');
+ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big' ORDER BY id DESC LIMIT 1}) =~
+	/its headers do not fit in the broker's frame size/ }), '... and that one is a dead letter, with the reason');
 
 # --- the broker stops reading (a memory alarm): the relay is not stuck ---
 rmq_ctl($rmq, 'set_vm_memory_high_watermark', 'absolute', '1');
