@@ -806,7 +806,12 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 
 			/* (a clock set back does not put the write off) */
 			if (now >= due || now < relay_last_progress_write)
+			{
 				relay_write_progress();
+				/* a write that gave way to a lock is tried again soon */
+				if (relay_progress_pending())
+					timeout = Min(timeout, RELAY_PROGRESS_INTERVAL_MS);
+			}
 			else
 				timeout = Min(timeout, TimestampDifferenceMilliseconds(now, due));
 		}

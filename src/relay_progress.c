@@ -9,9 +9,9 @@
  * outbox.dead_letters.  Both are written together in one short
  * transaction, batched over all lanes, at most 20 ms after an
  * acknowledgement and no more often (relay_main.c): a crash can only make
- * the relay send again what it may not have recorded (I5).  Batches cut short of batch_size are
- * recorded, durably, before they are sent, so a restart cuts them the same
- * way.
+ * the relay send again what it may not have recorded (I5).  Batches cut
+ * short of batch_size are recorded, durably, before they are sent, so a
+ * restart cuts them the same way.
  *
  *-------------------------------------------------------------------------
  */
