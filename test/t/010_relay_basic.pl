@@ -541,26 +541,29 @@ for my $zone ('UTC', 'America/St_Johns', 'Europe/Amsterdam')
 {
 	$node->safe_psql('postgres', qq{ALTER SYSTEM SET TimeZone = '$zone'; SELECT pg_reload_conf();});
 	$times_round++;
-	# The relay has the new zone once a probe's emitted_at arrives in it
-	# (1850: every zone here had its own offset then).
-	my $probes = 0;
+	# The relay has the new zone once a probe's emitted_at arrives in it.
+	my %probe_want;
 	ok(wait_until(sub {
-		$probes++;
-		$node->safe_psql('postgres', qq{
-INSERT INTO outbox.messages (id, msg_id, topic, key, payload, headers, emitted_at)
-SELECT max(id) + 1, gen_random_uuid(), 'times.t', 'p$times_round-$probes', '{}', NULL, '1850-06-01 12:00:00+00'
-  FROM outbox.messages});
-		my $want = $node->safe_psql('postgres', qq{SET TimeZone = '$zone'; SELECT to_json('1850-06-01 12:00:00+00'::timestamptz)});
+		my $k = 'p' . $times_round . '-' . (keys(%probe_want) + 1);
+		$node->safe_psql('postgres', qq{SELECT outbox_emit('times.t', '{}', '$k')});
+		$probe_want{$k} = $node->safe_psql('postgres', qq{
+SET TimeZone = '$zone'; SELECT to_json(emitted_at) FROM outbox.messages WHERE key = '$k'});
 		return wait_until(sub {
-			grep { ($_->{body} // '') =~ /"p$times_round-$probes".*"emitted_at":\Q$want\E/ }
-				sink_path_records($sink, '/times') }, 2);
+			my %seen = map { ($_->{body} // '') =~ /"key":"(p$times_round-\d+)".*?"emitted_at":("[^"]*")/g }
+				sink_path_records($sink, '/times');
+			return grep { ($probe_want{$_} // '') eq $seen{$_} } keys %seen;
+		}, 3);
 	}, 60), "the relay writes emitted_at in $zone");
+	# Rows inserted by hand move the id sequence before they commit: the
+	# target is paused meanwhile, so that no read skips them.
 	$node->safe_psql('postgres', qq{
+SELECT outbox.pause_target('times');
 INSERT INTO outbox.messages (id, msg_id, topic, key, payload, headers, emitted_at)
 SELECT m.max_id + n, gen_random_uuid(), 'times.t', 'z$times_round', jsonb_build_object('n', n), NULL, t
   FROM (SELECT max(id) AS max_id FROM outbox.messages) m,
        unnest(ARRAY[$times_sql]) WITH ORDINALITY AS u(t, n);
 });
+	$node->safe_psql('postgres', q{SELECT outbox.resume_target('times')});
 	my %want = map { split /\t/, $_, 2 } split /\n/, $node->safe_psql('postgres', qq{
 SET TimeZone = '$zone';
 COPY (SELECT id, to_json(emitted_at)::text FROM outbox.messages WHERE key = 'z$times_round')
@@ -569,7 +572,8 @@ COPY (SELECT id, to_json(emitted_at)::text FROM outbox.messages WHERE key = 'z$t
 	ok(wait_until(sub {
 		@got = map { $_->{body} =~ /"seq":\s*(\d+).*?"emitted_at":\s*("[^"]*")/g }
 			grep { ($_->{body} // '') =~ /"z$times_round"/ } sink_path_records($sink, '/times');
-		return @got >= 2 * @times }, 30), "$zone: every time arrived");
+		my %seen = @got;
+		return keys(%seen) >= @times }, 30), "$zone: every time arrived");
 	my %got = @got;
 	is_deeply(\%got, \%want, "$zone: each emitted_at is byte for byte to_json(emitted_at)");
 }
@@ -619,7 +623,10 @@ my ($trickle_writes, $trickle_ms) = split /\|/, $node->safe_psql('postgres', qq{
 SELECT count(DISTINCT xid), round(extract(epoch FROM max(at) - '$trickle_start') * 1000)
   FROM public.trickle_writes});
 # No more than one write per 20 ms since the first message, and the first.
-cmp_ok($trickle_writes, '<=', int($trickle_ms / 20) + 2,
+cmp_ok($trickle_writes, '>=', 1, '... the trigger saw the writes');
+note("each message took 20 ms or more: this cannot tell one write per message")
+  if ($trickle_ms // 0) >= 20 * $trickle_n;
+cmp_ok($trickle_writes, '<=', int(($trickle_ms // 0) / 20) + 2,
 	"... in at most one transaction per 20 ms ($trickle_writes in $trickle_ms ms for $trickle_n messages)");
 $node->safe_psql('postgres', q{
 DROP TRIGGER trickle_note ON outbox.progress;
