@@ -212,6 +212,7 @@ TRUNCATE effects;
 CREATE PROCEDURE consume() LANGUAGE plpgsql AS $$
 BEGIN
 	PERFORM count(*) FROM effects;
+	PERFORM pg_sleep(0.002);	-- the consumers overlap, whatever the machine's speed
 	INSERT INTO effects (id, k, n, receive_count)
 	SELECT id, key, (payload->>'n')::int, receive_count FROM outbox.receive('q', 5) ORDER BY id;
 	COMMIT;
@@ -224,7 +225,8 @@ emit_keyed(1500, 12, {});
 ($failures) = run_consumers(4, 1500, 240, 0, q{CALL consume();
 \echo ok});
 note "(a) procedures: serialization failures $failures";
-cmp_ok($failures, '>', 5, '(a) procedures: serialization failures happened');
+# (how many depends on how the consumers interleave: 4 to 84 seen)
+cmp_ok($failures, '>', 0, '(a) procedures: serialization failures happened');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'),
 	'0', '(a) procedures: no message became a dead letter');
 check_effects('(a) procedures', 1500);
