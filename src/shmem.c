@@ -51,6 +51,7 @@
 #include "storage/spin.h"
 #include "access/twophase.h"
 #include "access/xlog.h"
+#include "access/xlog_internal.h"
 #include "utils/builtins.h"
 
 #include "outbox.h"
@@ -203,10 +204,29 @@ outbox_shmem_init(void)
  * exclusively.  Every field starts afresh: the counter is initialised from
  * the database's own tables (I6 per database).
  */
+/*
+ * The end of the WAL inserted so far.  GetXLogInsertRecPtr() gives where
+ * the next record starts: past the page header when the last one ended on
+ * a page boundary, and a flush request for that position fails ("xlog
+ * flush request is not satisfied", seen after a crash restart) until
+ * something else is written on the new page.
+ */
+static XLogRecPtr
+outbox_wal_inserted_end(void)
+{
+	XLogRecPtr	next = GetXLogInsertRecPtr();
+
+	if (XLogSegmentOffset(next, wal_segment_size) == SizeOfXLogLongPHD)
+		return next - SizeOfXLogLongPHD;
+	if (next % XLOG_BLCKSZ == SizeOfXLogShortPHD)
+		return next - SizeOfXLogShortPHD;
+	return next;
+}
+
 static void
 outbox_db_slot_take(OutboxSharedState *s, Oid dboid)
 {
-	XLogRecPtr	now_lsn = RecoveryInProgress() ? InvalidXLogRecPtr : GetXLogInsertRecPtr();
+	XLogRecPtr	now_lsn = RecoveryInProgress() ? InvalidXLogRecPtr : outbox_wal_inserted_end();
 
 	LWLockAcquire(s->lock, LW_EXCLUSIVE);
 	s->counter_valid = false;
