@@ -120,7 +120,10 @@ run_suite() {
 	# pg_regress, from PGXS; then the TAP files with prove: Debian's 15
 	# through PGXS, the kits' versions (configured without TAP) with their
 	# own TAP library.
-	as_user bash -c "cd '$scratch' && make -s PG_CONFIG='$pgc' installcheck TAP_TESTS=" || rc=$?
+	as_user bash -c "cd '$scratch' && make -s PG_CONFIG='$pgc' installcheck TAP_TESTS=" || {
+		rc=$?
+		echo "pg_regress failed (regression.diffs below and in test-output/$v/)" > "$timings/$v.regress"
+	}
 	local perl_lib regress
 	if [ "$v" = 15 ]; then
 		perl_lib=$("$pgc" --pgxs | sed 's|/src/makefiles/pgxs.mk$|/src/test/perl|')
@@ -136,7 +139,7 @@ run_suite() {
 	as_user bash -c "cd '$scratch' && rm -rf tmp_check && mkdir -p tmp_check && \
 		PATH='$bindir':\$PATH TESTDIR='$scratch' PGPORT=65432 \
 		PG_REGRESS='$regress' \
-		prove -j '$jobs' --timer -I '$perl_lib' -I test/t test/t/*.pl" |
+		prove -j '$jobs' --timer -I '$perl_lib' -I test/t test/t/*.pl 2>&1" |
 		tee "$timings/$v.tap" || tap_rc=$?
 	[ $tap_rc -ne 0 ] && rc=$tap_rc
 	echo "$v $((SECONDS - start))" >> "$timings/versions"
@@ -152,6 +155,7 @@ run_suite() {
 		echo "PostgreSQL $v: test output kept in test-output/$v/" >&2
 	fi
 	rm -rf "$scratch"
+	[ $rc -ne 0 ] && : > "$timings/$v.failed"
 	echo "=== PostgreSQL $v: $([ $rc -eq 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
 	return $rc
 }
@@ -183,4 +187,26 @@ for f in "$timings"/*.tap; do
 # awk reads every line (head would exit early, and sort die of SIGPIPE under
 # pipefail once its output outgrows one write).
 done | sort -rn | awk 'NR <= 10 { ms = $1; $1 = ""; printf "  %6.1f s %s\n", ms / 1000, $0 }'
+# Last, so that the tail of a CI log says what failed: each version's
+# verdict, and for a failed one prove's summary of the failed files and the
+# first lines of the failed checks (the whole output is above, and the
+# servers' logs in test-output/<version>/).
+echo "=== result per version"
+while read -r v secs; do
+	if [ "$secs" = - ]; then
+		echo "  PostgreSQL $v: FAILED (not built)"
+	elif [ -f "$timings/$v.failed" ]; then
+		echo "  PostgreSQL $v: FAILED"
+		[ -f "$timings/$v.regress" ] && sed 's/^/    /' "$timings/$v.regress"
+		if [ -f "$timings/$v.tap" ]; then
+			sed -n '/^Test Summary Report/,/^Files=/p' "$timings/$v.tap" |
+				grep -v -e '^Test Summary Report' -e '^---' -e '^Files=' |
+				sed 's/^/    /' | head -12
+			grep -E '^(not ok|#   Failed test|#   at |# +(got|expected):|# Looks like)' "$timings/$v.tap" |
+				sed 's/^/    /' | head -12
+		fi
+	else
+		echo "  PostgreSQL $v: passed"
+	fi
+done < "$timings/versions"
 exit $status
