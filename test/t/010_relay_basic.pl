@@ -417,6 +417,10 @@ COMMIT;
 });
 $node->safe_psql('postgres', q{SELECT outbox_emit('late.a', '{"n": 0}')});
 sink_path_records($sink, '/late', 1);
+# Recorded too: the lock below must catch the configuration reload, not a
+# progress write still due for that message.
+$node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'late'})
+  or die 'the first late message is not recorded as delivered';
 my $locker = $node->background_psql('postgres');
 $locker->query_safe('BEGIN; LOCK TABLE outbox.progress IN ACCESS EXCLUSIVE MODE');
 $node->safe_psql('postgres', 'SELECT outbox.config_changed()');

@@ -101,7 +101,7 @@ is($dups // 0, 0, 'no duplicates');
 is($disorder // 0, 0, 'per key in commit order');
 is(scalar keys %last, 200, 'over 200 keys');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters}), '0', 'no dead letters');
-is($node->safe_psql('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'js'}), '0',
+ok($node->poll_query_until('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'js'}, '0'),
 	'nothing pending');
 
 relay_no_crash($node, $pid);
