@@ -198,6 +198,7 @@ extern const RelayTransport relay_redis_transport;
 extern const RelayTransport relay_rabbitmq_transport;
 extern const RelayTransport *const relay_transports[];	/* relay_main.c */
 extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
+extern uint64 relay_kinds_used;	/* relay_config.c: kinds loaded, by bit */
 
 /* What a target sends (outbox.targets.format). */
 typedef enum RelayFormat

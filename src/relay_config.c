@@ -70,6 +70,14 @@ bool		relay_schema_brokers = false;
  */
 const RelayTransport *const *relay_kinds = NULL;
 
+/*
+ * The kinds (bit i: relay_kinds[i]) of which a target was loaded since the
+ * relay started; never cleared.  A kind never used has no connection, no
+ * library thread and nothing its descriptors could report: its drive is not
+ * called (each costs a system call or two a turn).
+ */
+uint64		relay_kinds_used = 0;
+
 /* Requests of target t on the wire. */
 int
 relay_target_in_flight(RelayTarget *t)
@@ -248,7 +256,10 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 
 	for (i = 0; s != NULL && relay_kinds != NULL && relay_kinds[i] != NULL; i++)
 		if (strcmp(s, relay_kinds[i]->kind) == 0)
+		{
 			t->transport = relay_kinds[i];
+			relay_kinds_used |= UINT64CONST(1) << i;
+		}
 	if (t->transport == NULL)
 		*problem = "kind is not 'http', 'notify', 'nats', 'kafka', 'redis' or 'rabbitmq'";
 	else

@@ -209,15 +209,22 @@ const RelayTransport *const relay_transports[] = {
 	&relay_rabbitmq_transport,
 	NULL
 };
+StaticAssertDecl(lengthof(relay_transports) <= 64,
+				 "relay_kinds_used has a bit for each transport");
 
-/* Let every transport make progress and report what ended. */
+/*
+ * Let every transport make progress and report what ended: every one that
+ * had a target since the relay started (one that never had one has nothing
+ * to report).
+ */
 static void
 relay_drive(void)
 {
 	int			i;
 
 	for (i = 0; relay_transports[i] != NULL; i++)
-		if (relay_transports[i]->drive != NULL)
+		if (relay_transports[i]->drive != NULL &&
+			(relay_kinds_used & (UINT64CONST(1) << i)) != 0)
 			relay_transports[i]->drive(relay_lane_outcome);
 }
 
