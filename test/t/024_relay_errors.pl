@@ -88,6 +88,70 @@ ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT string_agg(target || '
 	'... it is a dead letter with the reason');
 is(ok_paths('/a'), 32, '... the rest was delivered');
 
+# Progress is written for all lanes of all targets at once: each lane's
+# row gets its own counts, position and error.  Two targets of 4 and 3
+# lanes; the receiver answers 500 to the messages of key 'bad', so the lane
+# of 'bad' in each target stops at it (and records the error) while the
+# others deliver everything.
+$node->safe_psql(
+	'postgres', qq{
+SELECT outbox.create_http_target('p4', '$url/p4', lanes => 4);
+SELECT outbox.subscribe('p4', 'lanes');
+SELECT outbox.create_http_target('p3', '$url/p3', lanes => 3);
+SELECT outbox.subscribe('p3', 'lanes');
+});
+sink_control($sink, { key => 'bad', status => 500 });
+$node->safe_psql('postgres', q{
+SELECT count(outbox_emit('lanes', jsonb_build_object('g', g), 'k' || (g % 7))) FROM generate_series(1, 40) g;
+SELECT outbox_emit('lanes', '{"bad": 1}', 'bad');
+SELECT count(outbox_emit('lanes', jsonb_build_object('g', g), 'k' || (g % 7))) FROM generate_series(41, 80) g;
+});
+# What each lane of each target should record, from the messages: all of
+# its own, or (the lane of 'bad') those before 'bad'; a lane may have none.
+my $expected = $node->safe_psql('postgres', q{
+WITH m AS (
+  SELECT t.name, outbox.lane_of(m.key, m.id, t.lanes) AS lane, m.id, m.key
+    FROM outbox.messages m CROSS JOIN outbox.targets t
+   WHERE m.topic = 'lanes' AND t.name IN ('p4', 'p3')),
+b AS (SELECT name, lane, id FROM m WHERE key = 'bad')
+SELECT string_agg(format('%s/%s:%s:%s', name, lane, delivered, failing), ' ' ORDER BY name, lane)
+  FROM (SELECT t.name, l.lane,
+               count(m.id) FILTER (WHERE b.id IS NULL OR m.id < b.id) AS delivered,
+               b.id IS NOT NULL AS failing
+          FROM outbox.targets t CROSS JOIN generate_series(0, t.lanes - 1) l(lane)
+          LEFT JOIN m ON m.name = t.name AND m.lane = l.lane
+          LEFT JOIN b ON b.name = t.name AND b.lane = l.lane
+         WHERE t.name IN ('p4', 'p3')
+         GROUP BY t.name, l.lane, b.id) per_lane});
+my $recorded = q{
+SELECT string_agg(format('%s/%s:%s:%s', t.name, p.lane, p.delivered,
+                         coalesce(p.last_status, 0) = 500), ' ' ORDER BY t.name, p.lane)
+  FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id
+ WHERE t.name IN ('p4', 'p3')};
+ok($node->poll_query_until('postgres', $recorded, $expected),
+	"each lane of two targets records its own deliveries and error ($expected)")
+  or diag($node->safe_psql('postgres', $recorded));
+is( $node->safe_psql(
+		'postgres', q{
+SELECT count(*) FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id
+ WHERE t.name IN ('p4', 'p3') AND p.lane <> outbox.lane_of('bad', 0, t.lanes)
+   AND p.done_id < coalesce((SELECT max(m.id) FROM outbox.messages m
+                              WHERE m.topic = 'lanes' AND m.key <> 'bad'
+                                AND outbox.lane_of(m.key, m.id, t.lanes) = p.lane), 0)},
+		),
+	'0', '... and the other lanes\' positions: past every message of their own');
+is( $node->safe_psql(
+		'postgres', q{
+SELECT string_agg(format('%s/%s', t.name, p.lane), ' ' ORDER BY t.name)
+  FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id
+ WHERE t.name IN ('p4', 'p3') AND p.done_id >= (SELECT id FROM outbox.messages WHERE key = 'bad')
+   AND p.lane = outbox.lane_of('bad', 0, t.lanes)}),
+	'', '... the lanes of \'bad\' short of it');
+sink_control($sink, { key => 'bad', reset => \1 });
+ok($node->poll_query_until('postgres',
+		q{SELECT bool_and(pending = 0) FROM outbox.lag WHERE target IN ('p4', 'p3')}),
+	'... until the receiver takes it');
+
 is(relay_worker_pid($node), $pid, 'the relay never restarted');
 relay_no_crash($node);
 stop_sink($sink);
