@@ -11,10 +11,12 @@
  *       stream order: seq, subject, Nats-Msg-Id, outbox-key, outbox-seq,
  *       outbox-topic, payload (the strings as they are: tests use plain
  *       ASCII), headers (every header's first value, by name)
- *   outbox_nats publish URL SUBJECT COUNT KEYS
+ *   outbox_nats publish URL SUBJECT COUNT KEYS [all]
  *       the benchmark's baseline: COUNT messages over KEYS keys with
- *       Nats-Msg-Id, published asynchronously and all acknowledged;
- *       prints the rate
+ *       Nats-Msg-Id and outbox-key, published asynchronously and all
+ *       acknowledged; prints the rate.  With "all", every header the relay
+ *       puts on a message of the outbox format: webhook-id, outbox-seq and
+ *       outbox-topic too (the same work as the relay's)
  *
  * Exit status 0 on success; errors on stderr.
  */
@@ -170,12 +172,14 @@ main(int argc, char **argv)
 	{
 		long		count = atol(argv[4]);
 		long		keys = atol(argv[5]);
+		int			all = argc >= 7 && strcmp(argv[6], "all") == 0;
 		long		i;
 		jsOptions	jo;
 		struct timespec t0,
 					t1;
 		char		id[64],
 					key[32],
+					seq[32],
 					data[128];
 
 		jsCtx_Destroy(js);
@@ -195,6 +199,14 @@ main(int argc, char **argv)
 				(s = natsMsgHeader_Set(m, "Nats-Msg-Id", id)) != NATS_OK ||
 				(s = natsMsgHeader_Set(m, "outbox-key", key)) != NATS_OK)
 				die("message", s, 0);
+			if (all)
+			{
+				snprintf(seq, sizeof(seq), "%ld", i + 1);
+				if ((s = natsMsgHeader_Set(m, "webhook-id", id)) != NATS_OK ||
+					(s = natsMsgHeader_Set(m, "outbox-seq", seq)) != NATS_OK ||
+					(s = natsMsgHeader_Set(m, "outbox-topic", "orders")) != NATS_OK)
+					die("message", s, 0);
+			}
 			if ((s = js_PublishMsgAsync(js, &m, NULL)) != NATS_OK)
 				die("publish", s, 0);
 		}
