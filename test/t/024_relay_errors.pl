@@ -91,13 +91,13 @@ is(ok_paths('/a'), 32, '... the rest was delivered');
 # Progress is written for all lanes of all targets at once: each lane's
 # row gets its own counts, position and error.  Two targets of 4 and 3
 # lanes; the receiver answers 500 to the messages of key 'bad', so the lane
-# of 'bad' in each target stops at it (and records the error) while the
-# others deliver everything.
+# of 'bad' in each target stops at it (retrying forever: max_attempts 0,
+# and records the error) while the others deliver everything.
 $node->safe_psql(
 	'postgres', qq{
-SELECT outbox.create_http_target('p4', '$url/p4', lanes => 4);
+SELECT outbox.create_http_target('p4', '$url/p4', lanes => 4, max_attempts => 0);
 SELECT outbox.subscribe('p4', 'lanes');
-SELECT outbox.create_http_target('p3', '$url/p3', lanes => 3);
+SELECT outbox.create_http_target('p3', '$url/p3', lanes => 3, max_attempts => 0);
 SELECT outbox.subscribe('p3', 'lanes');
 });
 sink_control($sink, { key => 'bad', status => 500 });
@@ -151,6 +151,8 @@ sink_control($sink, { key => 'bad', reset => \1 });
 ok($node->poll_query_until('postgres',
 		q{SELECT bool_and(pending = 0) FROM outbox.lag WHERE target IN ('p4', 'p3')}),
 	'... until the receiver takes it');
+is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target IN ('p4', 'p3')}),
+	'0', '... delivered, not dead-lettered');
 
 is(relay_worker_pid($node), $pid, 'the relay never restarted');
 relay_no_crash($node);
