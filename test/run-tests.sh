@@ -199,11 +199,13 @@ while read -r v secs; do
 		echo "  PostgreSQL $v: FAILED"
 		[ -f "$timings/$v.regress" ] && sed 's/^/    /' "$timings/$v.regress"
 		if [ -f "$timings/$v.tap" ]; then
+			# (awk, not head: it reads everything, so nothing dies of
+			# SIGPIPE under pipefail; || true: no match is no error)
 			sed -n '/^Test Summary Report/,/^Files=/p' "$timings/$v.tap" |
-				grep -v -e '^Test Summary Report' -e '^---' -e '^Files=' |
-				sed 's/^/    /' | head -12
-			grep -E '^(not ok|#   Failed test|#   at |# +(got|expected):|# Looks like)' "$timings/$v.tap" |
-				sed 's/^/    /' | head -12
+				{ grep -v -e '^Test Summary Report' -e '^---' -e '^Files=' || true; } |
+				awk 'NR <= 12 { print "    " $0 }'
+			{ grep -E '^(not ok|#   Failed test|#   at |# +(got|expected):|# Looks like)' "$timings/$v.tap" || true; } |
+				awk 'NR <= 12 { print "    " $0 }'
 		fi
 	else
 		echo "  PostgreSQL $v: passed"
