@@ -30,6 +30,13 @@
 # libnats' included, on both sides), from /proc for the relay and from
 # getrusage or the shell's `time` for the bare clients, medians over RUNS.
 #
+# Under each row, the own cost round by round (the relay's run minus the
+# bare client's run of the same round): the bare figure alone moves by
+# tens of percent between rounds on a shared machine, so the spread of the
+# differences says how far the median can be trusted.  The latency row
+# also gives the arrival counted from the commit's return to the emitting
+# client, and that client's whole call.
+#
 # The table is printed and written to $OUT/cost.txt (and cost.json), with
 # the share of the relay's samples in each of its parts, from the profiles
 # (test/bench/fold_split.py); each
@@ -87,6 +94,11 @@ out, kinds = sys.argv[1], sys.argv[2:]
 med = statistics.median
 rows = []
 
+def own_rounds(relay, bare):
+    # relay and bare: {round: us a message}; the difference round by round
+    # (both ran minutes apart at most), so that the spread shows
+    return sorted(relay[k] - bare[k] for k in relay if k in bare)
+
 def load(kind):
     p = os.path.join(out, kind, "results.jsonl")
     return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
@@ -108,7 +120,9 @@ for kind in kinds:
             bare = med(r["cpu_s"] / (r["requests"] * r.get("batch", 1)) for r in b) if b else None
             brate = med(r["rps"] * r.get("batch", 1) for r in b) if b else None
             ceiling = med(r["rps"] for r in res if r.get("kind") == "wrk") if any(r.get("kind") == "wrk" for r in res) else None
-            row = {"kind": "http", "config": f"{bs}:{lanes}", "relay_us": relay * 1e6,
+            rounds = own_rounds({r["round"]: r["cpu_s"][str(r["worker_pid"])] / r["n"] * 1e6 for r in d},
+                                {r["round"]: r["cpu_s"] / (r["requests"] * r.get("batch", 1)) * 1e6 for r in b})
+            row = {"kind": "http", "config": f"{bs}:{lanes}", "relay_us": relay * 1e6, "own_rounds": rounds,
                    "bare_us": bare * 1e6 if bare else None, "rate": rate,
                    "bare_rate": brate, "bare": f"libcurl, {'1 message' if bs == 1 else str(bs) + ' messages'} per request"}
             if bs == 100 and ceiling:
@@ -117,7 +131,11 @@ for kind in kinds:
         lat = [r for r in res if r.get("kind") == "latency"]
         if lat:
             l = lat[0]["arrival_minus_emitted_at_ms"]
-            rows.append({"kind": "http latency", "p50": l.get("p50"), "p99": l.get("p99")})
+            c = lat[0].get("arrival_minus_commit_returned_ms") or {}
+            k = lat[0].get("commit_call_ms") or {}
+            rows.append({"kind": "http latency", "p50": l.get("p50"), "p99": l.get("p99"),
+                         "commit_p50": c.get("p50"), "commit_p99": c.get("p99"),
+                         "call_p50": k.get("p50"), "call_p99": k.get("p99")})
     elif kind in ("nats", "kafka"):
         d = [r for r in res if r.get("kind") == "relay" and r.get("seconds")]
         b = [r for r in res if r.get("kind") == "bare" and r.get("seconds")]
@@ -128,11 +146,15 @@ for kind in kinds:
                          "relay_us": med(r["worker_cpu_s"] for r in d) / n * 1e6,
                          "bare_us": med(r[bk] for r in b) / n * 1e6 if b else None,
                          "rate": med(r["rate"] for r in d), "bare_rate": med(r["rate"] for r in b) if b else None,
+                         "own_rounds": own_rounds({r["round"]: r["worker_cpu_s"] / n * 1e6 for r in d},
+                                                  {r["round"]: r[bk] / n * 1e6 for r in b}),
                          "bare": "libnats async publisher" if kind == "nats" else "idempotent librdkafka producer"})
             # the same publisher with every header the relay puts on a message
             ba = [r for r in res if r.get("kind") == "bare_all" and r.get("seconds")]
             if ba:
                 rows.append(dict(rows[-1], bare_us=med(r[bk] for r in ba) / n * 1e6,
+                                 own_rounds=own_rounds({r["round"]: r["worker_cpu_s"] / n * 1e6 for r in d},
+                                                       {r["round"]: r[bk] / n * 1e6 for r in ba}),
                                  bare_rate=med(r["rate"] for r in ba),
                                  bare="libnats async publisher, the relay's five headers"))
     else:
@@ -144,6 +166,8 @@ for kind in kinds:
                          "relay_us": med(r["cpu_relay"] for r in d) / n * 1e6,
                          "bare_us": med(r["cpu_client"] for r in b) / n * 1e6 if b else None,
                          "rate": n / med(r["secs"] for r in d), "bare_rate": n / med(r["secs"] for r in b) if b else None,
+                         "own_rounds": own_rounds({r["round"]: r["cpu_relay"] / n * 1e6 for r in d},
+                                                  {r["round"]: r["cpu_client"] / n * 1e6 for r in b}),
                          "bare": "hiredis pipeline" if kind == "redis" else "rabbitmq-c with confirms"})
 
 print(f"{'transport':14} {'batch:lanes':>11} {'relay us/msg':>12} {'bare us/msg':>11} {'own us/msg':>10} {'relay msg/s':>11} {'bare msg/s':>10} {'ratio':>6}  bare client")
@@ -152,12 +176,18 @@ for r in rows:
         print(f"{r['kind']:14} no results")
     elif r["kind"] == "http latency":
         print(f"{'http latency':14} p50 {r['p50']} ms, p99 {r['p99']} ms (500 msg/s, batch_size 1, arrival minus emitted_at)")
+        if r.get("commit_p50") is not None:
+            print(f"{'':14} p50 {r['commit_p50']} ms, p99 {r['commit_p99']} ms from the commit's return to the client"
+                  f" (the client's whole call: p50 {r['call_p50']} ms, p99 {r['call_p99']} ms)")
     else:
         own = r["relay_us"] - r["bare_us"] if r.get("bare_us") is not None else float("nan")
         ratio = r["rate"] / r["bare_rate"] if r.get("bare_rate") else float("nan")
         extra = f"; {r['vs_ceiling']:.2f} x nginx's ceiling" if "vs_ceiling" in r else ""
         print(f"{r['kind']:14} {r['config']:>11} {r['relay_us']:12.2f} {r.get('bare_us') or float('nan'):11.2f} {own:10.2f} "
               f"{r['rate']:11.0f} {r.get('bare_rate') or float('nan'):10.0f} {ratio:6.2f}  {r['bare']}{extra}")
+        if len(r.get("own_rounds") or []) > 1:
+            print(f"{'':14} {'':>11} own us/msg round by round (relay minus the bare run of its round): "
+                  + " ".join(f"{x:.2f}" for x in r["own_rounds"]))
 json.dump(rows, open(os.path.join(out, "cost.json"), "w"), indent=1)
 PY
 # Where the relay's samples go, from the profiles (test/bench/fold_split.py)

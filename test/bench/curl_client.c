@@ -6,10 +6,16 @@
  * curl_multi_poll, each POSTing the same body with the headers the relay
  * sends for a batch_size 1 message, and a new request as soon as one ends.
  * Prints one JSON line: {"handles": n, "seconds": s, "requests": n,
- * "rps": x, "failed": n, "cpu_s": s} (cpu_s: its own user + system time,
- * from getrusage).
+ * "rps": x, "failed": n, "cpu_s": s, "api": a} (cpu_s: its own user +
+ * system time, from getrusage).
  *
- *   curl_client URL HANDLES SECONDS BODY_FILE
+ *   curl_client URL HANDLES SECONDS BODY_FILE [perform|socket]
+ *
+ * perform (the default): curl_multi_perform and curl_multi_poll.  socket:
+ * the event interface the relay drives libcurl with, curl_multi_socket_action
+ * on the sockets an epoll set reports ready, a connection kept registered
+ * between its requests as the relay keeps it (src/relay_http.c), so that
+ * the two loops' costs can be set side by side.
  *
  * Built by relay_bench.sh: cc -O2 -o curl_client curl_client.c -lcurl
  */
@@ -17,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -37,6 +44,46 @@ now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* socket mode: the epoll set, the events registered per descriptor, the timer */
+#define MAX_FD 4096
+static int	epoll_fd = -1;
+static unsigned registered[MAX_FD];
+static double deadline = -1;
+
+static int
+socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+	struct epoll_event ev;
+
+	(void) easy;
+	(void) userp;
+	(void) socketp;
+	if (s < 0 || s >= MAX_FD)
+		return -1;
+	/* A connection back in the pool stays registered; closing it removes it. */
+	if (what == CURL_POLL_REMOVE)
+		return 0;
+	memset(&ev, 0, sizeof(ev));
+	ev.data.fd = s;
+	ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0) | ((what & CURL_POLL_OUT) ? EPOLLOUT : 0);
+	if (registered[s] == ev.events)
+		return 0;
+	if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, s, &ev) != 0 &&
+		epoll_ctl(epoll_fd, EPOLL_CTL_ADD, s, &ev) != 0)
+		return -1;
+	registered[s] = ev.events;
+	return 0;
+}
+
+static int
+timer_cb(CURLM *multi, long timeout_ms, void *userp)
+{
+	(void) multi;
+	(void) userp;
+	deadline = timeout_ms < 0 ? -1 : now() + timeout_ms / 1000.0;
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -49,15 +96,23 @@ main(int argc, char **argv)
 	CURLM	   *multi;
 	CURL	  **handles;
 	struct curl_slist *headers = NULL;
+	int			socket_mode = 0;
 	long		requests = 0;
 	long		failed = 0;
 	double		t0;
 	double		elapsed;
 	int			i;
 
-	if (argc != 5)
+	if (argc != 5 && argc != 6)
 	{
-		fprintf(stderr, "usage: %s URL HANDLES SECONDS BODY_FILE\n", argv[0]);
+		fprintf(stderr, "usage: %s URL HANDLES SECONDS BODY_FILE [perform|socket]\n", argv[0]);
+		return 2;
+	}
+	if (argc == 6 && strcmp(argv[5], "socket") == 0)
+		socket_mode = 1;
+	else if (argc == 6 && strcmp(argv[5], "perform") != 0)
+	{
+		fprintf(stderr, "the loop must be perform or socket\n");
 		return 2;
 	}
 	url = argv[1];
@@ -90,6 +145,17 @@ main(int argc, char **argv)
 	handles = calloc(nhandles, sizeof(CURL *));
 	if (multi == NULL || handles == NULL)
 		return 1;
+	if (socket_mode)
+	{
+		epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+		if (epoll_fd < 0)
+		{
+			perror("epoll_create1");
+			return 1;
+		}
+		curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
+		curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
+	}
 	headers = curl_slist_append(headers, "Content-Type: application/json");
 	headers = curl_slist_append(headers, "Expect:");
 	headers = curl_slist_append(headers, "webhook-id: 0190f0a2-6b1e-7c3d-9a4f-123456789abc");
@@ -116,13 +182,45 @@ main(int argc, char **argv)
 	}
 
 	t0 = now();
+	if (socket_mode)
+	{
+		int			running;
+
+		curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+	}
 	while ((elapsed = now() - t0) < seconds)
 	{
 		int			running;
 		int			left;
 		CURLMsg    *msg;
 
-		curl_multi_perform(multi, &running);
+		if (socket_mode)
+		{
+			struct epoll_event events[64];
+			int			wait_ms = 100;
+			int			n;
+
+			if (deadline >= 0)
+			{
+				wait_ms = (int) ((deadline - now()) * 1000 + 0.999);
+				if (wait_ms < 0)
+					wait_ms = 0;
+			}
+			n = epoll_wait(epoll_fd, events, 64, wait_ms);
+			for (i = 0; i < n; i++)
+				curl_multi_socket_action(multi, events[i].data.fd,
+										 ((events[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) |
+										 ((events[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0) |
+										 ((events[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR : 0),
+										 &running);
+			if (deadline >= 0 && now() >= deadline)
+			{
+				deadline = -1;
+				curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+			}
+		}
+		else
+			curl_multi_perform(multi, &running);
 		while ((msg = curl_multi_info_read(multi, &left)) != NULL)
 		{
 			CURL	   *e;
@@ -139,16 +237,18 @@ main(int argc, char **argv)
 			curl_multi_remove_handle(multi, e);
 			curl_multi_add_handle(multi, e);
 		}
-		curl_multi_poll(multi, NULL, 0, 100, NULL);
+		if (!socket_mode)
+			curl_multi_poll(multi, NULL, 0, 100, NULL);
 	}
 
 	{
 		struct rusage ru;
 
 		getrusage(RUSAGE_SELF, &ru);
-		printf("{\"handles\": %d, \"seconds\": %.3f, \"requests\": %ld, \"rps\": %.1f, \"failed\": %ld, \"cpu_s\": %.3f}\n",
+		printf("{\"handles\": %d, \"seconds\": %.3f, \"requests\": %ld, \"rps\": %.1f, \"failed\": %ld, \"cpu_s\": %.3f, \"api\": \"%s\"}\n",
 			   nhandles, elapsed, requests, requests / elapsed, failed,
-			   ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+			   ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6,
+			   socket_mode ? "socket" : "perform");
 	}
 
 	for (i = 0; i < nhandles; i++)
