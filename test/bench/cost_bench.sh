@@ -95,9 +95,10 @@ med = statistics.median
 rows = []
 
 def own_rounds(relay, bare):
-    # relay and bare: {round: us a message}; the difference round by round
-    # (both ran minutes apart at most), so that the spread shows
-    return sorted(relay[k] - bare[k] for k in relay if k in bare)
+    # relay and bare: {round: us a message}; the difference round by round,
+    # in round order (both ran minutes apart at most), so that the spread
+    # shows; a round without both runs is left out
+    return [relay[k] - bare[k] for k in sorted(relay) if k in bare]
 
 def load(kind):
     p = os.path.join(out, kind, "results.jsonl")
@@ -120,8 +121,8 @@ for kind in kinds:
             bare = med(r["cpu_s"] / (r["requests"] * r.get("batch", 1)) for r in b) if b else None
             brate = med(r["rps"] * r.get("batch", 1) for r in b) if b else None
             ceiling = med(r["rps"] for r in res if r.get("kind") == "wrk") if any(r.get("kind") == "wrk" for r in res) else None
-            rounds = own_rounds({r["round"]: r["cpu_s"][str(r["worker_pid"])] / r["n"] * 1e6 for r in d},
-                                {r["round"]: r["cpu_s"] / (r["requests"] * r.get("batch", 1)) * 1e6 for r in b})
+            rounds = own_rounds({r.get("round"): r["cpu_s"][str(r["worker_pid"])] / r["n"] * 1e6 for r in d},
+                                {r.get("round"): r["cpu_s"] / (r["requests"] * r.get("batch", 1)) * 1e6 for r in b})
             row = {"kind": "http", "config": f"{bs}:{lanes}", "relay_us": relay * 1e6, "own_rounds": rounds,
                    "bare_us": bare * 1e6 if bare else None, "rate": rate,
                    "bare_rate": brate, "bare": f"libcurl, {'1 message' if bs == 1 else str(bs) + ' messages'} per request"}
@@ -146,15 +147,15 @@ for kind in kinds:
                          "relay_us": med(r["worker_cpu_s"] for r in d) / n * 1e6,
                          "bare_us": med(r[bk] for r in b) / n * 1e6 if b else None,
                          "rate": med(r["rate"] for r in d), "bare_rate": med(r["rate"] for r in b) if b else None,
-                         "own_rounds": own_rounds({r["round"]: r["worker_cpu_s"] / n * 1e6 for r in d},
-                                                  {r["round"]: r[bk] / n * 1e6 for r in b}),
+                         "own_rounds": own_rounds({r.get("round"): r["worker_cpu_s"] / n * 1e6 for r in d},
+                                                  {r.get("round"): r[bk] / n * 1e6 for r in b}),
                          "bare": "libnats async publisher" if kind == "nats" else "idempotent librdkafka producer"})
             # the same publisher with every header the relay puts on a message
             ba = [r for r in res if r.get("kind") == "bare_all" and r.get("seconds")]
             if ba:
                 rows.append(dict(rows[-1], bare_us=med(r[bk] for r in ba) / n * 1e6,
-                                 own_rounds=own_rounds({r["round"]: r["worker_cpu_s"] / n * 1e6 for r in d},
-                                                       {r["round"]: r[bk] / n * 1e6 for r in ba}),
+                                 own_rounds=own_rounds({r.get("round"): r["worker_cpu_s"] / n * 1e6 for r in d},
+                                                       {r.get("round"): r[bk] / n * 1e6 for r in ba}),
                                  bare_rate=med(r["rate"] for r in ba),
                                  bare="libnats async publisher, the relay's five headers"))
     else:
@@ -166,8 +167,8 @@ for kind in kinds:
                          "relay_us": med(r["cpu_relay"] for r in d) / n * 1e6,
                          "bare_us": med(r["cpu_client"] for r in b) / n * 1e6 if b else None,
                          "rate": n / med(r["secs"] for r in d), "bare_rate": n / med(r["secs"] for r in b) if b else None,
-                         "own_rounds": own_rounds({r["round"]: r["cpu_relay"] / n * 1e6 for r in d},
-                                                  {r["round"]: r["cpu_client"] / n * 1e6 for r in b}),
+                         "own_rounds": own_rounds({r.get("round"): r["cpu_relay"] / n * 1e6 for r in d},
+                                                  {r.get("round"): r["cpu_client"] / n * 1e6 for r in b}),
                          "bare": "hiredis pipeline" if kind == "redis" else "rabbitmq-c with confirms"})
 
 print(f"{'transport':14} {'batch:lanes':>11} {'relay us/msg':>12} {'bare us/msg':>11} {'own us/msg':>10} {'relay msg/s':>11} {'bare msg/s':>10} {'ratio':>6}  bare client")
@@ -186,8 +187,8 @@ for r in rows:
         print(f"{r['kind']:14} {r['config']:>11} {r['relay_us']:12.2f} {r.get('bare_us') or float('nan'):11.2f} {own:10.2f} "
               f"{r['rate']:11.0f} {r.get('bare_rate') or float('nan'):10.0f} {ratio:6.2f}  {r['bare']}{extra}")
         if len(r.get("own_rounds") or []) > 1:
-            print(f"{'':14} {'':>11} own us/msg round by round (relay minus the bare run of its round): "
-                  + " ".join(f"{x:.2f}" for x in r["own_rounds"]))
+            print(f"{'':14} {'':>11} own us/msg round by round (relay minus the bare run of its round, rounds without both left out): "
+                  + " ".join(f"{x:.2f}" for x in r["own_rounds"]) + f" (median {med(r['own_rounds']):.2f})")
 json.dump(rows, open(os.path.join(out, "cost.json"), "w"), indent=1)
 PY
 # Where the relay's samples go, from the profiles (test/bench/fold_split.py)
@@ -195,7 +196,9 @@ if [ "$PERF" = 1 ]; then
 	echo
 	for kind in $KINDS; do
 		for f in "$OUT/$kind"/perf-*.folded; do
-			[ -s "$f" ] && /usr/bin/python3 "$here/fold_split.py" "$f"
+			if [ -s "$f" ]; then
+				/usr/bin/python3 "$here/fold_split.py" "$f"
+			fi
 		done
 	done
 fi | sed "s|$OUT/||" | tee -a "$OUT/cost.txt"

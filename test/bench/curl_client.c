@@ -3,7 +3,7 @@
  * here, as a reference for the relay benchmark (test/bench/relay_bench.sh).
  *
  * No database: HANDLES reused easy handles on one multi handle, keep-alive,
- * curl_multi_poll, each POSTing the same body with the headers the relay
+ * each POSTing the same body with the headers the relay
  * sends for a batch_size 1 message, and a new request as soon as one ends.
  * Prints one JSON line: {"handles": n, "seconds": s, "requests": n,
  * "rps": x, "failed": n, "cpu_s": s, "api": a} (cpu_s: its own user +
@@ -15,9 +15,11 @@
  * the event interface the relay drives libcurl with, curl_multi_socket_action
  * on the sockets an epoll set reports ready, a connection kept registered
  * between its requests as the relay keeps it (src/relay_http.c), so that
- * the two loops' costs can be set side by side.
+ * the two loops' costs can be set side by side.  It stands for libcurl's
+ * side only: the relay also waits on its latch before it looks at the
+ * connections.
  *
- * Built by relay_bench.sh: cc -O2 -o curl_client curl_client.c -lcurl
+ * Built by relay_bench.sh: cc -O2 -Wall -o curl_client curl_client.c -lcurl
  */
 #include <curl/curl.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <time.h>
 
 static size_t
@@ -44,10 +47,14 @@ now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* socket mode: the epoll set, the events registered per descriptor, the timer */
+/*
+ * socket mode: the epoll set; per descriptor, the events registered (0:
+ * none) and whether libcurl wants it watched; libcurl's timer.
+ */
 #define MAX_FD 4096
 static int	epoll_fd = -1;
 static unsigned registered[MAX_FD];
+static char wanted[MAX_FD];
 static double deadline = -1;
 
 static int
@@ -59,10 +66,20 @@ socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 	(void) userp;
 	(void) socketp;
 	if (s < 0 || s >= MAX_FD)
+	{
+		fprintf(stderr, "socket %d is past the %d this client watches\n", (int) s, MAX_FD);
 		return -1;
-	/* A connection back in the pool stays registered; closing it removes it. */
+	}
+	/*
+	 * A connection back in the pool stays registered (close_cb forgets it);
+	 * an event on it while libcurl does not want it removes it (main loop).
+	 */
 	if (what == CURL_POLL_REMOVE)
+	{
+		wanted[s] = 0;
 		return 0;
+	}
+	wanted[s] = 1;
 	memset(&ev, 0, sizeof(ev));
 	ev.data.fd = s;
 	ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0) | ((what & CURL_POLL_OUT) ? EPOLLOUT : 0);
@@ -73,6 +90,19 @@ socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 		return -1;
 	registered[s] = ev.events;
 	return 0;
+}
+
+/* libcurl closes a socket: closing took it out of the epoll set */
+static int
+close_cb(void *clientp, curl_socket_t s)
+{
+	(void) clientp;
+	if (s >= 0 && s < MAX_FD)
+	{
+		registered[s] = 0;
+		wanted[s] = 0;
+	}
+	return close(s);
 }
 
 static int
@@ -177,6 +207,8 @@ main(int argc, char **argv)
 		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) body_len);
 		curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard);
 		curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
+		if (socket_mode)
+			curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, close_cb);
 		curl_multi_add_handle(multi, e);
 		handles[i] = e;
 	}
@@ -202,17 +234,28 @@ main(int argc, char **argv)
 
 			if (deadline >= 0)
 			{
-				wait_ms = (int) ((deadline - now()) * 1000 + 0.999);
-				if (wait_ms < 0)
-					wait_ms = 0;
+				double		due = (deadline - now()) * 1000 + 0.999;
+
+				wait_ms = due < 0 ? 0 : due > 100 ? 100 : (int) due;
 			}
 			n = epoll_wait(epoll_fd, events, 64, wait_ms);
 			for (i = 0; i < n; i++)
+			{
+				int			fd = events[i].data.fd;
+
+				/* a pooled connection that libcurl does not watch: drop it */
+				if (fd >= 0 && fd < MAX_FD && !wanted[fd])
+				{
+					epoll_ctl(epoll_fd, EPOLL_CTL_DEL, fd, NULL);
+					registered[fd] = 0;
+					continue;
+				}
 				curl_multi_socket_action(multi, events[i].data.fd,
 										 ((events[i].events & EPOLLIN) ? CURL_CSELECT_IN : 0) |
 										 ((events[i].events & EPOLLOUT) ? CURL_CSELECT_OUT : 0) |
 										 ((events[i].events & (EPOLLERR | EPOLLHUP)) ? CURL_CSELECT_ERR : 0),
 										 &running);
+			}
 			if (deadline >= 0 && now() >= deadline)
 			{
 				deadline = -1;
