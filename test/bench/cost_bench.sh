@@ -98,7 +98,7 @@ def own_rounds(relay, bare):
     # relay and bare: {round: us a message}; the difference round by round,
     # in round order (both ran minutes apart at most), so that the spread
     # shows; a round without both runs is left out
-    return [relay[k] - bare[k] for k in sorted(relay) if k in bare]
+    return [relay[k] - bare[k] for k in sorted(k for k in relay if k is not None) if k in bare]
 
 def load(kind):
     p = os.path.join(out, kind, "results.jsonl")
