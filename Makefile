@@ -6,6 +6,7 @@
 #                     against its own throwaway server (works as root), on
 #                     PostgreSQL 15; PG=16, 17 or 18 on that version,
 #                     PG=all on 15, 16, 17 and 18 (CI)
+#   make stress       make test with a CPU hog on every core (PG= as above)
 #   make demo         install packages, build, and show messages flowing
 #   make dist         the PGXN archive outbox-<version>.zip of HEAD (META.json)
 #   make deb          the Debian package(s) postgresql-<v>-outbox (debian/),
@@ -87,12 +88,17 @@ PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 
 # The two commands work on a fresh machine: the scripts install the Debian
 # packages they need (pg_config among them) before building.
-.PHONY: all test demo lint dist deb
+.PHONY: all test stress demo lint dist deb
 all:
 
 PG ?= 15
 test:
 	PG='$(PG)' test/run-tests.sh
+
+# The suite on a machine made slower on purpose (a CPU hog on every core):
+# docs/internals.md#tests.
+stress:
+	OUTBOX_TEST_STRESS=1 PG='$(PG)' test/run-tests.sh
 
 demo:
 	test/demo.sh

@@ -11,10 +11,19 @@
 #   PG="15 18" any list of them
 #
 # The TAP files of a version run OUTBOX_TEST_JOBS at a time (default 4:
-# they spend most of their time waiting for servers, not computing), each
-# with servers on ports no other file takes (the TAP library's port locks,
-# in the scratch tree's tmp_check).  The end of the run prints each
-# version's time and the ten slowest TAP files that passed.
+# they spend most of their time waiting for servers, not computing), the
+# longest first, each with servers on ports no other file takes (the TAP
+# library's port locks, in the scratch tree's tmp_check); every node is a
+# copy of one initdb (OUTBOX_INITDB_CACHE, see OutboxRelayTest.pm).  The
+# end of the run prints each version's time and the ten slowest TAP files
+# that passed.  OUTBOX_TEST_FILES="029 053" runs only those files.
+#
+# The stress run, OUTBOX_TEST_STRESS=1 (make stress): the same suite on a
+# machine made slower on purpose, so that a test that depends on how fast
+# the machine is fails here rather than in CI: a CPU hog on every core, at
+# the tests' own priority and each in a session of its own (the scheduler
+# shares a core between sessions), and six files at a time unless
+# OUTBOX_TEST_JOBS says otherwise.  OUTBOX_TEST_STRESS=N starts N hogs.
 #
 # PostgreSQL refuses to run as root, so when run as root this script
 # installs the extension, copies the tree to a scratch directory owned by an
@@ -37,7 +46,17 @@ for v in $PG; do
 			;;
 	esac
 done
-jobs=${OUTBOX_TEST_JOBS:-4}
+stress=${OUTBOX_TEST_STRESS:-0}
+case $stress in
+	0) hogs=0 ;;
+	1) hogs=$(nproc) ;;
+	*[!0-9]*)
+		echo "OUTBOX_TEST_STRESS must be 0, 1 (a hog a core) or a number of hogs, not '$stress'" >&2
+		exit 2
+		;;
+	*) hogs=$stress ;;
+esac
+if [ "$hogs" -gt 0 ]; then jobs=${OUTBOX_TEST_JOBS:-6}; else jobs=${OUTBOX_TEST_JOBS:-4}; fi
 # curl: the sink's self-test; npm (for PostgreSQL 18's layout) from apt
 # only when no npm is installed (the machine's Node.js may bring its own).
 extra=(curl)
@@ -109,7 +128,7 @@ run_suite() {
 		--exclude=./results --exclude=./test-output -cf - . | tar -C "$scratch" -xf -
 	# Built with every compiler warning an error, on each version.
 	(cd "$scratch" && make -s clean >/dev/null &&
-		make -s PG_CONFIG="$pgc" WERROR=1 && make -s PG_CONFIG="$pgc" install) || {
+		make -s -j"$(nproc)" PG_CONFIG="$pgc" WERROR=1 && make -s PG_CONFIG="$pgc" install) || {
 		echo "=== PostgreSQL $v: the build failed" >&2
 		echo "$v -" >> "$timings/versions"
 		rm -rf "$scratch"
@@ -139,7 +158,8 @@ run_suite() {
 	as_user bash -c "cd '$scratch' && rm -rf tmp_check && mkdir -p tmp_check && \
 		PATH='$bindir':\$PATH TESTDIR='$scratch' PGPORT=65432 \
 		PG_REGRESS='$regress' \
-		prove -j '$jobs' --timer -I '$perl_lib' -I test/t test/t/*.pl 2>&1" |
+		OUTBOX_INITDB_CACHE='$scratch/tmp_check/initdb-cache' \
+		prove -j '$jobs' --timer -I '$perl_lib' -I test/t $tap_files 2>&1" |
 		tee "$timings/$v.tap" || tap_rc=$?
 	[ $tap_rc -ne 0 ] && rc=$tap_rc
 	echo "$v $((SECONDS - start))" >> "$timings/versions"
@@ -160,10 +180,47 @@ run_suite() {
 	return $rc
 }
 
+# The TAP files in the order prove starts them: the longest first (their
+# order by time on PostgreSQL 15, a run of this machine), so that none of
+# them is left running alone at the end, then the rest by number.
+slow_first="053 068 049 050 030 051 035 038 040 029 058 067 047 048 056 001 033 004 055 032 024"
+tap_files=
+for n in $slow_first; do
+	for f in test/t/"$n"_*.pl; do
+		[ -f "$f" ] && tap_files="$tap_files $f"
+	done
+done
+for f in test/t/*.pl; do
+	case " $tap_files " in *" $f "*) ;; *) tap_files="$tap_files $f" ;; esac
+done
+if [ -n "${OUTBOX_TEST_FILES:-}" ]; then
+	picked=
+	for f in $tap_files; do
+		for n in $OUTBOX_TEST_FILES; do
+			case $f in test/t/"$n"_*) picked="$picked $f" ;; esac
+		done
+	done
+	[ -n "$picked" ] || { echo "OUTBOX_TEST_FILES='$OUTBOX_TEST_FILES' names no TAP file" >&2; exit 2; }
+	tap_files=$picked
+fi
+
 # Each version's time and prove's output, for the summary at the end.
 timings=$(mktemp -d /tmp/outbox-test-times.XXXXXX)
-trap 'rm -rf "$timings"' EXIT
+hog_pids=
+cleanup() {
+	[ -n "$hog_pids" ] && kill $hog_pids 2>/dev/null
+	rm -rf "$timings"
+}
+trap cleanup EXIT
 : > "$timings/versions"
+
+if [ "$hogs" -gt 0 ]; then
+	for _ in $(seq "$hogs"); do
+		perl -MPOSIX -e 'POSIX::setsid(); 1 while 1' &
+		hog_pids="$hog_pids $!"
+	done
+	echo "=== stress: $hogs CPU hogs at the tests' priority, $jobs TAP files at a time"
+fi
 
 status=0
 for v in $versions; do

@@ -44,7 +44,9 @@ Runtime control:
         default is changed.  "drop": true closes the connection without an
         answer; "close": true answers, with "Connection: close", and then
         closes it; "keep_body": false records "body": null (every
-        record has "body_len", the body's bytes), for large bodies.  Extra commands (may be combined):
+        record has "body_len", the body's bytes), for large bodies;
+        "hold": true records a request and holds its answer (then
+        delay_ms) until "hold" is false again for its path or key.  Extra commands (may be combined):
             {"path": "/x", "reset": true}  forget the overrides of /x
             {"key": "k", "reset": true}    forget the overrides of key k
             {"reset": true}                forget all per-path and per-key
@@ -53,8 +55,9 @@ Runtime control:
             {"refuse_for": S}              after answering, close the
                                            listening socket and all open
                                            connections, refuse connections
-                                           for S seconds, then listen again
-                                           on the same port
+                                           for S seconds (or until the
+                                           process gets SIGUSR1), then
+                                           listen again on the same port
         Answers the resulting configuration (as GET /_control).
     GET /_control   {"default": {...}, "paths": {path: {overrides}},
                      "keys": {key: {overrides}},
@@ -157,7 +160,7 @@ def verify(secret, headers, body, now=None, tolerance=SIG_TOLERANCE):
 
 
 MODE_KEYS = ("status", "fail_rate", "delay_ms", "retry_after", "secret", "drop", "close",
-             "keep_body")
+             "keep_body", "hold")
 
 
 def _check_mode_value(key, value):
@@ -190,7 +193,7 @@ def _check_mode_value(key, value):
         except (binascii.Error, ValueError, UnicodeError):
             raise ValueError("secret must be whsec_<base64>")
         return value
-    if key in ("drop", "close", "keep_body"):
+    if key in ("drop", "close", "keep_body", "hold"):
         if not isinstance(value, bool):
             raise ValueError(f"{key} must be true or false")
         return value
@@ -374,6 +377,7 @@ class Sink:
             "drop": False,
             "close": False,
             "keep_body": True,
+            "hold": False,
         })
         self.recorder = Recorder(args.record)
         self.rng = random.Random(args.seed)
@@ -386,6 +390,7 @@ class Sink:
         self.conns_lock = threading.Lock()
         self.conns = set()
         self.refusing = threading.Lock()
+        self.refuse_end = threading.Event()  # set by SIGUSR1
         self.ssl_context = None
         if args.tls_cert:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -445,10 +450,16 @@ class Sink:
             return  # already refusing
         try:
             log(f"refusing connections for {seconds} s")
+            self.refuse_end.clear()
             self.unbind()
             self.drop_connections()
-            if self.stop.wait(seconds):
-                return
+            end = time.monotonic() + seconds
+            while not self.refuse_end.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                if self.stop.wait(min(left, 0.05)):
+                    return
             self.bind()
             log(f"listening again on {self.args.host}:{self.port}")
         finally:
@@ -644,6 +655,13 @@ def make_handler(sink):
                                 "peer_subject": subject}
             seq = sink.recorder.record(entry)
 
+            if mode["hold"]:
+                # Held: answered (as decided above) once "hold" is lifted
+                # for its path or key; a test decides when, not a clock.
+                while sink.config.effective(path, headers.get("outbox-key"))["hold"]:
+                    if sink.stop.wait(0.02):
+                        self.close_connection = True
+                        return
             if mode["delay_ms"]:
                 if sink.stop.wait(mode["delay_ms"] / 1000.0):
                     self.close_connection = True
@@ -731,6 +749,9 @@ def main(argv=None):
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # SIGUSR1 ends a refusal (refuse_for) now: a test ends an outage when
+    # it is ready, not after a time.
+    signal.signal(signal.SIGUSR1, lambda signum, frame: sink.refuse_end.set())
 
     if args.refuse_for > 0:
         log(f"refusing connections on {args.host}:{args.port} for {args.refuse_for} s")

@@ -173,6 +173,21 @@ nthreads=$(ls /proc/$apid/task | wc -l)
 check "threads are not leaked (<= 4 after the burst, was $nthreads_busy)" \
 	"$([ "$nthreads" -le 4 ] && echo yes || echo "no: $nthreads")" "yes"
 
+# hold: the request is recorded, its answer waits until hold is lifted
+check "/_control hold accepted" "$(control '{"path": "/held", "hold": true}')" "200"
+curl -s -o "$tmp/held.out" -w '%{http_code}' --max-time 60 --data-binary held "$base/held" >"$tmp/held.code" &
+held_pid=$!
+recorded=""
+for _ in $(seq 100); do
+	grep -q '"path":"/held"' "$tmp/a.jsonl" 2>/dev/null && { recorded=yes; break; }
+	sleep 0.1
+done
+check "a held request is recorded" "$recorded" "yes"
+kill -0 "$held_pid" 2>/dev/null && still=yes || still=no
+check "... and not answered while held" "$still" "yes"
+check "/_control hold lifted" "$(control '{"path": "/held", "hold": false}')" "200"
+wait "$held_pid"
+check "... answered once the hold is lifted" "$(cat "$tmp/held.code")" "204"
 # control and stats are not recorded
 curl -s "$base/_stats" >"$tmp/stats"
 
@@ -187,6 +202,22 @@ for _ in $(seq 50); do
 	sleep 0.1
 done
 check "accepted again after refuse_for" "$ok_after" "yes"
+# a long refusal ends at SIGUSR1
+check "/_control refuse_for 600 accepted" "$(control '{"refuse_for": 600}')" "200"
+refused=""
+for _ in $(seq 50); do
+	curl -s -o /dev/null --max-time 2 "$base/_stats"
+	[ $? = 7 ] && { refused=yes; break; }
+	sleep 0.1
+done
+check "connection refused during a long refuse_for" "$refused" "yes"
+kill -USR1 "$apid"
+ok_after=""
+for _ in $(seq 100); do
+	c=$(curl -s -o /dev/null -w '%{http_code}' "$base/_stats") && [ "$c" = 200 ] && { ok_after=yes; break; }
+	sleep 0.1
+done
+check "SIGUSR1 ends the refusal" "$ok_after" "yes"
 
 # --- check the record of sink A -------------------------------------------------
 python3 - "$tmp/a.jsonl" "$tmp/stats" "$now" <<'EOF' || fails=$((fails + 1))

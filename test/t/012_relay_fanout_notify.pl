@@ -34,11 +34,12 @@ COMMIT;
 
 # A listener: a psql session that LISTENs; psql prints the notifications
 # it received after each command, so collect() runs a trivial one.
+# The time limit is one command's: collect() starts it anew.
 my ($lin, $lout, $lerr) = ('', '', '');
+my $ltimer = IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default);
 my $listener = IPC::Run::start(
 	[ 'psql', '-XAtq', '-d', $node->connstr('postgres') ],
-	'<', \$lin, '>', \$lout, '2>', \$lerr,
-	IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	'<', \$lin, '>', \$lout, '2>', \$lerr, $ltimer);
 my $tick = 0;
 my %notes;    # channel => [ [raw payload bytes, decoded envelope] ]
 
@@ -46,6 +47,7 @@ sub collect
 {
 	return unless $listener->pumpable;    # the connection was lost
 	$tick++;
+	$ltimer->start($PostgreSQL::Test::Utils::timeout_default);
 	$lin .= "SELECT 'tick $tick';\n";
 	$listener->pump while $listener->pumpable && $lout !~ /^tick $tick$/m;
 	while ($lout =~ s/^Asynchronous notification "([^"]+)" with payload "(.*)" received from server process with PID \d+\.\n//m)
@@ -119,11 +121,10 @@ ok( wait_until(
 			collect();
 			return @{ $notes{outbox_fan} // [] } >= $n_all
 			  && @{ $notes{outbox_fan_b} // [] } >= @b_seqs;
-		},
-		30),
+		}),
 	'the listener received the notifications');
-usleep(300_000);
-collect();    # anything more (duplicates) would show up now
+usleep(300_000);    # a span: anything more (duplicates) would show up now
+collect();
 
 is_deeply([ map { $_->[1]{seq} } @{ $notes{outbox_fan} } ], \@all_seqs,
 	'NOTIFY target: every message once, in commit order');
@@ -180,7 +181,7 @@ ok($huge && $huge->[1]{payload_omitted}, 'a 20 kB payload arrives as payload_omi
 is_deeply($huge && $huge->[1]{headers}, { 'x-big' => 'yes' }, '... with its headers');
 
 # --- HTTP ---
-ok( wait_until(sub { @{ sink_attempts($sink) } >= $n_all }, 60),
+ok( wait_until(sub { @{ sink_attempts($sink) } >= $n_all }),
 	'the HTTP target received the messages');
 my $http = sink_attempts($sink);
 is_deeply([ map { $_->{seq} } @$http ], \@all_seqs,
@@ -207,8 +208,7 @@ my $after = wait_until(
 	sub {
 		collect();
 		return grep { $_->[0] =~ /big headers/ } @{ $notes{outbox_fan} };
-	},
-	10);
+	});
 ok($after, 'a message with 9000 bytes of headers does not block the NOTIFY target');
 diag('NOTIFY target stuck; last log line about it: '
 	  . ((grep { /could not notify/ } split /^/, slurp_file($node->logfile))[-1] // 'none'))

@@ -1,16 +1,16 @@
 # Failures of the receiver:
-#  - an outage: the receiver refuses connections for 10 s while messages
-#    keep coming; afterwards everything arrives, exactly once, per key in
-#    order (I4, I5), promptly (the backoff is capped); meanwhile the lag
-#    view shows the backlog and the connection error, and a target with
+#  - an outage: the receiver refuses connections while messages keep
+#    coming, until the test has seen what it checks during the outage;
+#    afterwards everything arrives, exactly once, per key in order (I4,
+#    I5), promptly (the backoff is capped); meanwhile the lag view shows
+#    the backlog and the connection error, and a target with
 #    max_attempts = 3 dead-letters its messages with the connection error;
 #  - 400: a dead letter after one attempt (attempts = 1, last_status 400)
 #    and the lane goes on with the next messages;
 #  - 503 until max_attempts is exhausted: a dead letter with attempts =
 #    max_attempts, retried quickly (base delay 20 ms, capped at 500 ms);
 #  - 503 with Retry-After: 1 waits about a second between attempts.
-# The status tests run on a second receiver during the outage (if the
-# machine is slow, partly after it; they do not depend on it).
+# The status tests run on a second receiver during the outage.
 use strict;
 use warnings;
 use IO::Socket::INET;
@@ -21,7 +21,6 @@ use Test::More;
 use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
 
-my $outage = 10;    # seconds
 my $json = JSON::PP->new->utf8->canonical;
 
 my $down = start_sink('outage');
@@ -53,21 +52,21 @@ COMMIT;
 $node->safe_psql('postgres', q{SELECT outbox_emit('down', '{"n": 0}', 'k0')});
 ok(wait_until(sub { @{ sink_attempts($down) } >= 1 }), 'the receiver is up at first');
 
-sink_control($down, { refuse_for => $outage });
+# Down until the test ends the outage (SIGUSR1 to the receiver).
+sink_control($down, { refuse_for => 3600 });
 my $t_down = time;
-# The sink stops listening shortly after answering; from then on a connect
-# is refused.
+# The sink stops listening shortly after answering, and closes every open
+# connection (the relay's kept-alive one too); from then on a connect is
+# refused.
 ok( wait_until(
 		sub {
 			my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $down->{port}, Timeout => 1);
 			close $s if $s;
 			return !$s;
-		},
-		5,
+		}, undef,
 		0.02),
 	'the receiver refuses connections');
-note sprintf('receiver refuses connections for %d s, from %.2f s after the request', $outage, time - $t_down);
-usleep(200_000);    # and has closed the kept-alive connections too
+note sprintf('receiver refuses connections from %.2f s after the request', time - $t_down);
 
 # Messages keep coming during the outage, in four waves.
 my $nmsg = 1;
@@ -89,8 +88,7 @@ ok( wait_until(
 			$lag = $json->decode($node->safe_psql('postgres',
 				q{SELECT row_to_json(l) FROM outbox.lag l WHERE target = 'down'}));
 			return defined $lag->{last_error};
-		},
-		$outage - 2),
+		}),
 	'during the outage the lag view shows an error');
 cmp_ok($lag->{pending}, '>', 0, "... a backlog ($lag->{pending})");
 like($lag->{last_error} // '', qr/connect|refused/i,
@@ -143,7 +141,8 @@ ok( $node->poll_query_until(
 my @busy = sink_path_records($sink, '/busy');
 is(scalar @busy, 4, '... the receiver saw exactly 4 attempts');
 my @gaps = map { $busy[$_]{mono} - $busy[ $_ - 1 ]{mono} } 1 .. $#busy;
-ok(!(grep { $_ > 1.5 } @gaps), '... retried within the backoff cap (gaps: ' . join(' ', map { sprintf '%.3f', $_ } @gaps) . ')');
+# (retry_max_delay is 500 ms; the bound leaves room for a loaded machine)
+ok(!(grep { $_ > 5 } @gaps), '... retried within the backoff cap (gaps: ' . join(' ', map { sprintf '%.3f', $_ } @gaps) . ')');
 is(scalar(grep { $_->{headers}{'webhook-id'} eq $busy[0]{headers}{'webhook-id'} } @busy), 4,
 	'... all with the same webhook-id');
 
@@ -160,7 +159,7 @@ is(scalar @ra, 3, '... the receiver saw 3 attempts');
 @gaps = map { $ra[$_]{mono} - $ra[ $_ - 1 ]{mono} } 1 .. $#ra;
 my $gap_text = join ' ', map { sprintf '%.3f', $_ } @gaps;
 ok(!(grep { $_ < 0.9 } @gaps), "... each at least about 1 s after the previous one ($gap_text)");
-ok(!(grep { $_ > 3 } @gaps), "... and not much later ($gap_text)");
+ok(!(grep { $_ > 10 } @gaps), "... and not much later ($gap_text)");
 
 # --- a batch that failed is retried as it was ---
 # The first request carries the one message pending then; more arrive
@@ -170,7 +169,8 @@ ok(!(grep { $_ > 3 } @gaps), "... and not much later ($gap_text)");
 sink_control($sink, { path => '/bretry', status => 503, retry_after => 1 });
 $node->safe_psql('postgres', q{SELECT outbox_emit('bretry', '{"br": 1}', 'kb')});
 my @br;
-wait_until(sub { @br = sink_path_records($sink, '/bretry'); @br >= 1 }, 10, 0.02);
+wait_until(sub { @br = sink_path_records($sink, '/bretry'); @br >= 1 }, undef, 0.02)
+  or die 'the first batch request never came';
 $node->safe_psql('postgres',
 	q{SELECT count(outbox_emit('bretry', jsonb_build_object('br', g), 'kb')) FROM generate_series(2, 5) g});
 sink_control($sink, { path => '/bretry', status => 204 });
@@ -179,8 +179,7 @@ wait_until(
 	sub {
 		@br_att = grep { $_->{path} eq '/bretry' && $_->{status} == 204 } @{ sink_attempts($sink) };
 		return @br_att >= 5;
-	},
-	10);
+	});
 is(scalar @br_att, 5, 'batch retry: all five messages delivered once');
 @br = sink_path_records($sink, '/bretry');
 is($br[0]{status}, 503, 'the first batch request was answered 503');
@@ -191,8 +190,19 @@ is($br[1]{body}, $br[0]{body}, '... and the same messages');
 emit_wave();
 
 note sprintf('the status tests ended %.1f s into the outage', time - $t_down);
+is(scalar @{ sink_attempts($down) }, 1, 'nothing reached the receiver during the outage');
 
 # --- after the outage ---
+$down->{harness}->signal('USR1');
+my $t_back = time;
+ok( wait_until(
+		sub {
+			my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $down->{port}, Timeout => 1);
+			close $s if $s;
+			return $s;
+		}, undef,
+		0.02),
+	'the receiver listens again');
 my %expected;
 my %msg_id;
 for (split /\n/, $node->safe_psql('postgres',
@@ -207,16 +217,19 @@ ok( wait_until(
 		sub {
 			my $n = grep { $_->{status} == 204 } @{ sink_attempts($down) };
 			return $n >= $nmsg;
-		},
-		$outage + 60),
+		}),
 	'after the outage every message arrives');
 my $t_all = time;
 my $att = sink_attempts($down);
 my ($first_after) = grep { $_->{seq} != $att->[0]{seq} } @$att;
-cmp_ok($first_after->{t} - $t_down, '>=', $outage - 0.5, 'nothing arrived while the receiver was down');
-cmp_ok($first_after->{t} - $t_down, '<', $outage + 2,
-	sprintf('delivery resumed %.1f s after the receiver came back', $first_after->{t} - $t_down - $outage));
-note sprintf('the backlog was delivered %.1f s after the receiver came back', $t_all - $t_down - $outage);
+cmp_ok($first_after->{t}, '>=', $t_back, 'nothing arrived while the receiver was down');
+# The retry delay is capped at 500 ms (retry_max_delay): a lane that kept
+# failing tries again within a second of the receiver coming back, where
+# an uncapped backoff would wait for tens of seconds; 5 s leaves room for
+# a loaded machine.
+cmp_ok($first_after->{t} - $t_back, '<', 5,
+	sprintf('delivery resumed %.1f s after the receiver came back', $first_after->{t} - $t_back));
+note sprintf('the backlog was delivered %.1f s after the receiver came back', $t_all - $t_back);
 my %ok;
 $ok{ $_->{seq} }++ for grep { $_->{status} == 204 } @$att;
 is(scalar(grep { ($ok{$_} // 0) != 1 } keys %msg_id), 0, 'each message arrived exactly once');

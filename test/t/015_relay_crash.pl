@@ -11,8 +11,9 @@
 #    never sent before all earlier messages of its key arrived; the only
 #    steps back are re-sends after a crash (at most one per crash and key),
 #    which restart from the lane's recorded position and go on in order;
-#  - re-sent messages are few, were first delivered just before a crash
-#    (progress is recorded every 20 ms), and carry the same message id;
+#  - re-sent messages are few, had not been recorded as done when a crash
+#    came (their ids are above their lane's done_id read just before it),
+#    and carry the same message id;
 #  - outbox.progress counts each message exactly once as delivered.
 use strict;
 use warnings;
@@ -60,40 +61,60 @@ sub delivered
 }
 
 emit(3000);
-my @crashes;    # times
+# Each crash: when it was asked for, when it had happened, and each lane's
+# recorded position just before it ({target}{lane} = done_id).
+my @crashes;
+
+sub before_crash
+{
+	my %done;
+	for (split /\n/, $node->safe_psql('postgres',
+		q{SELECT t.name, p.lane, p.done_id FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id}))
+	{
+		my ($t, $lane, $d) = split /\|/;
+		$done{$t}{$lane} = $d;
+	}
+	push @crashes, { done => \%done, at => time };
+}
 
 # --- SIGKILL of the worker ---
-ok(wait_until(sub { delivered('/single') >= 500 }, 60, 0.05), 'delivery is under way');
+ok(wait_until(sub { delivered('/single') >= 500 }, undef, 0.05), 'delivery is under way');
 my $pid = relay_worker_pid($node);
 note 'killing the relay worker, pid ' . $pid . ', after ' . delivered('/single') . ' single deliveries';
-push @crashes, time;
+before_crash();
 kill 'KILL', $pid;
 ok( $node->poll_query_until(
 		'postgres',
 		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND pid <> $pid",
 		'1'),
 	'the worker is back after SIGKILL (the postmaster restarted everything)');
+$crashes[-1]{done_at} = time;
 ok($node->log_contains(qr/background worker "outbox relay" \(PID $pid\) was terminated by signal 9/),
 	'the log shows the worker was killed');
 emit(500);
 
 # --- immediate shutdown and start ---
 my $half = $emitted / 2;
-ok(wait_until(sub { delivered('/single') >= $half }, 60, 0.05), 'delivery is under way again');
+ok(wait_until(sub { delivered('/single') >= $half }, undef, 0.05), 'delivery is under way again');
 note 'immediate stop after ' . delivered('/single') . ' single deliveries';
-push @crashes, time;
+before_crash();
 $node->stop('immediate');
+$crashes[-1]{done_at} = time;
 $node->start;
 emit(500);
 
 my %expected;
 my %msg_id;
+my %lane;    # {target}{id}: the message's lane in that target
 for (split /\n/, $node->safe_psql('postgres',
-	q{SELECT id, key, msg_id FROM outbox.messages ORDER BY id}))
+	q{SELECT id, key, msg_id, outbox.lane_of(key, id, 8), outbox.lane_of(key, id, 4)
+	    FROM outbox.messages ORDER BY id}))
 {
-	my ($id, $key, $mid) = split /\|/;
+	my ($id, $key, $mid, $l8, $l4) = split /\|/;
 	push @{ $expected{$key} }, $id;
 	$msg_id{$id} = $mid;
+	$lane{single}{$id} = $l8;
+	$lane{batch}{$id} = $l4;
 }
 is(scalar keys %msg_id, $emitted, "all $emitted messages stored");
 
@@ -161,17 +182,20 @@ for my $t (qw(single batch))
 	$ndup += $count{$_} - 1 for @dups;
 	note "$t: " . scalar(@att) . " arrivals for $emitted messages; $ndup re-sends of "
 	  . scalar(@dups) . " messages; $rewinds steps back over all keys";
-	# Re-sent: only what may not have been recorded as done before a crash.
-	# (A crash time is taken just before the signal, so arrivals a moment
-	# later still belong to it.)
+	# Re-sent: only what had not been recorded as done when a crash came:
+	# a crash that happened after the message first arrived, before which
+	# its lane's recorded position was below it (positions only grow, so
+	# the one read just before the crash is a lower bound of the one the
+	# crash found).
 	my %first;
 	for (@att) { $first{ $_->{seq} } //= $_->{t} }
 	my @late = grep {
-		my $f = $first{$_};
-		!grep { $f > $_ - 1.0 && $f < $_ + 0.5 } @crashes
+		my ($id, $f) = ($_, $first{$_});
+		!grep { $f < $_->{done_at} && $id > ($_->{done}{$t}{ $lane{$t}{$id} } // 0) } @crashes
 	} @dups;
 	is(scalar @late, 0,
-		"$t: every re-sent message had first arrived just before a crash (within 1 s)");
+		"$t: every re-sent message was above its lane's recorded position at a crash after its first arrival")
+	  or diag('re-sent although recorded as done: ' . join(' ', (sort { $a <=> $b } @late)[ 0 .. ($#late < 9 ? $#late : 9) ]));
 	cmp_ok($ndup, '<=', 400, "$t: re-sends are few ($ndup)");
 	is( $node->safe_psql(
 			'postgres',
@@ -191,10 +215,10 @@ ok( $node->poll_query_until(
 		'1'),
 	'a terminated worker is started again');
 my $back = time - $t_term;
-cmp_ok($back, '<', 6, sprintf('... after %.1f s (bgw_restart_time 2 s)', $back));
+cmp_ok($back, '<', 60, sprintf('... after %.1f s (bgw_restart_time 2 s; the bound allows a loaded machine)', $back));
 my $before = delivered('/single');
 emit(100);
-ok(wait_until(sub { delivered('/single') >= $before + 100 }, 30), '... and delivers again');
+ok(wait_until(sub { delivered('/single') >= $before + 100 }), '... and delivers again');
 
 stop_sink($sink);
 relay_no_crash($node, $pid);

@@ -37,12 +37,12 @@ COMMIT;
 });
 
 $node->safe_psql('postgres', qq{SELECT count(outbox_emit('x', '{}', '$good')) FROM generate_series(1, 5)});
-ok(wait_until(sub { delivered_of($good) >= 5 }, 20),
+ok(wait_until(sub { delivered_of($good) >= 5 }),
 	'the good key is delivered');
 
 $node->safe_psql('postgres', q{SELECT count(outbox_emit('x', '{}', 'stuck')) FROM generate_series(1, 12000)});
 $node->safe_psql('postgres', qq{SELECT count(outbox_emit('x', '{}', '$good')) FROM generate_series(1, 5)});
-ok( wait_until(sub { delivered_of($good) >= 10 }, 15),
+ok( wait_until(sub { delivered_of($good) >= 10 }),
 	'with 12000 messages of a failing key pending, another lane\'s messages are still delivered');
 note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, last error %s', pending, delivered, last_error) FROM outbox.lag});
 
@@ -92,11 +92,10 @@ ok( wait_until(
 			$node->safe_psql('postgres',
 				q{SELECT count(*) FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id
 				   WHERE t.name = 't4' AND p.last_error IS NOT NULL}) >= 2;
-		},
-		30),
+		}),
 	'both failing lanes are retrying');
 $node->safe_psql('postgres', qq{SELECT count(outbox_emit('y', '{}', '$g4')) FROM generate_series(1, 5)});
-ok(wait_until(sub { delivered4() >= 5 }, 20),
+ok(wait_until(sub { delivered4() >= 5 }),
 	'with two failing lanes holding over three quarters of the read-ahead, a third lane is still served');
 note $node->safe_psql('postgres', q{SELECT format('pending %s, delivered %s, last error %s', pending, delivered, last_error) FROM outbox.lag WHERE target = 't4'});
 
@@ -109,15 +108,13 @@ ok( wait_until(
 		sub {
 			my %seen = map { $_->{key} => 1 } @{ sink_attempts($sink, '/t5') };
 			return $seen{$slow_a} && $seen{$slow_b};
-		},
-		30),
+		}),
 	'both slow lanes are sending');
 $node->safe_psql('postgres', qq{SELECT count(outbox_emit('z', '{}', '$g5')) FROM generate_series(1, 5)});
 ok( wait_until(
 		sub {
 			return 5 <= scalar grep { $_->{key} eq $g5 && $_->{status} == 204 } @{ sink_attempts($sink, '/t5') };
-		},
-		20),
+		}),
 	'with two slow lanes holding over three quarters of the read-ahead, a third lane is still served');
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('t5')});
 

@@ -17,7 +17,10 @@ use Test::More;
 use Time::HiRes qw(usleep);
 use OutboxRelayTest;
 
-my $sink = start_sink('connections', '--idle-timeout', '1');
+# Two receivers: one keeps idle connections (the sink's default, 60 s), for
+# counting kept-alive connections; one closes them after 1 s.
+my $sink = start_sink('connections');
+my $idler = start_sink('idle_close', '--idle-timeout', '1');
 my $node = relay_node('relay_connections');
 ok( $node->poll_query_until(
 		'postgres',
@@ -30,6 +33,8 @@ $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('conns', '$sink->{url}/conns', lanes => 4);
 SELECT outbox.subscribe('conns', 'c.*');
+SELECT outbox.create_http_target('idle', '$idler->{url}/idle', lanes => 4);
+SELECT outbox.subscribe('idle', 'c.*');
 });
 
 # CPU seconds (user + system) the worker used so far.
@@ -52,10 +57,19 @@ sub emit
 
 sub arrived
 {
-	my ($n) = @_;
+	my ($n, $at, $path) = @_;
 	# batch_size 1: one record per message; sink_path_records reads the
 	# record file incrementally, so polling stays cheap
-	return sink_path_records($sink, '/conns', $n, 60) >= $n;
+	return sink_path_records($at // $sink, $path // '/conns', $n) >= $n;
+}
+
+# The connections the receiver on $port holds open (its side, established).
+sub open_connections
+{
+	my ($port) = @_;
+	my $hex = sprintf('%04X', $port);
+	return scalar grep { (split ' ')[1] =~ /:$hex$/ && (split ' ')[3] eq '01' }
+	  split /\n/, slurp_file('/proc/net/tcp');
 }
 
 # --- keep-alive ---
@@ -67,24 +81,30 @@ cmp_ok(scalar(keys %conns), '<=', 4,
 	'... over at most one connection per lane (' . scalar(keys %conns) . ')');
 
 # --- the receiver closes the idle connections ---
-usleep(2_000_000);    # the sink closes them after 1 s
+# The other target got the same 400 messages, from a receiver that closes a
+# connection idle for 1 s: wait until it has closed them all.
+ok(arrived(400, $idler, '/idle'), 'the receiver that closes idle connections got them too');
+ok(wait_for('the receiver to close its idle connections',
+		sub { my $n = open_connections($idler->{port}); ($n == 0, "$n open") }),
+	'... and closed its connections once idle');
 my $cpu0 = worker_cpu();
-usleep(2_000_000);
+usleep(2_000_000);    # a span: the worker's CPU while idle
 my $idle_cpu = worker_cpu() - $cpu0;
 cmp_ok($idle_cpu, '<', 0.5,
 	"the worker does not spin on the closed connections (${idle_cpu}s CPU in 2 s)");
 
 emit(401, 440);
-ok(arrived(440), 'the next messages arrive over new connections');
-$a = sink_attempts($sink, '/conns');
-my %later = map { (sink_records($sink)->[ $_->{rseq} - 1 ]{conn} => 1) }
+ok(arrived(440, $idler, '/idle'), 'the next messages arrive over new connections');
+$a = sink_attempts($idler, '/idle');
+my %later = map { (sink_records($idler)->[ $_->{rseq} - 1 ]{conn} => 1) }
   @$a[ 400 .. $#$a ];
 cmp_ok(scalar(keys %later), '<=', 4,
 	'... again at most one per lane (' . scalar(keys %later) . ')');
 ok( $node->poll_query_until(
 		'postgres',
-		q{SELECT pending, dead_letters, coalesce(last_error, '') FROM outbox.lag WHERE target = 'conns'},
-		'0|0|'),
+		q{SELECT string_agg(format('%s %s %s %s', target, pending, dead_letters, coalesce(last_error, '-')), ', ' ORDER BY target)
+		    FROM outbox.lag WHERE target IN ('conns', 'idle')},
+		'conns 0 0 -, idle 0 0 -'),
 	'nothing pending, no dead letter, no error');
 
 # --- "Connection: close" on every answer ---
@@ -97,7 +117,7 @@ SELECT outbox.subscribe('closing', 'c.*');
 emit(441, 740);
 my $closing;
 ok( wait_until(
-		sub { sink_path_records($sink, '/closing') >= 300 }, 60),
+		sub { sink_path_records($sink, '/closing') >= 300 }),
 	'300 messages arrive at a receiver that closes every connection');
 $closing = sink_attempts($sink, '/closing');
 is(scalar(@$closing), 300, '... each once');
@@ -117,5 +137,6 @@ is_deeply(\@inversions, [], '... in key order');
 
 relay_no_crash($node);
 stop_sink($sink);
+stop_sink($idler);
 $node->stop;
 done_testing();

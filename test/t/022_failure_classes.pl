@@ -12,7 +12,6 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
 use OutboxRelayTest;
 
 my $sink = start_sink('classes');
@@ -42,23 +41,40 @@ $node->safe_psql('postgres',
 ok( $node->poll_query_until(
 		'postgres', q{SELECT last_status FROM outbox.lag WHERE target = 'auth'}, '401'),
 	'401: outbox.lag shows the status');
-# Six times max_attempts worth of backoff (base 20 ms, cap 500 ms).
-usleep(3_000_000);
+# Each held target's receiver sees more requests than its max_attempts:
+# a first request of each lane, then twice max_attempts probes (auth: 14,
+# to have a few probes at the capped backoff as well).
+my %want_probes = (auth => 14, gone => 2 + 2 * 2, moved => 1 + 2 * 2);
+for my $t (sort keys %want_probes)
+{
+	wait_for("$want_probes{$t} requests at /$t",
+		sub { my $n = sink_path_records($sink, "/$t"); ($n >= $want_probes{$t}, $n) })
+	  or die "/$t got too few requests";
+}
 is( $node->safe_psql(
 		'postgres',
 		q{SELECT format('%s/%s/%s', pending, dead_letters, last_error LIKE 'HTTP 401%') FROM outbox.lag WHERE target = 'auth'}),
 	'200/0/t',
 	'401: nothing is dead-lettered, all 200 stay pending, the error is shown');
-my $probes = scalar(my @r = sink_path_records($sink, '/auth'));
-cmp_ok($probes, '<=', 20, "401: the held target only probes ($probes requests in 3 s, from 4 lanes)");
+# One lane probes, each probe after the backoff of the one before (base
+# 20 ms, doubled, capped at 500 ms, less up to half at random): from the
+# first four requests (one a lane) and six probes on, every gap is at
+# least 250 ms, on the receiver's own clock.  Lanes probing on their own
+# would come closer together.
+my @r = sink_path_records($sink, '/auth');
+my @gaps = map { $r[$_]{mono} - $r[ $_ - 1 ]{mono} } 10 .. $#r;
+my ($min_gap) = sort { $a <=> $b } @gaps;
+cmp_ok($min_gap, '>=', 0.2,
+	sprintf('401: the held target only probes, one lane at a time (gaps from the 10th request on: %s)',
+		join(' ', map { sprintf '%.3f', $_ } @gaps)));
 for my $t ('gone', 'moved')
 {
 	is( $node->safe_psql(
 			'postgres', "SELECT format('%s/%s', pending, dead_letters) FROM outbox.lag WHERE target = '$t'"),
 		'20/0', "$t: a receiver-wide failure dead-letters nothing past max_attempts");
 }
-is($node->safe_psql('postgres', q{SELECT last_status FROM outbox.lag WHERE target = 'moved'}),
-	'301', '3xx is not followed and holds the target');
+ok($node->poll_query_until('postgres', q{SELECT last_status FROM outbox.lag WHERE target = 'moved'}, '301'),
+	'3xx is not followed and holds the target');
 
 sink_control($sink, { path => '/auth', status => 204 });
 sink_control($sink, { path => '/gone', status => 204 });

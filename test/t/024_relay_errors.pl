@@ -72,6 +72,7 @@ like(slurp_file($node->logfile), qr/WARNING:  outbox relay could not read messag
 
 $node->append_conf('postgresql.conf', "outbox.test_fault = 'send:poison.send'");
 $node->reload;
+relay_reloaded($node, 'postgres', 'outbox.test_fault' => 'send:poison.send');
 emit_batch(11, 20, 'poison.send');
 ok(settled(), 'send fault: every target settles');
 is($node->safe_psql('postgres', q{SELECT string_agg(format('%s/%s', attempts, last_error LIKE '%injected fault%'), ' ') FROM outbox.dead_letters WHERE topic = 'poison.send'}),

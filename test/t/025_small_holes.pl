@@ -30,21 +30,38 @@ $node->safe_psql('postgres', qq{
 SELECT outbox.create_http_target('race', '$url/race');
 SELECT outbox.subscribe('race', 'other');
 });
+# The fault makes the COMMIT of a subscription sleep 2 s in its callback,
+# after the subscription became visible and before the relay is told.  A
+# message emitted in that window must be delivered.  Whether the emit fell
+# in the window is checked (the subscribing session is still in its
+# statement); on a machine too slow for it, the race is tried again with a
+# new topic.
 $node->append_conf('postgresql.conf', "outbox.test_fault = 'commit_delay'");
 $node->reload;
-usleep(200_000);
-my $sub = $node->background_psql('postgres');
-$sub->query_until(qr/go/, q{\echo go
-SELECT outbox.subscribe('race', 'race');
+settings_reloaded($node, 'postgres', 'outbox.test_fault' => 'commit_delay');
+my ($in_window, $race_topic);
+for my $try (1 .. 10)
+{
+	$race_topic = "race$try";
+	my $sub = $node->background_psql('postgres');
+	my $sub_pid = $sub->query_safe('SELECT pg_backend_pid()');
+	$sub->query_until(qr/go/, qq{\\echo go
+SELECT outbox.subscribe('race', '$race_topic');
 });
-ok( $node->poll_query_until('postgres',
-		q{SELECT count(*) = 1 FROM outbox.subscriptions WHERE pattern = 'race'}),
-	'race: the subscription is visible (its COMMIT callback still sleeping)');
-$node->safe_psql('postgres', q{SELECT outbox_emit('race', '{"after": "subscribe"}')});
-$sub->quit;
+	$node->poll_query_until('postgres',
+		qq{SELECT count(*) = 1 FROM outbox.subscriptions WHERE pattern = '$race_topic'})
+	  or die "the subscription to $race_topic never became visible";
+	$node->safe_psql('postgres', qq{SELECT outbox_emit('$race_topic', '{"after": "subscribe"}')});
+	$in_window = $node->safe_psql('postgres',
+		qq{SELECT state = 'active' FROM pg_stat_activity WHERE pid = $sub_pid}) eq 't';
+	$sub->quit;
+	last if $in_window;
+	note "try $try: the emit came after the subscription's COMMIT callback; again";
+}
+ok($in_window, 'race: the subscription is visible (its COMMIT callback still sleeping)');
 $node->append_conf('postgresql.conf', "outbox.test_fault = ''");
 $node->reload;
-ok( wait_until(sub { scalar(my @r = sink_path_records($sink, '/race')) >= 1 }, 20),
+ok( wait_until(sub { scalar(my @r = grep { $_->{body} =~ /subscribe/ && $_->{headers}{'outbox-topic'} eq $race_topic } sink_path_records($sink, '/race')) >= 1 }),
 	'race: the message committed after the subscription is delivered');
 
 # --- PREPARE ---
@@ -68,12 +85,12 @@ $node->safe_psql('postgres', q{SELECT pg_terminate_backend(pid) FROM pg_stat_act
 ok($node->poll_query_until('postgres',
 		"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND pid <> $pid"),
 	'a new relay started');
-$node->safe_psql('postgres', q{SELECT outbox_emit('bad', '{}'); SELECT outbox_emit('race', '{"still": "flowing"}')});
+$node->safe_psql('postgres', q{SELECT outbox_emit('bad', '{}'); SELECT outbox_emit('other', '{"still": "flowing"}')});
 ok( $node->poll_query_until('postgres',
 		q{SELECT last_error LIKE 'target is not delivered: lanes is not between 1 and 256%' FROM outbox.lag WHERE target = 'bad'}),
 	'a target row with lanes = 0 is skipped, and outbox.lag says why');
 like(slurp_file($node->logfile), qr/WARNING:  outbox relay skips target "bad": lanes/, '... with a WARNING');
-ok(wait_until(sub { scalar(my @r = sink_path_records($sink, '/race')) >= 2 }, 20),
+ok(wait_until(sub { scalar(my @r = sink_path_records($sink, '/race')) >= 2 }),
 	'... while the other targets keep flowing');
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('bad')});
 
@@ -84,7 +101,7 @@ SELECT outbox.subscribe('hdr', 'hdr');
 SELECT outbox_emit('hdr', '{}', NULL, '{"Authorization": "Bearer emitter", "x-mine": "1", "x-blank": ""}');
 });
 my @h;
-ok(wait_until(sub { @h = sink_path_records($sink, '/hdr'); @h >= 1 }, 20), 'headers: delivered');
+ok(wait_until(sub { @h = sink_path_records($sink, '/hdr'); @h >= 1 }), 'headers: delivered');
 is($h[0]{headers}{authorization}, 'Bearer target',
 	"a message header never replaces or duplicates the target's");
 is($h[0]{headers}{'x-mine'}, '1', '... other message headers are sent');
@@ -117,11 +134,16 @@ my $emitter = $n2->background_psql('postgres');
 $emitter->query_safe(q{SELECT count(outbox_emit('term', jsonb_build_object('g', g), 'k' || (g % 50))) FROM generate_series(1, 3000) g});
 for my $round (1 .. 3)
 {
-	usleep(300_000);
+	# each termination in the middle of delivery: 200 more requests first
+	my $seen = sink_stats($sink)->{by_path}{'/term'} // 0;
+	wait_for("200 more requests at /term (round $round)",
+		sub { my $n = sink_stats($sink)->{by_path}{'/term'} // 0; ($n >= $seen + 200, $n) }, interval => 0.02)
+	  or die 'delivery is not under way';
 	my $p = relay_worker_pid($n2);
 	kill 'TERM', $p;
 	$n2->poll_query_until('postgres',
-		"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND pid <> $p");
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND pid <> $p")
+	  or die 'no new relay after SIGTERM';
 	$emitter->query_safe(q{SELECT count(outbox_emit('term', jsonb_build_object('g', g), 'k' || (g % 50))) FROM generate_series(1, 1000) g});
 }
 $emitter->quit;

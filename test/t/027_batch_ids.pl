@@ -21,7 +21,7 @@ SELECT outbox.subscribe('b', 'b');
 sink_control($sink, { path => '/b', delay_ms => 3000 });
 $node->safe_psql('postgres', q{SELECT count(outbox_emit('b', jsonb_build_object('g', g), 'k')) FROM generate_series(1, 3) g});
 my @r;
-ok(wait_until(sub { @r = sink_path_records($sink, '/b'); @r >= 1 }, 20), 'the first batch is on its way');
+ok(wait_until(sub { @r = sink_path_records($sink, '/b'); @r >= 1 }), 'the first batch is on its way');
 is($r[0]{headers}{'outbox-count'}, 3, '... with 3 messages');
 $node->safe_psql('postgres', q{SELECT count(outbox_emit('b', jsonb_build_object('g', g), 'k')) FROM generate_series(4, 8) g});
 $node->stop('immediate');

@@ -450,7 +450,7 @@ my $erc = IPC::Run::run([ $promtool, 'check', 'metrics' ], '<', \join('', map { 
 ok($erc && $eout . $eerr eq '', 'promtool check metrics accepts the exporter\'s outbox figures')
   or diag("promtool: $eout$eerr");
 $eh->signal('TERM');
-wait_until(sub { eval { $eh->pump_nb }; !$eh->pumpable }, 10);
+wait_until(sub { eval { $eh->pump_nb }; !$eh->pumpable });
 $eh->kill_kill if $eh->pumpable;
 eval { $eh->finish };
 

@@ -177,14 +177,14 @@ SELECT outbox.create_http_target('unknown_ca', '$url{tls}/c1', lanes => 1, max_a
 SELECT outbox.subscribe('unknown_ca', 'c1');
 });
 my $c1 = emit('c1', 5);
-ok(wait_until(sub { lag('unknown_ca', 'last_error') =~ /certificate/i }, 20),
+ok(wait_until(sub { lag('unknown_ca', 'last_error') =~ /certificate/i }),
 	'no ca_file: outbox.lag shows a certificate verification error');
 my $err1 = lag('unknown_ca', 'last_error');
 note "last_error without ca_file: $err1";
 like($err1, qr/SSL certificate problem|certificate verify failed|issuer/i,
 	'... the verification of the server certificate');
 my $seen = () = handshake_failures('tls');
-ok(wait_until(sub { (() = handshake_failures('tls')) >= $seen + 3 }, 15),
+ok(wait_until(sub { (() = handshake_failures('tls')) >= $seen + 3 }),
 	'... the target keeps retrying (the receiver sees the handshakes fail)');
 like((handshake_failures('tls'))[-1], qr/unknown ca/i,
 	'... the relay aborts them: unknown CA');
@@ -201,17 +201,17 @@ SELECT outbox.create_http_target('unknown_ca_few', '$url{tls}/c1few', lanes => 1
 SELECT outbox.subscribe('unknown_ca_few', 'c1few');
 });
 emit('c1few', 3);
-ok(wait_until(sub { lag('unknown_ca_few', 'state') eq 'failing' }, 20),
+ok(wait_until(sub { lag('unknown_ca_few', 'state') eq 'failing' }),
 	'max_attempts 2: a certificate that does not verify holds the target (failing)');
 $seen = () = handshake_failures('tls');
-ok(wait_until(sub { (() = handshake_failures('tls')) >= $seen + 3 }, 15), '... which keeps probing');
+ok(wait_until(sub { (() = handshake_failures('tls')) >= $seen + 3 }), '... which keeps probing');
 is(lag('unknown_ca_few', q{format('%s/%s', pending, dead_letters)}), '3/0',
 	'... past max_attempts, nothing is dead-lettered');
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('unknown_ca_few')});
 
 is($node->safe_psql('postgres', "SELECT outbox.alter_target('unknown_ca', ca_file => '$ca')"),
 	'1', 'alter_target(ca_file): one option changed');
-ok(wait_until(sub { @{ arrived('tls', '/c1') } >= 5 }, 20),
+ok(wait_until(sub { @{ arrived('tls', '/c1') } >= 5 }),
 	'with ca_file, the waiting messages arrive');
 ok($node->poll_query_until('postgres',
 		q{SELECT pending = 0 AND delivered = 5 FROM outbox.lag WHERE target = 'unknown_ca'}),
@@ -231,7 +231,7 @@ SELECT outbox.create_http_target('by_name', 'https://localhost:$sink{tls}{port}/
 SELECT outbox.subscribe('by_name', 'c1dns');
 });
 my $c1dns = emit('c1dns', 2);
-ok(wait_until(sub { @{ arrived('tls', '/c1dns') } >= 2 }, 20),
+ok(wait_until(sub { @{ arrived('tls', '/c1dns') } >= 2 }),
 	'https://localhost with the CA: delivered (DNS subjectAltName)');
 is_deeply(arrived('tls', '/c1dns'), $c1dns, '... once, in order');
 
@@ -244,7 +244,7 @@ SELECT outbox.create_http_target('other_ca', '$url{tls}/c2', lanes => 1, max_att
 SELECT outbox.subscribe('other_ca', 'c2');
 });
 emit('c2', 2);
-ok(wait_until(sub { lag('other_ca', 'last_error') =~ /certificate/i }, 20),
+ok(wait_until(sub { lag('other_ca', 'last_error') =~ /certificate/i }),
 	'ca_file of an unrelated CA: refused');
 note "last_error with an unrelated CA: " . lag('other_ca', 'last_error');
 usleep(500_000);
@@ -263,8 +263,7 @@ ok( wait_until(
 			$node->safe_psql('postgres',
 				"SELECT last_error_at > (SELECT emitted_at FROM outbox.messages WHERE id = $c1b->[0])"
 				  . " FROM outbox.lag WHERE target = 'unknown_ca'") eq 't';
-		},
-		20),
+		}),
 	'... the next message fails again');
 like(lag('unknown_ca', 'last_error'), qr/certificate/i, '... on the certificate');
 is(scalar @{ arrived('tls', '/c1') }, 5, '... and is not delivered');
@@ -277,14 +276,14 @@ SELECT outbox.create_http_target('wrong_host', '$url{elsewhere}/c3', lanes => 1,
 SELECT outbox.subscribe('wrong_host', 'c3');
 });
 emit('c3', 2);
-ok(wait_until(sub { defined_error('wrong_host') }, 20), 'a certificate for another host: refused');
+ok(wait_until(sub { defined_error('wrong_host') }), 'a certificate for another host: refused');
 my $err3 = lag('wrong_host', 'last_error');
 note "last_error for a host name mismatch: $err3";
 like($err3, qr/host ?name|subject name|does not match/i, '... as a host name mismatch');
 # The handshake itself succeeds (the chain is good); the relay checks the
 # name after it and closes the connection: count its retries.
 my $r3 = retries('wrong_host');
-ok(wait_until(sub { retries('wrong_host') >= $r3 + 2 }, 15), '... retried');
+ok(wait_until(sub { retries('wrong_host') >= $r3 + 2 }), '... retried');
 is_deeply(arrived('elsewhere', '/c3'), [], '... nothing delivered');
 is(lag('wrong_host', q{format('%s/%s', pending, dead_letters)}), '2/0', '... none dead-lettered');
 
@@ -296,10 +295,10 @@ SELECT outbox.create_http_target('mtls', '$url{mtls}/c4', lanes => 1, max_attemp
 SELECT outbox.subscribe('mtls', 'c4');
 });
 my $c4 = emit('c4', 3);
-ok(wait_until(sub { defined_error('mtls') }, 20), 'mTLS without a client certificate: refused');
+ok(wait_until(sub { defined_error('mtls') }), 'mTLS without a client certificate: refused');
 note "last_error without a client certificate: " . lag('mtls', 'last_error');
 $seen = () = handshake_failures('mtls');
-ok(wait_until(sub { (() = handshake_failures('mtls')) >= $seen + 2 }, 15), '... retried');
+ok(wait_until(sub { (() = handshake_failures('mtls')) >= $seen + 2 }), '... retried');
 like((handshake_failures('mtls'))[-1], qr/did not return a certificate/i,
 	'... the receiver saw no client certificate');
 is_deeply(arrived('mtls', '/c4'), [], '... nothing delivered');
@@ -308,7 +307,7 @@ is(lag('mtls', q{format('%s/%s', pending, dead_letters)}), '3/0', '... none dead
 is( $node->safe_psql('postgres',
 		"SELECT outbox.alter_target('mtls', client_cert => '$client_cert', client_key => '$client_key')"),
 	'2', 'alter_target(client_cert, client_key): two options changed');
-ok(wait_until(sub { @{ arrived('mtls', '/c4') } >= 3 }, 20), 'with the client certificate: delivered');
+ok(wait_until(sub { @{ arrived('mtls', '/c4') } >= 3 }), 'with the client certificate: delivered');
 ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'mtls'}),
 	'... acknowledged');
 usleep(700_000);
@@ -320,7 +319,7 @@ is_deeply([ map { $_->{tls}{peer_subject} // 'none' } @c4 ], [ ($client_subject)
 # Another target without a client certificate, to the same receiver, while
 # 'mtls' keeps its authenticated connection open.
 emit('c4', 1);
-ok(wait_until(sub { @{ arrived('mtls', '/c4') } >= 4 }, 20), 'mtls delivers one more');
+ok(wait_until(sub { @{ arrived('mtls', '/c4') } >= 4 }), 'mtls delivers one more');
 my @conns = map { $_->{conn} } sink_path_records($sink{mtls}, '/c4');
 note "mTLS connections used by the 4 requests: @conns";
 $node->safe_psql(
@@ -330,7 +329,7 @@ SELECT outbox.create_http_target('mtls_anon', '$url{mtls}/c4anon', lanes => 1, m
 SELECT outbox.subscribe('mtls_anon', 'c4anon');
 });
 emit('c4anon', 1);
-ok(wait_until(sub { defined_error('mtls_anon') }, 20),
+ok(wait_until(sub { defined_error('mtls_anon') }),
 	'a target without the client certificate is refused by the mTLS receiver');
 usleep(500_000);
 is_deeply(arrived('mtls', '/c4anon'), [], '... it does not use the other target\'s authenticated connection');
@@ -346,11 +345,10 @@ ok( wait_until(
 			$node->safe_psql('postgres',
 				"SELECT last_error_at > (SELECT emitted_at FROM outbox.messages WHERE id = $c4c->[0])"
 				  . " FROM outbox.lag WHERE target = 'mtls'") eq 't';
-		},
-		20),
+		}),
 	'... the next message is sent without the certificate, and fails');
 $seen = () = handshake_failures('mtls');
-ok(wait_until(sub { (() = handshake_failures('mtls')) >= $seen + 2 }, 15),
+ok(wait_until(sub { (() = handshake_failures('mtls')) >= $seen + 2 }),
 	'... the receiver refuses its handshakes');
 like((handshake_failures('mtls'))[-1], qr/did not return a certificate/i, '... for want of a certificate');
 is(scalar @{ arrived('mtls', '/c4') }, 4, '... not delivered over the connection opened with it');
@@ -366,13 +364,13 @@ SELECT outbox.subscribe('moved_ca', 'c7');
 });
 unlink $ca_copy or die "unlink: $!";
 my $c7 = emit('c7', 2);
-ok(wait_until(sub { defined_error('moved_ca') }, 20), 'a CA file removed after creation: delivery fails');
+ok(wait_until(sub { defined_error('moved_ca') }), 'a CA file removed after creation: delivery fails');
 my $err7 = lag('moved_ca', 'last_error');
 note "last_error with the CA file gone: $err7";
 like($err7, qr/\Q$ca_copy\E|CAfile|certificate|verify locations/i, '... saying so');
 is(lag('moved_ca', q{format('%s/%s', pending, dead_letters)}), '2/0', '... none dead-lettered');
 copy($ca, $ca_copy) or die "copy: $!";
-ok(wait_until(sub { @{ arrived('tls', '/c7') } >= 2 }, 20), '... and delivered once the file is back');
+ok(wait_until(sub { @{ arrived('tls', '/c7') } >= 2 }), '... and delivered once the file is back');
 usleep(500_000);
 is_deeply(arrived('tls', '/c7'), $c7, '... once, in order');
 
@@ -415,7 +413,7 @@ SKIP:
 	  unless $node->safe_psql('postgres', q{SELECT count(*) FROM outbox.targets WHERE name = 'reader'}) eq '1';
 	$node->safe_psql('postgres', q{SELECT outbox.subscribe('reader', 'c5')});
 	emit('c5', 1);
-	ok(wait_until(sub { @{ arrived('tls', '/c5') } >= 1 }, 20), '... and its target delivers');
+	ok(wait_until(sub { @{ arrived('tls', '/c5') } >= 1 }), '... and its target delivers');
 }
 
 # --- (6) paths refused at once ---

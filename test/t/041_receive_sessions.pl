@@ -94,8 +94,7 @@ sub backend_gone
 	return wait_until(
 		sub {
 			$admin->run_ok("SELECT count(*) FROM pg_stat_activity WHERE pid = $pid;") eq '0';
-		},
-		30, 0.05);
+		}, undef, 0.05);
 }
 
 # Whether $s's backend is waiting in a running statement (it did not

@@ -101,7 +101,7 @@ $node->safe_psql('postgres', q{SELECT outbox_emit('other.topic', '{}')});
 my $receipt72 = q{SELECT count(*) FROM outbox.receipts r JOIN outbox.messages m ON m.id = r.last_id
 	WHERE m.payload->>'n' = '72'};
 is($a->query($receipt72), '1', '... their receipt is still there');
-ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'n'}) eq '1' }, 10),
+ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'n'}) eq '1' }),
 	'... and the relay did not stall on the lock: it delivers to another target');
 $node->stop('immediate');
 $a->close;

@@ -272,8 +272,7 @@ for my $round (1 .. 8)
 		sub {
 			$node->safe_psql('postgres',
 				"SELECT wait_event_type FROM pg_stat_activity WHERE pid = $cb->{pid}") eq 'Lock';
-		},
-		30, 0.01) or die 'consumer b does not wait for row 1';
+		}, undef, 0.01) or die 'consumer b does not wait for row 1';
 	$ca->send('UPDATE locks SET v = v + 1 WHERE id = 2;');
 	my $ra = $ca->result(30);
 	my $rb = $cb->result(30);
@@ -320,7 +319,7 @@ is(counted(), $base, '(c) a lock_timeout did not count');
 $c->query('BEGIN');
 is($c->query(q{SELECT msg_id FROM outbox.receive('q')}), $z_id, '(c) terminate: received z');
 $admin->query("SELECT pg_terminate_backend($c->{pid})");
-wait_until(sub { qstat('held') eq '0' }, 30) or die 'the terminated session still holds z';
+wait_until(sub { qstat('held') eq '0' }) or die 'the terminated session still holds z';
 $c->kill;
 is(counted(), $base, '(c) pg_terminate_backend did not count');
 
@@ -332,7 +331,7 @@ for my $i (1 .. 3)
 	$c->query('BEGIN');
 	is($c->query(q{SELECT msg_id FROM outbox.receive('q')}), $z_id, "(c) lost client $i: received z");
 	$c->quit;
-	wait_until(sub { qstat('held') eq '0' && counted() == $base + $i }, 30);
+	wait_until(sub { qstat('held') eq '0' && counted() == $base + $i });
 	is(counted(), $base + $i, "(c) lost client $i: counted");
 }
 is(qstat('poisoned'), '1', '(c) after three lost clients z is poisoned');
@@ -351,7 +350,7 @@ $c = OutboxSession->new($node, 'idle');
 $c->query(q{SET idle_in_transaction_session_timeout = '300ms'});
 # BEGIN and the receive in one step: the timeout cannot fall between them.
 is($c->query(q{BEGIN; SELECT msg_id FROM outbox.receive('q')}), $w_id, '(c) idle timeout: received w');
-wait_until(sub { qstat('held') eq '0' }, 30) or die 'the idle session still holds w';
+wait_until(sub { qstat('held') eq '0' }) or die 'the idle session still holds w';
 $c->kill;
 is(counted(), $base + 4, '(c) idle_in_transaction_session_timeout counted');
 
@@ -361,7 +360,7 @@ $c = OutboxSession->new($node, 'rollback_idle');
 is($c->query(q{BEGIN; SELECT msg_id FROM outbox.receive('q')}), $w_id, '(c) rollback, idle: received w');
 $c->query('ROLLBACK');
 $admin->query("SELECT pg_terminate_backend($c->{pid})");
-wait_until(sub { counted() == $base + 5 }, 30);
+wait_until(sub { counted() == $base + 5 });
 $c->kill;
 is(counted(), $base + 5, '(c) a ROLLBACK of a session terminated afterwards counted');
 $holder->close;

@@ -59,8 +59,7 @@ ok( wait_until(
 		sub {
 			$node->safe_psql('postgres',
 				q{SELECT coalesce(sum(pending), 0) FROM outbox.lag WHERE kind <> 'queue'}) eq '0';
-		},
-		60),
+		}),
 	'the relay delivered everything the tour emitted');
 my @records = @{ sink_records($sink) };
 cmp_ok(scalar(@records), '>', 0, 'the receiver got the tour\'s webhooks (' . scalar(@records) . ')');

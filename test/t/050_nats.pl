@@ -90,7 +90,7 @@ sub check_stream
 }
 
 emit(200, 20);
-ok(wait_until(sub { nats_count($url, 'ORDERS') >= 200 }, 60), 'messages reach the stream');
+ok(wait_until(sub { nats_count($url, 'ORDERS') >= 200 }), 'messages reach the stream');
 my $msgs = check_stream('first 200', 200);
 my ($m) = grep { $_->{oseq} == 3 } @$msgs;
 is($m->{subject}, 'orders.b', 'the subject is the template with the topic');
@@ -114,19 +114,19 @@ like($node->safe_psql('postgres', q{SELECT outbox.metrics()}),
 # --- the relay killed mid-stream (slowed down, so that it is mid-stream) ---
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('js', batch_size => 10, max_rate => 40)});
 emit(3000, 50);
-ok(wait_until(sub { nats_count($url, 'ORDERS') >= 900 }, 60), 'delivering');
+ok(wait_until(sub { nats_count($url, 'ORDERS') >= 900 }), 'delivering');
 my $pid = relay_worker_pid($node);
 kill 'KILL', $pid;
 my $at = nats_count($url, 'ORDERS');
 note("relay killed with $at of 3200 in the stream");
 ok($at < 3000, 'the relay was killed mid-stream');
-ok(wait_until(sub { nats_count($url, 'ORDERS') >= 3200 }, 120), 'after kill -9 of the relay, everything arrives');
+ok(wait_until(sub { nats_count($url, 'ORDERS') >= 3200 }), 'after kill -9 of the relay, everything arrives');
 sleep 1;
 check_stream('relay killed', 3200);
 
 # --- the server stopped and started mid-stream ---
 emit(3000, 50);
-ok(wait_until(sub { nats_count($url, 'ORDERS') >= 4000 }, 60), 'delivering again');
+ok(wait_until(sub { nats_count($url, 'ORDERS') >= 4000 }), 'delivering again');
 $at = nats_count($url, 'ORDERS');
 note("server killed with $at of 6200 in the stream");
 ok($at < 5800, 'the server is killed mid-stream');
@@ -135,7 +135,7 @@ $at = nats_count($url, 'ORDERS');
 ok($at < 0, 'the server is down');
 sleep 1;
 $nats = nats_start('single', port => $nats->{port}, dir => $nats->{dir});
-ok(wait_until(sub { nats_count($url, 'ORDERS') >= 6200 }, 120), 'after the server came back, everything arrives');
+ok(wait_until(sub { nats_count($url, 'ORDERS') >= 6200 }), 'after the server came back, everything arrives');
 sleep 1;
 check_stream('server killed', 6200);
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('js', batch_size => 100, max_rate => 0)});
@@ -152,12 +152,12 @@ ok( wait_until(
 			$node->safe_psql('postgres',
 				q{SELECT state || ' ' || coalesce(last_error, '') FROM outbox.lag WHERE target = 'nostream'})
 			  =~ /^failing .*no JetStream stream answered for the subject \(no responders\)/;
-		}, 30),
+		}),
 	'a subject no stream takes: the target is held, with the reason');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'nostream'}),
 	'0', '... nothing dead-lettered');
 nats_tool($url, 'create', 'NOWHERE', 'nowhere.>');
-ok(wait_until(sub { nats_count($url, 'NOWHERE') == 20 }, 60), 'once a stream exists, the held messages arrive');
+ok(wait_until(sub { nats_count($url, 'NOWHERE') == 20 }), 'once a stream exists, the held messages arrive');
 
 # --- a message too large for the stream ---
 nats_tool($url, 'create', 'SMALL', 'small.>', 1, 1000);
@@ -168,7 +168,7 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox_emit('big', jsonb_build_object('pad', repeat('x', 2000)), 'k');
 	SELECT outbox_emit('big', '{"n": 3}', 'k');
 });
-ok(wait_until(sub { nats_count($url, 'SMALL') == 2 }, 60), 'a message too large: the others flow');
+ok(wait_until(sub { nats_count($url, 'SMALL') == 2 }), 'a message too large: the others flow');
 ok( wait_until(
 		sub {
 			$node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'small'})
@@ -185,12 +185,12 @@ emit(50, 5);
 sleep 2;
 is(nats_count($url, 'ORDERS'), $before, 'a paused target publishes nothing');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('js')});
-ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 50 }, 60), 'resumed: it publishes what waited');
+ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 50 }), 'resumed: it publishes what waited');
 
 is($node->safe_psql('postgres', q{SELECT outbox.alter_target('js', subject => 'orders.{key}.{topic}')}),
 	'1', 'alter_target changes the subject');
 emit(10, 5);
-ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 60 }, 60), 'delivered after the change');
+ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 60 }), 'delivered after the change');
 $msgs = nats_dump($url, 'ORDERS');
 like($msgs->[-1]{subject}, qr/^orders\.k\d\.[ab]$/, 'under the new subject');
 ($rc, $out, $err) = $node->psql('postgres', q{SELECT outbox.alter_target('js', headers => '{}')});
@@ -200,7 +200,7 @@ my $count = nats_count($url, 'ORDERS');
 $node->safe_psql('postgres', q{SELECT outbox.replay('js', now() - interval '1 hour')});
 sleep 3;
 ok(wait_until(sub {
-	$node->safe_psql('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'js'}) eq '0' }, 60),
+	$node->safe_psql('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'js'}) eq '0' }),
 	'replay: the relay sends everything again');
 is(nats_count($url, 'ORDERS'), $count, 'the stream takes the replayed messages as duplicates within its window');
 
@@ -214,13 +214,13 @@ ok( wait_until(
 		sub {
 			$node->safe_psql('postgres', q{SELECT last_error FROM outbox.lag WHERE target = 'js'}) =~
 			  /connection refused by the relay: 127\.0\.0\.1 is denied/;
-		}, 30),
+		}),
 	'a denied server address is refused at connect');
 sleep 1;
 is(nats_count($url, 'ORDERS'), $before, 'nothing was published');
 $node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.denied_destinations});
 $node->reload;
-ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 10 }, 60), 'allowed again: delivered');
+ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 10 }), 'allowed again: delivered');
 
 relay_no_crash($node, $pid);
 $node->stop;

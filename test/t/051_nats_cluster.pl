@@ -65,14 +65,14 @@ $node->safe_psql('postgres', q{
 
 sub count_now { return nats_count(live_url(), 'ORDERS') }
 
-ok(wait_until(sub { count_now() >= 4000 }, 120), 'delivering');
+ok(wait_until(sub { count_now() >= 4000 }), 'delivering');
 my $pid = relay_worker_pid($node);
 kill 'KILL', $pid;
 my $at = count_now();
 note("relay killed with $at of 20000 in the stream");
 ok($at < 16000, 'the relay was killed mid-stream');
 
-ok(wait_until(sub { count_now() >= 8000 }, 120), 'delivering after the relay restarted');
+ok(wait_until(sub { count_now() >= 8000 }), 'delivering after the relay restarted');
 my $leader = nats_tool(live_url(), 'leader', 'ORDERS');
 chomp $leader;
 ok(exists $srv{$leader}, "the stream's leader is $leader");
@@ -80,12 +80,12 @@ $at = count_now();
 nats_kill($srv{$leader});
 note("leader $leader killed with $at of 20000 in the stream");
 ok($at >= 0 && $at < 18000, 'the leader was killed mid-stream');
-ok(wait_until(sub { my $c = count_now(); $c >= 12000 || $c >= 20000 }, 120),
+ok(wait_until(sub { my $c = count_now(); $c >= 12000 || $c >= 20000 }),
 	'delivering with a server down');
 $srv{$leader} = nats_start($leader, port => $client{$leader}, dir => $srv{$leader}{dir},
 	cluster_port => $route{$leader}, routes => [ map { $route{$_} } grep { $_ ne $leader } @names ]);
 
-ok(wait_until(sub { count_now() >= 20000 }, 180), 'everything arrives');
+ok(wait_until(sub { count_now() >= 20000 }), 'everything arrives');
 sleep 2;
 my $msgs = nats_dump(live_url(), 'ORDERS');
 my (%seen, %last, $dups, $disorder);

@@ -86,31 +86,30 @@ sub delivered
 {
 	return $node->safe_psql('postgres', q{SELECT delivered FROM outbox.lag WHERE target = 'kf'});
 }
-ok(wait_until(sub { delivered() >= 2000 }, 60), 'delivering');
+ok(wait_until(sub { delivered() >= 2000 }), 'delivering');
 is(kafka_command($mock, 'produce-errors 40 6 7 19 5'), 'ok', 'the brokers fail 40 produce requests');
-ok(wait_until(sub { delivered() >= 5000 }, 60), 'delivering through them');
+ok(wait_until(sub { delivered() >= 5000 }), 'delivering through them');
 is(kafka_command($mock, 'leader orders 0 2'), 'ok', 'a partition leader moves');
 is(kafka_command($mock, 'leader orders 3 1'), 'ok', 'another one');
-ok(wait_until(sub { delivered() >= 8000 }, 60), 'delivering after the moves');
+ok(wait_until(sub { delivered() >= 8000 }), 'delivering after the moves');
 my $pid = relay_worker_pid($node);
 my $at = delivered();
 kill 'KILL', $pid;
 # The server restarts after a worker killed so (restart_after_crash): wait
 # until the postmaster has reaped the relay (it then stops everything), so
 # that the poll cannot pass before the restart, then for the restart.
-wait_until(sub { !kill(0, $pid) }, 60);
+wait_until(sub { !kill(0, $pid) });
 $node->poll_query_until('postgres', 'SELECT true');
 note("relay killed with $at of 20000 delivered");
 ok($at < 18000, 'the relay was killed mid-stream');
-ok(wait_until(sub { delivered() >= 11000 || delivered() >= 20000 }, 60), 'delivering after the relay restarted');
+ok(wait_until(sub { delivered() >= 11000 || delivered() >= 20000 }), 'delivering after the relay restarted');
 is(kafka_command($mock, 'down 2'), 'ok', 'a broker goes down');
 sleep 3;
 is(kafka_command($mock, 'up 2'), 'ok', 'and up');
 ok( wait_until(
 		sub {
 			$node->safe_psql('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'kf'}) eq '0';
-		},
-		180),
+		}),
 	'everything delivered');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'kf'}), '0',
 	'no dead letters');
@@ -190,8 +189,7 @@ $node->safe_psql('postgres', qq{
 ok( wait_until(
 		sub {
 			$node->safe_psql('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'kbig'}) eq '0';
-		},
-		60),
+		}),
 	'a message too large: the others flow');
 like($node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'kbig'}),
 	qr/too large/i, 'it is a dead letter, with the reason');
@@ -201,7 +199,7 @@ $node->safe_psql('postgres', q{
 	SELECT outbox.alter_target('kbig', properties => '{"message.max.bytes": 100000}');
 	SELECT outbox.retry_dead_letters('kbig');
 });
-ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'small') }) == 3 }, 60),
+ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'small') }) == 3 }),
 	'retried after the limit was raised, it is delivered');
 
 # --- an authorization error ---
@@ -216,12 +214,11 @@ ok( wait_until(
 			$node->safe_psql('postgres',
 				q{SELECT state || ' ' || coalesce(last_error, '') FROM outbox.lag WHERE target = 'kdeny'})
 			  =~ /^failing .*[Aa]uthoriz/;
-		},
-		60),
+		}),
 	'an authorization error holds the target, with the broker\'s reason');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'kdeny'}),
 	'0', '... nothing dead-lettered');
-ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'denied') }) == 1 }, 120),
+ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'denied') }) == 1 }),
 	'once the broker stops refusing, it is delivered');
 
 # --- pause, resume ---
@@ -234,9 +231,9 @@ $node->safe_psql('postgres', qq{
 sleep 2;
 is(scalar(@{ kafka_consume($mock, 'other') }), 0, 'a paused target produces nothing');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('kother')});
-ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 10 }, 60), 'resumed: it produces what waited');
+ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 10 }), 'resumed: it produces what waited');
 $node->safe_psql('postgres', q{SELECT outbox.replay('kother', now() - interval '1 hour')});
-ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 20 }, 60),
+ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 20 }),
 	'replay produces the messages again');
 my %replayed;
 $replayed{ $_->{headers}{'outbox-seq'} }{ $_->{headers}{'webhook-id'} }++ for @{ kafka_consume($mock, 'other') };
@@ -253,15 +250,14 @@ ok( wait_until(
 		sub {
 			$node->safe_psql('postgres', q{SELECT last_error FROM outbox.lag WHERE target = 'kother'}) =~
 			  /connection refused by the relay: 127\.0\.0\.1 is denied/;
-		},
-		60),
+		}),
 	'a denied broker address is refused at connect, with the reason');
 is(scalar(@{ kafka_consume($mock, 'other') }), 20, 'nothing was produced');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'kother'}),
 	'0', '... and nothing dead-lettered');
 $node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.denied_destinations});
 $node->reload;
-ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 25 }, 60), 'allowed again: delivered');
+ok(wait_until(sub { scalar(@{ kafka_consume($mock, 'other') }) == 25 }), 'allowed again: delivered');
 
 relay_no_crash($node, $pid);
 $node->stop;

@@ -74,7 +74,7 @@ for my $round (1 .. 2)
 {
 	my @h = start_emitters();
 	# Let messages flow in every database, then crash.
-	ok(wait_until(sub { (grep { scalar(keys %{ delivered_ids("/$_") }) > 300 * $round } @dbs) == 3 }, 60),
+	ok(wait_until(sub { (grep { scalar(keys %{ delivered_ids("/$_") }) > 300 * $round } @dbs) == 3 }),
 		"round $round: all three databases deliver");
 	$node->stop('immediate');
 	$_->kill_kill for @h;
@@ -96,7 +96,7 @@ for my $db (@dbs)
 for my $db (@dbs)
 {
 	my @ids = split /\n/, $node->safe_psql($db, 'SELECT id FROM outbox.messages ORDER BY id');
-	ok(wait_until(sub { my $d = delivered_ids("/$db"); !grep { !$d->{$_} } @ids }, 120),
+	ok(wait_until(sub { my $d = delivered_ids("/$db"); !grep { !$d->{$_} } @ids }),
 		"$db: every committed message (" . scalar(@ids) . ") was delivered after two crashes")
 	  or do
 	{
@@ -152,10 +152,10 @@ is($old_max, '3000', 'app: 3,000 messages pending (the target is paused)');
 $old->append_conf('postgresql.conf', "outbox.database = ''\n");
 $old->restart;
 $old->safe_psql('app', q{SELECT outbox.resume_target('t')});
-ok(wait_until(sub { scalar(keys %{ delivered_ids('/app') }) >= 3000 }, 60),
+ok(wait_until(sub { scalar(keys %{ delivered_ids('/app') }) >= 3000 }),
 	'after the move the pending messages are delivered');
 $old->safe_psql('app', q{SELECT outbox_emit('m', '{"new": true}', 'k')});
-ok(wait_until(sub { delivered_ids('/app')->{3001} || grep { $_ > 3000 } keys %{ delivered_ids('/app') } }, 30),
+ok(wait_until(sub { delivered_ids('/app')->{3001} || grep { $_ > 3000 } keys %{ delivered_ids('/app') } }),
 	'a new message is delivered');
 cmp_ok($old->safe_psql('app', q{SELECT id FROM outbox.messages WHERE payload ? 'new'}), '>', $old_max,
 	'... with an id above every old one (the counter goes on)');
@@ -165,7 +165,7 @@ SELECT outbox.create_http_target('t', '$url/other');
 SELECT outbox.subscribe('t', 'm');
 SELECT outbox_emit('m', '{}');
 });
-ok(wait_until(sub { scalar(keys %{ delivered_ids('/other') }) >= 1 }, 30),
+ok(wait_until(sub { scalar(keys %{ delivered_ids('/other') }) >= 1 }),
 	'and the other database has an outbox of its own');
 relay_no_crash($old);
 $old->stop;

@@ -156,7 +156,7 @@ like(relays_listed(), qr/^other$/, '... and the relay gave back the slot too');
 
 # The other database delivered on throughout.
 $node->safe_psql('other', q{SELECT outbox_emit('m', '{}')});
-ok(wait_until(sub { scalar grep { $_->{status} == 204 } @{ sink_attempts($sink, '/other') } }, 30),
+ok(wait_until(sub { scalar grep { $_->{status} == 204 } @{ sink_attempts($sink, '/other') } }),
 	'the other database delivers on');
 
 # Nothing along the way was taken for a failure of the relay's own.

@@ -50,7 +50,7 @@ my $n = 0;
 # Messages flow while the standby confirms.
 q1(q{SELECT outbox_emit('m', '{"n": 1}')});
 $n++;
-ok(wait_until(sub { delivered() >= $n }, 30), 'with its standby streaming, a message is delivered');
+ok(wait_until(sub { delivered() >= $n }), 'with its standby streaming, a message is delivered');
 is(receive_all(), '1', '... and received');
 is(q1(q{SELECT state || ' ' || (behind_bytes = 0) FROM outbox.standby_status()}), 'streaming true',
 	'outbox.standby_status(): streaming, nothing behind');
@@ -84,9 +84,9 @@ sub held
 	my @lines = $log =~ /(outbox relay holds delivery: standby slot "\Q$slot\E" \Q$log_why\E)/g;
 	is(scalar(@lines), 1, "$label: one LOG line says why");
 	$fix->();
-	ok(wait_until(sub { delivered() >= $n }, 30), "$label: delivered once fixed");
+	ok(wait_until(sub { delivered() >= $n }), "$label: delivered once fixed");
 	my $got = 0;
-	ok(wait_until(sub { ($got += receive_all()) >= 1 }, 30), "$label: ... and received");
+	ok(wait_until(sub { ($got += receive_all()) >= 1 }), "$label: ... and received");
 	like(substr(slurp_file($primary->logfile), $offset), qr/outbox relay resumes delivery/,
 		"$label: the resume is logged");
 }
@@ -139,7 +139,7 @@ q1(q{SELECT outbox_emit('m', '{"r": 1}'); SELECT outbox_emit('m', '{"r": 2}')});
 my $s = OutboxSession->new($primary, 'holder');
 my $held_id = $s->run_ok(q{BEGIN; SELECT id FROM outbox.receive('q', 1, 5000);});
 my $acked_id;
-ok(wait_until(sub { $acked_id = q1(q{SELECT id FROM outbox.receive('q', 1)}); $acked_id ne '' }, 10),
+ok(wait_until(sub { $acked_id = q1(q{SELECT id FROM outbox.receive('q', 1)}); $acked_id ne '' }),
 	'restart: a second session takes and acknowledges the next message');
 $s->run_ok('ROLLBACK;');
 $s->quit;
@@ -151,7 +151,7 @@ my @after;
 my $take = sub { push @after, grep { $_ ne '' } split /,/, q1(q{SELECT string_agg(id::text, ',') FROM outbox.receive('q', 100)}) };
 $take->();
 $standby->start;
-ok(wait_until(sub { $take->(); grep { $_ eq $held_id } @after }, 30),
+ok(wait_until(sub { $take->(); grep { $_ eq $held_id } @after }),
 	'restart: the message rolled back is handed out again');
 $take->();
 is(join(',', @after), $held_id, "restart: only it ($held_id), not the acknowledged one ($acked_id)");
@@ -174,7 +174,7 @@ usleep(300_000);
 is($old->run_ok(q{SELECT count(*) FROM outbox.receive('q', 100);}), '0',
 	'recreated extension: a session that received before gets nothing its standby has not confirmed');
 $standby->start;
-ok(wait_until(sub { $old->run_ok(q{SELECT count(*) FROM outbox.receive('q', 100);}) eq '1' }, 30),
+ok(wait_until(sub { $old->run_ok(q{SELECT count(*) FROM outbox.receive('q', 100);}) eq '1' }),
 	'... and gets it once the standby confirms');
 $old->quit;
 
@@ -207,9 +207,9 @@ my @why = substr(slurp_file($primary->logfile), $offset) =~ /outbox relay holds 
 is_deeply(\@why, [ 'has no standby connected', 'was invalidated' ], '... and a LOG line for each reason');
 my $before_fix = delivered();
 set_slots('');
-ok(wait_until(sub { delivered() > $before_fix }, 30), '... delivered once the setting is emptied');
+ok(wait_until(sub { delivered() > $before_fix }), '... delivered once the setting is emptied');
 my $drained = 0;
-ok(wait_until(sub { ($drained += receive_all()) >= 1 }, 30), '... and received');
+ok(wait_until(sub { ($drained += receive_all()) >= 1 }), '... and received');
 set_slots('standby1');
 held('slot invalidated', 'standby1', 'invalidated', 'was invalidated', sub { set_slots('') });
 like(slurp_file($primary->logfile), qr/outbox relay resumes delivery: outbox.standby_slots is empty/,

@@ -46,14 +46,14 @@ $primary->safe_psql('postgres', q{
 INSERT INTO orders SELECT g, 'before' FROM generate_series(1, 5) g;
 INSERT INTO items SELECT g, 'before' FROM generate_series(1, 5) g;
 });
-ok(wait_until(sub { @{ payloads('orders') } == 5 && @{ payloads('items') } == 5 }, 60),
+ok(wait_until(sub { @{ payloads('orders') } == 5 && @{ payloads('items') } == 5 }),
 	'on the primary both captures deliver');
 # Before 17 nothing copies the capture slot to a standby: said at once.
 my $major = $primary->safe_psql('postgres', q{SELECT current_setting('server_version_num')::int / 10000});
 if ($major < 17)
 {
 	ok(wait_until(sub { slurp_file($primary->logfile) =~
-			/WARNING:  WAL capture cannot follow a failover on PostgreSQL $major/ }, 30),
+			/WARNING:  WAL capture cannot follow a failover on PostgreSQL $major/ }),
 		'before 17: a WARNING that WAL capture cannot follow a failover');
 }
 else
@@ -70,7 +70,7 @@ $standby->poll_query_until('postgres', 'SELECT NOT pg_is_in_recovery()') or die 
 
 # Trigger capture carries on.
 $standby->safe_psql('postgres', q{INSERT INTO items VALUES (6, 'after')});
-ok(wait_until(sub { grep { ($_->{after}{id} // 0) == 6 } @{ payloads('items') } }, 60),
+ok(wait_until(sub { grep { ($_->{after}{id} // 0) == 6 } @{ payloads('items') } }),
 	'trigger capture carries on on the promoted server');
 
 # WAL capture: lost, and says why.
@@ -88,7 +88,7 @@ SELECT outbox.uncapture('orders');
 SELECT outbox.capture('orders', mode => 'wal', topic => 'orders', snapshot => true);
 });
 $standby->safe_psql('postgres', q{INSERT INTO orders VALUES (6, 'after')});
-ok(wait_until(sub { grep { $_->{op} eq 'insert' && ($_->{after}{id} // 0) == 6 } @{ payloads('orders') } }, 60),
+ok(wait_until(sub { grep { $_->{op} eq 'insert' && ($_->{after}{id} // 0) == 6 } @{ payloads('orders') } }),
 	'after the recovery a new change is captured from the WAL');
 my @read = grep { $_->{op} eq 'read' } @{ payloads('orders') };
 is(scalar(@read), 5, '... and the snapshot carried every row there (op "read")');

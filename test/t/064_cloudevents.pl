@@ -99,10 +99,10 @@ wait_until(sub {
 	my $nb = 0;
 	$nb += scalar(@{ $cjson->decode($_->{body}) }) for @b;
 	return $n >= 3 * 3 && $nb >= 3;
-}, 60) or diag(explain(sink_records($sink)));
-wait_until(sub { nats_count($nurl, 'CEB') >= 3 && nats_count($nurl, 'CES') >= 3 }, 60)
+}) or diag(explain(sink_records($sink)));
+wait_until(sub { nats_count($nurl, 'CEB') >= 3 && nats_count($nurl, 'CES') >= 3 })
   or diag(q1('SELECT * FROM outbox.lag'));
-wait_until(sub { @{ kafka_consume($mock, 'kbin') } >= 3 && @{ kafka_consume($mock, 'kstr') } >= 3 }, 60);
+wait_until(sub { @{ kafka_consume($mock, 'kbin') } >= 3 && @{ kafka_consume($mock, 'kstr') } >= 3 });
 
 # What each consumer got, as ce_check.js reads it.
 my @in;
@@ -229,16 +229,16 @@ is($kb->{headers}{'x-tenant'}, 'acme', 'Kafka binary mode: the other headers of 
 
 # alter: the outbox-format target to CloudEvents structured, then back.
 q1(q{SELECT outbox.alter_target('http_alt', format => 'cloudevents-structured', source => 'urn:alt')});
-wait_until(sub { q1(q{SELECT count(*) FROM outbox.lag WHERE target = 'http_alt' AND pending = 0}) eq '1' }, 30);
+wait_until(sub { q1(q{SELECT count(*) FROM outbox.lag WHERE target = 'http_alt' AND pending = 0}) eq '1' });
 q1(q{SELECT outbox_emit('ce.after', '{"n": 4}', 'k4')});
-my @a2 = sink_path_records($sink, '/alt', 4, 30);
+my @a2 = sink_path_records($sink, '/alt', 4);
 is($a2[3]{headers}{'content-type'}, 'application/cloudevents+json', 'altered to structured mode: sent as a CloudEvent');
 my $ev = $cjson->decode($a2[3]{body});
 is($ev->{source}, 'urn:alt', 'altered: the new source');
 q1(q{SELECT outbox.alter_target('http_alt', format => 'outbox', source => '')});
-wait_until(sub { q1(q{SELECT format FROM outbox.targets WHERE name = 'http_alt'}) eq 'outbox' }, 5);
+wait_until(sub { q1(q{SELECT format FROM outbox.targets WHERE name = 'http_alt'}) eq 'outbox' });
 q1(q{SELECT outbox_emit('ce.after', '{"n": 5}', 'k5')});
-my @a3 = sink_path_records($sink, '/alt', 5, 30);
+my @a3 = sink_path_records($sink, '/alt', 5);
 is($a3[4]{body}, '{"n": 5}', 'altered back: the payload itself');
 
 stop_sink($sink);

@@ -77,7 +77,7 @@ for my $s (@steps)
 my %xid = map { split /\|/ } split /\n/, q1(q{SELECT label, xid FROM xids});
 
 my $n = 2 + 2 + 2 + 2 + 1 + 1 + 1 + 2 + 2 + 1 + 1 + 2;
-my @r = sink_path_records($sink, '/t', $n, 60);
+my @r = sink_path_records($sink, '/t', $n);
 is(scalar(@r), $n, "all $n messages arrived");
 
 # By topic and op (the order of arrival is the commit order).

@@ -10,19 +10,63 @@ use warnings;
 use Cwd qw(abs_path);
 use Exporter 'import';
 use File::Basename qw(dirname);
+use File::Path qw(rmtree);
 use HTTP::Tiny;
 use IPC::Run;
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Fcntl qw(:flock);
 use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(
-  outbox_node relay_node relay_worker_pid sink_path_records relay_no_crash start_sink sink_control sink_stats stop_sink
-  sink_records sink_attempts wait_until
+  outbox_node relay_node relay_worker_pid relay_worker_pid_now sink_path_records relay_no_crash start_sink
+  sink_control sink_stats stop_sink sink_records sink_attempts wait_until wait_for ok_wait
+  relay_reloaded settings_reloaded lag_value
   webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all
   allow_output_plugins);
+
+# One initdb a kind, copied for every node (make test sets
+# OUTBOX_INITDB_CACHE to a directory of its scratch tree): a copy costs a
+# third of an initdb's CPU, and a version's files make about 75 nodes.
+# Each set of initdb arguments other than the data directory gets its own
+# template, made once under a lock by the first file that needs it.  The
+# TAP library of 17 and later has INITDB_TEMPLATE for the same purpose;
+# this covers 15 and 16 too, and the nodes made with extra arguments.
+if (my $cache = $ENV{OUTBOX_INITDB_CACHE})
+{
+	no warnings 'redefine';
+	my $real = \&PostgreSQL::Test::Utils::system_or_bail;
+	*PostgreSQL::Test::Utils::system_or_bail = sub {
+		my @cmd = @_;
+		return $real->(@cmd) unless @cmd && $cmd[0] eq 'initdb';
+		my ($pgdata, @key);
+		for (my $i = 1; $i < @cmd; $i++)
+		{
+			if ($cmd[$i] eq '-D' || $cmd[$i] eq '--pgdata') { $pgdata = $cmd[++$i]; }
+			else { push @key, $cmd[$i]; }
+		}
+		return $real->(@cmd) unless defined $pgdata;
+		(my $name = join('_', @key)) =~ s/[^A-Za-z0-9_.=-]/_/g;
+		my $template = "$cache/$name";
+		mkdir $cache;
+		open(my $lock, '>', "$cache/$name.lock") or die "$cache/$name.lock: $!";
+		flock($lock, LOCK_EX) or die "flock: $!";
+		unless (-d $template)
+		{
+			rmtree("$template.tmp");
+			my @make = @cmd;
+			$_ = $_ eq $pgdata ? "$template.tmp" : $_ for @make;
+			$real->(@make);
+			rename("$template.tmp", $template) or die "rename $template.tmp: $!";
+		}
+		close $lock;
+		note("initializing database system by copying the initdb template $template");
+		$real->('cp', '-RPp', $template, $pgdata);
+		return;
+	};
+}
 
 # poll_query_until writes its query to psql's input, and a psql refused
 # while the server recovers from a crash may exit before reading it: the
@@ -40,6 +84,35 @@ our @EXPORT = qw(
 			die $@ unless $@ =~ /Broken pipe/ && time < $deadline;
 			usleep(100_000);
 		}
+	};
+}
+
+# BackgroundPsql's query() of the 16 and 17 kits returns as soon as psql's
+# stdout has the query's end marker, when an error of the query may still
+# be on its way on stderr (15's and 18's wait for a marker on both
+# streams).  Make it wait for both on every version, so that a caller that
+# looks at stderr after a query sees that query's errors.
+{
+	no warnings 'redefine';
+	require PostgreSQL::Test::BackgroundPsql;
+	my $queries = 0;
+	*PostgreSQL::Test::BackgroundPsql::query = sub {
+		my ($self, $query) = @_;
+		local $Test::Builder::Level = $Test::Builder::Level + 1;
+		PostgreSQL::Test::BackgroundPsql::note("background psql query: $query");
+		$self->{timeout}->start() if defined $self->{query_timer_restart};
+		my $mark = 'outbox_query_end_' . $queries++;
+		$self->{stdin} .= "$query\n;\n\\echo '$mark'\n\\warn '$mark'\n";
+		$self->{run}->pump
+		  until ($self->{stdout} =~ /^$mark\r?\n/m && $self->{stderr} =~ /^$mark\r?\n/m)
+		  || $self->{timeout}->is_expired;
+		die "psql query timed out" if $self->{timeout}->is_expired;
+		my $out = $self->{stdout};
+		$out =~ s/\r?\n?^$mark\r?\n//m;
+		$self->{stderr} =~ s/^$mark\r?\n//m;
+		$self->{stdout} = '';
+		my $failed = $self->{stderr} eq '' ? 0 : 1;
+		return wantarray ? ($out, $failed) : $out;
 	};
 }
 
@@ -167,9 +240,19 @@ sub kill_all
 	my ($node) = @_;
 	my $pm = $node->{_pid};
 	my @children = split /\s+/, `pgrep -P $pm`;
-	kill 'KILL', $pm, grep { /^\d+$/ } @children;
+	my @pids = ($pm, grep { /^\d+$/ } @children);
+	kill 'KILL', @pids;
 	$node->{_pid} = undef;
-	usleep(200_000);
+	# gone once reaped, or a zombie (it holds nothing then)
+	my $alive = sub {
+		grep {
+			my $st = eval { slurp_file("/proc/$_/stat") } // '';
+			$st ne '' && $st !~ /\) Z /;
+		} @pids;
+	};
+	wait_for("the killed server's processes to be gone",
+		sub { my @a = $alive->(); (!@a, "@a still there") })
+	  or die 'kill_all: processes of the killed server are still alive';
 	unlink $node->data_dir . '/postmaster.pid';
 }
 
@@ -187,12 +270,29 @@ sub client_matches_server
 	return "$prog " . ($client // '?') . " cannot work with a PostgreSQL $server server, and this installation has no $prog $server";
 }
 
-# The pid of the relay worker ('' when there is none).
+# The pid of the relay worker: waits until exactly one runs (the launcher
+# starts it after the server, and a relay that exits is replaced a moment
+# later), and dies naming what it saw if none does within the time limit.
 sub relay_worker_pid
 {
 	my ($node) = @_;
+	my $pid;
+	wait_for(
+		'exactly one outbox relay running',
+		sub {
+			$pid = relay_worker_pid_now($node);
+			return ($pid =~ /^\d+$/, $pid eq '' ? 'none' : join(', ', split /\n/, $pid));
+		})
+	  or die 'no single outbox relay: ' . ($pid eq '' ? 'none' : $pid);
+	return $pid;
+}
+
+# The pids of the relay workers now, one a line ('' when there is none).
+sub relay_worker_pid_now
+{
+	my ($node) = @_;
 	return $node->safe_psql('postgres',
-		q{SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
+		q{SELECT string_agg(pid::text, E'\n' ORDER BY pid) FROM pg_stat_activity WHERE backend_type = 'outbox relay'});
 }
 
 # Check that no server process died of a signal or an assertion, other
@@ -226,7 +326,7 @@ sub start_sink
 		],
 		'<', \undef, '>>', "$dir/sink_$name.log", '2>>', "$dir/sink_$name.log");
 	# --port given means a fixed port (the caller passed it)
-	my $deadline = time + 20;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	until (-s $port_file)
 	{
 		die "sink $name did not start" if time > $deadline || !$h->pumpable;
@@ -240,7 +340,7 @@ sub start_sink
 		url => "http://127.0.0.1:$port",
 		record => $record,
 		harness => $h,
-		http => HTTP::Tiny->new(timeout => 10),
+		http => HTTP::Tiny->new(timeout => $PostgreSQL::Test::Utils::timeout_default),
 	};
 }
 
@@ -306,9 +406,13 @@ sub sink_path_records
 	my @r;
 	my $read = sub {
 		@r = grep { $_->{path} eq $path } @{ sink_records($sink) };
-		return @r >= ($n // 0);
+		return (@r >= ($n // 0), scalar(@r) . ' of them');
 	};
-	if (defined $n) { wait_until($read, $timeout, $interval) }
+	if (defined $n)
+	{
+		wait_for("$n records on $path at the receiver $sink->{name}", $read,
+			timeout => $timeout, interval => $interval);
+	}
 	else { $read->() }
 	return @r;
 }
@@ -360,19 +464,94 @@ sub sink_attempts
 }
 
 # Poll $cond every $interval seconds until it returns true or $timeout
-# seconds passed; returns whether it became true.
+# seconds passed (the TAP library's time limit, 180 s unless
+# PG_TEST_TIMEOUT_DEFAULT says otherwise); returns whether it became true,
+# and says where it gave up when it did not.
 sub wait_until
 {
 	my ($cond, $timeout, $interval) = @_;
+	my (undef, $file, $line) = caller;
+	return _wait("the condition at $file line $line", $cond, $timeout, $interval);
+}
+
+# wait_until() for a named state: $cond returns whether it holds and,
+# optionally, what it saw instead ("3 of 10 delivered"); on a time-out the
+# test's output says what did not happen and what was last seen.
+sub wait_for
+{
+	my ($what, $cond, %o) = @_;
+	return _wait($what, $cond, $o{timeout}, $o{interval});
+}
+
+# ok(wait_for(...)): a check that the state came.
+sub ok_wait
+{
+	my ($what, $cond, %o) = @_;
+	local $Test::Builder::Level = $Test::Builder::Level + 1;
+	return ok(wait_for($what, $cond, %o), $what);
+}
+
+sub _wait
+{
+	my ($what, $cond, $timeout, $interval) = @_;
 	$timeout //= $PostgreSQL::Test::Utils::timeout_default;
 	$interval //= 0.1;
-	my $deadline = time + $timeout;
+	my $start = time;
+	my $deadline = $start + $timeout;
+	my $seen;
 	while (1)
 	{
-		return 1 if $cond->();
-		return 0 if time > $deadline;
+		my ($ok, $s) = $cond->();
+		return 1 if $ok;
+		$seen = $s;
+		last if time > $deadline;
 		usleep($interval * 1e6);
 	}
+	diag(sprintf('gave up after %.0f s waiting for %s%s',
+			time - $start, $what, defined $seen ? " (last seen: $seen)" : ''));
+	return 0;
+}
+
+# A column of a target's row in outbox.lag, now.
+sub lag_value
+{
+	my ($node, $target, $column, $db) = @_;
+	return $node->safe_psql($db // 'postgres',
+		"SELECT $column FROM outbox.lag WHERE target = '$target'");
+}
+
+# After a change of postgresql.conf and a reload ($node->reload or
+# pg_reload_conf()): wait until a new session of $db sees every setting of
+# %want (the postmaster has read the file, and signalled its children
+# before it forks a new one).
+sub settings_reloaded
+{
+	my ($node, $db, %want) = @_;
+	for my $name (sort keys %want)
+	{
+		(my $q = $name) =~ s/'/''/g;
+		$node->poll_query_until($db, "SELECT current_setting('$q')", $want{$name})
+		  or die "$name is not '$want{$name}' after the reload";
+	}
+	return 1;
+}
+
+# settings_reloaded(), then wait until the relay of $db has gone round its
+# loop twice since (it reads the file at the top of its loop: the second
+# turn began after the first had applied it), so that what is emitted next
+# is read under the new settings.
+sub relay_reloaded
+{
+	my ($node, $db, %want) = @_;
+	settings_reloaded($node, $db, %want);
+	for my $turn (1, 2)
+	{
+		my $t = $node->safe_psql($db, 'SELECT clock_timestamp()');
+		$node->poll_query_until($db,
+			"SELECT last_wakeup > '$t' FROM outbox.worker")
+		  or die "the relay did not go round its loop (turn $turn) after the reload";
+	}
+	return 1;
 }
 
 # Standard Webhooks: "v1," . base64(HMAC-SHA256(key, id.timestamp.body))

@@ -9,6 +9,7 @@ package OutboxSession;
 use strict;
 use warnings;
 use IPC::Run;
+use PostgreSQL::Test::Utils ();
 
 {
 	use Time::HiRes qw(time usleep);
@@ -38,11 +39,13 @@ use IPC::Run;
 		$self->{in} .= "$step\n\\echo $m\n\\warn $m\n";
 		# IPC::Run writes to psql only while pumped: hand the step over
 		# now, so that it runs while the caller does something else.
-		my $deadline = time + 60;
+		my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 		while (length($self->{in}) > 0)
 		{
 			$self->{h}->pump_nb;
+			last if length($self->{in}) == 0;
 			die "$self->{name}: psql does not read its input" if time > $deadline;
+			usleep(1000);
 		}
 		return;
 	}
@@ -67,11 +70,16 @@ use IPC::Run;
 	sub wait_done
 	{
 		my ($self, $timeout) = @_;
-		my $deadline = time + ($timeout // 60);
+		my $deadline = time + ($timeout // $PostgreSQL::Test::Utils::timeout_default);
+		# Look again after 1 ms, then less and less often (at most every
+		# 20 ms): a quick step returns at once, and a step that waits
+		# (a receive, a lock) does not cost a CPU's worth of pumping.
+		my $pause = 1000;
 		until ($self->poll)
 		{
 			return 0 if time > $deadline;
-			usleep(1000);
+			usleep($pause);
+			$pause = $pause * 3 / 2 if $pause < 20_000;
 		}
 		return 1;
 	}
