@@ -22,7 +22,7 @@ if (my $why = client_matches_server($src, 'pg_dump'))
 	plan skip_all => $why;
 }
 $src->safe_psql('postgres', qq{
-SELECT outbox.create_http_target('hook', '$url/hook', lanes => 2);
+SELECT outbox.create_http_target('hook', '$url/hook', lanes => 2, max_attempts => 0);
 SELECT outbox.subscribe('hook', 't.*');
 SELECT outbox.create_http_target('rej', '$url/rej');
 SELECT outbox.subscribe('rej', 'r');

@@ -15,17 +15,19 @@ my $sink = start_sink('batch_ids');
 my $url = $sink->{url};
 my $node = relay_node('batch_ids');
 $node->safe_psql('postgres', qq{
-SELECT outbox.create_http_target('b', '$url/b', batch_size => 10, lanes => 1);
+SELECT outbox.create_http_target('b', '$url/b', batch_size => 10, lanes => 1,
+	timeout_ms => 3600000, max_attempts => 0);
 SELECT outbox.subscribe('b', 'b');
 });
-sink_control($sink, { path => '/b', delay_ms => 3000 });
+# The receiver holds its answer to the first batch until after the crash.
+sink_control($sink, { path => '/b', hold => JSON::PP::true });
 $node->safe_psql('postgres', q{SELECT count(outbox_emit('b', jsonb_build_object('g', g), 'k')) FROM generate_series(1, 3) g});
 my @r;
 ok(wait_until(sub { @r = sink_path_records($sink, '/b'); @r >= 1 }), 'the first batch is on its way');
 is($r[0]{headers}{'outbox-count'}, 3, '... with 3 messages');
 $node->safe_psql('postgres', q{SELECT count(outbox_emit('b', jsonb_build_object('g', g), 'k')) FROM generate_series(4, 8) g});
 $node->stop('immediate');
-sink_control($sink, { path => '/b', delay_ms => 0 });
+sink_control($sink, { path => '/b', hold => JSON::PP::false });
 $node->start;
 ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'b'}),
 	'after the crash everything is delivered');

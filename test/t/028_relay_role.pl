@@ -64,6 +64,8 @@ ok($node->poll_query_until('postgres', q{SELECT lanes = 3 FROM outbox.targets WH
 
 my $pid = relay_worker_pid($node);
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
+$node->poll_query_until('postgres', "SELECT pid IS NOT NULL AND pid <> $pid FROM outbox.worker")
+  or die 'no new relay after the old one was terminated';
 $node->safe_psql('postgres', q{SELECT outbox_emit('t.b', '{}')});
 ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbox.lag WHERE target <> 'rej'}),
 	'a new relay, as the same role, delivers what came next');

@@ -79,7 +79,7 @@ ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHER
 is($node->safe_psql('postgres', q{SELECT outbox.pause_target('p')}), '0', 'pause_target returns the pending count');
 is($node->safe_psql('postgres', q{SELECT state FROM outbox.targets WHERE name = 'p'}), 'paused', '... and the target is paused');
 emit('p', 51, 150);
-sleep 1;
+sleep 1;    # a span: a paused target would have sent by now
 is(scalar @{ acked('/p') }, 50, 'a paused target receives nothing');
 is(lag('p', 'pending'), '100', '... its messages accumulate');
 is($node->safe_psql('postgres', q{SELECT outbox.resume_target('p')}), '100', 'resume_target returns the pending count');
@@ -104,7 +104,7 @@ ok($node->poll_query_until('postgres', q{SELECT state = 'disabled' FROM outbox.t
 like($node->safe_psql('postgres', q{SELECT state_reason FROM outbox.targets WHERE name = 'g'}),
 	qr/410 Gone/, '... saying why');
 emit('g', 61, 80);
-sleep 1;
+sleep 1;    # a span: a disabled target would have sent (or dead-lettered) by now
 is(lag('g', 'pending'), '60', 'a disabled target keeps its messages');
 is(lag('g', 'dead_letters'), '0', '... dead-letters nothing');
 sink_control($sink, { path => '/g', reset => JSON::PP::true });
@@ -120,12 +120,13 @@ ok(key_order_ok(acked('/g')), '... per key in order');
 $node->safe_psql('postgres', qq{
 SELECT outbox.create_http_target('f', '$url/f', lanes => 1);
 SELECT outbox.subscribe('f', 'f');
-SELECT outbox.alter_target('f', disable_after => '2 seconds');
 });
 sink_control($sink, { path => '/f', status => 401 });
 emit('f', 1, 5);
+# Failing for as long as the test looks; disable_after comes once it saw.
 ok($node->poll_query_until('postgres', q{SELECT state = 'failing' FROM outbox.lag WHERE target = 'f'}),
 	'a target answering 401 is failing');
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('f', disable_after => '2 seconds')});
 ok($node->poll_query_until('postgres', q{SELECT state = 'disabled' FROM outbox.targets WHERE name = 'f'}),
 	'... and disabled once it failed for disable_after');
 like($node->safe_psql('postgres', q{SELECT state_reason FROM outbox.targets WHERE name = 'f'}),
@@ -179,7 +180,9 @@ ok($node->poll_query_until('postgres', q{SELECT bool_and(pending = 0) FROM outbo
 my $from = $node->safe_psql('postgres', q{SELECT id FROM outbox.messages WHERE topic = 'r' AND payload->>'n' = '61'});
 is($node->safe_psql('postgres', "SELECT outbox.replay('r1', $from)"), '40', 'replay from an id returns 40');
 ok(wait_until(sub { scalar @{ acked('/r1') } >= 140 }), '... r1 receives them again');
-sleep 1;
+# once progress records them, nothing more of the replay is on its way
+$node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'r1'})
+  or die 'r1 did not finish the replay';
 is(scalar @{ acked('/r1') }, 140, '... exactly those 40');
 my $rn = n_of('r');
 is(join(',', sort { $a <=> $b } map { $rn->{ $_->{seq} } } @{ acked('/r1') }[100 .. 139]),
@@ -220,10 +223,15 @@ ok(wait_until(sub { scalar @{ acked('/slow') } >= 150 }), 'the limited target ge
 my $slow = acked('/slow');
 my $rate = (150 - 50) / ($slow->[149]{t} - $slow->[49]{t});
 note("max_rate 50: measured $rate requests/s");
-cmp_ok($rate, '>=', 40, 'max_rate 50: at least 40 a second');
+# The upper bound is the limit itself (the bucket holds at most 2.5
+# requests, so there is no catch-up burst); the lower one only says the
+# limit does not throttle far below the rate, with room for a loaded
+# machine.
+cmp_ok($rate, '>=', 25, 'max_rate 50: not far below 50 a second');
 cmp_ok($rate, '<=', 60, '... at most 60 a second');
-cmp_ok($fast->[399]{t} - $fast->[0]{t}, '<', ($slow->[149]{t} - $slow->[0]{t}),
-	'... while the other target ran faster');
+my $slow_by_then = grep { $_->{t} <= $fast->[399]{t} } @$slow;
+cmp_ok($slow_by_then, '<', 400,
+	"... while the other target ran faster (it had all 400 when the limited one had $slow_by_then)");
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('slow', max_rate => 0)});
 ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'slow'}),
 	'max_rate => 0 lifts the limit');
@@ -241,6 +249,9 @@ for my $step (0 .. 5)
 	$bg->query_safe("SELECT count(outbox_emit('a', jsonb_build_object('n', g), 'k' || (g % 20))) FROM generate_series("
 		  . ($total + 1) . ', ' . ($total + 300) . ') g');
 	$total += 300;
+	# what came after the change of URL goes there before the URL changes back
+	wait_for('a delivery at the new URL', sub { scalar @{ acked('/a2') } > 0 })
+	  or die 'nothing reached the new URL' if $step == 2;
 	$node->safe_psql('postgres', q{SELECT outbox.alter_target('a', url => '} . "$url/a2" . q{')}) if $step == 1;
 	$node->safe_psql('postgres', q{SELECT outbox.alter_target('a', batch_size => 25)}) if $step == 2;
 	$node->safe_psql('postgres', q{SELECT outbox.alter_target('a', lanes => 7)}) if $step == 3;
@@ -267,16 +278,22 @@ ok(key_order_ok(\@a), '... per key in order');
 # asked for, then the relay restarts before they are applied: the lane
 # behind must catch up before keys are redistributed, or messages are lost.
 $node->safe_psql('postgres', qq{
-SELECT outbox.create_http_target('z', '$url/z', lanes => 2);
+SELECT outbox.create_http_target('z', '$url/z', lanes => 2, max_attempts => 0);
 SELECT outbox.subscribe('z', 'z');
 });
 sink_control($sink, { key => 'k3', status => 503 });
 emit('z', 1, 200, 10);
 ok(wait_until(sub { scalar @{ acked('/z') } >= 60 }), 'new lanes: the lane without k3 delivers');
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('z', lanes => 3)});
-$node->safe_psql('postgres', 'SELECT pg_terminate_backend(' . relay_worker_pid($node) . ')');
-ok($node->poll_query_until('postgres', q{SELECT pid IS NOT NULL FROM outbox.worker}), '... the relay restarts');
-sleep 1;
+my $old_relay = relay_worker_pid($node);
+my $k3_refused = sub { scalar grep { $_->{key} eq 'k3' && $_->{status} == 503 } @{ sink_attempts($sink, '/z') } };
+my $refused_before = $k3_refused->();
+$node->safe_psql('postgres', "SELECT pg_terminate_backend($old_relay)");
+ok($node->poll_query_until('postgres', "SELECT pid IS NOT NULL AND pid <> $old_relay FROM outbox.worker"),
+	'... the relay restarts');
+# the new relay is stuck on k3 too (its lanes not yet redistributed)
+wait_for('the new relay to try k3', sub { my $n = $k3_refused->(); ($n > $refused_before, "$n refusals") })
+  or die 'the new relay never tried k3';
 sink_control($sink, { key => 'k3', reset => JSON::PP::true });
 ok($node->poll_query_until('postgres', q{SELECT lanes = 3 FROM outbox.targets WHERE name = 'z'}),
 	'... the new lanes are applied');
@@ -303,8 +320,13 @@ my $qn = n_of('q');
 my ($q1) = grep { $qn->{$_} == 1 } keys %$qn;
 sink_control($sink, { key => 'bad', reset => JSON::PP::true });
 sink_control($sink, { path => '/q', status => 401 });   # held: nothing acknowledged, nothing dead
+my $refused_q = grep { $_->{status} == 401 } @{ sink_attempts($sink, '/q') };
 $node->safe_psql('postgres', qq{BEGIN; SELECT outbox.replay('q', $q1); SELECT outbox.retry_dead_letters('q'); COMMIT;});
-sleep 2;
+# the relay tried (and was refused) twice since
+wait_for('two refused attempts at /q', sub {
+	my $n = grep { $_->{status} == 401 } @{ sink_attempts($sink, '/q') };
+	($n >= $refused_q + 2, $n - $refused_q) })
+  or die 'the relay did not try q';
 is($node->safe_psql('postgres', q{SELECT done_id FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id WHERE t.name = 'q'}),
 	$q1 - 1, 'replayed with a dead letter delivered again, nothing acknowledged: the position stays');
 sink_control($sink, { path => '/q', reset => JSON::PP::true });

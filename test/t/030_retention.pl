@@ -132,7 +132,13 @@ drained('after the reader ended');
 # --- a paused target keeps its messages ---
 $node->safe_psql('postgres', q{SELECT outbox.pause_target('h')});
 emit_bulk(20_000);
-sleep 4;	# several retention steps and rotations
+# several retention steps (and rotations) since
+for my $step (1 .. 3)
+{
+	my $t = $node->safe_psql('postgres', 'SELECT clock_timestamp()');
+	$node->poll_query_until('postgres', "SELECT retention_checked_at > '$t' FROM outbox.worker")
+	  or die "no retention step $step after the emit";
+}
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.messages WHERE topic = 'bulk' AND id > (SELECT min(done_id) FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id WHERE t.name = 'h')}),
 	'20000', 'messages pending for a paused target are not removed');
 # Polled: the count above takes a share lock on every chunk, and a

@@ -26,7 +26,7 @@ my $node = relay_node('relay_dest');
 $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('named', 'http://localhost:$port/named', lanes => 2,
-	max_attempts => 2, timeout_ms => 2000);
+	max_attempts => 2);
 SELECT outbox.subscribe('named', 'dest');
 });
 
@@ -57,7 +57,19 @@ sub reload_with
 		  . "ALTER SYSTEM SET outbox.allowed_destinations = '$allowed';");
 	$node->reload;
 	# Every backend, the relay among them, reads the file at its next turn.
-	sleep 1;
+	relay_reloaded($node, 'postgres',
+		'outbox.denied_destinations' => $denied,
+		'outbox.allowed_destinations' => $allowed);
+}
+
+# Wait until the relay has tried (and been refused) $n more times.
+sub refused_again
+{
+	my ($n) = @_;
+	my $q = q{SELECT failed_attempts FROM outbox.lag WHERE target = 'named'};
+	my $from = $node->safe_psql('postgres', $q);
+	return wait_for("$n more refused attempts",
+		sub { my $f = $node->safe_psql('postgres', $q); ($f >= $from + $n, "$f failed attempts, from $from") });
 }
 
 # Deny loopback while a kept-alive connection to the receiver is open.
@@ -75,8 +87,8 @@ like(
 	$node->safe_psql('postgres', q{SELECT last_error FROM outbox.lag WHERE target = 'named'}),
 	qr/^connection refused by the relay: (127\.0\.0\.1|::1) is denied/,
 	'it says the relay refused the connection, and to which address');
-# Give it time to try (and be refused) several times.
-sleep 3;
+# It tries (and is refused) several times.
+refused_again(3) or die 'the relay did not try again';
 is(scalar @{ sink_attempts($sink) }, $before, 'nothing reached the receiver, not even over a kept-alive connection');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'),
 	'0', 'nothing is dead-lettered (a refused connect holds the target)');
@@ -113,7 +125,7 @@ ok( wait_until(
 			  /is not in outbox\.allowed_destinations/;
 		}),
 	'a host the allowed list does not name is refused');
-sleep 2;
+refused_again(2) or die 'the relay did not try again';
 is(delivered_2xx(), 18, 'and nothing more was delivered');
 
 # Naming the host lets it flow.

@@ -64,7 +64,7 @@ sub start_receiver
 			'--record', $record, '--python', $python
 		],
 		'<', \undef, '>>', $log, '2>>', $log);
-	my $deadline = time + 30;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	until (-s $port_file)
 	{
 		eval { $h->pump_nb };    # notices that it exited
@@ -85,7 +85,7 @@ sub start_receiver
 		url => "http://127.0.0.1:$port",
 		record => $record,
 		harness => $h,
-		http => HTTP::Tiny->new(timeout => 10),
+		http => HTTP::Tiny->new(timeout => $PostgreSQL::Test::Utils::timeout_default),
 	};
 }
 
@@ -355,14 +355,15 @@ COMMIT;
 });
 
 # The emitter: one message a transaction, sometimes three, about a hundred
-# transactions a second, until told to stop (or 60 s, or 5000 messages).
+# transactions a second, until told to stop (at the latest after 600 s or
+# 50,000 messages, should the test die before telling it).
 my $emitter_sql = qq{
 DO \$\$
 DECLARE
 	i int := 10000;
-	stop_at timestamptz := clock_timestamp() + interval '60 s';
+	stop_at timestamptz := clock_timestamp() + interval '600 s';
 BEGIN
-	WHILE NOT EXISTS (SELECT FROM emit_stop) AND clock_timestamp() < stop_at AND i < 15000 LOOP
+	WHILE NOT EXISTS (SELECT FROM emit_stop) AND clock_timestamp() < stop_at AND i < 60000 LOOP
 		FOR j IN 1 .. CASE WHEN i % 7 = 0 THEN 3 ELSE 1 END LOOP
 			i := i + 1;
 			INSERT INTO emitted VALUES (i, 'k' || (i % 5), 'rot',

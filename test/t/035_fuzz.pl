@@ -705,7 +705,7 @@ sub run_scripts
 		  IPC::Run::start(
 			[ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=0', '-d', $conn, '-f', $file{$sc} ],
 			'<', \undef, '>', \my $out, '2>', \$err{$sc},
-			IPC::Run::timeout(600));
+			IPC::Run::timeout(10 * $PostgreSQL::Test::Utils::timeout_default));
 	}
 	$_->finish for @h;
 	for my $sc (@scripts)
@@ -755,7 +755,7 @@ sub healthy_check
 		"SELECT count(outbox_emit('$healthy_topic', jsonb_build_object('marker', '$what', 'i', g), 'k' || g % 5))"
 		  . ' FROM generate_series(1, 20) g');
 	my $t1 = time;
-	is(healthy_delivered($what, 20, 30), 20,
+	is(healthy_delivered($what, 20), 20,
 		"$what, the healthy target receives 20 new messages")
 	  or diag "seed $seed; the relay: "
 	  . $node->safe_psql('postgres', 'SELECT row_to_json(w) FROM outbox.worker_status() w')

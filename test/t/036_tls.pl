@@ -172,8 +172,7 @@ sub sql_error
 # --- (1) a server certificate of a CA the system does not know ---
 $node->safe_psql(
 	'postgres', qq{
-SELECT outbox.create_http_target('unknown_ca', '$url{tls}/c1', lanes => 1, max_attempts => 0,
-	timeout_ms => 2000);
+SELECT outbox.create_http_target('unknown_ca', '$url{tls}/c1', lanes => 1, max_attempts => 0);
 SELECT outbox.subscribe('unknown_ca', 'c1');
 });
 my $c1 = emit('c1', 5);
@@ -196,8 +195,7 @@ is(lag('unknown_ca', q{format('%s/%s', pending, dead_letters)}), '5/0',
 # messages': it holds the target, even with few attempts allowed.
 $node->safe_psql(
 	'postgres', qq{
-SELECT outbox.create_http_target('unknown_ca_few', '$url{tls}/c1few', lanes => 1, max_attempts => 2,
-	timeout_ms => 2000);
+SELECT outbox.create_http_target('unknown_ca_few', '$url{tls}/c1few', lanes => 1, max_attempts => 2);
 SELECT outbox.subscribe('unknown_ca_few', 'c1few');
 });
 emit('c1few', 3);
@@ -227,7 +225,7 @@ is(lag('unknown_ca', 'dead_letters'), '0', '... no dead letters');
 $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('by_name', 'https://localhost:$sink{tls}{port}/c1dns', lanes => 1,
-	max_attempts => 0, timeout_ms => 2000, ca_file => '$ca');
+	max_attempts => 0, ca_file => '$ca');
 SELECT outbox.subscribe('by_name', 'c1dns');
 });
 my $c1dns = emit('c1dns', 2);
@@ -240,14 +238,14 @@ is_deeply(arrived('tls', '/c1dns'), $c1dns, '... once, in order');
 $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('other_ca', '$url{tls}/c2', lanes => 1, max_attempts => 0,
-	timeout_ms => 2000, ca_file => '$other_ca');
+	ca_file => '$other_ca');
 SELECT outbox.subscribe('other_ca', 'c2');
 });
 emit('c2', 2);
 ok(wait_until(sub { lag('other_ca', 'last_error') =~ /certificate/i }),
 	'ca_file of an unrelated CA: refused');
 note "last_error with an unrelated CA: " . lag('other_ca', 'last_error');
-usleep(500_000);
+usleep(500_000);    # a span: a ride on another connection would be here now
 is_deeply(arrived('tls', '/c2'), [], '... nothing delivered (no ride on another target\'s connection)');
 is(lag('other_ca', q{format('%s/%s', pending, dead_letters)}), '2/0', '... both pending, none dead-lettered');
 
@@ -272,7 +270,7 @@ is(scalar @{ arrived('tls', '/c1') }, 5, '... and is not delivered');
 $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('wrong_host', '$url{elsewhere}/c3', lanes => 1, max_attempts => 0,
-	timeout_ms => 2000, ca_file => '$ca');
+	ca_file => '$ca');
 SELECT outbox.subscribe('wrong_host', 'c3');
 });
 emit('c3', 2);
@@ -291,7 +289,7 @@ is(lag('wrong_host', q{format('%s/%s', pending, dead_letters)}), '2/0', '... non
 $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('mtls', '$url{mtls}/c4', lanes => 1, max_attempts => 0,
-	timeout_ms => 2000, ca_file => '$ca');
+	ca_file => '$ca');
 SELECT outbox.subscribe('mtls', 'c4');
 });
 my $c4 = emit('c4', 3);
@@ -310,7 +308,7 @@ is( $node->safe_psql('postgres',
 ok(wait_until(sub { @{ arrived('mtls', '/c4') } >= 3 }), 'with the client certificate: delivered');
 ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'mtls'}),
 	'... acknowledged');
-usleep(700_000);
+usleep(700_000);    # more than a retry: any duplicate would be here now
 is_deeply(arrived('mtls', '/c4'), $c4, '... exactly once, in order');
 my @c4 = sink_path_records($sink{mtls}, '/c4');
 is_deeply([ map { $_->{tls}{peer_subject} // 'none' } @c4 ], [ ($client_subject) x 3 ],
@@ -325,13 +323,13 @@ note "mTLS connections used by the 4 requests: @conns";
 $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('mtls_anon', '$url{mtls}/c4anon', lanes => 1, max_attempts => 0,
-	timeout_ms => 2000, ca_file => '$ca');
+	ca_file => '$ca');
 SELECT outbox.subscribe('mtls_anon', 'c4anon');
 });
 emit('c4anon', 1);
 ok(wait_until(sub { defined_error('mtls_anon') }),
 	'a target without the client certificate is refused by the mTLS receiver');
-usleep(500_000);
+usleep(500_000);    # a span: a ride on the other connection would be here now
 is_deeply(arrived('mtls', '/c4anon'), [], '... it does not use the other target\'s authenticated connection');
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('mtls_anon')});
 
@@ -359,7 +357,7 @@ copy($ca, $ca_copy) or die "copy: $!";
 $node->safe_psql(
 	'postgres', qq{
 SELECT outbox.create_http_target('moved_ca', '$url{tls}/c7', lanes => 1, max_attempts => 0,
-	timeout_ms => 2000, ca_file => '$ca_copy');
+	ca_file => '$ca_copy');
 SELECT outbox.subscribe('moved_ca', 'c7');
 });
 unlink $ca_copy or die "unlink: $!";
@@ -371,7 +369,7 @@ like($err7, qr/\Q$ca_copy\E|CAfile|certificate|verify locations/i, '... saying s
 is(lag('moved_ca', q{format('%s/%s', pending, dead_letters)}), '2/0', '... none dead-lettered');
 copy($ca, $ca_copy) or die "copy: $!";
 ok(wait_until(sub { @{ arrived('tls', '/c7') } >= 2 }), '... and delivered once the file is back');
-usleep(500_000);
+usleep(500_000);    # a span: any duplicate would be here now
 is_deeply(arrived('tls', '/c7'), $c7, '... once, in order');
 
 # --- (5) who may name TLS files ---
@@ -401,7 +399,7 @@ is($e[0], '42501', '... nor a client certificate (42501)');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.targets WHERE name = 'adm' OR ca_file IS NOT NULL AND name = 'plain'}),
 	'0', '... and nothing was stored');
 @e = sql_error(qq{SELECT outbox.create_http_target('reader', '$url{tls}/c5', lanes => 1, max_attempts => 0,
-	timeout_ms => 2000, ca_file => '$ca')}, 'tls_reader');
+	ca_file => '$ca')}, 'tls_reader');
 is($e[0], '', 'a member of pg_read_server_files can name a ca_file');
 diag("as tls_reader: $e[0] $e[1]") if $e[0];
 @e = sql_error(qq{SELECT outbox.alter_target('plain', ca_file => '$ca')}, 'tls_reader');
