@@ -51,16 +51,18 @@ sub listener
 {
 	my ($role, @channels) = @_;
 	my ($in, $out, $err) = ('', '', '');
+	# (the time limit is one collect's: it starts anew each time)
+	my $timer = IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default);
 	my $h = IPC::Run::start(
 		[ 'psql', '-XAtq', '-d', $node->connstr('postgres') . " user=$role" ],
-		'<', \$in, '>', \$out, '2>', \$err,
-		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+		'<', \$in, '>', \$out, '2>', \$err, $timer);
 	$in .= join('', map { (my $q = $_) =~ s/"/""/g; qq{LISTEN "$q";\n} } @channels);
 	my $tick = 0;
 	my @got;
 	my $collect = sub {
 		return \@got unless $h->pumpable;
 		$tick++;
+		$timer->start($PostgreSQL::Test::Utils::timeout_default);
 		$in .= "SELECT 'tick $tick';\n";
 		$h->pump while $h->pumpable && $out !~ /^tick $tick$/m;
 		while ($out =~
@@ -114,7 +116,8 @@ SELECT outbox.grant_topic('app', 'app.*');
 ALTER SYSTEM SET outbox.check_topic_grants = on;
 SELECT pg_reload_conf();
 });
-sleep 1;
+# the app role's sessions start with the setting the postmaster has
+settings_reloaded($node, 'postgres', 'outbox.check_topic_grants' => 'on');
 is( $node->safe_psql(
 		'postgres', q{SELECT outbox_emit('app.signup', '{"user": 1}') IS NOT NULL},
 		extra_params => [ '-U', 'app' ]),

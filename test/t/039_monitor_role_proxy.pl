@@ -45,10 +45,12 @@ like(slurp_file($node->logfile), qr/outbox relay ignores the proxy variables of 
 # A denied address is not reached through the proxy either.
 $node->safe_psql('postgres',
 	q{ALTER SYSTEM SET outbox.denied_destinations = '169.254.0.0/16, 10.255.255.0/24'; SELECT pg_reload_conf();});
-sleep 1;
+relay_reloaded($node, 'postgres', 'outbox.denied_destinations' => '169.254.0.0/16, 10.255.255.0/24');
+# (retried for ever: the check looks for the refusal, however long it takes)
 $node->safe_psql(
 	'postgres', q{
-INSERT INTO outbox.targets (name, kind, url) VALUES ('meta', 'http', 'http://10.255.255.1/latest/meta-data/');
+INSERT INTO outbox.targets (name, kind, url, max_attempts)
+VALUES ('meta', 'http', 'http://10.255.255.1/latest/meta-data/', 0);
 INSERT INTO outbox.progress (target_id, lane, done_id)
 SELECT id, 0, outbox.frontier() FROM outbox.targets WHERE name = 'meta';
 INSERT INTO outbox.subscriptions (target_id, pattern, start_id)

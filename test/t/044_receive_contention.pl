@@ -98,21 +98,32 @@ SELECT id, key, (payload->>'n')::int, receive_count FROM m ORDER BY id;
 COMMIT;
 \echo ok};
 
-# Run $nconsumers consumers of $step until effects holds $total rows (at
-# most $limit seconds), terminating a random busy consumer $kills times
-# on the way.  Returns the number of serialization failures seen and the
-# number of terminations done.
+# Run $nconsumers consumers of $step until effects holds $total rows,
+# terminating a random busy consumer $kills times on the way.  Fails when
+# no consumer finishes a step for the TAP library's time limit, or after
+# $limit times that limit in all.  Returns the number of serialization
+# failures seen and the number of terminations done.
 sub run_consumers
 {
 	my ($nconsumers, $total, $limit, $kills, $step_sql) = @_;
 	my $step = $step_sql // $step;
 	my @c = map { OutboxSession->new($node, "c$_") } 1 .. $nconsumers;
 	my ($failures, $other, $killed, $steps) = (0, 0, 0, 0);
-	my $deadline = time + $limit;
+	my $stall = $PostgreSQL::Test::Utils::timeout_default;
+	my $end = time + $limit * $stall;
+	my $deadline = time + $stall;
 	my $next_check = 0;
+	my $finished;
 	$_->send($step) for @c;
-	while (time < $deadline)
+	while (1)
 	{
+		if (time > $deadline || time > $end)
+		{
+			fail(time > $end ? "the consumers did not finish within $limit x $stall s"
+				: "no consumer finished a step for $stall s");
+			last;
+		}
+		my $steps_before = $steps;
 		my $busy = 0;
 		for my $i (0 .. $#c)
 		{
@@ -164,11 +175,12 @@ sub run_consumers
 				|| qstat('pending') eq '0');
 			$next_check = time + 0.5;
 		}
-		usleep(500) if $busy == @c;
+		$deadline = time + $stall if $steps > $steps_before;
+		usleep(2000) if $busy == @c;
 	}
 	for my $s (@c)
 	{
-		$s->wait_done(30);
+		$s->wait_done;
 		$s->close;
 	}
 	is($other, 0, 'no consumer step failed for a reason other than a serialization failure');
@@ -178,9 +190,10 @@ sub run_consumers
 # ---- (a) four SERIALIZABLE consumers ------------------------------------
 my %first;
 emit_keyed(3000, 12, \%first);
-my ($failures) = run_consumers(4, 3000, 240, 0);
+my ($failures) = run_consumers(4, 3000, 3, 0);
 note "(a) serialization failures: $failures";
-cmp_ok($failures, '>', 20, '(a) the consumers conflicted: serialization failures happened');
+# (how many depends on how the consumers interleave)
+cmp_ok($failures, '>', 0, '(a) the consumers conflicted: serialization failures happened');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'),
 	'0', '(a) no message became a dead letter');
 check_effects('(a)', 3000);
@@ -195,7 +208,7 @@ $node->safe_psql('postgres', 'TRUNCATE effects');
 my $acked = qstat('acknowledged');
 emit_keyed(1500, 12, {});
 my $killed;
-($failures, $killed) = run_consumers(4, 1500, 240, 20);
+($failures, $killed) = run_consumers(4, 1500, 3, 20);
 note "(a) with kills: serialization failures $failures, terminations $killed";
 is($killed, 20, '(a) 20 consumers were terminated while they ran');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters'),
@@ -220,9 +233,11 @@ END $$;
 ALTER SYSTEM SET default_transaction_isolation = 'serializable';
 SELECT pg_reload_conf();
 });
+# the consumers' sessions start serializable
+settings_reloaded($node, 'postgres', default_transaction_isolation => 'serializable');
 $acked = qstat('acknowledged');
 emit_keyed(1500, 12, {});
-($failures) = run_consumers(4, 1500, 240, 0, q{CALL consume();
+($failures) = run_consumers(4, 1500, 3, 0, q{CALL consume();
 \echo ok});
 note "(a) procedures: serialization failures $failures";
 # (how many depends on how the consumers interleave: 4 to 84 seen)
@@ -236,6 +251,7 @@ $node->safe_psql('postgres', q{
 ALTER SYSTEM RESET default_transaction_isolation;
 SELECT pg_reload_conf();
 });
+settings_reloaded($node, 'postgres', default_transaction_isolation => 'read committed');
 
 # ---- (b) deadlocks between two consumers ---------------------------------
 # Consumer a holds the one message of key x, b a message of key y; a
@@ -249,6 +265,7 @@ SELECT pg_reload_conf();
 CREATE TABLE locks (id int PRIMARY KEY, v int);
 INSERT INTO locks VALUES (1, 0), (2, 0);
 });
+settings_reloaded($node, 'postgres', 'outbox.max_receives' => '3');
 my $dl_before = $node->safe_psql('postgres', 'SELECT count(*) FROM outbox.dead_letters');
 my $x_id = $node->safe_psql('postgres', q{SELECT outbox_emit('q', '{"x": 1}', 'x')});
 my $ca = OutboxSession->new($node, 'dl_a');
@@ -274,8 +291,8 @@ for my $round (1 .. 8)
 				"SELECT wait_event_type FROM pg_stat_activity WHERE pid = $cb->{pid}") eq 'Lock';
 		}, undef, 0.01) or die 'consumer b does not wait for row 1';
 	$ca->send('UPDATE locks SET v = v + 1 WHERE id = 2;');
-	my $ra = $ca->result(30);
-	my $rb = $cb->result(30);
+	my $ra = $ca->result;
+	my $rb = $cb->result;
 	$deadlocks++ if $ra =~ /40P01/;
 	$ca->query('ROLLBACK');
 	$b_commits++ if $rb !~ /ERROR/ && $cb->query('COMMIT') !~ /ERROR/;

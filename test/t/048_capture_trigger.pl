@@ -54,14 +54,16 @@ my $dump_skip = client_matches_server($node, 'pg_dump') || client_matches_server
 
 # Run the scripts in @$scripts on $n sessions at once, each session taking
 # the next script when it is done with one.  Returns the problems: what a
-# script printed on stderr.
+# script printed on stderr, or that no script finished for the TAP
+# library's time limit ($limit seconds if given).
 sub run_concurrently
 {
 	my ($n, $scripts, $limit) = @_;
 	my @queue = @$scripts;
 	my @s = map { OutboxSession->new($node, "w$_") } 1 .. $n;
 	my @problems;
-	my $deadline = time + ($limit // 180);
+	$limit //= $PostgreSQL::Test::Utils::timeout_default;
+	my $deadline = time + $limit;
 	while (1)
 	{
 		my $running = 0;
@@ -75,6 +77,7 @@ sub run_concurrently
 					next;
 				}
 				push @problems, "$s->{name}: $s->{step_err}" if $s->{step_err} ne '';
+				$deadline = time + $limit;    # progress
 			}
 			if (@queue)
 			{
@@ -85,11 +88,11 @@ sub run_concurrently
 		last unless $running;
 		if (time > $deadline)
 		{
-			push @problems, 'the scripts did not finish in time';
+			push @problems, "no script finished for $limit s";
 			$_->kill for @s;
 			return @problems;
 		}
-		usleep(500);
+		usleep(2000);
 	}
 	$_->quit for @s;
 	return @problems;

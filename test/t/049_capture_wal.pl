@@ -85,15 +85,15 @@ my @killed;
 # and the next query meet it (CI on 18).
 sub kill_worker
 {
-	my $pid = worker_pid();
-	if ($pid ne '')
-	{
-		my $offset = -s $node->logfile;
-		kill 'KILL', $pid;
-		push @killed, $pid;
-		$node->wait_for_log(qr/\(PID $pid\) was terminated by signal 9/, $offset);
-	}
-	$node->poll_query_until('postgres', 'SELECT true');
+	my $pid;
+	wait_for('the capture worker to run', sub { $pid = worker_pid(); ($pid =~ /^\d+$/, $pid) })
+	  or die 'no capture worker to kill';
+	my $offset = -s $node->logfile;
+	kill 'KILL', $pid;
+	push @killed, $pid;
+	$node->wait_for_log(qr/\(PID $pid\) was terminated by signal 9/, $offset);
+	$node->poll_query_until('postgres', 'SELECT true')
+	  or die 'the server did not come back after the capture worker was killed';
 }
 
 #### (a) concurrent sessions
@@ -208,7 +208,7 @@ sub start_writer
 start_writer();
 for my $i (1 .. 20)
 {
-	usleep(150_000 + int(rand(400_000)));
+	usleep(150_000 + int(rand(400_000)));    # a span: the next fault at a random moment
 	if ($i % 5 == 0)
 	{
 		$node->stop('immediate');
@@ -236,14 +236,19 @@ SELECT count(*) FROM stream s WHERE NOT EXISTS (
 	'(b) zero losses: every committed row is a message');
 note 'rows committed during the faults: ' . q1('SELECT count(*) FROM stream');
 
-# A crash after the hand-off committed, before the slot was confirmed.
-q1(q{ALTER SYSTEM SET outbox.test_fault = 'capture_before_confirm'; SELECT pg_reload_conf();});
-usleep(300_000);
+# A crash after the hand-off committed, before the slot was confirmed.  The
+# fault is set, and taken away, by a restart: the capture worker starts
+# with it (a reload reaches the worker at a moment of its own).
+q1(q{ALTER SYSTEM SET outbox.test_fault = 'capture_before_confirm'});
+$node->restart;
+my $fault_log = -s $node->logfile;
 q1(q{INSERT INTO stream SELECT g, 'f' FROM generate_series(1000001, 1000100) g});
-$node->wait_for_log(qr/test fault "capture_before_confirm"/);
-usleep(200_000);
+$node->wait_for_log(qr/test fault "capture_before_confirm"/, $fault_log);
+# the postmaster has noticed the crash before the poll below can pass
+$node->wait_for_log(qr/"outbox capture" \(PID \d+\) was terminated by signal 9/, $fault_log);
 ok($node->poll_query_until('postgres', q{SELECT true}), 'the server is back after the fault');
-q1(q{ALTER SYSTEM RESET outbox.test_fault; SELECT pg_reload_conf();});
+q1(q{ALTER SYSTEM RESET outbox.test_fault});
+$node->restart;
 q1(q{INSERT INTO stream SELECT g, 'f' FROM generate_series(1000101, 1000200) g});
 caught_up('(b) fault point');
 is( q1(q{
@@ -410,7 +415,7 @@ for (1 .. 5)
 	q1(q{SELECT outbox.uncapture('again')});
 	q1(q{SELECT outbox.capture('again', mode => 'wal')});
 }
-usleep(1_500_000);
+usleep(1_500_000);    # a span: the worker acts on the five pairs (and would drop the slot now)
 q1(q{INSERT INTO again VALUES (1)});
 caught_up('(c) uncapture and capture at once');
 is(q1(q{SELECT state || ' ' || (SELECT count(*) FROM outbox.messages WHERE topic = 'public.again')
@@ -477,7 +482,9 @@ note 'retained WAL after 40 MB of churn: ' . q1('SELECT retained_wal FROM outbox
 # invalidated, and the capture says lost.
 q1(q{ALTER SYSTEM SET max_slot_wal_keep_size = '1MB';
 ALTER SYSTEM SET outbox.test_fault = 'capture_pause'; SELECT pg_reload_conf();});
-usleep(300_000);
+# the worker starts again with the fault (it stands still from then on),
+# and every process with the new max_slot_wal_keep_size
+kill_worker();
 for (1 .. 4)
 {
 	q1(q{INSERT INTO churn SELECT g, repeat('c', 200) FROM generate_series(1, 40000) g});
@@ -509,7 +516,7 @@ for my $s (0 .. 3)
 	}
 	push @u, start_script($sql);
 }
-usleep(100_000);
+usleep(100_000);    # a span: the updaters get going
 q1(q{SELECT outbox.capture('snap', mode => 'wal', snapshot => true)});
 $_->finish for @u;
 caught_up('(e)');
@@ -542,7 +549,7 @@ while (time - $t0 < 600)
 		close $fh;
 	}
 	last if $n >= $big;
-	usleep(200_000);
+	usleep(200_000);    # the sampling interval
 }
 is(q1(qq{SELECT count(*) || ' ' || count(DISTINCT key) FROM outbox.messages WHERE id > $mark AND topic = 'public.bigt'}),
 	"$big $big", "(f) an UPDATE of $big rows: every change once");
