@@ -1,9 +1,10 @@
 /*
  * outbox_nats: the tests' and benchmarks' NATS JetStream tool (libnats).
  *
- *   outbox_nats create URL STREAM SUBJECT [REPLICAS [MAX_MSG_SIZE]]
+ *   outbox_nats create URL STREAM SUBJECT [REPLICAS [MAX_MSG_SIZE [DUPLICATES]]]
  *       a stream on file storage taking SUBJECT (a pattern), with the
- *       default duplicate window (2 minutes)
+ *       default duplicate window (2 minutes) unless DUPLICATES gives it in
+ *       seconds (MAX_MSG_SIZE -1: no limit)
  *   outbox_nats delete URL STREAM
  *   outbox_nats count URL STREAM         messages the stream holds
  *   outbox_nats leader URL STREAM        the name of the stream's leader
@@ -103,6 +104,8 @@ main(int argc, char **argv)
 		cfg.Replicas = argc >= 6 ? atoi(argv[5]) : 1;
 		if (argc >= 7)
 			cfg.MaxMsgSize = atoi(argv[6]);
+		if (argc >= 8)
+			cfg.Duplicates = (int64_t) atoi(argv[7]) * 1000000000;
 		if ((s = js_AddStream(&si, js, &cfg, NULL, &jerr)) != NATS_OK)
 			die("create stream", s, jerr);
 		jsStreamInfo_Destroy(si);

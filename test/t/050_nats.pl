@@ -24,7 +24,9 @@ use OutboxNats;
 
 my $nats = nats_start('single');
 my $url = $nats->{url};
-nats_tool($url, 'create', 'ORDERS', 'orders.>');
+# (a duplicate window of an hour: the replay below sends everything again,
+# however long the test took to get there)
+nats_tool($url, 'create', 'ORDERS', 'orders.>', 1, -1, 3600);
 
 my $node = relay_node('nats');
 
@@ -49,7 +51,8 @@ like($err, qr/batch_size must be between 1 and 1000/, 'batch_size 0 is refused')
 
 # --- delivery ---
 $node->safe_psql('postgres', qq{
-	SELECT outbox.create_nats_target('js', '$url', subject => 'orders.{topic}', lanes => 4);
+	SELECT outbox.create_nats_target('js', '$url', subject => 'orders.{topic}', lanes => 4,
+		max_attempts => 0);
 	SELECT outbox.subscribe('js', '*');
 });
 
@@ -112,8 +115,12 @@ like($node->safe_psql('postgres', q{SELECT outbox.metrics()}),
 	qr/^outbox_delivered_messages_total\{target="js"\} 200$/m, 'and outbox.metrics()');
 
 # --- the relay killed mid-stream (slowed down, so that it is mid-stream) ---
+# The messages are all committed before the relay starts on them (paused
+# meanwhile), however long emitting takes.
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('js', batch_size => 10, max_rate => 40)});
+$node->safe_psql('postgres', q{SELECT outbox.pause_target('js')});
 emit(3000, 50);
+$node->safe_psql('postgres', q{SELECT outbox.resume_target('js')});
 ok(wait_until(sub { nats_count($url, 'ORDERS') >= 900 }), 'delivering');
 my $pid = relay_worker_pid($node);
 kill 'KILL', $pid;
@@ -121,11 +128,13 @@ my $at = nats_count($url, 'ORDERS');
 note("relay killed with $at of 3200 in the stream");
 ok($at < 3000, 'the relay was killed mid-stream');
 ok(wait_until(sub { nats_count($url, 'ORDERS') >= 3200 }), 'after kill -9 of the relay, everything arrives');
-sleep 1;
+sleep 1;    # a span: an extra copy would be here now
 check_stream('relay killed', 3200);
 
 # --- the server stopped and started mid-stream ---
+$node->safe_psql('postgres', q{SELECT outbox.pause_target('js')});
 emit(3000, 50);
+$node->safe_psql('postgres', q{SELECT outbox.resume_target('js')});
 ok(wait_until(sub { nats_count($url, 'ORDERS') >= 4000 }), 'delivering again');
 $at = nats_count($url, 'ORDERS');
 note("server killed with $at of 6200 in the stream");
@@ -133,10 +142,10 @@ ok($at < 5800, 'the server is killed mid-stream');
 nats_kill($nats);
 $at = nats_count($url, 'ORDERS');
 ok($at < 0, 'the server is down');
-sleep 1;
+sleep 1;    # a span: down for a while (the relay meets it down)
 $nats = nats_start('single', port => $nats->{port}, dir => $nats->{dir});
 ok(wait_until(sub { nats_count($url, 'ORDERS') >= 6200 }), 'after the server came back, everything arrives');
-sleep 1;
+sleep 1;    # a span: an extra copy would be here now
 check_stream('server killed', 6200);
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('js', batch_size => 100, max_rate => 0)});
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters}), '0', 'no dead letters');
@@ -179,10 +188,13 @@ my $small = nats_dump($url, 'SMALL');
 is(join(',', map { $_->{payload} } @$small), '{"n": 1},{"n": 3}', 'in order, without it');
 
 # --- pause, resume, alter, replay ---
+# (js takes every topic: what it had to publish is in the stream first)
+ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'js'}),
+	'js has published everything so far');
 $node->safe_psql('postgres', q{SELECT outbox.pause_target('js')});
 my $before = nats_count($url, 'ORDERS');
 emit(50, 5);
-sleep 2;
+sleep 2;    # a span: a paused target would have published by now
 is(nats_count($url, 'ORDERS'), $before, 'a paused target publishes nothing');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('js')});
 ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 50 }), 'resumed: it publishes what waited');
@@ -198,7 +210,6 @@ like($err, qr/Only HTTP targets have headers/, 'alter_target refuses HTTP option
 
 my $count = nats_count($url, 'ORDERS');
 $node->safe_psql('postgres', q{SELECT outbox.replay('js', now() - interval '1 hour')});
-sleep 3;
 ok(wait_until(sub {
 	$node->safe_psql('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'js'}) eq '0' }),
 	'replay: the relay sends everything again');
@@ -207,7 +218,7 @@ is(nats_count($url, 'ORDERS'), $count, 'the stream takes the replayed messages a
 # --- destination rules ---
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.denied_destinations = '127.0.0.0/8'});
 $node->reload;
-sleep 1;
+relay_reloaded($node, 'postgres', 'outbox.denied_destinations' => '127.0.0.0/8');
 $before = nats_count($url, 'ORDERS');
 emit(10, 5);
 ok( wait_until(
@@ -216,7 +227,7 @@ ok( wait_until(
 			  /connection refused by the relay: 127\.0\.0\.1 is denied/;
 		}),
 	'a denied server address is refused at connect');
-sleep 1;
+sleep 1;    # a span: a publish would be in the stream by now
 is(nats_count($url, 'ORDERS'), $before, 'nothing was published');
 $node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.denied_destinations});
 $node->reload;

@@ -19,11 +19,13 @@
 # at http://x.slow.invalid/ with timeout_ms = 100, 8 lanes and 50 keys of
 # messages keeps starting and giving up lookups (retried forever, backoff
 # at most 500 ms) while a healthy target at the test sink receives 20
-# messages, emitted 150 ms apart (over more than 3 s): each must arrive
-# within 1.5 s of its emission (it takes milliseconds).  With the stall,
-# the relay stopped for about 3 s after each round of given-up lookups,
-# free for a fraction of a second in between, and a message emitted at the
-# start of a stop waited for its end, up to 3 s.
+# messages, emitted 150 ms apart (over more than 3 s): each should arrive
+# within 1.5 s of its emission, on the server's clock (it takes
+# milliseconds); at most 3 of the 20 may be later, for a loaded machine.
+# With the stall, the relay stopped for about 3 s after each round of
+# given-up lookups, free for a fraction of a second in between, and a
+# message emitted at the start of a stop waited for its end, up to 3 s:
+# about half of them were later than 1.5 s.
 use strict;
 use warnings;
 use Cwd qw(abs_path);
@@ -36,7 +38,8 @@ use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
 
 my $json = JSON::PP->new->utf8->canonical;
-my $max_latency = 1.5;    # seconds from a commit to the sink, allowed
+my $max_latency = 1.5;    # seconds from an emit to the sink, allowed ...
+my $max_late = 3;         # ... to all but this many of the 20
 
 # --- the slow getaddrinfo ---
 my $src = abs_path(dirname(__FILE__) . '/../dns/slow_getaddrinfo.c');
@@ -103,15 +106,16 @@ like($lag->{last_error} // '', qr/time/i, "... its requests time out ($lag->{las
 
 # --- meanwhile, the healthy target ---
 my $n = 20;
-my %emitted;    # i => when its transaction began (an upper bound of the latency)
 my $t0 = time;
 for my $i (1 .. $n)
 {
-	$emitted{$i} = time;
 	$node->safe_psql('postgres', qq{SELECT outbox_emit('ok', '{"i": $i}', 'k$i')});
-	usleep(150_000);
+	usleep(150_000);    # a span: the messages spread over the stalls
 }
 my $t_emitted = time;
+# i => its emitted_at (the server's clock; the sink's is the same machine's)
+my %emitted = map { split /\|/ } split /\n/, $node->safe_psql('postgres',
+	q{SELECT payload->>'i', extract(epoch FROM emitted_at) FROM outbox.messages WHERE topic = 'ok'});
 my @ok;
 wait_until(sub { @ok = sink_path_records($sink, '/ok'); @ok >= $n + 1 }, undef, 0.02);
 is(scalar(grep { $_->{status} == 204 } @ok), $n + 1,
@@ -127,9 +131,9 @@ my @late = grep { $latency{$_} > $max_latency } sort { $a <=> $b } keys %latency
 my $max = 0;
 $max < $_ and $max = $_ for values %latency;
 note sprintf('latencies (s): %s', join ' ', map { sprintf '%d:%.3f', $_, $latency{$_} } sort { $a <=> $b } keys %latency);
-is_deeply(\@late, [],
-	sprintf('each within %.1f s of its commit (the slowest took %.3f s; emitted over %.1f s)',
-		$max_latency, $max, $t_emitted - $t0));
+cmp_ok(scalar @late, '<=', $max_late,
+	sprintf('each within %.1f s of its emit, but for at most %d (late: %s; the slowest took %.3f s; emitted over %.1f s)',
+		$max_latency, $max_late, join(' ', @late) || 'none', $max, $t_emitted - $t0));
 
 $lag = lag_of('slow');
 is($lag->{delivered}, 0, 'the slow target delivered nothing');

@@ -42,13 +42,13 @@ sub kafka_mock
 	my $log = "$PostgreSQL::Test::Utils::log_path/" . basename($0, '.pl') . '_kafka_mock.log';
 	my $h = IPC::Run::start([ kafka_tool(), 'mock', @topics ],
 		'<', \$in, '>', \$out, '2>', $log);
-	my $deadline = time + 30;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	while ($out !~ /\n/ && time < $deadline)
 	{
 		$h->pump_nb;
 		usleep(20_000);
 	}
-	my ($bootstrap) = $out =~ /^(\S+)\n/ or BAIL_OUT("the mock cluster did not start: $out");
+	my ($bootstrap) = $out =~ /^(\S+)\n/ or die "the mock cluster did not start: $out";
 	my $m = { bootstrap => $bootstrap, harness => $h, in => \$in, out => \$out };
 	push @mocks, $m;
 	$out = '';
@@ -61,7 +61,7 @@ sub kafka_command
 	my ($m, $cmd) = @_;
 	${ $m->{out} } = '';
 	${ $m->{in} } .= "$cmd\n";
-	my $deadline = time + 30;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	while (${ $m->{out} } !~ /\n/ && time < $deadline)
 	{
 		$m->{harness}->pump_nb;

@@ -54,9 +54,12 @@ sub nats_start
 		  "nats://127.0.0.1:$opts{cluster_port}", '--routes',
 		  join(',', map { "nats://127.0.0.1:$_" } @{ $opts{routes} });
 	}
+	# (the log is appended to: a server started again on it is ready when
+	# the log says so after this point)
+	my $log_from = -s $log // 0;
 	my $h = IPC::Run::start(\@cmd, '<', \undef, '>>', "$log.out", '2>>', "$log.out");
 	my $s = { name => $name, port => $port, url => "nats://127.0.0.1:$port",
-		dir => $dir, harness => $h, log => $log, opts => \%opts };
+		dir => $dir, harness => $h, log => $log, log_from => $log_from, opts => \%opts };
 	push @started, $s;
 	nats_wait_ready($s);
 	return $s;
@@ -66,13 +69,13 @@ sub nats_start
 sub nats_wait_ready
 {
 	my ($s) = @_;
-	my $deadline = time + 30;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	while (time < $deadline)
 	{
-		return 1 if -f $s->{log} && slurp_file($s->{log}) =~ /Server is ready/;
+		return 1 if -f $s->{log} && substr(slurp_file($s->{log}), $s->{log_from} // 0) =~ /Server is ready/;
 		usleep(50_000);
 	}
-	BAIL_OUT("nats-server $s->{name} did not start");
+	die "nats-server $s->{name} did not start (see $s->{log})";
 }
 
 # Stop the server (SIGTERM), or kill it (SIGKILL).
