@@ -86,7 +86,7 @@ my @killed;
 sub kill_worker
 {
 	my $pid;
-	wait_for('the capture worker to run', sub { $pid = worker_pid(); ($pid =~ /^\d+$/, $pid) })
+	wait_for('the capture worker to run', sub { $pid = worker_pid(); (scalar($pid =~ /^\d+$/), $pid) })
 	  or die 'no capture worker to kill';
 	my $offset = -s $node->logfile;
 	kill 'KILL', $pid;

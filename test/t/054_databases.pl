@@ -42,9 +42,11 @@ $relay{$_} = $node->safe_psql('postgres', qq{
 	SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = '$_'})
   for @dbs;
 
-is($node->safe_psql('app_a', q{SELECT string_agg(database || ':' || (pid IS NOT NULL), ',' ORDER BY database)
-	FROM outbox.relays WHERE database LIKE 'app_%'}),
-	'app_a:true,app_b:true,app_c:true', 'outbox.relays shows the three relays from any database');
+# (a relay enters outbox.relays once it has claimed its database, a moment
+# after it appears in pg_stat_activity)
+ok($node->poll_query_until('app_a', q{SELECT string_agg(database || ':' || (pid IS NOT NULL), ',' ORDER BY database)
+	FROM outbox.relays WHERE database LIKE 'app_%'},
+	'app_a:true,app_b:true,app_c:true'), 'outbox.relays shows the three relays from any database');
 is($node->safe_psql('postgres', q{SELECT count(*) FROM pg_extension WHERE extname = 'outbox'}), '0',
 	'... (postgres has no extension, and no relay)');
 
@@ -72,9 +74,17 @@ is(join(',', map { $_->finish ? 'ok' : 'failed' } @runs), 'ok,ok,ok',
 	'pgbench ran in the three databases at once');
 
 my $n = 2 * $per_client * 3;    # messages per database
+
+# Requests the receiver got on a path (cheap: the sink's counters; the
+# records themselves are read once the counts are there).
+sub requests_at
+{
+	my ($path) = @_;
+	return sink_stats($sink)->{by_path}{$path} // 0;
+}
 for my $db (@dbs)
 {
-	ok(wait_until(sub { scalar(grep { $_->{status} == 204 } @{ sink_attempts($sink, "/$db") }) >= $n }),
+	ok(wait_until(sub { requests_at("/$db") >= $n }),
 		"$db: all $n messages reached its own target");
 }
 for my $db (@dbs)
@@ -111,14 +121,16 @@ sub emit_ab
 	return @h;
 }
 my $want_ab = $n + $more;
-my $done_ab = sub {
+# (their receiver answers every request 204: a request is a delivery)
+my $done_ab = sub { requests_at('/app_a') >= $want_ab && requests_at('/app_b') >= $want_ab };
+my $delivered_ab = sub {
 	scalar(grep { $_->{status} == 204 } @{ sink_attempts($sink, '/app_a') }) >= $want_ab
 	  && scalar(grep { $_->{status} == 204 } @{ sink_attempts($sink, '/app_b') }) >= $want_ab;
 };
 my $t0 = time;
 my @emitters = emit_ab();
 $_->finish for @emitters;
-ok(wait_until($done_ab), "baseline: app_a and app_b delivered $more more each");
+ok(wait_until($done_ab) && $delivered_ab->(), "baseline: app_a and app_b delivered $more more each");
 my $healthy = time - $t0;
 
 # --- one database failing: its relay terminated, its receiver refusing ---
@@ -130,26 +142,30 @@ ok(wait_until(sub { $node->safe_psql('app_c', q{SELECT state FROM outbox.stats W
 $want_ab = $n + 2 * $more;
 $t0 = time;
 @emitters = emit_ab();
-# Meanwhile app_c's relay is terminated, and again when it comes back.
+# Meanwhile app_c's relay is terminated three times, each time it is back
+# (the launcher starts it again, later each time: three are enough).
 my $kills = 0;
-my $deadline = time + 60;
-while (time < $deadline && ($kills < 3 || !$done_ab->()))
+while ($kills < 3)
 {
-	my $pid = $node->safe_psql('postgres', q{
-		SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = 'app_c'});
-	if ($pid ne '')
-	{
-		$node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
-		$kills++;
-	}
-	usleep(200_000);
+	my $pid;
+	wait_for("app_c's relay to run (kill $kills)", sub {
+		$pid = $node->safe_psql('postgres', q{
+			SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = 'app_c'});
+		($pid ne '', 'no relay') })
+	  or last;
+	$node->safe_psql('postgres', "SELECT pg_terminate_backend($pid)");
+	$kills++;
+	wait_for("app_c's relay $pid to be gone",
+		sub { $node->safe_psql('postgres', "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = $pid") eq 't' });
 }
+wait_until($done_ab);
 $_->finish for @emitters;
-ok($done_ab->(), "app_a and app_b delivered their $more new messages each while app_c failed");
+ok($delivered_ab->(), "app_a and app_b delivered their $more new messages each while app_c failed");
 my $failing = time - $t0;
-# Timing is noisy here: this only catches a stall (the kills run on for at
-# least 0.6 s and the sink's record is read every 0.2 s).
-cmp_ok($failing, '<', 3 * $healthy + 3,
+# Timing is noisy here: this only catches a stall, so the bound leaves
+# room for the files running beside this one loading the machine
+# differently in the two phases.
+cmp_ok($failing, '<', 5 * $healthy + 10,
 	sprintf('... without a stall: %.1f s, against %.1f s with app_c healthy', $failing, $healthy));
 cmp_ok($kills, '>=', 3, "app_c's relay was terminated $kills times meanwhile");
 for my $db (qw(app_a app_b))
@@ -163,7 +179,7 @@ is($node->safe_psql('app_c', 'SELECT count(*) FROM outbox.dead_letters'), '0',
 
 # app_c recovers: its relay is back and delivers what was held.
 sink_control($sink, { path => '/app_c', reset => JSON::PP::true });
-ok(wait_until(sub { scalar(grep { $_->{status} == 204 } @{ sink_attempts($sink, '/app_c') }) >= $n + 200 }),
+ok(wait_until(sub { scalar(grep { $_->{status} == 204 } @{ sink_attempts($sink, '/app_c') }) >= $n + 200 }, undef, 0.5),
 	'app_c: its held messages are delivered once the receiver answers');
 like($node->safe_psql('app_c', q{SELECT state FROM outbox.relays WHERE database = 'app_c'}),
 	qr/^(idle|delivering)$/, 'outbox.relays: app_c runs again');

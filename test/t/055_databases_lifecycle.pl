@@ -42,23 +42,28 @@ my $node = relay_node('lifecycle', every_database => 1, create_extension => 0,
 	conf => "outbox.max_databases = 3\nmax_worker_processes = 16\n");
 my $log_offset = 0;
 
-# --- CREATE EXTENSION in a new database: delivering within a second ---
+# --- CREATE EXTENSION in a new database: delivering at once ---
 $node->safe_psql('postgres', 'CREATE DATABASE one');
-# One transaction: the extension, a target, a message.
-my $t0 = time;
-$node->safe_psql('one', qq{
+# One transaction: the extension, a target, a message; then the server's
+# clock, just after the commit.
+my $t1 = $node->safe_psql('one', qq{
 BEGIN;
 CREATE EXTENSION outbox;
 SELECT outbox.create_http_target('t', '$url/one');
 SELECT outbox.subscribe('t', 'm');
 SELECT outbox_emit('m', '{"first": true}');
 COMMIT;
+SELECT extract(epoch FROM clock_timestamp());
 });
-my $t1 = time;
-ok(wait_until(sub { delivered('/one') >= 1 }, undef, 0.01), 'CREATE EXTENSION: the first message is delivered');
-my $first = time - $t1;
-cmp_ok($first, '<', 1.0,
-	sprintf('... %.2f s after the commit, within a second (CREATE EXTENSION took %.2f s)', $first, $t1 - $t0));
+$t1 = (split /\n/, $t1)[-1];
+ok(wait_until(sub { delivered('/one') >= 1 }, undef, 0.05), 'CREATE EXTENSION: the first message is delivered');
+# From the commit to the receiver's record of the request (one clock, the
+# machine's): the launcher is woken by the commit, starts the relay, which
+# connects and delivers; about 0.1 s on a quiet machine.  The bound leaves
+# room for a loaded one; a relay started only by a later look would come
+# later still.
+my $first = (sink_path_records($sink, '/one'))[0]{t} - $t1;
+cmp_ok($first, '<', 5.0, sprintf('... %.2f s after the commit', $first));
 
 # --- ALTER DATABASE RENAME with its relay connected ---
 my $pid = relay_of($node, 'one');
@@ -82,7 +87,7 @@ for my $cmd ('DROP DATABASE uno', 'ALTER DATABASE uno RENAME TO dos')
 	($ret, $out, $err) = $node->psql('postgres', $cmd, extra_params => [ '-U', 'mallory' ]);
 	like($err, qr/must be owner of database uno/, "$cmd by another role is refused");
 }
-usleep(300_000);
+usleep(300_000);    # a span: a relay told to stop would be gone by now
 is(relay_of($node, 'uno'), $pid, '... and the relay ran on');
 
 # --- DROP EXTENSION: the relay stops, the slot is given back ---
@@ -101,7 +106,7 @@ is($node->safe_psql('uno', q{SELECT string_agg(database, ',') FROM outbox.relays
 # A CREATE EXTENSION that rolls back gives back the slot it took.
 $node->safe_psql('postgres', 'BEGIN; CREATE EXTENSION outbox; SELECT pg_sleep(0.5); ROLLBACK;');
 ok(wait_until(sub { $node->safe_psql('uno', q{SELECT string_agg(coalesce(database, '?'), ',') FROM outbox.relays}) eq 'uno' }),
-	'a CREATE EXTENSION rolled back leaves no slot behind (within 5 s)');
+	'a CREATE EXTENSION rolled back leaves no slot behind');
 
 # --- the outbox.max_databases limit (3) ---
 $node->safe_psql('postgres', "CREATE DATABASE $_") for qw(two three four);
@@ -136,7 +141,7 @@ $node->restart;
 ok($node->poll_query_until('postgres', q{SELECT count(*) FROM pg_stat_activity
 	WHERE backend_type = 'outbox relay' AND datname IN ('uno', 'four')}, '2'),
 	'after a restart the relays run again');
-usleep(2_000_000);
+usleep(2_000_000);    # a span: two more looks of the launcher
 is(relay_of($node, 'closed'), '', 'a database that refuses connections gets no relay');
 unlike(slurp_file($node->logfile), qr/FATAL:  database "closed" is not currently accepting connections/,
 	'... and nothing tries to connect to it');
@@ -155,6 +160,8 @@ like($err, qr/outbox_emit\(\) cannot be used in database "four".*\n.*outbox.data
 	'... and outbox_emit() is refused there, naming the setting');
 $node->append_conf('postgresql.conf', "outbox.databases = '*'\n");
 $node->reload;
+# a new session of four checks outbox.databases as the postmaster has it
+settings_reloaded($node, 'four', 'outbox.databases' => '*');
 $node->safe_psql('four', q{SELECT outbox_emit('m', '{}')});
 ok(wait_until(sub { delivered('/four') >= 2 }), "outbox.databases = '*' again: four delivers");
 
@@ -205,12 +212,13 @@ ok(wait_until(sub { slurp_file($small->logfile) =~
 	/LOG:  outbox relay for database "w3" cannot start: no background worker slot is free/ }),
 	'the third relay cannot start: said at LOG');
 like(slurp_file($small->logfile), qr/HINT:  Raise max_worker_processes/, '... with a hint');
-is($small->safe_psql('w3', q{SELECT state FROM outbox.worker}),
-	'waiting for a background worker (max_worker_processes)', '... and shown in outbox.worker');
-is($small->safe_psql('w1', q{SELECT state FROM outbox.relays WHERE database = 'w3'}),
-	'waiting for a background worker (max_worker_processes)', '... and in outbox.relays');
+# (the launcher logs before it notes the state)
+ok($small->poll_query_until('w3', q{SELECT state FROM outbox.worker},
+	'waiting for a background worker (max_worker_processes)'), '... and shown in outbox.worker');
+ok($small->poll_query_until('w1', q{SELECT state FROM outbox.relays WHERE database = 'w3'},
+	'waiting for a background worker (max_worker_processes)'), '... and in outbox.relays');
 my $said = () = slurp_file($small->logfile) =~ /"w3" cannot start: no background worker slot is free/g;
-usleep(2_500_000);
+usleep(2_500_000);    # a span: two more tries of the launcher
 my $said_later = () = slurp_file($small->logfile) =~ /"w3" cannot start: no background worker slot is free/g;
 is($said_later, $said, '... once, not at every try (the launcher tries every second)');
 $small->safe_psql('postgres', 'DROP DATABASE w2 WITH (FORCE)');

@@ -111,18 +111,43 @@ sub failover
 		'>', "$cfile.out", '2>', "$cfile.err");
 	ok(wait_until(sub { @{ deliveries("/$name") } >= 300 }), "$name: messages flow");
 
-	# The WAL sender stalls for 2 s; the emitter goes on.
+	# The WAL sender stalls for 2 s; the emitter goes on.  Without the
+	# setting the stall lasts, besides, until a message committed after it
+	# began has been delivered and received (and committed by the
+	# consumer): what a failover then undoes, however slow the machine.
 	my $walsender = $primary->safe_psql('postgres', 'SELECT pid FROM pg_stat_replication');
 	kill 'STOP', $walsender;
+	my $n_stall = $primary->safe_psql('postgres',
+		q{SELECT coalesce(max((payload->>'n')::int), 0) FROM outbox.messages});
+	my $past_stall = sub {
+		return 0 unless grep { ($_->{n} // 0) > $n_stall } @{ deliveries("/$name") };
+		open my $in, '<', "$cfile.out" or return 0;
+		my $got = 0;
+		while (my $l = <$in>)
+		{
+			$got = 1 if $l =~ /^got (\d+)$/ && $1 > $n_stall;
+			return 1 if $got && $l =~ /^COMMIT$/;
+		}
+		return 0;
+	};
 	my $until = time + 2;
-	while (time < $until)
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
+	my $next_look = 0;
+	my $past = $opts{gated};
+	while (time < $until || (!$past && time < $deadline))
 	{
 		# Synchronous commits waiting for the standby are cancelled: they
 		# then commit locally, with a WARNING.
 		$primary->safe_psql('postgres', q{SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity
 			WHERE wait_event = 'SyncRep'}) if $opts{sync};
-		usleep(50_000);
+		if (!$past && time > $next_look)
+		{
+			$past = $past_stall->();
+			$next_look = time + 0.2;
+		}
+		usleep(50_000);    # a span: the stall
 	}
+	diag("$name: nothing committed after the stall began was delivered and received") unless $past;
 	my $delivered_before = scalar @{ deliveries("/$name") };
 	kill_all($primary);
 	$_->kill_kill for $emitter, $consumer;

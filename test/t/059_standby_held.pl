@@ -34,6 +34,16 @@ SELECT outbox.subscribe('q', 'm');
 
 sub q1 { return $primary->safe_psql('postgres', $_[0]); }
 
+# Stop the standby, and wait until the primary's WAL sender has let go of
+# its slot (it may hold it a moment longer).
+sub stop_standby
+{
+	$standby->stop;
+	$primary->poll_query_until('postgres',
+		q{SELECT active FROM pg_replication_slots WHERE slot_name = 'standby1'}, 'f')
+	  or die 'the slot of the stopped standby stays active';
+}
+
 sub delivered
 {
 	return scalar grep { $_->{status} == 204 } @{ sink_attempts($sink, '/held') };
@@ -67,7 +77,7 @@ sub held
 	ok($primary->poll_query_until('postgres',
 			q{SELECT state FROM outbox.worker}, 'waiting for standby'),
 		"$label: the relay waits for the standby");
-	usleep(300_000);
+	usleep(300_000);    # a span: a message let through would be here now
 	is(delivered(), $n - 1, "$label: the message is not delivered");
 	is(receive_all(), '0', "$label: nor received");
 	is(q1(q{SELECT standby_held_by FROM outbox.worker}), "$slot ($state)",
@@ -96,6 +106,8 @@ sub set_slots
 	my ($v) = @_;
 	q1("ALTER SYSTEM SET outbox.standby_slots = '$v'");
 	$primary->reload;
+	# what is emitted next is read under the new setting
+	relay_reloaded($primary, 'postgres', 'outbox.standby_slots' => $v);
 }
 
 
@@ -109,18 +121,18 @@ held('logical slot', 'logical1', 'not a physical slot', 'is not a physical repli
 	sub { set_slots('standby1') });
 
 # The standby stopped.
-$standby->stop;
+stop_standby();
 held('standby stopped', 'standby1', 'no standby connected', 'has no standby connected',
 	sub {
 		# A slot moved by hand is no standby's confirmation.
 		q1(q{SELECT pg_replication_slot_advance('standby1', pg_current_wal_lsn())});
-		usleep(300_000);
+		usleep(300_000);    # a span: a message let through would be here now
 		is(delivered(), $n - 1, 'standby stopped: a slot advanced by hand releases nothing');
 		$standby->start;
 	});
 
 # The slot dropped (its standby stopped first), then made again.
-$standby->stop;
+stop_standby();
 q1(q{SELECT pg_drop_replication_slot('standby1')});
 held('slot dropped', 'standby1', 'does not exist', 'does not exist', sub {
 	# (not reserving WAL: a slot's reserved position is no standby's)
@@ -133,11 +145,13 @@ held('slot dropped', 'standby1', 'does not exist', 'does not exist', sub {
 # standbys had confirmed to a fresh backend, and forgot the rest: an
 # acknowledged message was handed out again)
 $primary->poll_query_until('postgres',
-	q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1');
+	q{SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'}, '1')
+  or die 'the standby does not stream';
 receive_all();
 q1(q{SELECT outbox_emit('m', '{"r": 1}'); SELECT outbox_emit('m', '{"r": 2}')});
 my $s = OutboxSession->new($primary, 'holder');
-my $held_id = $s->run_ok(q{BEGIN; SELECT id FROM outbox.receive('q', 1, 5000);});
+my $held_id = $s->run_ok(q{BEGIN; SELECT id FROM outbox.receive('q', 1, 60000);});
+$held_id =~ /^\d+$/ or die "the holder received nothing ('$held_id')";
 my $acked_id;
 ok(wait_until(sub { $acked_id = q1(q{SELECT id FROM outbox.receive('q', 1)}); $acked_id ne '' }),
 	'restart: a second session takes and acknowledges the next message');
@@ -145,7 +159,7 @@ $s->run_ok('ROLLBACK;');
 $s->quit;
 # The standby down across the restart: the first receive rebuilds the
 # window while nothing is confirmed to the fresh backend.
-$standby->stop;
+stop_standby();
 $primary->restart;
 my @after;
 my $take = sub { push @after, grep { $_ ne '' } split /,/, q1(q{SELECT string_agg(id::text, ',') FROM outbox.receive('q', 100)}) };
@@ -162,15 +176,17 @@ is(join(',', @after), $held_id, "restart: only it ($held_id), not the acknowledg
 my $old = OutboxSession->new($primary, 'old');
 $old->run_ok(q{SELECT count(*) FROM outbox.receive('q', 100);});
 q1('DROP EXTENSION outbox CASCADE');
-usleep(1_500_000);
+$primary->poll_query_until('postgres',
+	q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox relay'}, '0')
+  or die 'the relay did not exit after DROP EXTENSION';
 q1(qq{CREATE EXTENSION outbox;
 SELECT outbox.create_http_target('t', '$sink->{url}/held');
 SELECT outbox.subscribe('t', 'm');
 SELECT outbox.create_queue('q');
 SELECT outbox.subscribe('q', 'm');});
-$standby->stop;
+stop_standby();
 q1(q{SELECT outbox_emit('m', '{"new": true}')});
-usleep(300_000);
+usleep(300_000);    # a span: a message let through would be here now
 is($old->run_ok(q{SELECT count(*) FROM outbox.receive('q', 100);}), '0',
 	'recreated extension: a session that received before gets nothing its standby has not confirmed');
 $standby->start;
@@ -187,7 +203,7 @@ ok($primary->poll_query_until('postgres', q{SELECT pending FROM outbox.lag WHERE
 # max_slot_wal_keep_size written and checkpointed.  A message emitted
 # before is held first because the standby is gone, then because the slot
 # is invalidated: a LOG line and last_error for each reason.
-$standby->stop;
+stop_standby();
 my $offset = -s $primary->logfile;
 q1(q{SELECT outbox_emit('m', '{"while": "invalidated"}')});
 ok($primary->poll_query_until('postgres', q{SELECT last_error LIKE '%standby slot "standby1"%no standby connected%'

@@ -53,10 +53,13 @@ sub deliveries
 }
 
 # Wait until $pattern appears in $node's log after $offset.
+# Wait for $pattern in $node's log from $offset on (for the TAP library's
+# time limit, or quietly for $short seconds, a try the caller repeats).
 sub wait_log
 {
-	my ($node, $pattern, $offset, $timeout) = @_;
-	return wait_until(sub { slurp_file($node->logfile, $offset) =~ $pattern }, $timeout);
+	my ($node, $pattern, $offset, $short) = @_;
+	return wait_for("$pattern in the log", sub { scalar(slurp_file($node->logfile, $offset) =~ $pattern) },
+		defined $short ? (timeout => $short, quiet => 1) : ());
 }
 
 sub run
@@ -94,7 +97,7 @@ SELECT outbox.capture('orders', mode => 'wal', topic => 'orders');
 
 	if ($gated)
 	{
-		ok(wait_log($primary, qr/WARNING:  no standby named by outbox.standby_slots keeps a copy of replication slot "$slot"/, 0, 90),
+		ok(wait_log($primary, qr/WARNING:  no standby named by outbox.standby_slots keeps a copy of replication slot "$slot"/, 0),
 			"$name: a WARNING while no listed standby keeps a copy of the slot");
 		like($primary->safe_psql('postgres', q{SELECT last_error FROM outbox.captures}),
 			qr/no standby named by outbox.standby_slots keeps a copy of the capture slot/,
@@ -102,7 +105,7 @@ SELECT outbox.capture('orders', mode => 'wal', topic => 'orders');
 		my $offset = -s $primary->logfile;
 		$standby->append_conf('postgresql.conf', "sync_replication_slots = on\n");
 		$standby->reload;
-		ok(wait_log($primary, qr/keeps a copy of replication slot "$slot" now/, $offset, 90),
+		ok(wait_log($primary, qr/keeps a copy of replication slot "$slot" now/, $offset),
 			"$name: a LOG line once the standby keeps a copy");
 		is($primary->safe_psql('postgres', q{SELECT last_error FROM outbox.captures}), '',
 			"$name: ... and last_error is clear again");
@@ -128,15 +131,20 @@ SELECT outbox.capture('orders', mode => 'wal', topic => 'orders');
 	$primary->safe_psql('postgres', q{SELECT outbox.pause_target('t')}) unless $gated;
 	$primary->safe_psql('postgres', q{ALTER SYSTEM SET outbox.test_fault = 'capture_slow_handoff'});
 	$primary->reload;
+	# (the capture worker takes the fault at a moment of its own: an insert
+	# a try until one is held by it)
 	my ($before, $n) = ('', 5000);
 	my $offset = -s $primary->logfile;
-	for (1 .. 20)
+	my $faulted = 0;
+	my $give_up = time + $PostgreSQL::Test::Utils::timeout_default;
+	while (!$faulted && time < $give_up)
 	{
 		$before = $primary->safe_psql('postgres', 'SELECT pg_current_wal_lsn()');
 		$ins->($n, $n);
-		last if wait_log($primary, qr/test fault "capture_slow_handoff"/, $offset, 2);
+		$faulted = wait_log($primary, qr/test fault "capture_slow_handoff"/, $offset, 5);
 		$n++;
 	}
+	ok($faulted, "$name: a hand-off is held by the fault");
 	my $flush = $primary->safe_psql('postgres', 'SELECT pg_current_wal_flush_lsn()');
 	ok($primary->poll_query_until('postgres',
 			qq{SELECT bool_and(flush_lsn >= '$flush') FROM pg_stat_replication}),
@@ -215,8 +223,17 @@ SELECT outbox.capture('orders', mode => 'wal', topic => 'orders');
 	my $offset = -s $standby->logfile;
 	$standby->append_conf('postgresql.conf', "outbox.standby_slots = 'nosuch'\n");
 	$standby->reload;
-	$standby->safe_psql('postgres', q{INSERT INTO orders VALUES (9100, 'held')});
-	ok(wait_log($standby, qr/outbox capture confirms replication slot "$slot" without waiting for the standbys: standby slot "nosuch" does not exist/, $offset, 60),
+	settings_reloaded($standby, 'postgres', 'outbox.standby_slots' => 'nosuch');
+	# (the capture worker takes the setting at a moment of its own: a row a
+	# try until a hand-off is confirmed under it)
+	my $confirmed_anyway = 0;
+	my $give_up = time + $PostgreSQL::Test::Utils::timeout_default;
+	for (my $row = 9100; !$confirmed_anyway && time < $give_up; $row++)
+	{
+		$standby->safe_psql('postgres', "INSERT INTO orders VALUES ($row, 'held')");
+		$confirmed_anyway = wait_log($standby, qr/outbox capture confirms replication slot "$slot" without waiting for the standbys: standby slot "nosuch" does not exist/, $offset, 5);
+	}
+	ok($confirmed_anyway,
 		'gated: a listed slot that does not exist does not hold the capture slot back (LOG)');
 	ok($standby->poll_query_until('postgres', qq{SELECT s.confirmed_flush_lsn = p.end_lsn
 			FROM pg_replication_slots s, outbox.capture_progress p WHERE s.slot_name = '$slot'}),

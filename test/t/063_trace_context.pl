@@ -68,8 +68,10 @@ COMMIT;
 });
 
 # A traceparent without a tracestate, in a transaction handed off in
-# parts (outbox.test_fault capture_small_parts: 100 changes a part).
-q1(q{ALTER SYSTEM SET outbox.test_fault = 'capture_small_parts'; SELECT pg_reload_conf();});
+# parts (outbox.test_fault capture_small_parts: 100 changes a part; set by
+# a restart, so that the capture worker has it from its start).
+q1(q{ALTER SYSTEM SET outbox.test_fault = 'capture_small_parts'});
+$node->restart;
 q1(qq{
 BEGIN;
 SET LOCAL outbox.traceparent = '$tp2';

@@ -88,7 +88,8 @@ sub check_queue
 
 # --- delivery ---
 $node->safe_psql('postgres', qq{
-	SELECT outbox.create_rabbitmq_target('mq', '$url', routing_key => 'orders', lanes => 4);
+	SELECT outbox.create_rabbitmq_target('mq', '$url', routing_key => 'orders', lanes => 4,
+		max_attempts => 0);
 	SELECT outbox.subscribe('mq', 'orders');
 });
 emit(200, 20);
@@ -120,7 +121,9 @@ like($node->safe_psql('postgres', q{SELECT outbox.metrics()}),
 rmq_tool($url, 'quorum', 'crash');
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('mq', routing_key => 'crash', batch_size => 20, max_rate => 60)});
 # in transactions of 100, from the server itself (20,000 statements from
-# psql take minutes on a loaded machine)
+# psql take minutes on a loaded machine), while the target is paused (the
+# faults below come mid-stream however long this takes)
+$node->safe_psql('postgres', q{SELECT outbox.pause_target('mq')});
 $node->safe_psql('postgres', qq{
 	DO \$\$
 	BEGIN
@@ -133,6 +136,7 @@ $node->safe_psql('postgres', qq{
 	END
 	\$\$;
 });
+$node->safe_psql('postgres', q{SELECT outbox.resume_target('mq')});
 my $want = 20000;
 ok(wait_until(sub { rmq_count($url, 'crash') >= 3000 }), 'delivering');
 my $pid = relay_worker_pid($node);
@@ -145,7 +149,7 @@ $at = rmq_count($url, 'crash');
 note("broker killed with $at of $want in the queue");
 ok($at < $want - 2000, 'the broker is killed mid-stream');
 rmq_kill($rmq);
-ok(wait_until(sub { (eval { lag('mq', 'last_error') } // '') =~ /RabbitMQ/ }),
+ok(wait_until(sub { (eval { lag('mq', 'last_error') } // '') =~ /could not connect to RabbitMQ|connection to RabbitMQ .*(closed|lost|reset)|RabbitMQ at \S+ closed/ }),
 	'the broker down: last_error says so') or diag(eval { lag('mq', 'state, last_error') });
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters}), '0',
 	'... and nothing is dead-lettered');
@@ -168,7 +172,7 @@ ok(wait_until(sub { lag('unrouted', q{state || ' ' || coalesce(last_error, '')})
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.dead_letters WHERE target = 'unrouted'}),
 	'0', '... nothing dead-lettered');
 rmq_tool($url, 'declare', 'nowhere.u');
-ok(wait_until(sub { rmq_count($url, 'nowhere.u') == 10 && lag('unrouted', 'pending') eq '0' }),
+ok(wait_until(sub { rmq_count($url, 'nowhere.u') >= 10 && lag('unrouted', 'pending') eq '0' }),
 	'once a queue is bound, the held messages arrive');
 check_queue('unroutable, then bound', 'nowhere.u', 10);
 
@@ -183,19 +187,19 @@ ok(wait_until(sub { lag('byexchange', 'last_error') =~ /404 NOT_FOUND - no excha
 rmq_tool($url, 'exchange', 'shop', 'topic');
 rmq_tool($url, 'declare', 'shop-all');
 rmq_tool($url, 'bind', 'shop-all', 'shop', 'shop.#');
-ok(wait_until(sub { rmq_count($url, 'shop-all') == 5 }), 'declared and bound: delivered');
+ok(wait_until(sub { rmq_count($url, 'shop-all') >= 5 }), 'declared and bound: delivered');
 is(rmq_dump($url, 'shop-all')->[0]{routing_key}, 'shop.x', 'under the routing key template');
 
 # --- a message above max_message_size: a dead letter ---
 rmq_tool($url, 'declare', 'big');
 $node->safe_psql('postgres', qq{
-	SELECT outbox.create_rabbitmq_target('big', '$url', routing_key => 'big', max_attempts => 3);
+	SELECT outbox.create_rabbitmq_target('big', '$url', routing_key => 'big', max_attempts => 100);
 	SELECT outbox.subscribe('big', 'big');
 	SELECT outbox_emit('big', '{"n": 1}', 'k');
 	SELECT outbox_emit('big', jsonb_build_object('pad', repeat('x', 200000)), 'k');
 	SELECT outbox_emit('big', '{"n": 3}', 'k');
 });
-ok(wait_until(sub { rmq_count($url, 'big') == 2 }), 'a message too large: the others flow');
+ok(wait_until(sub { rmq_count($url, 'big') >= 2 }), 'a message too large: the others flow');
 ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big'}) =~
 	/larger than configured max size 100000/ }), 'it is a dead letter, with the broker\'s reason');
 is(join(',', map { $_->{payload} } @{ rmq_dump($url, 'big') }), '{"n": 1},{"n": 3}', 'in order, without it');
@@ -205,7 +209,7 @@ $node->safe_psql('postgres', q{
 	SELECT outbox_emit('big', '{"n": 6}', 'k2', jsonb_build_object('x-big', repeat('v', 20000)));
 	SELECT outbox_emit('big', '{"n": 7}', 'k2');
 });
-ok(wait_until(sub { rmq_count($url, 'big') == 3 }), 'headers larger than a frame: the next message flows');
+ok(wait_until(sub { rmq_count($url, 'big') >= 3 }), 'headers larger than a frame: the next message flows');
 ok(wait_until(sub { $node->safe_psql('postgres', q{SELECT last_error FROM outbox.dead_letters WHERE target = 'big' ORDER BY id DESC LIMIT 1}) =~
 	/its headers do not fit in the broker's frame size/ }), '... and that one is a dead letter, with the reason');
 
@@ -219,7 +223,7 @@ rmq_ctl($rmq, 'set_vm_memory_high_watermark', 'absolute', '1');
 $node->safe_psql('postgres', q{
 	SELECT outbox_emit('big', jsonb_build_object('pad', repeat('y', 90000)), 'k' || g) FROM generate_series(1, 40) g;
 });
-ok(wait_until(sub { lag('big', q{state || ' ' || coalesce(last_error, '')}) =~ /^failing .*(blocked|not reading|no confirm)/i }),
+ok(wait_until(sub { lag('big', q{state || ' ' || coalesce(last_error, '')}) =~ /^(failing|retrying) .*(blocked|not reading|no confirm)/i }),
 	'a broker that stopped reading: held, with the reason') or diag(lag('big', 'state, last_error'));
 my $stuck = relay_worker_pid($node);
 $node->safe_psql('postgres', qq{SELECT pg_terminate_backend($stuck)});
@@ -248,31 +252,31 @@ emit(5, 5, 'acl');
 ok(wait_until(sub { lag('acl', 'last_error') =~ /403 ACCESS_REFUSED/ }),
 	'no write permission: held, with the reason') or diag(lag('acl', 'state, last_error'));
 rmq_ctl($rmq, 'set_permissions', '-p', '/', 'relay', '.*', '.*', '.*');
-ok(wait_until(sub { rmq_count($url, 'acl') == 5 }), 'permitted: delivered');
+ok(wait_until(sub { rmq_count($url, 'acl') >= 5 }), 'permitted: delivered');
 $node->safe_psql('postgres', qq{SELECT outbox.alter_target('acl', url => 'amqp://relay:wrong\@127.0.0.1:$rmq->{port}')});
 emit(5, 5, 'acl');
 ok(wait_until(sub { lag('acl', 'last_error') =~ /RabbitMQ refused the login/ }),
 	'a wrong password: held, with the reason') or diag(lag('acl', 'state, last_error'));
 unlike(lag('acl', 'last_error'), qr/s3cret|wrong/, 'the password is never in last_error');
 $node->safe_psql('postgres', qq{SELECT outbox.alter_target('acl', url => 'amqp://relay:s3cret\@127.0.0.1:$rmq->{port}')});
-ok(wait_until(sub { rmq_count($url, 'acl') == 10 }), 'the right password again: delivered');
+ok(wait_until(sub { rmq_count($url, 'acl') >= 10 }), 'the right password again: delivered');
 
 # --- pause, resume, replay ---
 $node->safe_psql('postgres', q{SELECT outbox.pause_target('big')});
 my $before = rmq_count($url, 'big');
 $node->safe_psql('postgres', q{SELECT outbox_emit('big', '{"n": 4}', 'k')});
-sleep 2;
+sleep 2;    # a span: a paused target would have published by now
 is(rmq_count($url, 'big'), $before, 'a paused target publishes nothing');
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('big')});
-ok(wait_until(sub { rmq_count($url, 'big') == $before + 1 }), 'resumed: it publishes what waited');
+ok(wait_until(sub { rmq_count($url, 'big') >= $before + 1 }), 'resumed: it publishes what waited');
 $node->safe_psql('postgres', q{SELECT outbox.replay('acl', now() - interval '1 hour')});
-ok(wait_until(sub { rmq_count($url, 'acl') == 20 }), 'replay: the messages are published again');
+ok(wait_until(sub { rmq_count($url, 'acl') >= 20 }), 'replay: the messages are published again');
 check_queue('replayed', 'acl', 10);
 
 # --- destination rules ---
 $node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.denied_destinations = '127.0.0.0/8'});
 $node->reload;
-sleep 1;
+relay_reloaded($node, 'postgres', 'outbox.denied_destinations' => '127.0.0.0/8');
 $before = rmq_count($url, 'big');
 $node->safe_psql('postgres', q{SELECT outbox_emit('big', '{"n": 5}', 'k')});
 ok(wait_until(sub { lag('big', 'last_error') =~ /connection refused by the relay: 127\.0\.0\.1 is denied/ }),
@@ -280,7 +284,7 @@ ok(wait_until(sub { lag('big', 'last_error') =~ /connection refused by the relay
 is(rmq_count($url, 'big'), $before, 'nothing was published');
 $node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.denied_destinations});
 $node->reload;
-ok(wait_until(sub { rmq_count($url, 'big') == $before + 1 }), 'allowed again: delivered');
+ok(wait_until(sub { rmq_count($url, 'big') >= $before + 1 }), 'allowed again: delivered');
 
 relay_no_crash($node, $pid);
 $node->stop;

@@ -80,7 +80,9 @@ sub rmq_start
 	$s->{harness} = IPC::Run::start([ '/usr/lib/rabbitmq/bin/rabbitmq-server' ],
 		'<', \undef, '>>', $log, '2>>', $log);
 	push @started, $s unless grep { $_ == $s } @started;
-	my $deadline = time + 90;
+	# (a node restarted after a kill recovers its queues first: minutes on
+	# a loaded machine with a large quorum queue)
+	my $deadline = time + 2 * $PostgreSQL::Test::Utils::timeout_default;
 	while (time < $deadline)
 	{
 		my ($out, $err) = ('', '');
@@ -90,7 +92,7 @@ sub rmq_start
 		  || $err =~ /NOT_FOUND/;
 		usleep(200_000);
 	}
-	BAIL_OUT("rabbitmq-server $name did not start (see $log)");
+	die "rabbitmq-server $name did not start (see $log)";
 }
 
 sub _signal

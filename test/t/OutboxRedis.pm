@@ -39,14 +39,14 @@ sub redis_start
 	my $s = { name => $name, port => $port, dir => $dir, harness => $h, log => $log,
 		opts => \%opts };
 	push @started, $s unless grep { $_ == $s } @started;
-	my $deadline = time + 30;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	while (time < $deadline)
 	{
 		my $pong = eval { redis_cmd($s, 'PING') };
 		return $s if defined $pong && $pong eq 'PONG';
 		usleep(50_000);
 	}
-	BAIL_OUT("redis-server $name did not start");
+	die "redis-server $name did not start (see $log)";
 }
 
 sub redis_stop

@@ -281,7 +281,7 @@ sub relay_worker_pid
 		'exactly one outbox relay running',
 		sub {
 			$pid = relay_worker_pid_now($node);
-			return ($pid =~ /^\d+$/, $pid eq '' ? 'none' : join(', ', split /\n/, $pid));
+			return (scalar($pid =~ /^\d+$/), $pid eq '' ? 'none' : join(', ', split /\n/, $pid));
 		})
 	  or die 'no single outbox relay: ' . ($pid eq '' ? 'none' : $pid);
 	return $pid;
@@ -471,16 +471,22 @@ sub wait_until
 {
 	my ($cond, $timeout, $interval) = @_;
 	my (undef, $file, $line) = caller;
-	return _wait("the condition at $file line $line", $cond, $timeout, $interval);
+	# $cond in scalar context, as callers expect (a match's captures or a
+	# grep's list would be read as a list by wait_for)
+	return _wait("the condition at $file line $line", sub { my $r = $cond->(); return ($r) },
+		$timeout, $interval);
 }
 
 # wait_until() for a named state: $cond returns whether it holds and,
-# optionally, what it saw instead ("3 of 10 delivered"); on a time-out the
-# test's output says what did not happen and what was last seen.
+# optionally, what it saw instead ("3 of 10 delivered"): a list, so a match
+# must be given as scalar($x =~ /.../) (in a list a match returns its
+# captures, or nothing when it fails); on a time-out the
+# test's output says what did not happen and what was last seen (unless
+# quiet => 1: a short wait the caller tries again).
 sub wait_for
 {
 	my ($what, $cond, %o) = @_;
-	return _wait($what, $cond, $o{timeout}, $o{interval});
+	return _wait($what, $cond, $o{timeout}, $o{interval}, $o{quiet});
 }
 
 # ok(wait_for(...)): a check that the state came.
@@ -493,7 +499,7 @@ sub ok_wait
 
 sub _wait
 {
-	my ($what, $cond, $timeout, $interval) = @_;
+	my ($what, $cond, $timeout, $interval, $quiet) = @_;
 	$timeout //= $PostgreSQL::Test::Utils::timeout_default;
 	$interval //= 0.1;
 	my $start = time;
@@ -508,7 +514,8 @@ sub _wait
 		usleep($interval * 1e6);
 	}
 	diag(sprintf('gave up after %.0f s waiting for %s%s',
-			time - $start, $what, defined $seen ? " (last seen: $seen)" : ''));
+			time - $start, $what, defined $seen ? " (last seen: $seen)" : ''))
+	  unless $quiet;
 	return 0;
 }
 
