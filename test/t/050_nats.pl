@@ -123,15 +123,22 @@ emit(3000, 50);
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('js')});
 ok(wait_until(sub { nats_count($url, 'ORDERS') >= 900 }), 'delivering');
 my $pid = relay_worker_pid($node);
+my $kill_log = -s $node->logfile;
 kill 'KILL', $pid;
 my $at = nats_count($url, 'ORDERS');
 note("relay killed with $at of 3200 in the stream");
 ok($at < 3000, 'the relay was killed mid-stream');
+# (the rest at full speed, once the server is back from the crash restart;
+# slowed again for the next fault)
+$node->wait_for_log(qr/\(PID $pid\) was terminated by signal 9/, $kill_log);
+$node->poll_query_until('postgres', 'SELECT true') or die 'the server did not come back';
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('js', max_rate => 0)});
 ok(wait_until(sub { nats_count($url, 'ORDERS') >= 3200 }), 'after kill -9 of the relay, everything arrives');
 sleep 1;    # a span: an extra copy would be here now
 check_stream('relay killed', 3200);
 
 # --- the server stopped and started mid-stream ---
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('js', max_rate => 40)});
 $node->safe_psql('postgres', q{SELECT outbox.pause_target('js')});
 emit(3000, 50);
 $node->safe_psql('postgres', q{SELECT outbox.resume_target('js')});
@@ -144,6 +151,7 @@ $at = nats_count($url, 'ORDERS');
 ok($at < 0, 'the server is down');
 sleep 1;    # a span: down for a while (the relay meets it down)
 $nats = nats_start('single', port => $nats->{port}, dir => $nats->{dir});
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('js', max_rate => 0)});
 ok(wait_until(sub { nats_count($url, 'ORDERS') >= 6200 }), 'after the server came back, everything arrives');
 sleep 1;    # a span: an extra copy would be here now
 check_stream('server killed', 6200);

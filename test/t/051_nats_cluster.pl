@@ -91,6 +91,8 @@ ok(wait_until(sub { my $c = count_now(); $c >= 12000 || $c >= 20000 }),
 	'delivering with a server down');
 $srv{$leader} = nats_start($leader, port => $client{$leader}, dir => $srv{$leader}{dir},
 	cluster_port => $route{$leader}, routes => [ map { $route{$_} } grep { $_ ne $leader } @names ]);
+# the faults are over: the rest at full speed
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('js', max_rate => 0)});
 
 ok(wait_until(sub { count_now() >= 20000 }), 'everything arrives');
 sleep 2;    # a span: an extra copy would be here now

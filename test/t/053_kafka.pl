@@ -110,6 +110,8 @@ ok(wait_until(sub { delivered() >= 11000 || delivered() >= 20000 }), 'delivering
 is(kafka_command($mock, 'down 2'), 'ok', 'a broker goes down');
 sleep 3;    # a span: down for a while
 is(kafka_command($mock, 'up 2'), 'ok', 'and up');
+# the faults are over: the rest at full speed
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('kf', max_rate => 0)});
 ok( wait_until(
 		sub {
 			$node->safe_psql('postgres', q{SELECT pending FROM outbox.lag WHERE target = 'kf'}) eq '0';
