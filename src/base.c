@@ -32,6 +32,7 @@
 #include "storage/condition_variable.h"
 #include "storage/lmgr.h"
 #include "storage/lwlock.h"
+#include "storage/proc.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
@@ -261,6 +262,39 @@ outbox_extension_installed(void)
 	}
 	CommitTransactionCommand();
 	return OidIsValid(ext);
+}
+
+/*
+ * For a worker's transaction that reads several of the extension's tables
+ * one statement after another (the relay's retention step), in a
+ * transaction of its own: take the extension itself in share mode, without
+ * waiting, and cap every lock wait that follows at half of
+ * deadlock_timeout.  DROP and ALTER EXTENSION take the extension first, so
+ * a drop never holds one of its tables while the worker holds another and
+ * waits: either the drop waits for the extension before it locks any
+ * table, or (the extension not free: false) the worker leaves the step to
+ * its next turn.  A session that holds one of the tables and then drops
+ * the extension waits for the worker's share; the worker's wait for that
+ * table gives up first (55P03) and ends its transaction, before the drop's
+ * deadlock check could find the two waiting for each other and fail the
+ * drop.  False too when the extension is not there.
+ */
+bool
+outbox_fence_extension_drop(void)
+{
+	Oid			ext = get_extension_oid("outbox", true);
+	char		ms[32];
+
+	if (!OidIsValid(ext) ||
+		!ConditionalLockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock))
+		return false;
+	/* dropped (or made anew) between the look-up and the lock */
+	if (get_extension_oid("outbox", true) != ext)
+		return false;
+	snprintf(ms, sizeof(ms), "%d", Max(DeadlockTimeout / 2, 1));
+	(void) set_config_option("lock_timeout", ms, PGC_SUSET, PGC_S_SESSION,
+							 GUC_ACTION_LOCAL, true, 0, false);
+	return true;
 }
 
 /*

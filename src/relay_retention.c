@@ -7,9 +7,12 @@
  * outbox--0.1--0.2.sql).  About once a second the relay runs
  * outbox.retention_step(), which TRUNCATEs every chunk that may go and
  * moves the current chunk on, then publishes the current chunk in shared
- * memory for committers.  The step takes its locks without waiting; what
- * keeps a chunk (a lock held elsewhere, a target behind, the retention
- * window) is kept for outbox.worker.
+ * memory for committers.  The step takes the locks it must have without
+ * waiting (the extension itself, and each chunk it empties) and waits for
+ * no other lock longer than half of deadlock_timeout, so that it never
+ * makes a DROP EXTENSION fail with a deadlock (outbox_fence_extension_drop);
+ * what keeps a chunk (a lock held elsewhere, a target behind, the
+ * retention window) is kept for outbox.worker.
  *
  *-------------------------------------------------------------------------
  */
@@ -26,6 +29,7 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "base.h"
 #include "relay.h"
 
 /* How often the step runs. */
@@ -99,15 +103,26 @@ relay_retention_maybe(TimestampTz now)
 	pgstat_report_activity(STATE_RUNNING, "outbox retention");
 	PG_TRY();
 	{
-		SPI_connect();
-		PushActiveSnapshot(GetTransactionSnapshot());
-		outbox_queue_compact();
-		(void) relay_retention_run();
-		PopActiveSnapshot();
-		SPI_finish();
-		CommitTransactionCommand();
-		if (relay_retention_chunk > 0)
-			outbox_set_current_chunk(relay_retention_chunk);
+		if (!outbox_fence_extension_drop())
+		{
+			/*
+			 * A DROP or ALTER EXTENSION has the extension (or it is gone,
+			 * which the relay learns elsewhere): the next turn.
+			 */
+			CommitTransactionCommand();
+		}
+		else
+		{
+			SPI_connect();
+			PushActiveSnapshot(GetTransactionSnapshot());
+			outbox_queue_compact();
+			(void) relay_retention_run();
+			PopActiveSnapshot();
+			SPI_finish();
+			CommitTransactionCommand();
+			if (relay_retention_chunk > 0)
+				outbox_set_current_chunk(relay_retention_chunk);
+		}
 	}
 	PG_CATCH();
 	{
@@ -120,8 +135,18 @@ relay_retention_maybe(TimestampTz now)
 		/* The extension was dropped meanwhile: the relay stops. */
 		if (!outbox_extension_installed())
 			ReThrowError(edata);
-		outbox_set_retention_status(edata->message, now);
-		if (last_warning == 0 || TimestampDifferenceExceeds(last_warning, now, 60 * 1000))
+		if (edata->sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE)
+		{
+			/*
+			 * A lock another session holds, waited for as long as the
+			 * step may: what holds retention back, not a failure.
+			 */
+			outbox_set_retention_status("a lock on an outbox table that another session holds", now);
+		}
+		else
+			outbox_set_retention_status(edata->message, now);
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE &&
+			(last_warning == 0 || TimestampDifferenceExceeds(last_warning, now, 60 * 1000)))
 		{
 			ereport(WARNING,
 					(errmsg("outbox relay could not remove delivered messages: %s", edata->message),

@@ -194,7 +194,7 @@ ok(!(grep { $first_wid{ $_->{seq} } ne $_->{wid} } @{ acked('/r1') }), '... with
 ok(key_order_ok([ @{ acked('/r1') }[100 .. 139] ]), '... per key in order');
 
 my $since = $node->safe_psql('postgres', q{SELECT now()});
-usleep(20_000);
+usleep(20_000);    # a span: what is emitted next is stamped after $since
 emit('r', 101, 110);
 ok(wait_until(sub { scalar @{ acked('/r1') } >= 150 }), 'ten more delivered');
 # replay counts what progress says was delivered: the receiver has them
@@ -256,7 +256,7 @@ for my $step (0 .. 5)
 	$node->safe_psql('postgres', q{SELECT outbox.alter_target('a', batch_size => 25)}) if $step == 2;
 	$node->safe_psql('postgres', q{SELECT outbox.alter_target('a', lanes => 7)}) if $step == 3;
 	$node->safe_psql('postgres', q{SELECT outbox.alter_target('a', lanes => 2, batch_size => 1, url => '} . "$url/a1" . q{')}) if $step == 4;
-	usleep(100_000);
+	usleep(100_000);    # a span: the changes spread over the delivery
 }
 $bg->quit;
 ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'a'}),

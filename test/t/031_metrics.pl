@@ -173,7 +173,7 @@ ok($node->poll_query_until('postgres',
 	"503: outbox.lag shows the target 'retrying' with messages pending");
 my $lag1 = q1(q{SELECT extract(epoch FROM lag) FROM outbox.lag WHERE target = 'flaky'});
 my $lag_metric1 = metrics()->{'outbox_oldest_pending_age_seconds{target="flaky"}'};
-usleep(1_500_000);
+usleep(1_500_000);    # a span: the lag grows with it
 my ($lag2, $pending, $state, $failed) = split /\|/,
   q1(q{SELECT extract(epoch FROM lag), pending, state, failed_attempts FROM outbox.lag WHERE target = 'flaky'});
 cmp_ok($lag2, '>', $lag1, "... its lag grows ($lag1 s, then $lag2 s)");

@@ -31,17 +31,13 @@ sub live_url
 	return $srv{$n}{url};
 }
 
-# The cluster elects its JetStream leader first: retry.
-my $created = 0;
-for (1 .. 60)
-{
-	# (a duplicate window of an hour: messages sent again after a fault are
-	# taken as duplicates, however long the test runs)
-	$created = eval { nats_tool($srv{n1}{url}, 'create', 'ORDERS', 'orders.>', 3, -1, 3600); 1 };
-	last if $created;
-	sleep 1;
-}
-ok($created, 'an R3 stream on the 3-node cluster');
+# The cluster elects its JetStream leader first: retry.  (A duplicate
+# window of an hour: messages sent again after a fault are taken as
+# duplicates, however long the test runs.)
+ok(wait_for('the cluster to take an R3 stream',
+		sub { scalar eval { nats_tool($srv{n1}{url}, 'create', 'ORDERS', 'orders.>', 3, -1, 3600); 1 } },
+		interval => 1),
+	'an R3 stream on the 3-node cluster');
 
 my $node = relay_node('nats_cluster');
 # Slowed down (at most 100 requests of 20 a second), so that the faults

@@ -7,6 +7,9 @@
 # back), never with an error exit or a restart loop:
 #   - the relay reloading its configuration (outbox.targets, after a reload),
 #   - the relay recording its progress (outbox.progress, after a delivery),
+#   - the relay's retention step reading a chunk (outbox.messages_2), while
+#     it holds outbox.chunks, which the drop needs too: the step gives up
+#     its wait before the drop's deadlock check would fail the drop,
 #   - the WAL capture worker reading its offset (outbox.capture_progress).
 # The drop comes after the worker's own deadlock check, so that a worker
 # waiting while it holds another table would make the drop fail.
@@ -131,6 +134,17 @@ unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exi
 is(relays_listed(), 'other', '... and gives back its slot (outbox.relays)');
 usleep(1_500_000);    # a span: the launcher looks again (every second)
 is(worker_pid('outbox relay'), '', '... and no relay starts again in postgres');
+
+# --- the relay's retention step reading a chunk ---
+# (It reads outbox.chunks first, then each chunk but the current one.)
+setup();
+($pid, $offset) = race('retention', 'outbox relay', 'outbox.messages_2', 'ACCESS EXCLUSIVE',
+	'SELECT 1', 'outbox retention');
+$log = log_since($offset);
+like($log, qr/outbox relay for database "postgres" stops: the extension was dropped/,
+	'retention: the relay says why it stops');
+unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
+is(relays_listed(), 'other', '... and gives back its slot (outbox.relays)');
 
 # --- the WAL capture worker reading its offset ---
 setup();
