@@ -30,6 +30,8 @@ packages=(
 	librabbitmq-dev
 	rabbitmq-server
 	libipc-run-perl
+	# the TAP tests decode the receivers' and brokers' records with it
+	libjson-xs-perl
 	cppcheck
 	python3
 	openssl

@@ -47,7 +47,7 @@ my $retry_max_s = 2;
 # abandoned (or waited for 999999999 s), and leave room for a loaded
 # 2-core machine.
 my $slack_s = 10;
-my $json = JSON::PP->new->utf8;
+my $json = json_codec()->utf8;
 
 # --- the hostile receiver ---
 my $dir = $PostgreSQL::Test::Utils::log_path;

@@ -46,7 +46,7 @@ my $seed = $ENV{FUZZ_SEED} // (int(time * 1000) ^ $$) % 2**31;
 my $owner_calls = $ENV{FUZZ_CALLS} // 5000;
 srand($seed);
 note "fuzz seed $seed (FUZZ_SEED=$seed reproduces the generated calls)";
-my $json = JSON::PP->new->utf8->canonical;
+my $json = json_codec()->utf8->canonical;
 
 # The healthy target and its topic: the fuzzer never names them.
 my $healthy = 'fuzz_healthy_target';

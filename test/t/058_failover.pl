@@ -32,23 +32,26 @@ use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
 
 my $sink = start_sink('failover');
-my $json = JSON::PP->new;
+my $json = json_codec();
 
 # The deliveries to $path that succeeded: [{seq, msg_id, key, n, t}] in
-# arrival order.
+# arrival order (the records read once: polled often, over thousands).
+my %deliveries;    # path => { read => records looked at, list => [...] }
 sub deliveries
 {
 	my ($path) = @_;
-	my @d;
-	for my $r (@{ sink_records($sink) })
+	my $d = $deliveries{$path} //= { read => 0, list => [] };
+	my $records = sink_records($sink);
+	for my $r (@$records[ $d->{read} .. $#$records ])
 	{
 		next unless $r->{path} eq $path && defined $r->{status} && $r->{status} == 204;
 		my $h = $r->{headers} // {};
 		my $body = eval { $json->decode($r->{body}) } // {};
-		push @d, { seq => $h->{'outbox-seq'}, msg_id => $h->{'webhook-id'},
+		push @{ $d->{list} }, { seq => $h->{'outbox-seq'}, msg_id => $h->{'webhook-id'},
 			key => $h->{'outbox-key'} // '-', n => $body->{n}, t => $r->{t} };
 	}
-	return \@d;
+	$d->{read} = scalar @$records;
+	return [ @{ $d->{list} } ];
 }
 
 # A primary and its streaming standby (physical slot standby1), the

@@ -18,7 +18,7 @@ use JSON::PP;
 use OutboxRelayTest;
 
 my $sink = start_sink('failover_capture');
-my $json = JSON::PP->new;
+my $json = json_codec();
 
 # The payloads delivered on $topic, in arrival order.
 sub payloads

@@ -36,7 +36,7 @@ plan skip_all => 'failover slots need PostgreSQL 17 (060 tests 15 and 16: lost, 
   if PostgreSQL::Test::Cluster->new('probe')->pg_version < 17;
 
 my $sink = start_sink('failover_slots');
-my $json = JSON::PP->new;
+my $json = json_codec();
 
 # The deliveries of captured changes to /$name: [{id, op, msg_id}].
 sub deliveries

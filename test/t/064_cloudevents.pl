@@ -30,8 +30,8 @@ use OutboxRelayTest;
 use OutboxKafka;
 use OutboxNats;
 
-my $json = JSON::PP->new->utf8->canonical;
-my $cjson = JSON::PP->new;    # for text already decoded (the sink's bodies)
+my $json = json_codec()->utf8->canonical;
+my $cjson = json_codec();    # for text already decoded (the sink's bodies)
 my $verify_dir = abs_path(dirname(__FILE__) . '/../verify');
 
 my $node = relay_node('cloudevents', init => { extra => [ '--encoding=UTF8', '--locale=C' ] });

@@ -22,8 +22,8 @@ use OutboxRelayTest;
 use OutboxKafka;
 use OutboxNats;
 
-my $json = JSON::PP->new->utf8->canonical;
-my $cjson = JSON::PP->new;
+my $json = json_codec()->utf8->canonical;
+my $cjson = json_codec();
 my $node = relay_node('filters');
 sub q1 { return $node->safe_psql('postgres', $_[0]); }
 

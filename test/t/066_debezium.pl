@@ -25,7 +25,7 @@ sub q1 { return $node->safe_psql('postgres', $_[0]); }
 
 my $sink = start_sink('debezium');
 my $url = $sink->{url};
-my $json = JSON::PP->new;
+my $json = json_codec();
 
 q1(qq{
 CREATE TABLE customers (id int PRIMARY KEY, first_name text, last_name text, email text);

@@ -12,6 +12,7 @@ use Exporter 'import';
 use File::Basename qw(basename dirname);
 use IPC::Run;
 use JSON::PP;
+use OutboxRelayTest ();
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
@@ -21,7 +22,7 @@ our @EXPORT = qw(kafka_mock kafka_command kafka_stop kafka_consume kafka_tool ja
 my $src = abs_path(dirname(__FILE__) . '/../kafka/outbox_kafka.c');
 my @mocks;    # every mock cluster started, stopped at exit even if a test dies
 my $tool;
-my $json = JSON::PP->new->utf8;
+my $json = OutboxRelayTest::json_codec()->utf8;
 
 sub kafka_tool
 {

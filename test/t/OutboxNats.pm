@@ -12,6 +12,7 @@ use Exporter 'import';
 use File::Basename qw(basename dirname);
 use IPC::Run;
 use JSON::PP;
+use OutboxRelayTest ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -22,7 +23,7 @@ our @EXPORT = qw(nats_start nats_stop nats_kill nats_tool nats_dump nats_count n
 my $src = abs_path(dirname(__FILE__) . '/../nats/outbox_nats.c');
 my @started;    # every server started, stopped at exit even if a test dies
 my $tool;
-my $json = JSON::PP->new->utf8;
+my $json = OutboxRelayTest::json_codec()->utf8;
 
 # The tool, compiled once per test file (into a name of its own: files
 # run at the same time share tmp_check).

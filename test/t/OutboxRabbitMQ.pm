@@ -13,6 +13,7 @@ use Exporter 'import';
 use File::Basename qw(basename dirname);
 use IPC::Run;
 use JSON::PP;
+use OutboxRelayTest ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -23,7 +24,7 @@ our @EXPORT = qw(rmq_start rmq_stop rmq_kill rmq_tool rmq_dump rmq_count rmq_ctl
 my $src = abs_path(dirname(__FILE__) . '/../rabbitmq/outbox_rabbitmq.c');
 my @started;
 my $tool;
-my $json = JSON::PP->new->utf8;
+my $json = OutboxRelayTest::json_codec()->utf8;
 
 sub rmq_tool_path
 {

@@ -11,6 +11,7 @@ use Cwd qw(abs_path);
 use Exporter 'import';
 use File::Basename qw(dirname);
 use File::Path qw(rmtree);
+use Encode ();
 use HTTP::Tiny;
 use IPC::Run;
 use JSON::PP;
@@ -23,7 +24,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(
   outbox_node relay_node relay_worker_pid relay_worker_pid_now sink_path_records relay_no_crash start_sink
   sink_control sink_stats stop_sink sink_records sink_attempts wait_until wait_for ok_wait
-  relay_reloaded settings_reloaded lag_value
+  relay_reloaded settings_reloaded lag_value json_codec
   webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all
   allow_output_plugins);
 
@@ -117,7 +118,16 @@ if (my $cache = $ENV{OUTBOX_INITDB_CACHE})
 }
 
 my $sink_script = abs_path(dirname(__FILE__) . '/../sink/outbox_sink.py');
-my $json = JSON::PP->new->utf8->canonical;
+# A JSON codec: JSON::XS where it is installed (test/install-deps.sh
+# installs it; tens of times faster on the receivers' and brokers' records,
+# thousands of them a file), JSON::PP otherwise.  Both take JSON::PP::true
+# and give JSON::PP::Boolean back.
+sub json_codec
+{
+	return eval { require JSON::XS; JSON::XS->new } || JSON::PP->new;
+}
+
+my $json = json_codec()->utf8->canonical;
 
 # A started node with the library preloaded and outbox.database = postgres
 # (the one-database form); %opts: conf (extra postgresql.conf text), init
@@ -310,6 +320,17 @@ sub relay_no_crash
 	is_deeply(\@crashes, [], 'no server process crashed');
 }
 
+# Every sink started, stopped at exit even when a test dies.
+my @sinks;
+END
+{
+	local $?;
+	for my $sink (grep { $_->{harness} } @sinks)
+	{
+		eval { $sink->{harness}->kill_kill };
+	}
+}
+
 # Start the sink; @args are extra command line arguments.  Returns a hash:
 # name, port, url (http://127.0.0.1:port), record (file), harness.
 sub start_sink
@@ -334,7 +355,7 @@ sub start_sink
 	}
 	my $port = slurp_file($port_file);
 	chomp $port;
-	return {
+	my $sink = {
 		name => $name,
 		port => $port,
 		url => "http://127.0.0.1:$port",
@@ -342,6 +363,8 @@ sub start_sink
 		harness => $h,
 		http => HTTP::Tiny->new(timeout => $PostgreSQL::Test::Utils::timeout_default),
 	};
+	push @sinks, $sink;
+	return $sink;
 }
 
 # POST /_control with the given fields; returns the decoded answer.
@@ -421,46 +444,39 @@ sub sink_path_records
 # record's seq), status (-1 when the connection was dropped), path, wid
 # (webhook-id), seq (outbox seq), key ('-' for none), msg_id, t, n (the
 # messages of the request).  A batch (body an array) gives one entry per
-# envelope.  Python decodes the file (fast), Perl only splits lines.
-my $extract = <<'EOPY';
-import json, sys
-out = sys.stdout
-for line in open(sys.argv[1], encoding='utf-8'):
-    if not line.endswith('\n'):
-        break
-    r = json.loads(line)
-    h = r.get('headers') or {}
-    st = -1 if r['status'] is None else r['status']
-    wid = h.get('webhook-id', '-')
-    body = r.get('body') or ''
-    if body[:1] == '[':
-        items = json.loads(body)
-        for e in items:
-            key = '-' if e.get('key') is None else e['key']
-            out.write('\t'.join(map(str, (r['seq'], st, r['path'], wid, e['seq'], key,
-                                         e['id'], r['t'], len(items)))) + '\n')
-    else:
-        out.write('\t'.join(map(str, (r['seq'], st, r['path'], wid, h.get('outbox-seq', '-'),
-                                     h.get('outbox-key', '-'), wid, r['t'], 1))) + '\n')
-EOPY
-
+# envelope.  Built from sink_records() as they come in (each record is read
+# and split once, however often the test polls).
 sub sink_attempts
 {
 	my ($sink, $path) = @_;
-	return [] unless -e $sink->{record};
-	open(my $fh, '-|', 'python3', '-c', $extract, $sink->{record})
-	  or die "python3: $!";
-	my @a;
-	while (my $line = <$fh>)
+	my $records = sink_records($sink);
+	my $all = $sink->{attempts} //= [];
+	$sink->{attempts_read} //= 0;
+	for my $r (@$records[ $sink->{attempts_read} .. $#$records ])
 	{
-		chomp $line;
-		my %e;
-		@e{qw(rseq status path wid seq key msg_id t n)} = split /\t/, $line;
-		next if defined $path && $e{path} ne $path;
-		push @a, \%e;
+		my $h = $r->{headers} // {};
+		my $st = defined $r->{status} ? $r->{status} : -1;
+		my $wid = $h->{'webhook-id'} // '-';
+		my $body = $r->{body} // '';
+		if (substr($body, 0, 1) eq '[')
+		{
+			my $items = $json->decode(Encode::encode('UTF-8', $body));
+			for my $e (@$items)
+			{
+				push @$all, { rseq => $r->{seq}, status => $st, path => $r->{path}, wid => $wid,
+					seq => $e->{seq}, key => $e->{key} // '-', msg_id => $e->{id}, t => $r->{t},
+					n => scalar @$items };
+			}
+		}
+		else
+		{
+			push @$all, { rseq => $r->{seq}, status => $st, path => $r->{path}, wid => $wid,
+				seq => $h->{'outbox-seq'} // '-', key => $h->{'outbox-key'} // '-',
+				msg_id => $wid, t => $r->{t}, n => 1 };
+		}
 	}
-	close $fh or die "record extraction failed";
-	return \@a;
+	$sink->{attempts_read} = scalar @$records;
+	return [ map { {%$_} } grep { !defined $path || $_->{path} eq $path } @$all ];
 }
 
 # Poll $cond every $interval seconds until it returns true or $timeout
