@@ -88,6 +88,9 @@ ok( $node->poll_query_until(
 		"SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND pid <> $pid",
 		'1'),
 	'the worker is back after SIGKILL (the postmaster restarted everything)');
+# (taken once the new relay runs, before it can have delivered anything:
+# the receiver records a request the old relay sent a moment after it got
+# it, later still on a loaded machine)
 $crashes[-1]{done_at} = time;
 ok($node->log_contains(qr/background worker "outbox relay" \(PID $pid\) was terminated by signal 9/),
 	'the log shows the worker was killed');
@@ -215,7 +218,7 @@ ok( $node->poll_query_until(
 		'1'),
 	'a terminated worker is started again');
 my $back = time - $t_term;
-cmp_ok($back, '<', 60, sprintf('... after %.1f s (bgw_restart_time 2 s; the bound allows a loaded machine)', $back));
+cmp_ok($back, '<', 20, sprintf('... after %.1f s (bgw_restart_time 2 s; the bound allows a loaded machine)', $back));
 my $before = delivered('/single');
 emit(100);
 ok(wait_until(sub { delivered('/single') >= $before + 100 }), '... and delivers again');

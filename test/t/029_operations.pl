@@ -229,9 +229,9 @@ note("max_rate 50: measured $rate requests/s");
 # machine.
 cmp_ok($rate, '>=', 25, 'max_rate 50: not far below 50 a second');
 cmp_ok($rate, '<=', 60, '... at most 60 a second');
-my $slow_by_then = grep { $_->{t} <= $fast->[399]{t} } @$slow;
-cmp_ok($slow_by_then, '<', 400,
-	"... while the other target ran faster (it had all 400 when the limited one had $slow_by_then)");
+# (the unthrottled target beats the limited one's ceiling)
+my $fast_rate = 399 / (($fast->[399]{t} - $fast->[0]{t}) || 0.001);
+cmp_ok($fast_rate, '>', 60, sprintf('... while the other target ran faster (%.0f a second)', $fast_rate));
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('slow', max_rate => 0)});
 ok($node->poll_query_until('postgres', q{SELECT pending = 0 FROM outbox.lag WHERE target = 'slow'}),
 	'max_rate => 0 lifts the limit');
@@ -287,10 +287,11 @@ ok(wait_until(sub { scalar @{ acked('/z') } >= 60 }), 'new lanes: the lane witho
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('z', lanes => 3)});
 my $old_relay = relay_worker_pid($node);
 my $k3_refused = sub { scalar grep { $_->{key} eq 'k3' && $_->{status} == 503 } @{ sink_attempts($sink, '/z') } };
-my $refused_before = $k3_refused->();
 $node->safe_psql('postgres', "SELECT pg_terminate_backend($old_relay)");
 ok($node->poll_query_until('postgres', "SELECT pid IS NOT NULL AND pid <> $old_relay FROM outbox.worker"),
 	'... the relay restarts');
+# (counted once the old relay is gone: what comes now is the new one's)
+my $refused_before = $k3_refused->();
 # the new relay is stuck on k3 too (its lanes not yet redistributed)
 wait_for('the new relay to try k3', sub { my $n = $k3_refused->(); ($n > $refused_before, "$n refusals") })
   or die 'the new relay never tried k3';

@@ -25,9 +25,9 @@
 # ASCII characters whatever was received, and a role without access to the
 # targets sees none of it (outbox.metrics() does not carry it); the
 # relay's RssAnon stays within 32 MB of its size before; a healthy target
-# on the test sink keeps its rate (at least 0.3 of it, for a loaded
-# machine), measured in the same run before the hostile targets were
-# resumed; the relay never
+# on the test sink keeps at least half its rate, measured in the same
+# run before the hostile targets were resumed and after they were paused
+# again; the relay never
 # crashed or restarted.
 use strict;
 use warnings;
@@ -467,6 +467,11 @@ for my $m (qw(endless drip tls hugeheader manyheaders garbage500))
 	ok(@ends > 0 && $longest <= $timeout_s + $slack_s && !@stuck,
 		sprintf('h_%s: every response abandoned within timeout_ms (%d ended, longest %.2f s, %d on the wire for longer)',
 			$m, scalar @ends, $longest, scalar @stuck));
+	# ... and typically at timeout_ms, not a multiple of it (the median
+	# leaves out the ones a loaded machine delayed)
+	my $typical = @ends ? median(map { $_->{t} - $_->{t0} } @ends) : -1;
+	ok(@ends > 0 && $typical <= $timeout_s + 1,
+		sprintf('h_%s: ... typically at timeout_ms (median %.2f s)', $m, $typical));
 }
 
 # The relay reads at most about 64 kB of a body, then closes.
@@ -502,6 +507,9 @@ for my $m (qw(endless drip tls hugeheader manyheaders garbage500))
 	ok(@t >= 2 && $gap <= $retry_max_s + $slack_s,
 		sprintf('h_r429: Retry-After: 999999999 waits at most retry_max_delay (%d requests in %.1f s, longest wait %.1f s)',
 			scalar @t, @t ? time - $t[0] : 0, $gap));
+	my $typical = @t >= 2 ? median(map { $t[$_] - $t[ $_ - 1 ] } 1 .. $#t) : -1;
+	ok(@t >= 2 && $typical <= $retry_max_s + 1,
+		sprintf('h_r429: ... typically retry_max_delay (median wait %.2f s)', $typical));
 }
 
 # The failing targets delivered nothing, retry, and say why; big200 got
@@ -570,12 +578,13 @@ ok($rc == 0 && $out =~ /^outbox_/m && !@leaked,
 my $grew = $peak - $rss_before;
 cmp_ok($grew, '<', 32 * 1024,
 	"the relay's RssAnon grew by $grew kB (before $rss_before kB, peak $peak kB)");
-# (About 1 on a quiet machine; the bound leaves room for the load of the
-# files running beside this one changing between the two measurements,
-# and still catches a relay that waits on the hostile receivers, which
-# cuts the rate by orders of magnitude.)
+# The baseline again, with the hostile targets paused: measured before and
+# after, so that a load the files beside this one put on the machine in
+# between weighs on both sides.  (About 1 on a quiet machine.)
+$node->safe_psql('postgres', join('', map { "SELECT outbox.pause_target('h_$_');\n" } sort keys %hostile));
+push @base, map { healthy_rate() } 1 .. 3;
 my $ratio = median(@hostile_rates) / median(@base);
-cmp_ok($ratio, '>=', 0.3,
+cmp_ok($ratio, '>=', 0.5,
 	sprintf('the healthy target keeps its rate: %.2f x, medians (baseline %s, with the hostile receivers %s msg/s)',
 		$ratio, join(', ', map { sprintf '%.0f', $_ } @base),
 		join(', ', map { sprintf '%.0f', $_ } @hostile_rates)));

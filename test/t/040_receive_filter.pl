@@ -196,13 +196,18 @@ sub run_variant
 	{
 		$consumer->send(consumer_step());
 	}
+	# Progress: a message received, more passed on than seen before, a
+	# batch emitted, rows the consumer took (steps that find nothing, which
+	# the clients take in turn while they wait, are not progress).
+	my $passed_max = 0;
 	while (1)
 	{
 		my $progress = 0;
+		my $busy = 0;
 		for my $f (@filters)
 		{
 			next if $done{ $f->{name} } || !$f->poll;
-			$progress = 1;
+			$busy = 1;
 			my $out = $f->{step_out};
 			my $err = $f->{step_err};
 			# A step's stderr holds the failure it was told to have, psql's
@@ -212,6 +217,7 @@ sub run_variant
 			push @errors, "$f->{name}: $_" for @unexpected;
 			if ($out =~ /^got (\d+) (\d+) (ok|fail)$/m)
 			{
+				$progress = 1;
 				push @attempts, { id => $1, rc => $2, what => $3, filter => $f->{name} };
 				$f->send(filter_step($variant));
 			}
@@ -223,6 +229,7 @@ sub run_variant
 			}
 			elsif ($out =~ /^passed\n(\d+)$/m)
 			{
+				if ($1 > $passed_max) { $progress = 1; $passed_max = $1; }
 				if ($1 >= $n_messages) { $done{ $f->{name} } = 1 }
 				else { $f->send(filter_step($variant)) }
 			}
@@ -234,14 +241,15 @@ sub run_variant
 		}
 		if ($emitter->poll && $next_batch < @batches)
 		{
-			$progress = 1;
+			$progress = $busy = 1;
 			push @errors, "emitter: $emitter->{step_err}" if $emitter->{step_err} ne '';
 			# Spread the late batches over the filters' run.
 			$emitter->send(emit_step($variant, $next_batch++) . "\nSELECT pg_sleep(0.3);");
 		}
 		if ($consumer && !$consumer_done && $consumer->poll)
 		{
-			$progress = 1;
+			$busy = 1;
+			$progress = 1 if $consumer->{step_out} =~ /^inserted [1-9]\d* ok$/;
 			my @unexpected = grep { !/consumer failure|^\s*$|^(CONTEXT|LOCATION):/ }
 			  split /\n/, $consumer->{step_err};
 			push @errors, "consumer: $_" for @unexpected;
@@ -269,7 +277,7 @@ sub run_variant
 			push @errors, "the clients made no progress for $stall_limit s";
 			last;
 		}
-		usleep(2000) unless $progress;
+		usleep(2000) unless $busy;
 	}
 	my $elapsed = time - $start;
 	note sprintf("%s: %d receives, %d failed, in %.1f s", $label, scalar(@attempts),

@@ -197,12 +197,14 @@ is($admin->run_ok(q{SELECT count(*) FROM outbox.dead_letters;}), '0', '(a) no de
 my $w = OutboxSession->new($node, 'w');
 
 # Start a receive with wait_ms = 10000 in $w, check that it waits, run
-# $trigger (a step that ends with $now_sql), and check that the receive
-# returns $expect soon after: within 2 s, and within 500 ms, which shows
-# that the trigger woke it (a waiting receive also looks again once a
-# second by itself, so a wake-up that got lost would mostly show up as
-# 200 ms to 1 s here).  Both times are the server's: when the trigger had
-# committed, and when the receive returned its row.
+# $trigger (a step whose output ends with the server's clock read just
+# before its COMMIT or ROLLBACK), and check that the receive returns
+# $expect soon after: within 2 s, and within 500 ms, which shows that the
+# trigger woke it (a waiting receive also looks again once a second by
+# itself, so a wake-up that got lost would mostly show up as 200 ms to 1 s
+# here).  Both times are the server's: just before the trigger's end (an
+# overestimate by the commit's own time), and when the receive returned
+# its row.
 sub check_wakeup
 {
 	my ($what, $trigger, $expect, $waiting_what) = @_;
@@ -212,7 +214,7 @@ sub check_wakeup
 	my $t0 = server_time($trigger->());
 	ok($w->wait_done, "(b) the waiting receive returned after $what");
 	my ($got, $t1) = split /\|/, $w->{step_out};
-	my $ms = (($t1 // $t0) - $t0) * 1000;
+	my $ms = (($t1 // 9e9) - $t0) * 1000;    # no row: far too late
 	note sprintf('(b) the waiting receive returned %.0f ms after %s', $ms, $what);
 	is($got, $expect, "(b) ... with $expect");
 	cmp_ok($ms, '<', 2000, "(b) ... within 2 s of $what");
@@ -222,7 +224,7 @@ sub check_wakeup
 
 # Woken by the commit of an emit.
 check_wakeup('the emitting commit',
-	sub { $admin->run_ok(q{SELECT 1 FROM outbox_emit('b', '{"n": 1}', 'x');} . $now_sql) },
+	sub { $admin->run_ok(q{BEGIN; SELECT 1 FROM outbox_emit('b', '{"n": 1}', 'x');} . $now_sql . 'COMMIT;') },
 	'x:1/1', 'while the queue is empty');
 
 # Returns nothing after wait_ms when nothing comes.  How long the receive
@@ -280,12 +282,12 @@ emit('b', qw(y:1 y:2 y:3));
 my $h = OutboxSession->new($node, 'h');
 $h->run_ok('BEGIN;');
 is_deeply(receive($h, 'qb', 1), [qw(y:1/1)], '(b) a session holds y:1');
-check_wakeup("the holder's ROLLBACK", sub { $h->run_ok('ROLLBACK;' . $now_sql) },
+check_wakeup("the holder's ROLLBACK", sub { $h->run_ok($now_sql . 'ROLLBACK;') },
 	'y:1/2', 'while y:1 is held (y:2 may not be received)');
 # ($w received y:1 outside a transaction block: acknowledged.)
 $h->run_ok('BEGIN;');
 is_deeply(receive($h, 'qb', 1), [qw(y:2/1)], '(b) a session holds y:2');
-check_wakeup("the holder's COMMIT", sub { $h->run_ok('COMMIT;' . $now_sql) },
+check_wakeup("the holder's COMMIT", sub { $h->run_ok($now_sql . 'COMMIT;') },
 	'y:3/1', 'while y:2 is held (y:3 may not be received)');
 is_deeply(receive($w, 'qb', 10), [], '(b) queue qb is empty');
 

@@ -48,6 +48,7 @@ INSERT INTO items SELECT g, 'before' FROM generate_series(1, 5) g;
 });
 ok(wait_until(sub { @{ payloads('orders') } >= 5 && @{ payloads('items') } >= 5 }),
 	'on the primary both captures deliver');
+is(join(' ', map { scalar @{ payloads($_) } } 'orders', 'items'), '5 5', '... each change once');
 # Before 17 nothing copies the capture slot to a standby: said at once.
 my $major = $primary->safe_psql('postgres', q{SELECT current_setting('server_version_num')::int / 10000});
 if ($major < 17)

@@ -13,6 +13,7 @@
 #  - a stream template with {key} for a message without key: a dead
 #    letter, the others flow; pause/resume; destination rules.
 use strict;
+use POSIX ();
 use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -270,7 +271,10 @@ sub relay_hwm_kb
 my $hostile_port = PostgreSQL::Test::Cluster::get_free_port();
 my $listener = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $hostile_port,
 	Listen => 4, ReuseAddr => 1, Proto => 'tcp') or die "listen: $!";
+my $parent = $$;
 my $child = fork();
+# (stopped however the test ends: it serves for ever)
+END { kill 'KILL', $child if $child && $$ == $parent; }
 if ($child == 0)
 {
 	$SIG{PIPE} = 'IGNORE';    # the relay hangs up mid-tree
@@ -304,7 +308,7 @@ if ($child == 0)
 		$tree->(0);
 		close $c;
 	}
-	exit 0;
+	POSIX::_exit(0);    # not the parent's END blocks
 }
 close $listener;
 my $rpid = relay_worker_pid($node);

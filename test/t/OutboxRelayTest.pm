@@ -24,7 +24,7 @@ use Time::HiRes qw(time usleep);
 our @EXPORT = qw(
   outbox_node relay_node relay_worker_pid relay_worker_pid_now sink_path_records relay_no_crash start_sink
   sink_control sink_stats stop_sink sink_records sink_attempts wait_until wait_for ok_wait
-  relay_reloaded settings_reloaded lag_value json_codec
+  relay_reloaded relay_went_round settings_reloaded lag_value json_codec
   webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all
   allow_output_plugins);
 
@@ -567,12 +567,21 @@ sub relay_reloaded
 {
 	my ($node, $db, %want) = @_;
 	settings_reloaded($node, $db, %want);
-	for my $turn (1, 2)
+	relay_went_round($node, $db, 2);
+	return 1;
+}
+
+# Wait until the relay of $db has gone round its loop $turns times from
+# now (it publishes outbox.worker.last_wakeup as it does).
+sub relay_went_round
+{
+	my ($node, $db, $turns) = @_;
+	for my $turn (1 .. $turns)
 	{
 		my $t = $node->safe_psql($db, 'SELECT clock_timestamp()');
 		$node->poll_query_until($db,
 			"SELECT last_wakeup > '$t' FROM outbox.worker")
-		  or die "the relay did not go round its loop (turn $turn) after the reload";
+		  or die "the relay did not go round its loop (turn $turn)";
 	}
 	return 1;
 }
