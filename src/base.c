@@ -22,6 +22,8 @@
 #include "access/xact.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "commands/dbcommands.h"
 #include "commands/extension.h"
 #include "miscadmin.h"
@@ -265,36 +267,80 @@ outbox_extension_installed(void)
 }
 
 /*
- * For a worker's transaction that reads several of the extension's tables
- * one statement after another (the relay's retention step), in a
- * transaction of its own: take the extension itself in share mode, without
- * waiting, and cap every lock wait that follows at half of
- * deadlock_timeout.  DROP and ALTER EXTENSION take the extension first, so
- * a drop never holds one of its tables while the worker holds another and
- * waits: either the drop waits for the extension before it locks any
- * table, or (the extension not free: false) the worker leaves the step to
- * its next turn.  A session that holds one of the tables and then drops
- * the extension waits for the worker's share; the worker's wait for that
- * table gives up first (55P03) and ends its transaction, before the drop's
- * deadlock check could find the two waiting for each other and fail the
- * drop.  False too when the extension is not there.
+ * For a worker's transaction that reads and writes several of the
+ * extension's tables one statement after another (the relay's retention
+ * step), with SPI connected: take the extension itself, and then every
+ * table of the extension's schema, in share mode, each without waiting,
+ * and cap every lock wait that follows (rows only, by then) at half of
+ * deadlock_timeout and at most 100 ms.  DROP EXTENSION takes the extension
+ * first: it then waits for the whole transaction before it locks any
+ * table.  A session that holds one of the tables (and may drop the
+ * extension next) makes the worker leave the step to its next turn
+ * instead of waiting for it holding others.  So the worker never waits for
+ * a table while it holds another, and a drop is never the transaction a
+ * deadlock rolls back, unless the dropping session's deadlock_timeout is
+ * below the worker's cap while the worker waits for a row that session
+ * has locked.
+ *
+ * Returns NULL when the transaction may go on; else what was not free
+ * ("the extension", or "a lock on outbox.name held by pid n"), or "" when
+ * the extension is not there.  Locks taken stay until the transaction
+ * ends.
  */
-bool
+const char *
 outbox_fence_extension_drop(void)
 {
 	Oid			ext = get_extension_oid("outbox", true);
+	int			cap;
+	uint64		i;
 	char		ms[32];
 
-	if (!OidIsValid(ext) ||
-		!ConditionalLockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock))
-		return false;
+	if (!OidIsValid(ext))
+		return "";
+	if (!ConditionalLockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock))
+		return "the extension, which another session is dropping or changing";
 	/* dropped (or made anew) between the look-up and the lock */
 	if (get_extension_oid("outbox", true) != ext)
-		return false;
-	snprintf(ms, sizeof(ms), "%d", Max(DeadlockTimeout / 2, 1));
+		return "";
+
+	if (SPI_execute("SELECT c.oid, c.relname FROM pg_catalog.pg_class c"
+					" JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace"
+					" WHERE n.nspname OPERATOR(pg_catalog.=) 'outbox'"
+					"   AND c.relkind OPERATOR(pg_catalog.=) ANY (ARRAY['r', 'p']::pg_catalog.\"char\"[])"
+					" ORDER BY c.oid", true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: could not list the extension's tables");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		Oid			rel = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i],
+														 SPI_tuptable->tupdesc, 1, &isnull));
+
+		if (!ConditionalLockRelationOid(rel, AccessShareLock))
+		{
+			char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+			char	   *pids = NULL;
+			Datum		arg = ObjectIdGetDatum(rel);
+			Oid			argtype = OIDOID;
+
+			if (SPI_execute_with_args("SELECT pg_catalog.string_agg(DISTINCT l.pid::pg_catalog.text, ', ')"
+									  "  FROM pg_catalog.pg_locks l"
+									  " WHERE l.locktype OPERATOR(pg_catalog.=) 'relation'"
+									  "   AND l.granted AND l.relation OPERATOR(pg_catalog.=) $1"
+									  "   AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()",
+									  1, &argtype, &arg, NULL, true, 1) == SPI_OK_SELECT &&
+				SPI_processed == 1)
+				pids = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+			return psprintf("a lock on outbox.%s held by pid %s", name, pids ? pids : "?");
+		}
+	}
+
+	cap = Min(Max(DeadlockTimeout / 2, 1), 100);
+	if (LockTimeout > 0)
+		cap = Min(cap, LockTimeout);
+	snprintf(ms, sizeof(ms), "%d", cap);
 	(void) set_config_option("lock_timeout", ms, PGC_SUSET, PGC_S_SESSION,
 							 GUC_ACTION_LOCAL, true, 0, false);
-	return true;
+	return NULL;
 }
 
 /*

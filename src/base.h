@@ -72,7 +72,7 @@ extern bool outbox_databases_valid(const char *value, const char **why);
 /*---- the extension dropped under a worker ----*/
 extern bool outbox_extension_installed(void);
 extern bool outbox_extension_gone(void);
-extern bool outbox_fence_extension_drop(void);
+extern const char *outbox_fence_extension_drop(void);
 extern bool outbox_error_from_drop(void);
 
 /*---- waking queue receivers ----*/

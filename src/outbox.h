@@ -413,5 +413,6 @@ extern void outbox_queue_shmem_init(void);
 extern void outbox_queue_init(void);
 /* queue_compact.c, run by the relay */
 extern void outbox_queue_compact(void);
+extern void outbox_queue_compact_done(bool committed);
 
 #endif							/* OUTBOX_H */

@@ -21,8 +21,27 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "storage/lwlock.h"
+#include "utils/memutils.h"
 
 #include "queue.h"
+
+/*
+ * The folds of the running transaction, published in shared memory only
+ * once it has committed (outbox_queue_compact_done): a transaction that
+ * then fails (a lock it gave up on) must leave the slots as they were, or
+ * the next fold would take the rolled-back done_id for the recorded one.
+ */
+typedef struct CompactFold
+{
+	int			slot;
+	int			target_id;
+	int			generation;
+	Oid			targets_relid;
+	int64		upto;
+} CompactFold;
+
+static CompactFold *folds = NULL;
+static int	nfolds = 0;
 
 /*
  * Move each queue's outbox.progress.done_id up to what is acknowledged in
@@ -37,8 +56,11 @@ outbox_queue_compact(void)
 	bool		any = false;
 	Oid			current;
 
+	nfolds = 0;
 	if (QShared == NULL)
 		return;
+	if (folds == NULL)
+		folds = MemoryContextAlloc(TopMemoryContext, sizeof(CompactFold) * QShared->nslots);
 	current = queue_current_targets_relid();
 
 	/*
@@ -107,10 +129,35 @@ outbox_queue_compact(void)
 								  "   AND r.last_id OPERATOR(pg_catalog.<=) $2",
 								  2, types, values, NULL, false, 0) != SPI_OK_DELETE)
 			elog(ERROR, "outbox: could not delete a queue's receipts");
-		LWLockAcquire(slot_lock(i), LW_EXCLUSIVE);
-		if (s->dboid == MyDatabaseId && s->target_id == target_id &&
-			s->targets_relid == current && s->generation == generation && s->done_id < upto)
-			s->done_id = upto;
-		LWLockRelease(slot_lock(i));
+		folds[nfolds].slot = i;
+		folds[nfolds].target_id = target_id;
+		folds[nfolds].generation = generation;
+		folds[nfolds].targets_relid = current;
+		folds[nfolds].upto = upto;
+		nfolds++;
 	}
+}
+
+/*
+ * After the transaction of outbox_queue_compact() ended: committed, its
+ * folds go to shared memory; rolled back, they are forgotten.
+ */
+void
+outbox_queue_compact_done(bool committed)
+{
+	int			k;
+
+	for (k = 0; committed && k < nfolds; k++)
+	{
+		CompactFold *f = &folds[k];
+		QueueSlot  *s = &QShared->slots[f->slot];
+
+		LWLockAcquire(slot_lock(f->slot), LW_EXCLUSIVE);
+		if (s->dboid == MyDatabaseId && s->target_id == f->target_id &&
+			s->targets_relid == f->targets_relid && s->generation == f->generation &&
+			s->done_id < f->upto)
+			s->done_id = f->upto;
+		LWLockRelease(slot_lock(f->slot));
+	}
+	nfolds = 0;
 }

@@ -7,10 +7,10 @@
  * outbox--0.1--0.2.sql).  About once a second the relay runs
  * outbox.retention_step(), which TRUNCATEs every chunk that may go and
  * moves the current chunk on, then publishes the current chunk in shared
- * memory for committers.  The step takes the locks it must have without
- * waiting (the extension itself, and each chunk it empties) and waits for
- * no other lock longer than half of deadlock_timeout, so that it never
- * makes a DROP EXTENSION fail with a deadlock (outbox_fence_extension_drop);
+ * memory for committers.  The step takes its locks without waiting (the
+ * extension itself and its tables, outbox_fence_extension_drop, and each
+ * chunk it empties), so that it never waits for a table while it holds
+ * another and a DROP EXTENSION never fails with a deadlock against it;
  * what keeps a chunk (a lock held elsewhere, a target behind, the
  * retention window) is kept for outbox.worker.
  *
@@ -21,6 +21,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "mb/pg_wchar.h"
 #include "pgstat.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
@@ -103,26 +104,31 @@ relay_retention_maybe(TimestampTz now)
 	pgstat_report_activity(STATE_RUNNING, "outbox retention");
 	PG_TRY();
 	{
-		if (!outbox_fence_extension_drop())
+		const char *busy;
+
+		SPI_connect();
+		PushActiveSnapshot(GetTransactionSnapshot());
+		busy = outbox_fence_extension_drop();
+		if (busy != NULL)
 		{
 			/*
-			 * A DROP or ALTER EXTENSION has the extension (or it is gone,
+			 * Something another session holds (or the extension gone,
 			 * which the relay learns elsewhere): the next turn.
 			 */
-			CommitTransactionCommand();
+			if (*busy != '\0')
+				outbox_set_retention_status(busy, now);
 		}
 		else
 		{
-			SPI_connect();
-			PushActiveSnapshot(GetTransactionSnapshot());
 			outbox_queue_compact();
 			(void) relay_retention_run();
-			PopActiveSnapshot();
-			SPI_finish();
-			CommitTransactionCommand();
-			if (relay_retention_chunk > 0)
-				outbox_set_current_chunk(relay_retention_chunk);
 		}
+		PopActiveSnapshot();
+		SPI_finish();
+		CommitTransactionCommand();
+		outbox_queue_compact_done(true);
+		if (relay_retention_chunk > 0)
+			outbox_set_current_chunk(relay_retention_chunk);
 	}
 	PG_CATCH();
 	{
@@ -132,16 +138,23 @@ relay_retention_maybe(TimestampTz now)
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
+		outbox_queue_compact_done(false);
 		/* The extension was dropped meanwhile: the relay stops. */
 		if (!outbox_extension_installed())
 			ReThrowError(edata);
 		if (edata->sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE)
 		{
 			/*
-			 * A lock another session holds, waited for as long as the
-			 * step may: what holds retention back, not a failure.
+			 * A row another session has locked, waited for as long as the
+			 * step may: what holds retention back, not a failure.  (Its
+			 * statement: the first line of the error's context.)
 			 */
-			outbox_set_retention_status("a lock on an outbox table that another session holds", now);
+			char		held[256];
+			const char *what = edata->context ? edata->context : edata->message;
+			int			len = pg_mbcliplen(what, (int) strcspn(what, "\n"), 200);
+
+			snprintf(held, sizeof(held), "a row lock another session holds (%.*s)", len, what);
+			outbox_set_retention_status(held, now);
 		}
 		else
 			outbox_set_retention_status(edata->message, now);

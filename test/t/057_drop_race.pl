@@ -7,9 +7,11 @@
 # back), never with an error exit or a restart loop:
 #   - the relay reloading its configuration (outbox.targets, after a reload),
 #   - the relay recording its progress (outbox.progress, after a delivery),
-#   - the relay's retention step reading a chunk (outbox.messages_2), while
-#     it holds outbox.chunks, which the drop needs too: the step gives up
-#     its wait before the drop's deadlock check would fail the drop,
+#   - the relay's retention step, which read a chunk (outbox.messages_2)
+#     the session holds while it held outbox.chunks, which the drop needs
+#     too (a deadlock the drop lost): it now takes the extension's tables
+#     without waiting, and leaves a step to its next turn when one is held,
+#     saying so in outbox.worker,
 #   - the WAL capture worker reading its offset (outbox.capture_progress).
 # The drop comes after the worker's own deadlock check, so that a worker
 # waiting while it holds another table would make the drop fail.
@@ -135,11 +137,28 @@ is(relays_listed(), 'other', '... and gives back its slot (outbox.relays)');
 usleep(1_500_000);    # a span: the launcher looks again (every second)
 is(worker_pid('outbox relay'), '', '... and no relay starts again in postgres');
 
-# --- the relay's retention step reading a chunk ---
-# (It reads outbox.chunks first, then each chunk but the current one.)
+# --- the relay's retention step and a chunk the session holds ---
+# (It reads outbox.chunks, then each chunk but the current one.)
 setup();
-($pid, $offset) = race('retention', 'outbox relay', 'outbox.messages_2', 'ACCESS EXCLUSIVE',
-	'SELECT 1', 'outbox retention');
+$pid = worker_pid('outbox relay');
+$offset = -s $node->logfile;
+my $dropper = OutboxSession->new($node, 'dropper');
+$dropper->run_ok('BEGIN; LOCK TABLE outbox.messages_2 IN ACCESS EXCLUSIVE MODE;');
+my $dropper_pid = $dropper->pid;
+ok($node->poll_query_until('postgres',
+		qq{SELECT retention_held_by ~ '^a lock on outbox\\.messages_2 held by pid .*\\m$dropper_pid\\M' FROM outbox.worker}),
+	'retention: a step meets the chunk the session holds, and outbox.worker says so')
+  or diag($node->safe_psql('postgres', 'SELECT retention_held_by FROM outbox.worker'));
+is($node->safe_psql('postgres', qq{SELECT count(*) FROM pg_locks WHERE pid = $pid AND NOT granted}), '0',
+	'retention: ... without waiting for it');
+# Past a deadlock check of the session's own, had the relay waited for it.
+usleep(600_000);
+ok(eval { $dropper->run_ok('DROP EXTENSION outbox CASCADE; COMMIT;'); 1 },
+	'retention: the session drops the extension (no deadlock with the relay)')
+  or diag($@);
+$dropper->quit;
+ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_stat_activity WHERE pid = $pid}, '0'),
+	'retention: the relay exits');
 $log = log_since($offset);
 like($log, qr/outbox relay for database "postgres" stops: the extension was dropped/,
 	'retention: the relay says why it stops');
