@@ -98,7 +98,7 @@ test:
 # The suite on a machine made slower on purpose (a CPU hog on every core):
 # docs/internals.md#tests.
 stress:
-	OUTBOX_TEST_STRESS=1 PG='$(PG)' test/run-tests.sh
+	OUTBOX_TEST_STRESS=$${OUTBOX_TEST_STRESS:-1} PG='$(PG)' test/run-tests.sh
 
 demo:
 	test/demo.sh

@@ -198,7 +198,7 @@ if [ -n "${OUTBOX_TEST_FILES:-}" ]; then
 	picked=
 	for f in $tap_files; do
 		for n in $OUTBOX_TEST_FILES; do
-			case $f in test/t/"$n"_*) picked="$picked $f" ;; esac
+			case $f in test/t/"$n"_*) picked="$picked $f"; break ;; esac
 		done
 	done
 	[ -n "$picked" ] || { echo "OUTBOX_TEST_FILES='$OUTBOX_TEST_FILES' names no TAP file" >&2; exit 2; }
@@ -217,7 +217,8 @@ trap cleanup EXIT
 
 if [ "$hogs" -gt 0 ]; then
 	for _ in $(seq "$hogs"); do
-		perl -MPOSIX -e 'POSIX::setsid(); 1 while 1' &
+		# (each ends when this script does, however it ends)
+		perl -MPOSIX -e 'my $p = getppid(); POSIX::setsid(); 1 while getppid() == $p' &
 		hog_pids="$hog_pids $!"
 	done
 	echo "=== stress: $hogs CPU hogs at the tests' priority, $jobs TAP files at a time"

@@ -105,7 +105,17 @@ main(int argc, char **argv)
 		if (argc >= 7)
 			cfg.MaxMsgSize = atoi(argv[6]);
 		if (argc >= 8)
-			cfg.Duplicates = (int64_t) atoi(argv[7]) * 1000000000;
+		{
+			char	   *end;
+			long		secs = strtol(argv[7], &end, 10);
+
+			if (*argv[7] == '\0' || *end != '\0' || secs <= 0)
+			{
+				fprintf(stderr, "DUPLICATES must be a number of seconds, not \"%s\"\n", argv[7]);
+				return 2;
+			}
+			cfg.Duplicates = (int64_t) secs * 1000000000;
+		}
 		if ((s = js_AddStream(&si, js, &cfg, NULL, &jerr)) != NATS_OK)
 			die("create stream", s, jerr);
 		jsStreamInfo_Destroy(si);

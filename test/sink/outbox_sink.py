@@ -450,7 +450,6 @@ class Sink:
             return  # already refusing
         try:
             log(f"refusing connections for {seconds} s")
-            self.refuse_end.clear()
             self.unbind()
             self.drop_connections()
             end = time.monotonic() + seconds
@@ -593,6 +592,10 @@ def make_handler(sink):
             if req.get("reset_stats"):
                 with sink.recorder.lock:
                     sink.recorder.reset_stats()
+            if refuse_for is not None:
+                # before the answer: a SIGUSR1 sent once it is read ends
+                # this refusal
+                sink.refuse_end.clear()
             self.answer_json(200, self.control_state())
             if refuse_for is not None:
                 self.close_connection = True

@@ -30,7 +30,8 @@ sub rss_anon
 }
 
 # The slow receiver holds its first answers until the healthy target has
-# delivered everything, then answers each request after 100 ms.
+# delivered everything, then answers them, and each later request after
+# 100 ms.
 sink_control($sink, { path => '/big', hold => JSON::PP::true, keep_body => JSON::PP::false });
 $node->safe_psql(
 	'postgres', qq{

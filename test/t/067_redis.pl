@@ -155,7 +155,7 @@ $want += 200;
 ok(wait_until(sub { lag('rs', 'in_flight') > 0 }), 'requests wait on the stopped server');
 my $pid2 = relay_worker_pid($node);
 kill 'KILL', $pid2;
-ok(wait_until(sub { my $p = eval { relay_worker_pid($node) } // ''; $p ne '' && $p ne $pid2 }),
+ok(wait_until(sub { my $p = eval { relay_worker_pid_now($node) } // ''; $p ne '' && $p ne $pid2 }),
 	'the relay was restarted');
 kill 'CONT', $redis_pid;
 ok(wait_until(sub { (eval { lag('rs', 'pending') } // '') eq '0' }), 'the server goes on: all delivered');

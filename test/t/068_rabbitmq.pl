@@ -251,7 +251,7 @@ ok(wait_until(sub { lag('big', q{state || ' ' || coalesce(last_error, '')}) =~ /
 	'a broker that stopped reading: held, with the reason') or diag(lag('big', 'state, last_error'));
 my $stuck = relay_worker_pid($node);
 $node->safe_psql('postgres', qq{SELECT pg_terminate_backend($stuck)});
-ok(wait_until(sub { my $p = eval { relay_worker_pid($node) } // ''; $p ne '' && $p ne $stuck }),
+ok(wait_until(sub { my $p = eval { relay_worker_pid_now($node) } // ''; $p ne '' && $p ne $stuck }),
 	'... and the relay still answers: terminated, it starts again');
 rmq_ctl($rmq, 'set_vm_memory_high_watermark', '0.4');
 ok(wait_until(sub { lag('big', 'pending') eq '0' }), 'the alarm cleared: the 40 are delivered')

@@ -31,10 +31,13 @@ our @EXPORT = qw(
 # One initdb a kind, copied for every node (make test sets
 # OUTBOX_INITDB_CACHE to a directory of its scratch tree): a copy costs a
 # third of an initdb's CPU, and a version's files make about 75 nodes.
-# Each set of initdb arguments other than the data directory gets its own
-# template, made once under a lock by the first file that needs it.  The
-# TAP library of 17 and later has INITDB_TEMPLATE for the same purpose;
-# this covers 15 and 16 too, and the nodes made with extra arguments.
+# Each initdb program (by its path), environment that shapes the cluster
+# (time zone, locale) and set of initdb arguments other than the data
+# directory gets its own template, made once under a lock by the first file
+# that needs it; arguments naming another directory (the WAL's) are not
+# cached.  The TAP library of 17 and later has INITDB_TEMPLATE for the same
+# purpose; this covers 15 and 16 too, and the nodes made with extra
+# arguments.
 if (my $cache = $ENV{OUTBOX_INITDB_CACHE})
 {
 	no warnings 'redefine';
@@ -48,12 +51,21 @@ if (my $cache = $ENV{OUTBOX_INITDB_CACHE})
 			if ($cmd[$i] eq '-D' || $cmd[$i] eq '--pgdata') { $pgdata = $cmd[++$i]; }
 			else { push @key, $cmd[$i]; }
 		}
-		return $real->(@cmd) unless defined $pgdata;
-		(my $name = join('_', @key)) =~ s/[^A-Za-z0-9_.=-]/_/g;
+		return $real->(@cmd)
+		  if !defined $pgdata || grep { /^(-X|--waldir)/ } @key;
+		my ($initdb) = grep { -x } map { "$_/initdb" } split /:/, $ENV{PATH} // '';
+		push @key, map { $_ // '' } $initdb, @ENV{qw(TZ PGTZ LANG LC_ALL LC_CTYPE LC_COLLATE)};
+		require Digest::MD5;
+		my $name = Digest::MD5::md5_hex(join("\0", @key));
 		my $template = "$cache/$name";
 		mkdir $cache;
 		open(my $lock, '>', "$cache/$name.lock") or die "$cache/$name.lock: $!";
-		flock($lock, LOCK_EX) or die "flock: $!";
+		my $give_up = time + $PostgreSQL::Test::Utils::timeout_default;
+		until (flock($lock, LOCK_EX | LOCK_NB))
+		{
+			die "the initdb template $template stays locked" if time > $give_up;
+			usleep(50_000);
+		}
 		unless (-d $template)
 		{
 			rmtree("$template.tmp");
@@ -63,7 +75,7 @@ if (my $cache = $ENV{OUTBOX_INITDB_CACHE})
 			rename("$template.tmp", $template) or die "rename $template.tmp: $!";
 		}
 		close $lock;
-		note("initializing database system by copying the initdb template $template");
+		note("initializing database system by copying the initdb template $template (@key)");
 		$real->('cp', '-RPp', $template, $pgdata);
 		return;
 	};
@@ -128,6 +140,7 @@ sub json_codec
 }
 
 my $json = json_codec()->utf8->canonical;
+my $json_pp = JSON::PP->new->utf8->canonical;
 
 # A started node with the library preloaded and outbox.database = postgres
 # (the one-database form); %opts: conf (extra postgresql.conf text), init
@@ -251,13 +264,17 @@ sub kill_all
 	my $pm = $node->{_pid};
 	my @children = split /\s+/, `pgrep -P $pm`;
 	my @pids = ($pm, grep { /^\d+$/ } @children);
+	# each one's start time: a pid used again by another process is gone
+	my $stat = sub { my $st = eval { slurp_file("/proc/$_[0]/stat") } // ''; $st };
+	my %started = map { my @f = split ' ', ($stat->($_) =~ s/^.*\) //sr); ($_ => $f[19] // '') } @pids;
 	kill 'KILL', @pids;
 	$node->{_pid} = undef;
 	# gone once reaped, or a zombie (it holds nothing then)
 	my $alive = sub {
 		grep {
-			my $st = eval { slurp_file("/proc/$_/stat") } // '';
-			$st ne '' && $st !~ /\) Z /;
+			my $st = $stat->($_);
+			my @f = split ' ', ($st =~ s/^.*\) //sr);
+			$st ne '' && $f[0] ne 'Z' && ($f[19] // '') eq $started{$_};
 		} @pids;
 	};
 	wait_for("the killed server's processes to be gone",
@@ -371,8 +388,10 @@ sub start_sink
 sub sink_control
 {
 	my ($sink, $req) = @_;
+	# (JSON::PP: JSON::XS writes a number once used as a string as a
+	# string, which the sink refuses)
 	my $res = $sink->{http}->post("$sink->{url}/_control",
-		{ content => $json->encode($req), headers => { 'content-type' => 'application/json' } });
+		{ content => $json_pp->encode($req), headers => { 'content-type' => 'application/json' } });
 	die "sink control failed: $res->{status} $res->{content}" unless $res->{success};
 	return $json->decode($res->{content});
 }
