@@ -12,7 +12,6 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
-use Time::HiRes qw(usleep);
 use OutboxRelayTest;
 use OutboxSession;
 
@@ -96,7 +95,19 @@ $l->query('BEGIN');
 $l->query(q{SELECT 1 FROM outbox.progress p JOIN outbox.targets t ON t.id = p.target_id WHERE t.name = 'q' FOR UPDATE});
 emit(71, 76);
 is(received($a, 2), '71,72', 'two committed while the progress row is locked');
-usleep(2_500_000);    # two retention steps
+# Two retention steps, each of which could fold the receipts in (the
+# first may have begun before the emits): none may, the row being held.
+my $before_steps = $node->safe_psql('postgres', 'SELECT clock_timestamp()');
+my $steps_seen = 0;
+ok_wait('two retention steps ran while the progress row is locked', sub {
+	my $at = $node->safe_psql('postgres', 'SELECT retention_checked_at FROM outbox.worker');
+	if ($at ne '' && $node->safe_psql('postgres', "SELECT '$at'::timestamptz > '$before_steps'") eq 't')
+	{
+		$steps_seen++;
+		$before_steps = $at;
+	}
+	return ($steps_seen >= 2, "$steps_seen steps since the emits (last checked at $at)");
+});
 $node->safe_psql('postgres', q{SELECT outbox_emit('other.topic', '{}')});
 my $receipt72 = q{SELECT count(*) FROM outbox.receipts r JOIN outbox.messages m ON m.id = r.last_id
 	WHERE m.payload->>'n' = '72'};
