@@ -622,15 +622,21 @@ outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
- * Test only (outbox.test_fault = 'commit_delay'): sleep in the COMMIT
+ * Test only (outbox.test_fault = 'commit_delay'): wait in the COMMIT
  * callback of a target change, after it became visible and before the
- * relay is told, to show that the relay does not depend on that moment.
+ * relay is told, to show that the relay does not depend on that moment;
+ * until the test creates the file outbox_test_commit_release in the data
+ * directory (the backend's working directory), a minute at most.
  */
 static void
 outbox_test_commit_delay(void)
 {
-	if (outbox_test_fault != NULL && strcmp(outbox_test_fault, "commit_delay") == 0)
-		pg_usleep(2000000L);
+	int			i;
+
+	if (outbox_test_fault == NULL || strcmp(outbox_test_fault, "commit_delay") != 0)
+		return;
+	for (i = 0; i < 600 && access("outbox_test_commit_release", F_OK) != 0; i++)
+		pg_usleep(100000L);
 }
 
 /*

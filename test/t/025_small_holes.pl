@@ -30,12 +30,13 @@ $node->safe_psql('postgres', qq{
 SELECT outbox.create_http_target('race', '$url/race');
 SELECT outbox.subscribe('race', 'other');
 });
-# The fault makes the COMMIT of a subscription sleep 2 s in its callback,
-# after the subscription became visible and before the relay is told.  A
-# message emitted in that window must be delivered.  Whether the emit fell
-# in the window is checked (the subscribing session is still in its
-# statement); on a machine too slow for it, the race is tried again with a
-# new topic.
+# The fault makes the COMMIT of a subscription wait in its callback, after
+# the subscription became visible and before the relay is told, until the
+# test creates a file in the data directory.  A message emitted in that
+# window must be delivered.  Whether the emit fell in the window is checked
+# (the subscribing session is still in its statement); if not (the file
+# was there, or a minute passed), the race is tried again with a new
+# topic.
 $node->append_conf('postgresql.conf', "outbox.test_fault = 'commit_delay'");
 $node->reload;
 settings_reloaded($node, 'postgres', 'outbox.test_fault' => 'commit_delay');
@@ -43,6 +44,8 @@ my ($in_window, $race_topic);
 for my $try (1 .. 10)
 {
 	$race_topic = "race$try";
+	my $release = $node->data_dir . '/outbox_test_commit_release';
+	unlink $release;
 	my $sub = $node->background_psql('postgres');
 	my $sub_pid = $sub->query_safe('SELECT pg_backend_pid()');
 	$sub->query_until(qr/go/, qq{\\echo go
@@ -54,6 +57,8 @@ SELECT outbox.subscribe('race', '$race_topic');
 	$node->safe_psql('postgres', qq{SELECT outbox_emit('$race_topic', '{"after": "subscribe"}')});
 	$in_window = $node->safe_psql('postgres',
 		qq{SELECT state = 'active' FROM pg_stat_activity WHERE pid = $sub_pid}) eq 't';
+	open(my $fh, '>', $release) or die "cannot create $release: $!";
+	close $fh;
 	$sub->quit;
 	last if $in_window;
 	note "try $try: the emit came after the subscription's COMMIT callback; again";
