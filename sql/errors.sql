@@ -58,6 +58,15 @@ SELECT outbox_emit('t', '{}', NULL, '{"Webhook-Signature": "v1,forged"}');
 \echo :LAST_ERROR_SQLSTATE
 SELECT outbox_emit('t', '{}', NULL, '{"content-type": "text/plain"}');
 \echo :LAST_ERROR_SQLSTATE
+-- Twins: receivers that read "_" as "-" (CGI, WSGI) would take these for
+-- the relay's own headers.
+SELECT outbox_emit('t', '{}', NULL, '{"webhook_signature": "v1,Zm9yZ2Vk"}');
+\echo :LAST_ERROR_SQLSTATE
+SELECT outbox_emit('t', '{}', NULL, '{"Webhook_Id": "x"}');
+SELECT outbox_emit('t', '{}', NULL, '{"outbox_seq": "1"}');
+SELECT outbox_emit('t', '{}', NULL, '{"NATS_Msg_Id": "x"}');
+SELECT outbox_emit('t', '{}', NULL, '{"content_type": "text/plain"}');
+SELECT outbox_emit('t', '{}', NULL, '{"x_tenant": "acme", "ce_type": "t"}') IS NOT NULL AS other_underscores_ok;
 SELECT outbox_emit('t', '{}', NULL, '{}') IS NOT NULL AS empty_headers_ok;
 SELECT outbox_emit('t', '{}', NULL, '{"x-tab": "a\tb", "X-Trace_Id.v2": "ok"}') IS NOT NULL AS fine_headers_ok;
 

@@ -109,7 +109,8 @@ outbox_check_key(text *key_t, const char **key, int *key_len)
 
 /*
  * Headers the relay sets itself, which a message may not override, and
- * those a broker acts on (nats-*).
+ * those a broker acts on (nats-*); compared as a receiver reads a name,
+ * "_" as "-" (webhook_id would reach a CGI receiver as webhook-id).
  */
 static bool
 outbox_is_reserved_header(const char *name, int len)
@@ -121,16 +122,14 @@ outbox_is_reserved_header(const char *name, int len)
 	};
 	int			i;
 
-	if (len >= 8 && pg_strncasecmp(name, "webhook-", 8) == 0)
-		return true;
-	if (len >= 7 && pg_strncasecmp(name, "outbox-", 7) == 0)
+	if (outbox_header_name_is(name, len, "webhook-", false) ||
+		outbox_header_name_is(name, len, "outbox-", false))
 		return true;
 	/* JetStream reads these (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup). */
-	if (len >= 5 && pg_strncasecmp(name, "nats-", 5) == 0)
+	if (outbox_header_name_is(name, len, "nats-", false))
 		return true;
 	for (i = 0; i < lengthof(reserved); i++)
-		if ((int) strlen(reserved[i]) == len &&
-			pg_strncasecmp(name, reserved[i], len) == 0)
+		if (outbox_header_name_is(name, len, reserved[i], true))
 			return true;
 	return false;
 }
@@ -197,8 +196,10 @@ outbox_check_headers(Jsonb *headers)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("outbox header name \"%.*s\" is reserved",
 								name_len, name),
-						 (name_len >= 5 && pg_strncasecmp(name, "nats-", 5) == 0) ?
+						 outbox_header_name_is(name, name_len, "nats-", false) ?
 						 errdetail("NATS JetStream acts on nats-* headers; the relay sets Nats-Msg-Id itself.") :
+						 memchr(name, '_', name_len) != NULL ?
+						 errdetail("Receivers read \"_\" in a header name as \"-\", so this name stands for a header the relay sets itself.") :
 						 errdetail("The relay sets this header itself."),
 						 errhint("Choose another header name, for example one starting with \"x-\".")));
 		}

@@ -219,6 +219,49 @@ outbox_is_token_char(unsigned char c)
 	return strchr("!#$%&'*+-.^_`|~", c) != NULL && c != '\0';
 }
 
+/* A header name's character as a receiver may read it: lower case, "_" as "-". */
+static inline unsigned char
+outbox_header_fold(unsigned char c)
+{
+	if (c >= 'A' && c <= 'Z')
+		return c - 'A' + 'a';
+	return c == '_' ? '-' : c;
+}
+
+/*
+ * Whether the header name (len bytes) begins with prefix (lower case, with
+ * "-") as a receiver reads it: case aside, and "_" the same as "-", as CGI
+ * and WSGI servers fold both into one variable (X_ID and X-ID are both
+ * HTTP_X_ID).  With exact, the whole name.
+ */
+bool
+outbox_header_name_is(const char *name, int len, const char *prefix, bool exact)
+{
+	int			plen = strlen(prefix);
+	int			i;
+
+	if (len < plen || (exact && len != plen))
+		return false;
+	for (i = 0; i < plen; i++)
+		if (outbox_header_fold((unsigned char) name[i]) != (unsigned char) prefix[i])
+			return false;
+	return true;
+}
+
+/* Whether header names a and b are the same to a receiver (see above). */
+bool
+outbox_header_names_match(const char *a, int alen, const char *b, int blen)
+{
+	int			i;
+
+	if (alen != blen)
+		return false;
+	for (i = 0; i < alen; i++)
+		if (outbox_header_fold((unsigned char) a[i]) != outbox_header_fold((unsigned char) b[i]))
+			return false;
+	return true;
+}
+
 PG_FUNCTION_INFO_V1(outbox_check_text_sql);
 
 /*

@@ -274,6 +274,8 @@ typedef enum OutboxTextKind
 extern int	outbox_bad_char(const char *s, int len, OutboxTextKind kind, pg_wchar *bad);
 extern void outbox_check_text(const char *s, int len, OutboxTextKind kind, const char *what);
 extern bool outbox_is_token_char(unsigned char c);
+extern bool outbox_header_name_is(const char *name, int len, const char *prefix, bool exact);
+extern bool outbox_header_names_match(const char *a, int alen, const char *b, int blen);
 
 /* destinations.c: where requests may go */
 extern char *outbox_denied_destinations;

@@ -60,6 +60,10 @@ typedef struct RelayMessage
 								 * (outbox.retry_dead_letters): it sits
 								 * below the lane's done_id, goes alone, and
 								 * its dead letter goes once delivered */
+	bool		foreign_reply;	/* NATS: a publish of it was answered by
+								 * something other than a stream (a service
+								 * on the subject): never published again,
+								 * it becomes a dead letter */
 } RelayMessage;
 
 typedef OutboxSubscription RelaySubscription;
@@ -391,6 +395,7 @@ typedef struct RelayCeAttrs
 } RelayCeAttrs;
 
 extern void relay_ce_attrs(struct RelayTarget *t, RelayMessage *m, RelayCeAttrs *a);
+extern bool relay_ce_owned_header(const char *line);
 extern void relay_ce_structured(struct RelayTarget *t, RelayMessage *m, StringInfo buf);
 extern void relay_ce_http_value(const char *value, StringInfo buf);
 extern const char *relay_message_header(RelayMessage *m, const char *name);
@@ -470,6 +475,9 @@ extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
 extern int	relay_wake_pipe(int fds[2]);
 extern void relay_wake_pipe_drain(int fd);
 extern char *relay_url_shown(const char *url);
+extern void relay_shown(char *dst, size_t size, const char *src, int len);
+/* How much of a filled-in destination an error shows (relay_shown()). */
+#define RELAY_SHOWN_LEN 120
 extern long relay_acks_next_deadline_ms(RelayTargetKind kind);
 
 /*---- relay_nats.c: checks of a NATS target's options ----*/

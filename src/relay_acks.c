@@ -161,6 +161,25 @@ relay_wake_pipe_drain(int fd)
 }
 
 /*
+ * A destination filled in from a message (a subject, a topic, a stream
+ * key: the emitter's bytes), as an error may show it: at most size - 1
+ * bytes of printable ASCII, anything else as '?', "..." when cut; so an
+ * error stays valid in any encoding however the text was cut.
+ */
+void
+relay_shown(char *dst, size_t size, const char *src, int len)
+{
+	size_t		i;
+
+	Assert(size > 4);
+	for (i = 0; i + 1 < size && (int) i < len; i++)
+		dst[i] = ((unsigned char) src[i] >= 0x20 && (unsigned char) src[i] < 0x7f) ? src[i] : '?';
+	if ((int) i < len)
+		memcpy(dst + size - 4, "...", 3), i = size - 1;
+	dst[i] = '\0';
+}
+
+/*
  * The url to show in an error: without user information (up to the last
  * '@', whatever the scheme) and without a query.
  */

@@ -783,6 +783,21 @@ relay_ce_attrs(RelayTarget *t, RelayMessage *m, RelayCeAttrs *a)
 }
 
 /*
+ * Whether a message header ("Name: value" or "Name;") is one a CloudEvent's
+ * binding owns, which the relay leaves out on a CloudEvents target: an
+ * attribute (ce-*, or ce_* as Kafka writes them and as a receiver that
+ * reads "_" as "-" takes it) or content-type.
+ */
+bool
+relay_ce_owned_header(const char *line)
+{
+	int			len = strcspn(line, ":;");
+
+	return outbox_header_name_is(line, len, "ce-", false) ||
+		outbox_header_name_is(line, len, "content-type", true);
+}
+
+/*
  * Append message m as a CloudEvent in structured content mode (JSON, the
  * payload as data) to buf.
  */

@@ -600,9 +600,41 @@ relay_target_has_header(RelayTarget *t, const char *line)
 	int			i;
 
 	for (i = 0; i < t->nheader_lines; i++)
-		if (strlen(t->header_names[i]) == len &&
-			pg_strncasecmp(t->header_names[i], line, len) == 0)
+		if (outbox_header_names_match(t->header_names[i], strlen(t->header_names[i]),
+									  line, len))
 			return true;
+	return false;
+}
+
+/* Whether s begins or ends with a space or a tab (NULL: no). */
+static bool
+http_edge_blank(const char *s)
+{
+	size_t		len;
+
+	if (s == NULL || *s == '\0')
+		return false;
+	len = strlen(s);
+	return *s == ' ' || *s == '\t' || s[len - 1] == ' ' || s[len - 1] == '\t';
+}
+
+/* Whether a value of the "Name: value" lines t sends does (see above). */
+static bool
+http_headers_edge_blank(RelayTarget *t, const char *lines)
+{
+	const char *p;
+
+	for (p = lines; p != NULL && *p; p += strlen(p) + 1)
+	{
+		const char *colon = strchr(p, ':');
+
+		if (relay_target_has_header(t, p) ||
+			(t->format != RELAY_FORMAT_OUTBOX && relay_ce_owned_header(p)))
+			continue;			/* left out: see relay_http_send() */
+		/* "Name: value": the one space after the colon is the format's */
+		if (colon != NULL && colon[1] == ' ' && http_edge_blank(colon + 2))
+			return true;
+	}
 	return false;
 }
 
@@ -636,6 +668,19 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	/* relay_lane_cut() chose the messages. */
 	n = lane->cut_n;
 	Assert(n >= 1 && n <= lane->nqueued);
+	if (t->batch_size == 1 &&
+		((t->format == RELAY_FORMAT_OUTBOX && http_edge_blank(first->key)) ||
+		 http_headers_edge_blank(t, first->header_lines)))
+	{
+		/*
+		 * Its headers are all that carries them (a CloudEvent's key is
+		 * percent-encoded, or in its body), and receivers trim them (I10).
+		 */
+		lane->nbatch = 1;
+		failed->kind = RELAY_REJECTED;
+		failed->error = "the message's key or a header value begins or ends with a space or tab, which an HTTP header cannot carry (receivers trim them)";
+		return false;
+	}
 	if (t->batch_size == 1 && t->format == RELAY_FORMAT_CE_STRUCTURED)
 	{
 		/* The CloudEvent, the payload its data. */
@@ -755,7 +800,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 			{
 				/* a CloudEvent's attributes are the relay's: ce-* skipped */
 				if (!relay_target_has_header(t, p) &&
-					(t->format == RELAY_FORMAT_OUTBOX || pg_strncasecmp(p, "ce-", 3) != 0))
+					(t->format == RELAY_FORMAT_OUTBOX || !relay_ce_owned_header(p)))
 					relay_header(h, p);
 				p += strlen(p) + 1;
 			}
@@ -769,7 +814,7 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	for (i = 0; i < t->nheader_lines; i++)
 	{
 		/* a CloudEvent's attributes are the relay's, not the target's */
-		if (t->format != RELAY_FORMAT_OUTBOX && pg_strncasecmp(t->header_lines[i], "ce-", 3) == 0)
+		if (t->format != RELAY_FORMAT_OUTBOX && relay_ce_owned_header(t->header_lines[i]))
 			continue;
 		relay_header(h, t->header_lines[i]);
 	}

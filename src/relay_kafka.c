@@ -781,13 +781,23 @@ relay_kafka_lane_release(RelayLane *lane)
 	}
 }
 
-/* The record's topic: the template with {topic} filled in; NULL if invalid. */
+/*
+ * The record's topic into buf: the template with {topic} filled in.
+ * Returns why it is not one to produce to, or NULL.
+ */
 static const char *
 kafka_topic(RelayTarget *t, RelayMessage *m, StringInfo buf)
 {
-	if (!relay_template_fill(t->topic, m, buf))
-		return NULL;
-	return kafka_valid_topic(buf->data, buf->len) ? buf->data : NULL;
+	if (!relay_template_fill(t->topic, m, buf) || !kafka_valid_topic(buf->data, buf->len))
+		return "the topic template filled in with the message's topic is not a Kafka topic name";
+	/*
+	 * The cluster's own topics and its tools' (__consumer_offsets,
+	 * _schemas, _confluent-*, ksqlDB's command topics): the template's to
+	 * name (I10).
+	 */
+	if (buf->data[0] == '_' && t->topic[0] != '_')
+		return "the topic begins with \"_\", as the internal topics of the cluster and its tools do, which only the target's topic template may name";
+	return NULL;
 }
 
 /*
@@ -820,17 +830,22 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
 	{
-		const char *topic = kafka_topic(t, m, &kt->topic);
+		const char *bad = kafka_topic(t, m, &kt->topic);
+		const char *topic = kt->topic.data;
 		rd_kafka_headers_t *hdrs;
 		rd_kafka_resp_err_t err;
 		char	   *p;
 		void	   *value;
 		size_t		value_len;
 
-		if (topic == NULL)
+		if (bad != NULL)
 		{
-			relay_acks_bad(kl, i, RELAY_REJECTED,
-						   "the topic template filled in with the message's topic is not a Kafka topic name");
+			char		error[RELAY_MAX_ERROR_LEN + 1];
+			char		shown[RELAY_SHOWN_LEN];
+
+			relay_shown(shown, sizeof(shown), kt->topic.data, kt->topic.len);
+			snprintf(error, sizeof(error), "%s (\"%s\")", bad, shown);
+			relay_acks_bad(kl, i, RELAY_REJECTED, error);
 			break;
 		}
 		hdrs = rd_kafka_headers_new(8);
@@ -876,9 +891,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			char	   *semi = strchr(p, ';');
 
 			/* a CloudEvent's attributes are the relay's: ce_* skipped */
-			if (t->format != RELAY_FORMAT_OUTBOX &&
-				(pg_strncasecmp(p, "ce_", 3) == 0 ||
-				 (pg_strncasecmp(p, "content-type", 12) == 0 && (p[12] == ':' || p[12] == ';'))))
+			if (t->format != RELAY_FORMAT_OUTBOX && relay_ce_owned_header(p))
 				continue;
 			if (colon != NULL)
 				rd_kafka_header_add(hdrs, p, colon - p, colon[1] == ' ' ? colon + 2 : colon + 1, -1);

@@ -66,6 +66,8 @@
 #define NATS_MAX_EVENTS		10000
 /* nats_ack_class(): a reply that is not JetStream's, to ignore. */
 #define NATS_NOT_AN_ACK		((RelayOutcomeKind) -1)
+/* Why a message answered by a service, not a stream, is a dead letter. */
+#define NATS_FOREIGN_REPLY	"NATS answered the publish to \"%s\" with something other than a JetStream acknowledgement (a service, not a stream, took it): it is not published again"
 /* Most acknowledgements taken in one call of relay_nats_drive(). */
 #define NATS_MAX_DRAIN		100000
 /*
@@ -761,12 +763,40 @@ relay_nats_lane_release(RelayLane *lane)
  * The message's subject: the template with {topic} and {key} filled in.
  * Returns why it is not a subject, or NULL.
  */
+/* Whether the subject template can be filled in for m (a key if it needs one). */
+static bool
+nats_filled(RelayTarget *t, RelayMessage *m)
+{
+	return m->key != NULL || strstr(t->subject, "{key}") == NULL;
+}
+
 static const char *
 nats_subject(RelayTarget *t, RelayMessage *m, StringInfo buf)
 {
+	/* replies: clients' inboxes, the server's service imports and gateways */
+	static const char *const reply_prefixes[] = {"_INBOX.", "_R_.", "_GR_."};
+	const char *bad;
+	int			i;
+
 	if (!relay_template_fill(t->subject, m, buf))
 		return "the subject template has {key} and the message has no key";
-	return nats_check_subject_len(buf->data, buf->len, false);
+	if ((bad = nats_check_subject_len(buf->data, buf->len, false)) != NULL)
+		return bad;
+
+	/*
+	 * The server's own namespaces (I10): "$..." is its API ($JS.API, $KV,
+	 * $SYS ...), which takes a publish with a reply subject as a request,
+	 * and "_INBOX.", "_R_.", "_GR_." are where requests are answered (the
+	 * relay's own acknowledgements among them).  A message's topic or key
+	 * reaches them only where the template's literal text does.
+	 */
+	if (buf->data[0] == '$' && t->subject[0] != '$')
+		return "it begins with \"$\", the server's API namespace, which only the target's subject template may name";
+	for (i = 0; i < lengthof(reply_prefixes); i++)
+		if (strncmp(buf->data, reply_prefixes[i], strlen(reply_prefixes[i])) == 0 &&
+			strncmp(t->subject, reply_prefixes[i], strlen(reply_prefixes[i])) != 0)
+			return "it begins as the subjects where replies go do (_INBOX., _R_., _GR_.), which only the target's subject template may name";
+	return NULL;
 }
 
 static natsStatus
@@ -823,11 +853,18 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		const char *bad = nats_subject(t, m, &nt->subject);
 		char	   *p;
 
-		if (bad != NULL)
+		if (bad != NULL || m->foreign_reply)
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];
+			char		shown[RELAY_SHOWN_LEN];
 
-			snprintf(error, sizeof(error), "the subject is not a valid NATS subject: %s", bad);
+			relay_shown(shown, sizeof(shown), nt->subject.data, nt->subject.len);
+			if (bad == NULL)
+				snprintf(error, sizeof(error), NATS_FOREIGN_REPLY, shown);
+			else if (!nats_filled(t, m))
+				strlcpy(error, bad, sizeof(error));
+			else
+				snprintf(error, sizeof(error), "%s: the subject \"%s\" is not one to publish to", bad, shown);
 			relay_acks_bad(nl, i, RELAY_REJECTED, error);
 			break;
 		}
@@ -839,6 +876,8 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		relay_append_int64(&nt->reply, nl->request);
 		appendStringInfoChar(&nt->reply, '.');
 		relay_append_int64(&nt->reply, i);
+		appendStringInfoChar(&nt->reply, '.');
+		relay_append_int64(&nt->reply, m->id);
 		if (t->format == RELAY_FORMAT_CE_STRUCTURED)
 		{
 			resetStringInfo(&nt->value);
@@ -880,27 +919,29 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			s = nats_header(msg, "outbox-seq", number);
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
 			s = nats_header(msg, "outbox-topic", m->topic);
-		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX && m->key != NULL)
+		/* (an empty value: libnats would read the next line as it) */
+		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX && m->key != NULL && *m->key)
 			s = nats_header(msg, "outbox-key", m->key);
 		/* The message's own headers: "Name: value" lines, NUL-separated. */
 		for (p = m->header_lines; s == NATS_OK && p != NULL && *p; p += strlen(p) + 1)
 		{
-			char	   *colon = strchr(p, ':');
-			char		name[256];
+			int			name_len = strcspn(p, ":;");
+			const char *value = p[name_len] == ':' ? p + name_len + 1 : "";
+			char		name[OUTBOX_MAX_HEADER_NAME_LEN + 1];
 
 			/*
 			 * JetStream acts on nats-* headers: never a message's own; nor
 			 * ce-* or content-type in a CloudEvent, which are the relay's.
+			 * Nor one with an empty value ("Name;"): libnats, the C client,
+			 * reads the next header's line as its value (docs/brokers.md).
 			 */
-			if (colon == NULL || colon - p >= (int) sizeof(name) ||
-				pg_strncasecmp(p, "nats-", 5) == 0 ||
-				(t->format != RELAY_FORMAT_OUTBOX &&
-				 (pg_strncasecmp(p, "ce-", 3) == 0 ||
-				  (pg_strncasecmp(p, "content-type", 12) == 0 && (p[12] == ':' || p[12] == ';')))))
+			if (name_len == 0 || name_len >= (int) sizeof(name) || *value == '\0' ||
+				outbox_header_name_is(p, name_len, "nats-", false) ||
+				(t->format != RELAY_FORMAT_OUTBOX && relay_ce_owned_header(p)))
 				continue;
-			memcpy(name, p, colon - p);
-			name[colon - p] = '\0';
-			s = natsMsgHeader_Add(msg, name, colon[1] == ' ' ? colon + 2 : colon + 1);
+			memcpy(name, p, name_len);
+			name[name_len] = '\0';
+			s = natsMsgHeader_Add(msg, name, *value == ' ' ? value + 1 : value);
 		}
 		if (s == NATS_OK)
 			s = natsConnection_PublishMsg(nt->nc, msg);
@@ -1051,22 +1092,50 @@ nats_target_of(uint64 conn)
  * acknowledgement).
  */
 static bool
-nats_subject_number(const char **p, char end, uint32 *value)
+nats_subject_number64(const char **p, char end, uint64 *value, int digits, uint64 max)
 {
 	const char *s = *p;
 	uint64		v = 0;
 	int			n = 0;
 
-	while (*s >= '0' && *s <= '9' && n < 10)
+	while (*s >= '0' && *s <= '9' && n < digits)
 	{
 		v = v * 10 + (uint64) (*s++ - '0');
 		n++;
 	}
-	if (n == 0 || *s != end || v > PG_UINT32_MAX)
+	if (n == 0 || *s != end || v > max)
 		return false;
-	*value = (uint32) v;
+	*value = v;
 	*p = end == '\0' ? s : s + 1;
 	return true;
+}
+
+static bool
+nats_subject_number(const char **p, char end, uint32 *value)
+{
+	uint64		v;
+
+	if (!nats_subject_number64(p, end, &v, 10, PG_UINT32_MAX))
+		return false;
+	*value = (uint32) v;
+	return true;
+}
+
+/*
+ * A reply that is not JetStream's for message id of lane: the message, if
+ * still queued, is flagged, so it is not published again (I10).
+ */
+static void
+nats_foreign_reply(RelayLane *lane, int64 id)
+{
+	RelayMessage *m;
+
+	for (m = lane->head; m != NULL; m = m->next)
+		if (m->id == id)
+		{
+			m->foreign_reply = true;
+			break;
+		}
 }
 
 /* An acknowledgement on a target's inbox: note it in its lane. */
@@ -1079,27 +1148,41 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 	uint32		lane_index;
 	uint32		request;
 	uint32		pos;
+	uint64		id;
 	const char *p;
 	RelayLane  *lane;
 	RelayAcks  *nl;
 	RelayOutcomeKind kind;
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 
-	/* <inbox>.<lane>.<request>.<position>, as relay_nats_send() wrote it */
+	/*
+	 * <inbox>.<lane>.<request>.<position>.<id>, as relay_nats_send() wrote
+	 * it
+	 */
 	if (subj == NULL || strncmp(subj, nt->inbox, plen) != 0 || subj[plen] != '.')
 		return;
 	p = subj + plen + 1;
 	if (!nats_subject_number(&p, '.', &lane_index) ||
 		!nats_subject_number(&p, '.', &request) ||
-		!nats_subject_number(&p, '\0', &pos) ||
+		!nats_subject_number(&p, '.', &pos) ||
+		!nats_subject_number64(&p, '\0', &id, 19, PG_INT64_MAX) ||
 		lane_index >= (uint32) t->nlanes || pos > (uint32) PG_INT32_MAX)
 		return;
 	lane = &t->lanes[lane_index];
 	nl = NATS_LANE(lane);
-	if (!lane->in_flight || !relay_acks_waits(nl, request, pos))
-		return;
 	kind = nats_ack_class(msg, t, error, sizeof(error));
 	if (kind == NATS_NOT_AN_ACK)
+	{
+		/*
+		 * A service answering requests on the subject (or the server's
+		 * API), even late, after the request was given up: the stream's
+		 * acknowledgement may still come, but if none does, the message
+		 * is not published again (relay_nats_send()).
+		 */
+		nats_foreign_reply(lane, (int64) id);
+		return;
+	}
+	if (!lane->in_flight || !relay_acks_waits(nl, request, pos))
 		return;
 	if (kind == RELAY_DELIVERED)
 		nl->acked[pos] = true;
@@ -1222,11 +1305,31 @@ relay_nats_drive(RelayFinishedFn finished)
 			if (now >= nl->deadline)
 			{
 				char		error[RELAY_MAX_ERROR_LEN + 1];
+				RelayMessage *m = lane->head;
+				int			k;
 
-				snprintf(error, sizeof(error), "no JetStream acknowledgement within %d ms",
-						 t->timeout_ms);
 				(void) relay_acks_decided(nl);
-				relay_acks_bad(nl, nl->prefix, RELAY_RETRY, error);
+				for (k = 0; k < nl->prefix && m != NULL; k++)
+					m = m->next;
+				if (m != NULL && m->foreign_reply)
+				{
+					/* answered, but not by a stream: never again */
+					StringInfoData subject;
+					char		shown[RELAY_SHOWN_LEN];
+
+					initStringInfo(&subject);
+					(void) nats_subject(t, m, &subject);
+					relay_shown(shown, sizeof(shown), subject.data, subject.len);
+					snprintf(error, sizeof(error), NATS_FOREIGN_REPLY, shown);
+					pfree(subject.data);
+					relay_acks_bad(nl, nl->prefix, RELAY_REJECTED, error);
+				}
+				else
+				{
+					snprintf(error, sizeof(error), "no JetStream acknowledgement within %d ms",
+							 t->timeout_ms);
+					relay_acks_bad(nl, nl->prefix, RELAY_RETRY, error);
+				}
 				nats_lane_check(lane, finished);
 			}
 		}

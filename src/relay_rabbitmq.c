@@ -61,8 +61,8 @@
 #define RMQ_FRAME_MAX		131072
 /* Most frames taken in one turn of the loop per target. */
 #define RMQ_MAX_FRAMES		256
-/* Most headers a message carries (the outbox's and its own). */
-#define RMQ_MAX_HEADERS		64
+/* Headers the relay puts on every message before its own. */
+#define RMQ_OWN_HEADERS		4
 /* Longest a connection waits for a host name's lookup, each attempt. */
 #define RMQ_LOOKUP_WAIT_MS	50
 /* The channel the relay publishes on. */
@@ -122,6 +122,9 @@ typedef struct RelayRmqTarget
 	long		max_message_size;	/* the broker refused a body above this
 									 * (a 406), 0 for not known */
 	StringInfoData key;			/* reused: a message's routing key */
+	amqp_table_entry_t *headers;	/* reused: a message's headers, in cxt */
+	int			nheaders;		/* of them set */
+	int			maxheaders;		/* entries in headers */
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 } RelayRmqTarget;
 
@@ -812,6 +815,84 @@ rmq_header_str(amqp_table_entry_t *e, const char *name, const char *value)
 	e->value.value.bytes = amqp_cstring_bytes(value);
 }
 
+/*
+ * Message headers RabbitMQ itself acts on, left out of what the relay
+ * publishes (I10, docs/brokers.md): CC and BCC route a message to more
+ * queues (and a string there makes the broker close the channel), the
+ * others steer dead-lettering, delays, stream filters and de-duplication,
+ * or pose as the broker's own records.  Exactly as the broker spells them
+ * (it compares bytes): "cc" is an application's own header.
+ */
+static bool
+rmq_broker_header(const char *name, int len)
+{
+	static const char *const exact[] = {
+		"CC", "BCC", "x-death", "x-delay", "x-delivery-count",
+		"x-stream-filter-value", "x-deduplication-header", "x-received-from",
+		"x-opt-deduplication-id"
+	};
+	int			i;
+
+	for (i = 0; i < lengthof(exact); i++)
+		if (len == (int) strlen(exact[i]) && memcmp(name, exact[i], len) == 0)
+			return true;
+	return (len > 14 && memcmp(name, "x-first-death-", 14) == 0) ||
+		(len > 13 && memcmp(name, "x-last-death-", 13) == 0);
+}
+
+/*
+ * The headers of message m into rt->headers (rt->nheaders of them): the
+ * relay's, then the message's own but those the broker acts on.  Returns
+ * why one cannot be carried (AMQP's names have at most 255 bytes;
+ * outbox_emit() takes 256), or NULL.
+ */
+static const char *
+rmq_message_headers(RelayTarget *t, RelayMessage *m, const char *number)
+{
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	int			want = RMQ_OWN_HEADERS;
+	int			n = 0;
+	char	   *p;
+
+	for (p = m->header_lines; p != NULL && *p; p += strlen(p) + 1)
+		want++;
+	if (rt->maxheaders < want)
+	{
+		amqp_table_entry_t *headers = MemoryContextAlloc(t->cxt,
+														 Max(want, 32) * sizeof(amqp_table_entry_t));
+
+		if (rt->headers)
+			pfree(rt->headers);
+		rt->headers = headers;
+		rt->maxheaders = Max(want, 32);
+	}
+	rmq_header_str(&rt->headers[n++], "webhook-id", m->msg_id);
+	rmq_header_str(&rt->headers[n++], "outbox-seq", number);
+	rmq_header_str(&rt->headers[n++], "outbox-topic", m->topic);
+	if (m->key)
+		rmq_header_str(&rt->headers[n++], "outbox-key", m->key);
+	/* The message's own headers: "Name: value" lines, or "Name;" for "". */
+	for (p = m->header_lines; p != NULL && *p; p += strlen(p) + 1)
+	{
+		int			name_len = strcspn(p, ":;");
+		const char *value = p[name_len] == ':' ? p + name_len + 1 : "";
+
+		if (rmq_broker_header(p, name_len))
+			continue;
+		if (name_len > RMQ_MAX_SHORTSTR)
+			return "a header name is longer than the 255 bytes AMQP carries";
+		if (*value == ' ')
+			value++;
+		rt->headers[n].key.bytes = p;
+		rt->headers[n].key.len = name_len;
+		rt->headers[n].value.kind = AMQP_FIELD_KIND_UTF8;
+		rt->headers[n].value.value.bytes = amqp_cstring_bytes(value);
+		n++;
+	}
+	rt->nheaders = n;
+	return NULL;
+}
+
 /* Ask for EPOLLOUT while frames wait to be written. */
 static void
 rmq_want_write(RelayRmqTarget *rt, bool want)
@@ -1014,10 +1095,7 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
 	{
 		amqp_basic_properties_t props;
-		amqp_table_entry_t headers[RMQ_MAX_HEADERS];
-		int			nheaders = 0;
 		char		number[24];
-		char	   *p;
 		const char *bad;
 
 		if (!relay_template_fill(t->routing_key, m, &rt->key))
@@ -1033,36 +1111,10 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 			break;
 		}
 		pg_lltoa(m->id, number);
-		rmq_header_str(&headers[nheaders++], "webhook-id", m->msg_id);
-		rmq_header_str(&headers[nheaders++], "outbox-seq", number);
-		rmq_header_str(&headers[nheaders++], "outbox-topic", m->topic);
-		if (m->key)
-			rmq_header_str(&headers[nheaders++], "outbox-key", m->key);
-		/* The message's own headers: "Name: value" lines, NUL-separated. */
-		for (p = m->header_lines; p != NULL && *p && nheaders < RMQ_MAX_HEADERS; p += strlen(p) + 1)
+		if ((bad = rmq_message_headers(t, m, number)) != NULL)
 		{
-			char	   *colon = strchr(p, ':');
-			size_t		plen = strlen(p);
-
-			/* "Name: value", or "Name;" for an empty value */
-			if (colon == NULL && plen > 1 && p[plen - 1] == ';')
-			{
-				if (plen - 1 > RMQ_MAX_SHORTSTR)
-					continue;	/* AMQP cannot carry the name */
-				headers[nheaders].key.bytes = p;
-				headers[nheaders].key.len = plen - 1;
-				headers[nheaders].value.kind = AMQP_FIELD_KIND_UTF8;
-				headers[nheaders].value.value.bytes = amqp_cstring_bytes("");
-				nheaders++;
-				continue;
-			}
-			if (colon == NULL || colon - p > RMQ_MAX_SHORTSTR)
-				continue;
-			headers[nheaders].key.bytes = p;
-			headers[nheaders].key.len = colon - p;
-			headers[nheaders].value.kind = AMQP_FIELD_KIND_UTF8;
-			headers[nheaders].value.value.bytes = amqp_cstring_bytes(colon[1] == ' ' ? colon + 2 : colon + 1);
-			nheaders++;
+			relay_acks_bad(rl, i, RELAY_REJECTED, bad);
+			break;
 		}
 		memset(&props, 0, sizeof(props));
 		props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
@@ -1071,8 +1123,8 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
 		props.message_id = amqp_cstring_bytes(m->msg_id);
 		props.timestamp = (uint64) (timestamptz_to_time_t(m->emitted_at));
-		props.headers.num_entries = nheaders;
-		props.headers.entries = headers;
+		props.headers.num_entries = rt->nheaders;
+		props.headers.entries = rt->headers;
 		if (rt->max_message_size > 0 && m->payload_len > rt->max_message_size)
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];

@@ -320,6 +320,7 @@ relay_make_message(RelayTarget *t, RelayRow *row, int64 id,
 	p = (char *) m + MAXALIGN(sizeof(RelayMessage));
 	m->next = NULL;
 	m->retry = false;
+	m->foreign_reply = false;
 	m->id = id;
 	m->key_hash = (key != NULL && t->transport->per_message) ?
 		hash_bytes((const unsigned char *) key, strlen(key)) : 0;

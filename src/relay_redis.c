@@ -446,10 +446,19 @@ relay_redis_check_url(const char *url)
 	return redis_parse_url(url, NULL);
 }
 
+/*
+ * What separates a stream's key from the ids in the names of its
+ * de-duplication marks, "<stream>:outbox-dedup:<id>": a key filled in from
+ * a message may not hold it, so that no message names another's mark.
+ */
+#define REDIS_MARK_INFIX	":outbox-dedup:"
+
 /* Whether template is a stream key template. */
 const char *
 relay_redis_check_stream(const char *template)
 {
+	if (template != NULL && strstr(template, REDIS_MARK_INFIX) != NULL)
+		return "it holds \"" REDIS_MARK_INFIX "\", which names the relay's de-duplication marks";
 	return relay_template_check(template, REDIS_MAX_STREAM, false);
 }
 
@@ -1082,9 +1091,21 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 						   "the stream key is empty or longer than 1024 bytes once the template is filled in");
 			break;
 		}
+		if (strstr(rt->stream.data, REDIS_MARK_INFIX) != NULL)
+		{
+			/* I10: a message may not name another's mark */
+			char		error[RELAY_MAX_ERROR_LEN + 1];
+			char		shown[RELAY_SHOWN_LEN];
+
+			relay_shown(shown, sizeof(shown), rt->stream.data, rt->stream.len);
+			snprintf(error, sizeof(error), "the stream key holds \"" REDIS_MARK_INFIX "\" once the template is filled in: it would name one of the relay's de-duplication marks (\"%s\")",
+					 shown);
+			relay_acks_bad(rl, i, RELAY_REJECTED, error);
+			break;
+		}
 		resetStringInfo(&rt->mark);
 		appendBinaryStringInfo(&rt->mark, rt->stream.data, rt->stream.len);
-		appendBinaryStringInfo(&rt->mark, ":outbox-dedup:", 14);
+		appendBinaryStringInfoNT(&rt->mark, REDIS_MARK_INFIX, strlen(REDIS_MARK_INFIX));
 		appendBinaryStringInfo(&rt->mark, m->msg_id, RELAY_UUID_LEN);
 		pg_lltoa(m->id, number);
 
@@ -1295,6 +1316,28 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					 redis_error_is(r, "CROSSSLOT"))
 				snprintf(error, sizeof(error), "Redis Cluster is not supported (the server answered %.*s)",
 						 (int) Min(r->len, 100), r->str);
+			else if (strchr(t->stream, '{') != NULL && r->str != NULL &&
+					 memmem(r->str, r->len, "WRONGTYPE", 9) != NULL)
+			{
+				/*
+				 * A key of another type has the name the message's topic or
+				 * key filled in: the message's doing, not the target's.
+				 */
+				RelayMessage *m = lane->head;
+				int			k;
+
+				for (k = 0; k < p.pos && m != NULL; k++)
+					m = m->next;
+				if (m != NULL && relay_template_fill(t->stream, m, &rt->stream))
+				{
+					char		shown[RELAY_SHOWN_LEN];
+
+					relay_shown(shown, sizeof(shown), rt->stream.data, rt->stream.len);
+					snprintf(error, sizeof(error), "Redis answered WRONGTYPE for the stream key filled in from the message: a key of another type has that name (\"%s\")",
+							 shown);
+					kind = RELAY_REJECTED;	/* I10 */
+				}
+			}
 			/* Anything else (WRONGTYPE, OOM, NOPERM, LOADING, BUSY ...): held. */
 			relay_acks_bad(rl, p.pos, kind, error);
 		}

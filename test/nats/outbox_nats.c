@@ -18,6 +18,10 @@
  *       acknowledged; prints the rate.  With "all", every header the relay
  *       puts on a message of the outbox format: webhook-id, outbox-seq and
  *       outbox-topic too (the same work as the relay's)
+ *   outbox_nats respond URL SUBJECT REPLY FILE
+ *       a service, not a stream: answers every request on SUBJECT (a
+ *       pattern) with REPLY, and appends each request's subject to FILE
+ *       (a first line "ready" once subscribed); runs until killed
  *
  * Exit status 0 on success; errors on stderr.
  */
@@ -78,7 +82,7 @@ main(int argc, char **argv)
 
 	if (argc < 4)
 	{
-		fprintf(stderr, "usage: outbox_nats create|delete|count|dump|publish URL ...\n");
+		fprintf(stderr, "usage: outbox_nats create|delete|count|dump|publish|respond URL ...\n");
 		return 2;
 	}
 	if ((s = natsOptions_Create(&opts)) != NATS_OK ||
@@ -180,6 +184,38 @@ main(int argc, char **argv)
 				natsMsg_Destroy(m);
 			}
 		jsStreamInfo_Destroy(si);
+	}
+	else if (strcmp(argv[1], "respond") == 0 && argc >= 6)
+	{
+		natsSubscription *sub = NULL;
+		FILE	   *f = fopen(argv[5], "a");
+
+		if (f == NULL)
+		{
+			perror(argv[5]);
+			return 1;
+		}
+		if ((s = natsConnection_SubscribeSync(&sub, nc, argv[3])) != NATS_OK ||
+			(s = natsConnection_Flush(nc)) != NATS_OK)
+			die("subscribe", s, 0);
+		fprintf(f, "ready\n");
+		fflush(f);
+		for (;;)
+		{
+			natsMsg    *m = NULL;
+
+			s = natsSubscription_NextMsg(&m, sub, 1000);
+			if (s == NATS_TIMEOUT)
+				continue;
+			if (s != NATS_OK)
+				die("next", s, 0);
+			fprintf(f, "%s\n", natsMsg_GetSubject(m));
+			fflush(f);
+			if (natsMsg_GetReply(m) != NULL &&
+				(s = natsConnection_PublishString(nc, natsMsg_GetReply(m), argv[4])) != NATS_OK)
+				die("reply", s, 0);
+			natsMsg_Destroy(m);
+		}
 	}
 	else if (strcmp(argv[1], "publish") == 0 && argc >= 6)
 	{

@@ -9,7 +9,8 @@
  *   outbox_rabbitmq count URL QUEUE            messages ready in it
  *   outbox_rabbitmq dump URL QUEUE             every message, one JSON
  *       object a line (message_id, seq, topic, key, routing_key, exchange,
- *       delivery_mode, content_type, payload, headers), in queue order;
+ *       delivery_mode, content_type, payload, a few headers, and
+ *       header_names: the name of every header), in queue order;
  *       consumed and not acknowledged, so they stay
  *
  * Exits 1 with the error on stderr when the broker refuses.
@@ -79,6 +80,22 @@ header(amqp_table_t *t, const char *name, const char *as)
 			printf(", \"%s\": ", as);
 			json_str(t->entries[i].value.value.bytes.bytes, t->entries[i].value.value.bytes.len);
 		}
+}
+
+/* Every header's name, as "header_names": [...]. */
+static void
+header_names(amqp_table_t *t)
+{
+	int			i;
+
+	printf(", \"header_names\": [");
+	for (i = 0; i < t->num_entries; i++)
+	{
+		if (i > 0)
+			printf(", ");
+		json_str(t->entries[i].key.bytes, t->entries[i].key.len);
+	}
+	printf("]");
 }
 
 int
@@ -191,6 +208,7 @@ main(int argc, char **argv)
 			header(&env.message.properties.headers, "outbox-key", "key");
 			header(&env.message.properties.headers, "webhook-id", "webhook_id");
 			header(&env.message.properties.headers, "x-trace", "x_trace");
+			header_names(&env.message.properties.headers);
 			printf(", \"payload\": ");
 			json_str(env.message.body.bytes, env.message.body.len);
 			printf("}\n");

@@ -5,6 +5,8 @@
 #    signed per Standard Webhooks), structured mode
 #    (application/cloudevents+json, a source of the target's own) and a
 #    batch (application/cloudevents-batch+json);
+#  - a message's own ce-* and ce_* headers reach no consumer (the relay's
+#    attributes; a receiver may read "_" as "-");
 #  - Kafka binary (ce_ headers, the key the partitionkey) and structured
 #    mode, read back from librdkafka's mock cluster;
 #  - NATS binary (ce- headers) and structured mode, read back from a
@@ -112,6 +114,15 @@ for my $m (@{ nats_dump($nurl, 'CEB') }, @{ nats_dump($nurl, 'CES') })
 {
 	push @in, [ "nats_$m->{subject}", { binding => 'nats', headers => $m->{headers},
 			body => $m->{payload} }, $m ];
+}
+# The message's own ce-type and ce_type ("forged") reach no consumer:
+# a receiver that reads "_" as "-" would see them beside the relay's.
+for my $d (@in)
+{
+	my ($what, $got) = @$d;
+	my $h = $got->{headers} // {};
+	my @forged = grep { $h->{$_} eq 'forged' } sort keys %$h;
+	is("@forged", '', "$what: no header of the message's own ce-type or ce_type");
 }
 my $input = join('', map { $json->encode($_->[1]) . "\n" } @in);
 my ($out, $err) = ('', '');

@@ -9,7 +9,8 @@
 #  - maxlen trims the stream; replay within the window appends nothing;
 #  - held with the server's reason, nothing dead-lettered, and resumed
 #    by itself: the server down, NOPERM (an ACL user), WRONGPASS, OOM
-#    (maxmemory), WRONGTYPE; SCRIPT FLUSH is taken in stride;
+#    (maxmemory), WRONGTYPE on the target's own stream key; SCRIPT FLUSH
+#    is taken in stride;
 #  - a stream template with {key} for a message without key: a dead
 #    letter, the others flow; pause/resume; destination rules.
 use strict;
@@ -225,9 +226,11 @@ held('WRONGPASS', 'acl', 'held:h', qr/^failing .*Redis refused the credentials: 
 unlike(lag('acl', 'last_error') // '', qr/s3cret|wrong/, 'the password is never in last_error');
 
 $node->safe_psql('postgres', qq{
-	SELECT outbox.create_redis_target('wt', '$url', stream => 'wt:{topic}');
+	SELECT outbox.create_redis_target('wt', '$url', stream => 'wt:h');
 	SELECT outbox.subscribe('wt', 'h');
 });
+# (a stream key of the target's own: WRONGTYPE is the target's; where the
+# message's topic or key filled it in, the message's: test/t/070)
 redis_cmd($redis, 'SET', 'wt:h', 'not a stream');
 held('WRONGTYPE', 'wt', 'wt:h', qr/^failing .*WRONGTYPE/, sub { redis_cmd($redis, 'DEL', 'wt:h') });
 

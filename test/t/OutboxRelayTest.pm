@@ -26,7 +26,7 @@ our @EXPORT = qw(
   sink_control sink_stats stop_sink sink_records sink_attempts wait_until wait_for ok_wait
   relay_reloaded relay_went_round settings_reloaded lag_value json_codec
   webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all
-  allow_output_plugins);
+  allow_output_plugins sql_literal);
 
 # One initdb a kind, copied for every node (make test sets
 # OUTBOX_INITDB_CACHE to a directory of its scratch tree): a copy costs a
@@ -588,6 +588,15 @@ sub relay_reloaded
 	settings_reloaded($node, $db, %want);
 	relay_went_round($node, $db, 2);
 	return 1;
+}
+
+# $s as an SQL literal (NULL for undef), for statements built in Perl.
+sub sql_literal
+{
+	my ($s) = @_;
+	return 'NULL' unless defined $s;
+	$s =~ s/'/''/g;
+	return "'$s'";
 }
 
 # Wait until the relay of $db has gone round its loop $turns times from
