@@ -795,7 +795,8 @@ kafka_topic(RelayTarget *t, RelayMessage *m, StringInfo buf)
 	 * _schemas, _confluent-*, ksqlDB's command topics): the template's to
 	 * name (I10).
 	 */
-	if (buf->data[0] == '_' && t->topic[0] != '_')
+	if ((buf->data[0] == '_' && t->topic[0] != '_') ||
+		(strncmp(buf->data, "__", 2) == 0 && strncmp(t->topic, "__", 2) != 0))
 		return "the topic begins with \"_\", as the internal topics of the cluster and its tools do, which only the target's topic template may name";
 	return NULL;
 }

@@ -1021,13 +1021,15 @@ nats_ack_class(natsMsg *msg, RelayTarget *t, char *error, size_t size)
 	for (i = 0; i < len; i++)
 		json[i] = ((unsigned char) data[i] >= 0x20 && (unsigned char) data[i] < 0x7f) ? data[i] : '?';
 	json[len] = '\0';
-	/* A PubAck: {"stream":"NAME","seq":N[,"duplicate":true]}, or an error. */
+	/*
+	 * A PubAck: {"stream":"NAME","seq":N[,"duplicate":true]} (a stream may
+	 * be named "error"), or an error.
+	 */
+	if (strncmp(json, "{\"stream\":", 10) == 0 && strstr(json, "\"seq\":") != NULL)
+		return RELAY_DELIVERED;
 	d = strstr(json, "\"error\"");
 	if (d == NULL)
 	{
-		if (json[0] == '{' && strncmp(json, "{\"stream\":", 10) == 0 &&
-			strstr(json, "\"seq\":") != NULL)
-			return RELAY_DELIVERED;
 		/* Not JetStream's (someone else answering requests): not the answer. */
 		return NATS_NOT_AN_ACK;
 	}
@@ -1129,8 +1131,14 @@ static void
 nats_foreign_reply(RelayLane *lane, int64 id)
 {
 	RelayMessage *m;
+	int			n = 0;
 
-	for (m = lane->head; m != NULL; m = m->next)
+	/*
+	 * A message not yet delivered stays at the lane's head: a request holds
+	 * at most batch_size of them (and a dead letter retried may sit before
+	 * them), so the walk is short whatever the reply says.
+	 */
+	for (m = lane->head; m != NULL && n < 2 * lane->target->batch_size + 16; m = m->next, n++)
 		if (m->id == id)
 		{
 			m->foreign_reply = true;
@@ -1231,30 +1239,33 @@ relay_nats_drive(RelayFinishedFn finished)
 	if (wake_pipe[0] < 0)
 		return;
 
-	/* First the acknowledgements libnats' reader queued, without waiting. */
-	if (requests_in_flight > 0)
-		foreach(lc, relay_targets)
-		{
-			RelayTarget *t = (RelayTarget *) lfirst(lc);
-			natsMsg    *msg = NULL;
-			natsStatus	st;
-			int			n = 0;
+	/*
+	 * First the acknowledgements libnats' reader queued, without waiting;
+	 * with nothing in flight too, for a service's late answer to a request
+	 * given up, which must mark its message before the retry (I10).
+	 */
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		natsMsg    *msg = NULL;
+		natsStatus	st;
+		int			n = 0;
 
-			if (t->kind != RELAY_NATS || t->priv == NULL || NATS_TARGET(t)->sub == NULL)
-				continue;
-			while (n++ < NATS_MAX_DRAIN &&
-				   ((st = natsSubscription_NextMsg(&msg, NATS_TARGET(t)->sub, 0)) == NATS_OK ||
-					st == NATS_NO_RESPONDERS))
-			{
-				if (st == NATS_OK)
-					nats_ack(t, msg, finished);
-				else
-					nats_no_responders(t, finished);
-				if (msg)
-					natsMsg_Destroy(msg);
-				msg = NULL;
-			}
+		if (t->kind != RELAY_NATS || t->priv == NULL || NATS_TARGET(t)->sub == NULL)
+			continue;
+		while (n++ < NATS_MAX_DRAIN &&
+			   ((st = natsSubscription_NextMsg(&msg, NATS_TARGET(t)->sub, 0)) == NATS_OK ||
+				st == NATS_NO_RESPONDERS))
+		{
+			if (st == NATS_OK)
+				nats_ack(t, msg, finished);
+			else
+				nats_no_responders(t, finished);
+			if (msg)
+				natsMsg_Destroy(msg);
+			msg = NULL;
 		}
+	}
 
 	/* Then lost connections: what is still waiting will not be answered. */
 	relay_wake_pipe_drain(wake_pipe[0]);

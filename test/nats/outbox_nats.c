@@ -18,10 +18,11 @@
  *       acknowledged; prints the rate.  With "all", every header the relay
  *       puts on a message of the outbox format: webhook-id, outbox-seq and
  *       outbox-topic too (the same work as the relay's)
- *   outbox_nats respond URL SUBJECT REPLY FILE
+ *   outbox_nats respond URL SUBJECT REPLY FILE [HOLD]
  *       a service, not a stream: answers every request on SUBJECT (a
  *       pattern) with REPLY, and appends each request's subject to FILE
- *       (a first line "ready" once subscribed); runs until killed
+ *       (a first line "ready" once subscribed); with HOLD, each answer
+ *       waits until a file of that name exists; runs until killed
  *
  * Exit status 0 on success; errors on stderr.
  */
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nats/nats.h>
 
@@ -211,6 +213,8 @@ main(int argc, char **argv)
 				die("next", s, 0);
 			fprintf(f, "%s\n", natsMsg_GetSubject(m));
 			fflush(f);
+			while (argc >= 7 && access(argv[6], F_OK) != 0)
+				nats_Sleep(50);
 			if (natsMsg_GetReply(m) != NULL &&
 				(s = natsConnection_PublishString(nc, natsMsg_GetReply(m), argv[4])) != NATS_OK)
 				die("reply", s, 0);

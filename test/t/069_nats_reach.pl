@@ -10,6 +10,8 @@
 #  - a publish answered by a service rather than a stream is published
 #    once (the service sees it once), then becomes a dead letter with the
 #    reason: it is not sent again however many attempts are allowed;
+#  - the same when the service answers after the relay gave the attempt
+#    up (the answer names the message: its id is in the reply subject);
 #  - a header name of 256 bytes arrives; one with an empty value is left
 #    out, as documented.
 use strict;
@@ -27,7 +29,10 @@ nats_tool($url, 'create', 'VICTIM', 'victim.>');
 nats_tool($url, 'create', 'EV', 'ev.>');
 is(nats_count($url, 'VICTIM'), 0, 'the stream VICTIM exists');
 
-my $node = relay_node('nats_reach');
+# (retries 10 to 20 s apart: a service's late answer, below, comes before
+# the retry, as the test lets it go as soon as the first attempt failed)
+my $node = relay_node('nats_reach',
+	conf => "outbox.retry_base_delay = 20000\noutbox.retry_max_delay = 20000\n");
 # max_attempts 0: nothing here may become a dead letter by running out of
 # attempts, only for what it is
 $node->safe_psql('postgres', qq{
@@ -116,6 +121,30 @@ is_deeply(\@heard, ['svc.one'], 'the service was asked once');
 is($node->safe_psql('postgres', q{SELECT attempts FROM outbox.dead_letters WHERE topic = 'svc.one'}),
 	'1', '... in one attempt');
 $service->kill_kill;
+
+# --- a service that answers late: after the relay gave the attempt up ---
+my $heard2 = "$PostgreSQL::Test::Utils::tmp_check/nats_reach_heard2";
+my $hold = "$PostgreSQL::Test::Utils::tmp_check/nats_reach_hold";
+unlink $hold;
+my $slow = IPC::Run::start([ OutboxNats::nats_tool_path(), 'respond', $url, 'svc2.>',
+	'{"type":"io.nats.micro.v1.info_response"}', $heard2, $hold ]);
+ok_wait('the slow service listens',
+	sub { return (-e $heard2 && PostgreSQL::Test::Utils::slurp_file($heard2) =~ /^ready$/m) });
+emit_as_app('svc2.late');
+ok_wait('the slow service got the request',
+	sub { return (PostgreSQL::Test::Utils::slurp_file($heard2) =~ /^svc2\.late$/m) });
+ok_wait('the relay gave the first attempt up (no answer within timeout_ms)', sub {
+	my $f = $node->safe_psql('postgres', q{SELECT failed_attempts FROM outbox.lag WHERE target = 'n'});
+	return ($f ne '' && $f >= 1, "failed_attempts $f") });
+open(my $fh, '>', $hold) or die "cannot create $hold: $!";
+close $fh;
+ok_wait('svc2.late is a dead letter, not published again',
+	sub { my $d = dead_letters('n');
+		  return (@$d == 6 && $d->[5] =~ /^svc2\.late\|\|NATS answered the publish to "svc2\.late" with something other than a JetStream acknowledgement/,
+			  join('; ', @$d)) });
+my @heard2 = grep { $_ ne 'ready' } split /\n/, PostgreSQL::Test::Utils::slurp_file($heard2);
+is_deeply(\@heard2, ['svc2.late'], 'the slow service was asked once: its late answer counted');
+$slow->kill_kill;
 
 relay_no_crash($node);
 $node->stop;
