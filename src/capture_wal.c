@@ -1659,41 +1659,89 @@ capture_read_offset(XLogRecPtr *end_lsn, XLogRecPtr *part_lsn, int *parts_done,
 
 /*
  * Take the extension itself in share mode, first: a DROP EXTENSION takes it
- * exclusively before any of its tables, so the hand-off, which writes two
- * of them, waits for a drop (or the drop for it) holding none, and the two
- * never deadlock.  A drop that committed meanwhile fails the hand-off (even
- * if the extension was created again since), which ends in the drop's own
- * stop, or a restart for the new extension.
+ * exclusively before any of its tables, so the hand-off waits for a drop
+ * (or the drop for it) holding none of them.  Returns the extension's oid
+ * (InvalidOid: there is none).  A drop that committed meanwhile, or an
+ * extension other than expected when that is set (one created again while the
+ * hand-off waited), fails the hand-off, which ends in the drop's own stop
+ * or a restart for the new extension.
  */
-static void
-capture_lock_extension(void)
+static Oid
+capture_lock_extension(Oid expected)
 {
 	Oid			ext = get_extension_oid("outbox", true);
 
 	if (!OidIsValid(ext))
-		return;
+		return InvalidOid;
 	LockDatabaseObject(ExtensionRelationId, ext, 0, AccessShareLock);
 	/* dropped (and perhaps created again) while this waited */
-	if (get_extension_oid("outbox", true) != ext)
+	if (get_extension_oid("outbox", true) != ext ||
+		(OidIsValid(expected) && ext != expected))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("extension \"outbox\" was dropped while the capture worker waited to hand off")));
+	return ext;
+}
+
+/*
+ * Lock, without waiting, the tables a hand-off writes (the offset's, and
+ * those a store of messages takes when it has messages): the oid of one
+ * another transaction holds is returned, its mode in *mode (InvalidOid when
+ * all are held now, or the extension's tables are gone).
+ */
+static Oid
+capture_lock_handoff_tables(bool store, LOCKMODE *mode)
+{
+	Oid			nsp = get_namespace_oid("outbox", true);
+	Oid			rel = OidIsValid(nsp) ? get_relname_relid("capture_progress", nsp) : InvalidOid;
+
+	*mode = RowExclusiveLock;
+	if (OidIsValid(rel) && !ConditionalLockRelationOid(rel, *mode))
+		return rel;
+	return store ? outbox_storage_try_lock(mode) : InvalidOid;
 }
 
 /*
  * Hand off what the pass collected, with the new offset, in one local
- * transaction; durable when this returns.
+ * transaction; durable when this returns.  It holds the extension in share
+ * mode and never waits for one of its tables meanwhile: a table another
+ * transaction holds is waited for in a transaction that holds nothing (a
+ * session that locked it may be about to drop the extension), and the
+ * hand-off begins again.
  */
 static void
-capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done)
+capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done,
+				uint64 wakes_seen)
 {
 	int			i;
 	char		sql[512];
 	char		part[64];
+	Oid			ext = InvalidOid;
+	Oid			busy;
+	LOCKMODE	mode;
 
-	SetCurrentStatementStartTimestamp();
-	StartTransactionCommand();
-	capture_lock_extension();
+	for (;;)
+	{
+		SetCurrentStatementStartTimestamp();
+		StartTransactionCommand();
+		if (!OidIsValid(ext))
+			ext = capture_lock_extension(InvalidOid);
+		else if (!OidIsValid(capture_lock_extension(ext)))
+		{
+			/* dropped while this waited for a table of it */
+			CommitTransactionCommand();
+			capture_extension_dropped(NULL, wakes_seen);
+		}
+		busy = capture_lock_handoff_tables(dec->nmsgs > 0, &mode);
+		if (!OidIsValid(busy))
+			break;
+		CommitTransactionCommand();
+		StartTransactionCommand();
+		pgstat_report_activity(STATE_RUNNING, "waiting to hand off outbox captured changes");
+		LockRelationOid(busy, mode);
+		pgstat_report_activity(STATE_IDLE, NULL);
+		CommitTransactionCommand();
+	}
 	replorigin_session_origin = DoNotReplicateId;
 	PG_TRY();
 	{
@@ -2309,7 +2357,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			XLogRecPtr	x = dec->txn_commit_lsn;
 			int			done = (x == dec->part_commit_lsn ? dec->parts_done : 0) + 1;
 
-			capture_handoff(x, x, done);
+			capture_handoff(x, x, done, wakes_seen);
 			end_lsn = x;
 			part_lsn = x;
 			parts_done = done;
@@ -2346,7 +2394,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 					}
 				}
 			}
-			capture_handoff(new_end, InvalidXLogRecPtr, 0);
+			capture_handoff(new_end, InvalidXLogRecPtr, 0, wakes_seen);
 			/*
 			 * The offset's own commit is WAL too, and so are the
 			 * checkpoint and running-xacts records an idle server writes:

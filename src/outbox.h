@@ -330,6 +330,7 @@ extern void outbox_note_config_change(void);
 typedef struct OutboxWriter OutboxWriter;
 extern Relation outbox_open_messages(LOCKMODE lockmode);
 extern void outbox_ensure_counter(Relation messages);
+extern Oid	outbox_storage_try_lock(LOCKMODE *mode);
 extern OutboxWriter *outbox_writer_begin(int64 count);
 extern int64 outbox_writer_reserve(OutboxWriter *writer, int64 count);
 extern void outbox_writer_store(OutboxWriter *writer, int64 first_id,

@@ -422,6 +422,52 @@ outbox_writer_lock_mark(OutboxWriter *writer)
 }
 
 /*
+ * Lock, without waiting and in this transaction, every table a store of
+ * messages may take, in each mode it takes it: the chunks and
+ * outbox.messages (written, and read for the commit sequence),
+ * outbox.state and outbox.chunks (read), the id mark (moved).  Returns the
+ * OID of one another transaction holds, with the mode asked in *mode, or
+ * InvalidOid when all of them (those that exist) are held now.  For a
+ * worker that stores while it holds the extension itself in share mode
+ * (the capture hand-off): waiting there for a table that a session locked
+ * before it dropped the extension would close a deadlock the drop may
+ * lose, so such a worker waits holding nothing, and begins again.
+ */
+Oid
+outbox_storage_try_lock(LOCKMODE *mode)
+{
+	static const char *const tables[] = {
+		OUTBOX_MESSAGES_TABLE "_1", OUTBOX_MESSAGES_TABLE "_2",
+		OUTBOX_MESSAGES_TABLE "_3", OUTBOX_MESSAGES_TABLE "_4",
+		OUTBOX_MESSAGES_TABLE, OUTBOX_STATE_TABLE, "chunks"
+	};
+	Oid			nspid = get_namespace_oid(OUTBOX_SCHEMA, true);
+	Oid			relid;
+	int			i;
+
+	if (!OidIsValid(nspid))
+		return InvalidOid;
+	for (i = 0; i < lengthof(tables); i++)
+	{
+		relid = get_relname_relid(tables[i], nspid);
+		if (!OidIsValid(relid))
+			continue;
+		*mode = AccessShareLock;
+		if (!ConditionalLockRelationOid(relid, *mode))
+			return relid;
+		/* the chunks and outbox.messages (a schema of 0.1) are written */
+		*mode = RowExclusiveLock;
+		if (i <= OUTBOX_NUM_CHUNKS && !ConditionalLockRelationOid(relid, *mode))
+			return relid;
+	}
+	relid = outbox_mark_rel()->relid;
+	*mode = RowExclusiveLock;
+	if (OidIsValid(relid) && !ConditionalLockRelationOid(relid, *mode))
+		return relid;
+	return InvalidOid;
+}
+
+/*
  * Prepare to store messages: open outbox.messages and its indexes and make
  * sure the commit sequence is initialised.  Everything that could wait for a
  * lock happens here, before the caller reserves ids.

@@ -12,7 +12,11 @@
 #     too (a deadlock the drop lost): it now takes the extension's tables
 #     without waiting, and leaves a step to its next turn when one is held,
 #     saying so in outbox.worker,
-#   - the WAL capture worker reading its offset (outbox.capture_progress).
+#   - the WAL capture worker reading its offset (outbox.capture_progress),
+#   - the WAL capture worker handing off (it holds the extension in share
+#     mode, which the drop needs first: waiting there for the table the
+#     session holds was a deadlock the drop could lose; it now waits for
+#     the table holding nothing, and begins the hand-off again).
 # The drop comes after the worker's own deadlock check, so that a worker
 # waiting while it holds another table would make the drop fail.
 use strict;
@@ -86,11 +90,12 @@ sub race
 	my $s = OutboxSession->new($node, 'dropper');
 	$s->run_ok("BEGIN; LOCK TABLE $table IN $mode MODE;");
 	$node->safe_psql('postgres', $trigger);
-	my $doing = defined $activity ? "AND a.query = '$activity'" : '';
+	my @doing = ref $activity ? @$activity : ($activity);
+	my $doing = 'AND a.query IN (' . join(', ', map { "'$_'" } @doing) . ')';
 	ok($node->poll_query_until('postgres', qq{
 SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l USING (pid)
  WHERE a.pid = $pid AND NOT l.granted AND l.relation = '$table'::regclass $doing}, '1'),
-		"$label: the $type waits inside its read (" . ($activity // 'its offset') . ')')
+		"$label: the $type waits inside its read (" . join(' or ', @doing) . ')')
 	  or diag($node->safe_psql('postgres', qq{SELECT wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = $pid}));
 	# Past the worker's own deadlock check (deadlock_timeout): had the
 	# worker waited holding another of the extension's tables, the drop
@@ -175,9 +180,11 @@ INSERT INTO orders VALUES (1, 'a');
 ok($node->poll_query_until('postgres', q{SELECT count(*) FROM outbox.messages WHERE topic LIKE '%orders%'}, '1'),
 	'capture: the worker captures');
 my $slot = $node->safe_psql('postgres', 'SELECT outbox.capture_slot_name()');
-# The worker reads its offset at least once a second.
+# The worker reads its offset at least once a second (or it may be writing
+# it again after the relay's WAL: the hand-off waits as the read does).
 ($pid, $offset) = race('capture', 'outbox capture', 'outbox.capture_progress',
-	'ACCESS EXCLUSIVE', 'SELECT 1', undef);
+	'ACCESS EXCLUSIVE', 'SELECT 1',
+	['waiting to read the outbox capture offset', 'waiting to hand off outbox captured changes']);
 $log = log_since($offset);
 like($log, qr/outbox capture stops: the extension was dropped/, 'capture: the worker says why it stops');
 unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
@@ -186,6 +193,59 @@ ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_replication_sl
 usleep(1_500_000);    # a span: the launcher looks again (every second)
 is(worker_pid('outbox capture'), '', '... and no capture worker starts again');
 # (the relay of postgres exits on its own, a moment after the drop)
+ok($node->poll_query_until('other', q{SELECT string_agg(coalesce(database, '?'), ',' ORDER BY database) FROM outbox.relays}, 'other'),
+	'... and the relay gave back the slot too');
+
+# --- the WAL capture worker handing off, the offset's table held ---
+# The worker is held before a hand-off of captured changes (the test
+# fault), the session locks the offset's table, the fault is lifted: the
+# hand-off takes the extension in share mode and meets the table.
+setup();
+$node->safe_psql('postgres', q{SELECT outbox.capture('orders', mode => 'wal')});
+$slot = $node->safe_psql('postgres', 'SELECT outbox.capture_slot_name()');
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.test_fault = 'capture_slow_handoff'});
+$node->reload;
+$offset = -s $node->logfile;
+# (the worker reads the setting at a moment of its own: an insert a try,
+# until one is held by it)
+my ($held, $n) = (0, 2);
+my $give_up = time + $PostgreSQL::Test::Utils::timeout_default;
+while (!$held && time < $give_up)
+{
+	$node->safe_psql('postgres', "INSERT INTO orders VALUES ($n, 'b')");
+	$held = wait_for('the capture fault in the log',
+		sub { scalar(slurp_file($node->logfile, $offset) =~ /test fault "capture_slow_handoff"/) },
+		timeout => 5, quiet => 1);
+	$n++;
+}
+ok($held, 'hand-off: the capture worker is held before a hand-off');
+$pid = worker_pid('outbox capture');
+my $s = OutboxSession->new($node, 'dropper');
+$s->run_ok('BEGIN; LOCK TABLE outbox.capture_progress IN ACCESS EXCLUSIVE MODE;');
+$node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.test_fault});
+$node->reload;
+ok($node->poll_query_until('postgres', qq{
+SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l USING (pid)
+ WHERE a.pid = $pid AND NOT l.granted AND l.relation = 'outbox.capture_progress'::regclass
+   AND a.query = 'waiting to hand off outbox captured changes'}, '1'),
+	'hand-off: the capture worker waits for the offset\'s table, holding nothing')
+  or diag($node->safe_psql('postgres', qq{SELECT wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = $pid}));
+is($node->safe_psql('postgres', qq{SELECT count(*) FROM pg_locks WHERE pid = $pid AND granted AND locktype <> 'virtualxid'}),
+	'0', '... (no lock granted to it)');
+# Past the worker's own deadlock check (deadlock_timeout), as above.
+usleep(600_000);
+ok(eval { $s->run_ok('DROP EXTENSION outbox CASCADE; COMMIT;'); 1 },
+	'hand-off: the session drops the extension (no deadlock with the hand-off)')
+  or diag($@);
+$s->quit;
+ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_stat_activity WHERE pid = $pid}, '0'),
+	'hand-off: the capture worker exits');
+$log = log_since($offset);
+like($log, qr/outbox capture stops: the extension was dropped/, 'hand-off: the worker says why it stops');
+unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
+unlike($log, qr/deadlock detected/, '... and no deadlock was detected');
+ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$slot'}, '0'),
+	'... and drops its replication slot');
 ok($node->poll_query_until('other', q{SELECT string_agg(coalesce(database, '?'), ',' ORDER BY database) FROM outbox.relays}, 'other'),
 	'... and the relay gave back the slot too');
 
