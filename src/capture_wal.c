@@ -1687,7 +1687,12 @@ capture_lock_extension(Oid expected)
  * Lock, without waiting, the tables a hand-off writes (the offset's, and
  * those a store of messages takes when it has messages): the oid of one
  * another transaction holds is returned, its mode in *mode (InvalidOid when
- * all are held now, or the extension's tables are gone).
+ * all are held now, or the extension's tables are gone).  The offset's
+ * table is taken in EXCLUSIVE mode: its upsert would otherwise wait for a
+ * row that a session locked or changed (FOR SHARE, UPDATE, DELETE, all
+ * under table locks that EXCLUSIVE conflicts with), holding the
+ * extension.  Readers (ACCESS SHARE) are not kept out; only this worker
+ * writes the table while its slot exists.
  */
 static Oid
 capture_lock_handoff_tables(bool store, LOCKMODE *mode)
@@ -1695,7 +1700,7 @@ capture_lock_handoff_tables(bool store, LOCKMODE *mode)
 	Oid			nsp = get_namespace_oid("outbox", true);
 	Oid			rel = OidIsValid(nsp) ? get_relname_relid("capture_progress", nsp) : InvalidOid;
 
-	*mode = RowExclusiveLock;
+	*mode = ExclusiveLock;
 	if (OidIsValid(rel) && !ConditionalLockRelationOid(rel, *mode))
 		return rel;
 	return store ? outbox_storage_try_lock(mode) : InvalidOid;
@@ -1704,10 +1709,13 @@ capture_lock_handoff_tables(bool store, LOCKMODE *mode)
 /*
  * Hand off what the pass collected, with the new offset, in one local
  * transaction; durable when this returns.  It holds the extension in share
- * mode and never waits for one of its tables meanwhile: a table another
- * transaction holds is waited for in a transaction that holds nothing (a
- * session that locked it may be about to drop the extension), and the
- * hand-off begins again.
+ * mode and does not wait for one of its tables (nor a row of the offset's)
+ * meanwhile: a table another transaction holds is waited for in a
+ * transaction that holds nothing (a session that locked it may be about to
+ * drop the extension), and the hand-off begins again.  Not covered: a
+ * session holding only an index or a TOAST table of the extension's
+ * exclusively (ALTER INDEX ... SET TABLESPACE, REINDEX of a TOAST table)
+ * and then dropping the extension can still lose a deadlock to it.
  */
 static void
 capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done,
@@ -1726,12 +1734,18 @@ capture_handoff(XLogRecPtr end_lsn, XLogRecPtr part_lsn, int parts_done,
 		StartTransactionCommand();
 		if (!OidIsValid(ext))
 			ext = capture_lock_extension(InvalidOid);
-		else if (!OidIsValid(capture_lock_extension(ext)))
+		else if (get_extension_oid("outbox", true) != ext)
 		{
-			/* dropped while this waited for a table of it */
+			/* dropped (or created again) while this waited for a table */
 			CommitTransactionCommand();
-			capture_extension_dropped(NULL, wakes_seen);
+			if (!outbox_extension_installed())
+				capture_extension_dropped(NULL, wakes_seen);
+			ereport(LOG,
+					(errmsg("outbox capture restarts: the extension was created again")));
+			proc_exit(1);
 		}
+		else
+			(void) capture_lock_extension(ext);
 		busy = capture_lock_handoff_tables(dec->nmsgs > 0, &mode);
 		if (!OidIsValid(busy))
 			break;

@@ -423,7 +423,10 @@ outbox_writer_lock_mark(OutboxWriter *writer)
 
 /*
  * Lock, without waiting and in this transaction, every table a store of
- * messages may take, in each mode it takes it: the chunks and
+ * messages may take, in each mode it may take it (more than one store
+ * needs: all the chunks, for the current one can change before the store
+ * runs; the relay's retention then leaves a chunk to its next turn): the
+ * chunks and
  * outbox.messages (written, and read for the commit sequence),
  * outbox.state and outbox.chunks (read), the id mark (moved).  Returns the
  * OID of one another transaction holds, with the mode asked in *mode, or

@@ -15,8 +15,9 @@
 #   - the WAL capture worker reading its offset (outbox.capture_progress),
 #   - the WAL capture worker handing off (it holds the extension in share
 #     mode, which the drop needs first: waiting there for the table the
-#     session holds was a deadlock the drop could lose; it now waits for
-#     the table holding nothing, and begins the hand-off again).
+#     session holds, or for the offset's row it locked, was a deadlock the
+#     drop could lose; it now waits for the table holding nothing, and
+#     begins the hand-off again).
 # The drop comes after the worker's own deadlock check, so that a worker
 # waiting while it holds another table would make the drop fail.
 use strict;
@@ -198,56 +199,66 @@ ok($node->poll_query_until('other', q{SELECT string_agg(coalesce(database, '?'),
 
 # --- the WAL capture worker handing off, the offset's table held ---
 # The worker is held before a hand-off of captured changes (the test
-# fault), the session locks the offset's table, the fault is lifted: the
-# hand-off takes the extension in share mode and meets the table.
-setup();
-$node->safe_psql('postgres', q{SELECT outbox.capture('orders', mode => 'wal')});
-$slot = $node->safe_psql('postgres', 'SELECT outbox.capture_slot_name()');
-$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.test_fault = 'capture_slow_handoff'});
-$node->reload;
-$offset = -s $node->logfile;
-# (the worker reads the setting at a moment of its own: an insert a try,
-# until one is held by it)
-my ($held, $n) = (0, 2);
-my $give_up = time + $PostgreSQL::Test::Utils::timeout_default;
-while (!$held && time < $give_up)
+# fault), the session takes $lock (the table locked, or its row: the
+# upsert would wait for the row), the fault is lifted: the hand-off takes
+# the extension in share mode and meets the table, waits for it holding
+# nothing, and the session's drop goes through.
+sub handoff_race
 {
-	$node->safe_psql('postgres', "INSERT INTO orders VALUES ($n, 'b')");
-	$held = wait_for('the capture fault in the log',
-		sub { scalar(slurp_file($node->logfile, $offset) =~ /test fault "capture_slow_handoff"/) },
-		timeout => 5, quiet => 1);
-	$n++;
-}
-ok($held, 'hand-off: the capture worker is held before a hand-off');
-$pid = worker_pid('outbox capture');
-my $s = OutboxSession->new($node, 'dropper');
-$s->run_ok('BEGIN; LOCK TABLE outbox.capture_progress IN ACCESS EXCLUSIVE MODE;');
-$node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.test_fault});
-$node->reload;
-ok($node->poll_query_until('postgres', qq{
+	my ($label, $lock, $first) = @_;
+	setup();
+	$node->safe_psql('postgres', q{SELECT outbox.capture('orders', mode => 'wal')});
+	my $slot = $node->safe_psql('postgres', 'SELECT outbox.capture_slot_name()');
+	$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.test_fault = 'capture_slow_handoff'});
+	$node->reload;
+	my $offset = -s $node->logfile;
+	# (the worker reads the setting at a moment of its own: an insert a
+	# try, until one is held by it)
+	my ($held, $n) = (0, $first);
+	my $give_up = time + $PostgreSQL::Test::Utils::timeout_default;
+	while (!$held && time < $give_up)
+	{
+		$node->safe_psql('postgres', "INSERT INTO orders VALUES ($n, 'b')");
+		$held = wait_for('the capture fault in the log',
+			sub { scalar(slurp_file($node->logfile, $offset) =~ /test fault "capture_slow_handoff"/) },
+			timeout => 5, quiet => 1);
+		$n++;
+	}
+	ok($held, "$label: the capture worker is held before a hand-off");
+	my $pid = worker_pid('outbox capture');
+	my $s = OutboxSession->new($node, 'dropper');
+	$s->run_ok("BEGIN; $lock");
+	$node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.test_fault});
+	$node->reload;
+	ok($node->poll_query_until('postgres', qq{
 SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l USING (pid)
  WHERE a.pid = $pid AND NOT l.granted AND l.relation = 'outbox.capture_progress'::regclass
    AND a.query = 'waiting to hand off outbox captured changes'}, '1'),
-	'hand-off: the capture worker waits for the offset\'s table, holding nothing')
-  or diag($node->safe_psql('postgres', qq{SELECT wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = $pid}));
-is($node->safe_psql('postgres', qq{SELECT count(*) FROM pg_locks WHERE pid = $pid AND granted AND locktype <> 'virtualxid'}),
-	'0', '... (no lock granted to it)');
-# Past the worker's own deadlock check (deadlock_timeout), as above.
-usleep(600_000);
-ok(eval { $s->run_ok('DROP EXTENSION outbox CASCADE; COMMIT;'); 1 },
-	'hand-off: the session drops the extension (no deadlock with the hand-off)')
-  or diag($@);
-$s->quit;
-ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_stat_activity WHERE pid = $pid}, '0'),
-	'hand-off: the capture worker exits');
-$log = log_since($offset);
-like($log, qr/outbox capture stops: the extension was dropped/, 'hand-off: the worker says why it stops');
-unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
-unlike($log, qr/deadlock detected/, '... and no deadlock was detected');
-ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$slot'}, '0'),
-	'... and drops its replication slot');
-ok($node->poll_query_until('other', q{SELECT string_agg(coalesce(database, '?'), ',' ORDER BY database) FROM outbox.relays}, 'other'),
-	'... and the relay gave back the slot too');
+		"$label: the capture worker waits for the offset's table, holding nothing")
+	  or diag($node->safe_psql('postgres', qq{SELECT wait_event_type, wait_event, query FROM pg_stat_activity WHERE pid = $pid}));
+	is($node->safe_psql('postgres',
+			qq{SELECT count(*) FROM pg_locks WHERE pid = $pid AND granted AND locktype <> 'virtualxid'}),
+		'0', '... (no lock granted to it)');
+	# Past the worker's own deadlock check (deadlock_timeout), as above.
+	usleep(600_000);
+	ok(eval { $s->run_ok('DROP EXTENSION outbox CASCADE; COMMIT;'); 1 },
+		"$label: the session drops the extension (no deadlock with the hand-off)")
+	  or diag($@);
+	$s->quit;
+	ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_stat_activity WHERE pid = $pid}, '0'),
+		"$label: the capture worker exits");
+	my $log = log_since($offset);
+	like($log, qr/outbox capture stops: the extension was dropped/, "$label: the worker says why it stops");
+	unlike($log, qr/\(PID $pid\) exited with exit code 1/, '... without an error exit');
+	unlike($log, qr/deadlock detected/, '... and no deadlock was detected');
+	ok($node->poll_query_until('postgres', qq{SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$slot'}, '0'),
+		'... and drops its replication slot');
+	ok($node->poll_query_until('other', q{SELECT string_agg(coalesce(database, '?'), ',' ORDER BY database) FROM outbox.relays}, 'other'),
+		'... and the relay gave back the slot too');
+	return $n;
+}
+my $next = handoff_race('hand-off', 'LOCK TABLE outbox.capture_progress IN ACCESS EXCLUSIVE MODE;', 2);
+handoff_race('hand-off, a row', 'SELECT 1 FROM outbox.capture_progress FOR SHARE;', $next);
 
 # The other database delivered on throughout.
 $node->safe_psql('other', q{SELECT outbox_emit('m', '{}')});
