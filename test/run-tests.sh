@@ -26,6 +26,8 @@
 # at a time unless OUTBOX_TEST_JOBS says otherwise.  OUTBOX_TEST_STRESS=N
 # (N > 1) starts N hogs.
 #
+# Each version runs in a scratch copy of the tree, on /dev/shm when it is
+# a tmpfs with 4 GiB free (OUTBOX_TEST_TMPDIR to choose; /tmp otherwise).
 # PostgreSQL refuses to run as root, so when run as root this script
 # installs the extension, copies the tree to a scratch directory owned by an
 # unprivileged user (postgres by default, OUTBOX_TEST_USER to change) and
@@ -124,7 +126,7 @@ run_suite() {
 	echo "=== PostgreSQL $v ($("$bindir/postgres" --version))"
 	local start=$SECONDS
 
-	scratch=$(mktemp -d /tmp/outbox-test-$v.XXXXXX)
+	scratch=$(mktemp -d "$scratch_root/outbox-test-$v.XXXXXX")
 	tar --exclude=./.git --exclude=./tmp_check --exclude=./tmp_check_regress \
 		--exclude=./results --exclude=./test-output -cf - . | tar -C "$scratch" -xf -
 	# Built with every compiler warning an error, on each version.
@@ -204,6 +206,26 @@ if [ -n "${OUTBOX_TEST_FILES:-}" ]; then
 	[ -n "$picked" ] || { echo "OUTBOX_TEST_FILES='$OUTBOX_TEST_FILES' names no TAP file" >&2; exit 2; }
 	tap_files=$picked
 fi
+
+# Where the scratch trees go: OUTBOX_TEST_TMPDIR, else /dev/shm when it is
+# a tmpfs with room (the servers' data directories, copies of the initdb
+# template and every file's logs: a version's files create tens of
+# thousands of files, and on a disk file system creating them costs more
+# CPU than the tests themselves), else /tmp.  A version needs about 1 GiB
+# at its peak; 4 GiB free is asked.
+scratch_root=${OUTBOX_TEST_TMPDIR:-}
+if [ -z "$scratch_root" ]; then
+	scratch_root=/tmp
+	if [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ] && [ -w /dev/shm ] &&
+		[ "$(df -Pk /dev/shm | awk 'NR == 2 { print $4 }')" -ge $((4 * 1024 * 1024)) ]; then
+		scratch_root=/dev/shm
+	fi
+fi
+[ -d "$scratch_root" ] && [ -w "$scratch_root" ] || {
+	echo "OUTBOX_TEST_TMPDIR='$scratch_root' is not a directory this user can write" >&2
+	exit 2
+}
+echo "=== scratch trees in $scratch_root"
 
 # Each version's time and prove's output, for the summary at the end.
 timings=$(mktemp -d /tmp/outbox-test-times.XXXXXX)
