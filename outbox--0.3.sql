@@ -3904,13 +3904,119 @@ COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, i
 	'create a target that publishes messages to a RabbitMQ exchange, each confirmed by the broker';
 REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int) FROM PUBLIC;
 
+---------------------------------------------------------------------------
+-- Destinations the broker does not take, and messages set aside (issue 41)
+---------------------------------------------------------------------------
+
+-- A destination filled in from a message's topic or key that the broker
+-- does not take (no stream or binding covers the subject or routing key,
+-- the cluster has no such Kafka topic) is the message's own failure: its
+-- lane retries it, the rest of the target goes on, and after
+-- unroutable_after from its first refusal it is a dead letter (NULL: it
+-- is retried for ever).
+ALTER TABLE outbox.targets
+	ADD COLUMN unroutable_after interval DEFAULT interval '10 minutes'
+		CHECK (unroutable_after > interval '0');
+COMMENT ON COLUMN outbox.targets.unroutable_after IS
+	'how long a message whose filled-in destination the broker does not take is retried before it is a dead letter (NULL: for ever)';
+
+-- failing_id: the message a lane's last_error is about, while it fails
+-- (written by the relay); set_aside_id and set_aside_reason: a request of
+-- outbox.set_aside(), cleared by the relay once it acted on it.
+ALTER TABLE outbox.progress
+	ADD COLUMN failing_id bigint,
+	ADD COLUMN set_aside_id bigint,
+	ADD COLUMN set_aside_reason text;
+COMMENT ON COLUMN outbox.progress.failing_id IS
+	'the message the lane''s last_error is about, while the lane retries it';
+COMMENT ON COLUMN outbox.progress.set_aside_id IS
+	'asked by outbox.set_aside(): the relay makes this message a dead letter if it is still the lane''s failing head';
+
+-- Set a failing message aside as a dead letter: the one the relay retries
+-- at the head of one of the target's lanes (id picks one when several
+-- lanes fail), with the reason given.  Returns its id.  The relay acts at
+-- its next turn, if the message is still failing then; the rest of its key
+-- and lane go on.  Any kind of target but a queue.
+CREATE FUNCTION outbox.set_aside(target text, reason text DEFAULT NULL, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(set_aside.target);
+	k text;
+	failing bigint[];
+	chosen bigint;
+BEGIN
+	IF length(reason) > 1000 THEN
+		RAISE EXCEPTION 'reason is too long (% characters)', length(reason)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A reason is kept with the dead letter: at most 1000 characters.';
+	END IF;
+	IF reason ~ '[[:cntrl:]]' THEN
+		RAISE EXCEPTION 'reason contains a control character'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A reason is kept with the dead letter and written to the server log.',
+				  HINT = 'Give the reason as one line of printable text.';
+	END IF;
+	-- (no lock: the UPDATE below checks the row again, and a lock here
+	-- would take the relay's tables in the other order from its writes)
+	SELECT t.kind INTO k FROM outbox.targets t WHERE t.id = tid;
+	IF k = 'queue' THEN
+		RAISE EXCEPTION 'target "%" is a queue', set_aside.target
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'No relay delivers a queue''s messages: its receivers take them.',
+				  HINT = 'A receiver gives a message up with outbox.nack(); see outbox.queue_dead_letters.';
+	END IF;
+	SELECT array_agg(p.failing_id ORDER BY p.failing_id) INTO failing
+	  FROM outbox.progress p WHERE p.target_id = tid AND p.failing_id IS NOT NULL;
+	IF set_aside.id IS NOT NULL THEN
+		IF NOT set_aside.id = ANY (coalesce(failing, '{}')) THEN
+			RAISE EXCEPTION 'message % is not failing on target "%"', set_aside.id, set_aside.target
+				USING ERRCODE = 'no_data_found',
+					  DETAIL = CASE WHEN failing IS NULL THEN 'No message of the target is failing.'
+									ELSE format('Failing: %s.', array_to_string(failing, ', ')) END,
+					  HINT = 'Only a message the relay retries at the head of a lane can be set aside (outbox.progress.failing_id).';
+		END IF;
+		chosen := set_aside.id;
+	ELSIF failing IS NULL THEN
+		RAISE EXCEPTION 'no message of target "%" is failing', set_aside.target
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'outbox.status shows each target''s last error; a message is set aside while the relay retries it.';
+	ELSIF cardinality(failing) > 1 THEN
+		RAISE EXCEPTION 'target "%" has % failing messages', set_aside.target, cardinality(failing)
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('Failing: %s.', array_to_string(failing, ', ')),
+				  HINT = 'Pass id => one of them.';
+	ELSE
+		chosen := failing[1];
+	END IF;
+	UPDATE outbox.progress p
+	   SET set_aside_id = chosen,
+		   set_aside_reason = 'set aside by ' || session_user || coalesce(': ' || reason, '')
+	 WHERE p.target_id = tid AND p.failing_id = chosen;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'message % is not failing on target "%" any more', chosen, set_aside.target
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = 'The relay delivered it, or set it aside, meanwhile.';
+	END IF;
+	PERFORM outbox.config_changed();
+	RETURN chosen;
+END
+$$;
+COMMENT ON FUNCTION outbox.set_aside(text, text, bigint) IS
+	'set a failing message of a target aside as a dead letter; returns its id';
+REVOKE ALL ON FUNCTION outbox.set_aside(text, text, bigint) FROM PUBLIC;
+
 DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text);
 -- Change a target's options; NULL leaves an option as it is (see the
 -- previous definitions).  A Redis target takes url, stream, maxlen
 -- (maxlen => 0 never trims), dedup_window, batch_size, lanes, ordering,
 -- max_attempts, timeout_ms, max_rate and disable_after; a RabbitMQ
 -- target the same with exchange and routing_key instead of stream,
--- maxlen and dedup_window.
+-- maxlen and dedup_window.  unroutable_after (NATS, Kafka and RabbitMQ
+-- targets): how long a message whose filled-in destination the broker
+-- does not take is retried, interval '0' for ever.
 CREATE FUNCTION outbox.alter_target(
 	name		  text,
 	url			  text		DEFAULT NULL,
@@ -3936,7 +4042,8 @@ CREATE FUNCTION outbox.alter_target(
 	maxlen		  bigint	DEFAULT NULL,
 	dedup_window  int		DEFAULT NULL,
 	exchange	  text		DEFAULT NULL,
-	routing_key	  text		DEFAULT NULL)
+	routing_key	  text		DEFAULT NULL,
+	unroutable_after interval DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -3982,6 +4089,16 @@ BEGIN
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only RabbitMQ targets have an exchange and a routing key.';
 	END IF;
+	IF old.kind NOT IN ('nats', 'kafka', 'rabbitmq') AND unroutable_after IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS, Kafka and RabbitMQ targets fill in a destination the broker may not take (unroutable_after).';
+	END IF;
+	IF unroutable_after < interval '0' THEN
+		RAISE EXCEPTION 'unroutable_after must not be negative'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass interval ''0'' to retry such a message for ever.';
+	END IF;
 	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
@@ -4012,6 +4129,8 @@ BEGIN
 	t.dedup_window := coalesce(dedup_window, old.dedup_window);
 	t.exchange := coalesce(exchange, old.exchange);
 	t.routing_key := coalesce(routing_key, old.routing_key);
+	t.unroutable_after := CASE WHEN unroutable_after = interval '0' THEN NULL
+							   ELSE coalesce(unroutable_after, old.unroutable_after) END;
 	IF t.secret IS NULL THEN
 		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
 	END IF;
@@ -4053,7 +4172,8 @@ BEGIN
 		+ (t.maxlen IS DISTINCT FROM old.maxlen)::int
 		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int
 		+ (t.exchange IS DISTINCT FROM old.exchange)::int
-		+ (t.routing_key IS DISTINCT FROM old.routing_key)::int;
+		+ (t.routing_key IS DISTINCT FROM old.routing_key)::int
+		+ (t.unroutable_after IS DISTINCT FROM old.unroutable_after)::int;
 
 	UPDATE outbox.targets x
 	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
@@ -4064,6 +4184,7 @@ BEGIN
 		   properties = t.properties, format = t.format, ce_source = t.ce_source,
 		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
 		   exchange = t.exchange, routing_key = t.routing_key,
+		   unroutable_after = t.unroutable_after,
 		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
 		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
 	 WHERE x.id = tid;
@@ -4071,6 +4192,6 @@ BEGIN
 	RETURN n;
 END
 $$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text) IS
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval) IS
 	'change a target''s options without a restart; returns how many changed';
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval) FROM PUBLIC;

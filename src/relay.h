@@ -81,8 +81,13 @@ typedef enum RelayOutcomeKind
 	RELAY_RETRY,				/* try again later: timeouts, 5xx, 429 ... */
 	RELAY_REJECTED,				/* the receiver refuses this body: dead
 								 * letter it, the lane moves on */
-	RELAY_RECEIVER_FAILED		/* the endpoint is wrong, not the message
+	RELAY_RECEIVER_FAILED,		/* the endpoint is wrong, not the message
 								 * (401, 404, 3xx ...): hold the target */
+	RELAY_UNROUTABLE			/* the broker does not take the destination
+								 * this message filled in (its subject,
+								 * topic or routing key): its lane tries
+								 * again, and after the target's
+								 * unroutable_after dead-letters it (I10) */
 } RelayOutcomeKind;
 
 typedef struct RelayOutcome
@@ -133,6 +138,19 @@ typedef struct RelayLane
 	char	   *last_error;		/* last failure, or NULL */
 	TimestampTz last_error_at;	/* when it happened */
 	bool		error_dirty;	/* last_error not yet written */
+	int64		failing_id;		/* the queued message last_error is about
+								 * (outbox.progress.failing_id), 0 none */
+	TimestampTz unroutable_since;	/* the lane's first refusal of a
+									 * filled-in destination since it
+									 * last delivered, 0 none */
+	int64		unroutable_id;	/* the head message refused so */
+	int			unroutable_attempts;	/* its refusals (its backoff; they
+										 * do not count as attempts) */
+	int64		aside_id;		/* outbox.set_aside() asks that this head
+								 * message become a dead letter, 0 none */
+	char	   *aside_reason;	/* the reason it gives */
+	bool		aside_answered; /* aside_id was acted on (or is past):
+								 * clear the request at the next write */
 	void	   *priv;			/* the transport's state of the lane */
 } RelayLane;
 
@@ -279,6 +297,9 @@ typedef struct RelayTarget
 	double		tokens;			/* token bucket of max_rate */
 	TimestampTz tokens_at;		/* when tokens was last refilled */
 	int64		disable_after_ms;	/* failing this long disables, 0 never */
+	int64		unroutable_after_ms;	/* a filled-in destination the
+										 * broker refuses this long makes a
+										 * dead letter, 0 never */
 	TimestampTz failing_since;	/* first receiver-wide failure in a row */
 	char	   *disable_reason; /* disable the target at the next write */
 	int			generation;		/* outbox.progress.generation loaded */
@@ -289,6 +310,8 @@ typedef struct RelayTarget
 	int			options_version;	/* bumped when new options are taken */
 	MemoryContext opts_cxt;		/* options taken from a later load */
 	bool		retry_wanted;	/* dead letters wait to be delivered again */
+	bool		aside_pending;	/* a lane has an outbox.set_aside() request
+								 * not acted on (relay_lane_set_aside()) */
 	int			nretry;			/* of those, queued in the lanes */
 	OutboxTargetStats stats;	/* published to shared memory (stats.c) */
 	uint64		filtered_pending;	/* filtered by a read not yet done */
@@ -341,6 +364,8 @@ extern bool relay_config_incomplete;	/* a target waits for its progress rows */
 extern bool relay_dead_letters_keep_payload;	/* schema 0.2 or later */
 extern bool relay_schema_operations;	/* states, replay: 0.2 or later */
 extern bool relay_schema_brokers;	/* targets.subject, topic, properties: 0.3 */
+extern bool relay_schema_set_aside;	/* progress.failing_id, set_aside_id,
+									 * targets.unroutable_after: 0.3 */
 extern TimestampTz relay_last_progress_write;
 
 /*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
@@ -368,6 +393,7 @@ extern bool relay_lane_cut(RelayLane *lane);
 extern bool relay_lane_waits_for_read(RelayLane *lane);
 extern void relay_lane_notified(RelayLane *lane, int64 done);
 extern void relay_lane_retry_later(RelayLane *lane, const char *error);
+extern void relay_lane_set_aside(RelayLane *lane);
 
 /*---- relay_envelope.c: formats ----*/
 extern void relay_envelope(RelayMessage *m, int parts, StringInfo buf);
@@ -378,6 +404,7 @@ extern void relay_jsonb_text(StringInfo buf, Jsonb *jb);
 extern char *relay_header_lines(Jsonb *jb, int *len);
 extern void relay_uuid_text(const pg_uuid_t *uuid, char *out);
 extern bool relay_template_fill(const char *template, RelayMessage *m, StringInfo buf);
+extern bool relay_template_filled(const char *template);
 extern const char *relay_template_check(const char *template, int maxlen, bool allow_empty);
 
 /*---- relay_envelope.c: CloudEvents ----*/

@@ -62,6 +62,7 @@ bool		relay_config_incomplete = false;
 bool		relay_dead_letters_keep_payload = false;
 bool		relay_schema_operations = false;
 bool		relay_schema_brokers = false;
+bool		relay_schema_set_aside = false;
 
 /*
  * Every kind of target the relay delivers to (relay_transports[], set by
@@ -309,6 +310,9 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		t->dedup_window = -1;
 	t->exchange = relay_spi_text(tup, desc, 33);
 	t->routing_key = relay_spi_text(tup, desc, 34);
+	t->unroutable_after_ms = relay_spi_int(tup, desc, 35, &isnull);
+	if (isnull || t->unroutable_after_ms < 0)
+		t->unroutable_after_ms = 0;
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -519,6 +523,7 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->timeout_ms = n->timeout_ms;
 	t->max_rate = n->max_rate;
 	t->disable_after_ms = n->disable_after_ms;
+	t->unroutable_after_ms = n->unroutable_after_ms;
 	t->pending_lanes = n->pending_lanes != 0 ? n->pending_lanes :
 		(n->nlanes != t->nlanes) ? n->nlanes : 0;
 	t->pending_ordering = n->pending_ordering;
@@ -545,6 +550,37 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 		ereport(LOG,
 				(errmsg("outbox relay: target \"%s\" is %s", t->name,
 						t->state == 'p' ? "paused" : "disabled")));
+}
+
+/*
+ * A request of outbox.set_aside() in a progress row (columns 7 and 8): the
+ * lane acts on it (relay_lane_set_aside()) once, and the next progress
+ * write clears it.  A request already answered and not cleared yet stays
+ * answered.
+ */
+static void
+relay_take_set_aside(RelayLane *lane, HeapTuple tup, TupleDesc desc)
+{
+	bool		isnull;
+	int64		id = relay_spi_int(tup, desc, 7, &isnull);
+	char	   *reason;
+
+	if (isnull || id <= 0)
+	{
+		lane->aside_id = 0;
+		lane->aside_answered = false;
+		return;
+	}
+	if (id == lane->aside_id)
+		return;
+	reason = relay_spi_text(tup, desc, 8);
+	if (lane->aside_reason)
+		pfree(lane->aside_reason);
+	lane->aside_reason = MemoryContextStrdup(lane->target->cxt,
+											 reason ? reason : "set aside");
+	lane->aside_id = id;
+	lane->aside_answered = false;
+	lane->target->aside_pending = true;
 }
 
 void
@@ -592,6 +628,8 @@ relay_load_config(void)
 			get_attnum(progress, "generation") != InvalidAttrNumber;
 		relay_schema_brokers = get_attnum(get_relname_relid("targets", nsp), "subject") !=
 			InvalidAttrNumber;
+		relay_schema_set_aside = OidIsValid(progress) &&
+			get_attnum(progress, "set_aside_id") != InvalidAttrNumber;
 	}
 
 	/*
@@ -629,9 +667,10 @@ relay_load_config(void)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
 	/*
-	 * Columns 24 to 34: ordering; the subject, topic, properties, format,
+	 * Columns 24 to 35: ordering; the subject, topic, properties, format,
 	 * CloudEvents source, a Redis target's stream, maxlen and dedup_window,
-	 * and a RabbitMQ target's exchange and routing key (schema 0.3).
+	 * a RabbitMQ target's exchange and routing key, and unroutable_after in
+	 * milliseconds (schema 0.3).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -648,14 +687,15 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-	if (SPI_execute(relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key") :
-					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text") :
+	if (SPI_execute(relay_schema_set_aside ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint") :
+					relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, NULL::bigint") :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint") :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
 					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
 					"       t.ordering, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text,"
-					"       NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text"
+					"       NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 
@@ -776,11 +816,14 @@ relay_load_config(void)
 	}
 
 	/* Progress, for targets that have not read anything yet. */
-	if (SPI_execute(relay_schema_operations ?
-					"SELECT target_id, lane, done_id, last_delivered_id, batch_end, generation FROM outbox.progress" :
+	if (SPI_execute(relay_schema_set_aside ?
+					"SELECT target_id, lane, done_id, last_delivered_id, batch_end, generation,"
+					"       set_aside_id, set_aside_reason FROM outbox.progress" :
+					relay_schema_operations ?
+					"SELECT target_id, lane, done_id, last_delivered_id, batch_end, generation, NULL::bigint, NULL::text FROM outbox.progress" :
 					relay_progress_has_batch_end ?
-					"SELECT target_id, lane, done_id, last_delivered_id, batch_end, 0 FROM outbox.progress" :
-					"SELECT target_id, lane, done_id, last_delivered_id, NULL::bigint, 0 FROM outbox.progress",
+					"SELECT target_id, lane, done_id, last_delivered_id, batch_end, 0, NULL::bigint, NULL::text FROM outbox.progress" :
+					"SELECT target_id, lane, done_id, last_delivered_id, NULL::bigint, 0, NULL::bigint, NULL::text FROM outbox.progress",
 					true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.progress");
 	for (i = 0; i < SPI_processed; i++)
@@ -793,6 +836,7 @@ relay_load_config(void)
 
 		if (t == NULL || lane < 0 || lane >= t->nlanes)
 			continue;
+		relay_take_set_aside(&t->lanes[lane], tup, desc);
 		if (t->read_id >= 0)
 		{
 			/* outbox.replay() moved it back: reload it when it is quiet. */

@@ -604,6 +604,18 @@ relay_template_check(const char *template, int maxlen, bool allow_empty)
 }
 
 /*
+ * Whether a template takes part of a message's destination from the
+ * message ({topic} or {key}): then a destination the broker does not take
+ * is the message's doing, not the target's (RELAY_UNROUTABLE).
+ */
+bool
+relay_template_filled(const char *template)
+{
+	return template != NULL &&
+		(strstr(template, "{topic}") != NULL || strstr(template, "{key}") != NULL);
+}
+
+/*
  * Fill in a broker target's template (a NATS subject, a Kafka topic):
  * {topic} with the message's topic, {key} with its key.  Returns false,
  * with buf holding nothing usable, when it has {key} and the message no

@@ -84,6 +84,7 @@ static const char *const kafka_allowed_properties[] = {
 	"enable.ssl.certificate.verification", "sasl.mechanism", "sasl.mechanisms",
 	"sasl.username", "sasl.password", "api.version.request",
 	"broker.version.fallback", "sticky.partitioning.linger.ms",
+	"allow.auto.create.topics",
 	NULL
 };
 
@@ -113,6 +114,8 @@ typedef struct RelayKafkaTarget
 	char	   *properties;		/* and the properties (their JSON text) */
 	uint64		destinations;	/* outbox_destinations_generation then */
 	int			timeout_ms;		/* message.timeout.ms it was made with */
+	bool		filled_topic;	/* made for a topic filled in from messages
+								 * (allow.auto.create.topics=false) */
 	bool		broken;			/* a fatal error: make it anew */
 	char		down[RELAY_MAX_ERROR_LEN + 1];	/* why brokers are out of
 												 * reach, or "" */
@@ -450,6 +453,34 @@ kafka_error_class(RelayKafkaTarget *kt, rd_kafka_resp_err_t err)
 	}
 }
 
+/*
+ * An error about the topic itself (unknown, no such partition, not ours to
+ * write) of a topic the message filled in: the message's doing, not the
+ * target's (I10): retried on its lane, then a dead letter.  Otherwise the
+ * class of kafka_error_class().  error (size bytes) gets the text, naming
+ * the topic.
+ */
+static RelayOutcomeKind
+kafka_outcome_class(RelayTarget *t, RelayKafkaTarget *kt, rd_kafka_resp_err_t err,
+					const char *topic, const char *prefix, char *error, size_t size)
+{
+	if ((err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART ||
+		 err == RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC ||
+		 err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION ||
+		 err == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED) &&
+		topic != NULL && relay_template_filled(t->topic))
+	{
+		char		shown[RELAY_SHOWN_LEN];
+
+		relay_shown(shown, sizeof(shown), topic, strlen(topic));
+		snprintf(error, size, "%sthe Kafka cluster does not take topic \"%s\": %s",
+				 prefix, shown, rd_kafka_err2str(err));
+		return RELAY_UNROUTABLE;
+	}
+	snprintf(error, size, "%s%s", prefix, rd_kafka_err2str(err));
+	return kafka_error_class(kt, err);
+}
+
 static RelayTarget *
 kafka_target_of(uint64 serial)
 {
@@ -506,15 +537,16 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 	else
 	{
 		char		error[RELAY_MAX_ERROR_LEN + 1];
-		RelayOutcomeKind kind = kafka_error_class(kt, msg->err);
+		RelayOutcomeKind kind;
 
+		kind = kafka_outcome_class(t, kt, msg->err,
+								   msg->rkt ? rd_kafka_topic_name(msg->rkt) : NULL,
+								   "", error, sizeof(error));
 		if (kind == RELAY_RECEIVER_FAILED && kt->down[0] != '\0' &&
 			(msg->err == RD_KAFKA_RESP_ERR__MSG_TIMED_OUT ||
 			 msg->err == RD_KAFKA_RESP_ERR__TRANSPORT ||
 			 msg->err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN))
 			snprintf(error, sizeof(error), "%s (%s)", rd_kafka_err2str(msg->err), kt->down);
-		else
-			snprintf(error, sizeof(error), "%s", rd_kafka_err2str(msg->err));
 		relay_acks_bad(kl, pos, kind, error);
 	}
 }
@@ -658,6 +690,7 @@ kafka_connect(RelayTarget *t, const char **why)
 	kafka_refresh_rules();
 	if (kt->rk != NULL && !kt->broken && kt->destinations == outbox_destinations_generation &&
 		kt->timeout_ms == t->timeout_ms &&
+		kt->filled_topic == relay_template_filled(t->topic) &&
 		strcmp(kt->brokers, t->url) == 0 && strcmp(kt->properties, props) == 0)
 		return true;
 	if (kt->rk != NULL)
@@ -686,6 +719,16 @@ kafka_connect(RelayTarget *t, const char **why)
 	kafka_set_property("message.timeout.ms", number, &arg);
 	kafka_set_property("topic.metadata.propagation.max.ms", "2000", &arg);
 	kafka_set_property("log.queue", "true", &arg);
+	/*
+	 * A topic filled in from a message does not make the cluster create
+	 * it (I10): a topic the cluster lacks is that message's failure
+	 * (RELAY_UNROUTABLE).  Properties may allow it.  A topic the target
+	 * names itself is the administrator's, and the producer's default
+	 * (the broker's auto.create.topics.enable decides) stays.
+	 */
+	kt->filled_topic = relay_template_filled(t->topic);
+	if (kt->filled_topic)
+		kafka_set_property("allow.auto.create.topics", "false", &arg);
 	/*
 	 * A lane waits for its reports before it sends on: Nagle's algorithm
 	 * with delayed ACKs would add ~40 ms to each of those rounds, and a
@@ -930,12 +973,14 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];
+			RelayOutcomeKind kind;
 
 			rd_kafka_headers_destroy(hdrs);
-			snprintf(error, sizeof(error), "could not produce to Kafka: %s", rd_kafka_err2str(err));
+			kind = kafka_outcome_class(t, kt, err, topic, "could not produce to Kafka: ",
+									   error, sizeof(error));
 			/* A full queue is no fault of the message: hold, count nothing. */
 			relay_acks_bad(kl, i, err == RD_KAFKA_RESP_ERR__QUEUE_FULL ? RELAY_RECEIVER_FAILED :
-						   kafka_error_class(kt, err), error);
+						   kind, error);
 			if (err == RD_KAFKA_RESP_ERR__FATAL)
 				kt->broken = true;
 			break;

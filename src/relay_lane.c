@@ -148,7 +148,14 @@ relay_lane_pop(RelayLane *lane)
 	Assert(m != NULL);
 	lane->head = m->next;
 	if (lane->head == NULL)
+	{
 		lane->tail = NULL;
+		lane->unroutable_since = 0; /* no run of refusals goes on */
+	}
+	if (m->id == lane->failing_id)
+		lane->failing_id = 0;	/* its row is written: delivered or dead */
+	if (m->id == lane->unroutable_id)
+		lane->unroutable_id = 0;	/* its own refusals end with it */
 	lane->nqueued--;
 	lane->target->nqueued--;
 	lane->queued_bytes -= m->mem_size;
@@ -224,6 +231,8 @@ relay_lane_set_error(RelayLane *lane, int status, const char *error)
 	lane->last_status = status;
 	lane->last_error_at = GetCurrentTimestamp();
 	lane->error_dirty = true;
+	/* What outbox.set_aside() may take; a retried dead letter is one already. */
+	lane->failing_id = (lane->head != NULL && !lane->head->retry) ? lane->head->id : 0;
 }
 
 /* The head batch was acknowledged. */
@@ -255,6 +264,7 @@ relay_lane_succeeded(RelayLane *lane)
 	lane->retry_nbatch = 0;
 	lane->attempts = 0;
 	lane->next_attempt = 0;
+	lane->unroutable_since = 0;
 }
 
 /* Exponential backoff with jitter, at least Retry-After. */
@@ -273,34 +283,37 @@ relay_backoff_ms(int attempts, int retry_after_s)
 	return (int64) delay;
 }
 
-/* The head batch failed: retry it later, or dead-letter it. */
+/*
+ * Try the head batch again after a backoff (its members kept), the backoff
+ * of the given number of attempts.
+ */
 static void
-relay_lane_failed(RelayLane *lane, bool retryable, int status,
-				  const char *error, int retry_after_s)
+relay_lane_retry(RelayLane *lane, int attempts, int retry_after_s)
+{
+	lane->target->stats.retries++;
+	lane->next_attempt =
+		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+									relay_backoff_ms(attempts, retry_after_s));
+	lane->retry_nbatch = lane->nbatch;
+	lane->nbatch = 0;
+}
+
+/*
+ * The head batch (nbatch messages) becomes dead letters, recorded with the
+ * given number of attempts; the lane moves on.
+ */
+static void
+relay_lane_dead_letter(RelayLane *lane, int attempts, int status, const char *error)
 {
 	RelayTarget *t = lane->target;
 	int			i;
-
-	lane->attempts++;
-	relay_lane_set_error(lane, status, error);
-
-	if (retryable && (t->max_attempts == 0 || lane->attempts < t->max_attempts))
-	{
-		t->stats.retries++;
-		lane->next_attempt =
-			TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-										relay_backoff_ms(lane->attempts, retry_after_s));
-		lane->retry_nbatch = lane->nbatch;
-		lane->nbatch = 0;
-		return;
-	}
 
 	for (i = 0; i < lane->nbatch; i++)
 	{
 		RelayMessage *m = relay_lane_pop(lane);
 
 		relay_add_dead_letter(t, m->id, m->msg_id, m->topic, m->key,
-							  lane->attempts, status, error);
+							  attempts, status, error);
 		if (m->retry)
 		{
 			/* Still a dead letter (counted once). */
@@ -315,6 +328,80 @@ relay_lane_failed(RelayLane *lane, bool retryable, int status,
 	lane->retry_nbatch = 0;
 	lane->attempts = 0;
 	lane->next_attempt = 0;
+}
+
+/* The head batch failed: retry it later, or dead-letter it. */
+static void
+relay_lane_failed(RelayLane *lane, bool retryable, int status,
+				  const char *error, int retry_after_s)
+{
+	RelayTarget *t = lane->target;
+
+	lane->attempts++;
+	relay_lane_set_error(lane, status, error);
+	lane->unroutable_since = 0; /* a run of refusals is broken */
+
+	if (retryable && (t->max_attempts == 0 || lane->attempts < t->max_attempts))
+		relay_lane_retry(lane, lane->attempts, retry_after_s);
+	else
+		relay_lane_dead_letter(lane, lane->attempts, status, error);
+}
+
+/*
+ * The broker does not take the destination the head message filled in (a
+ * subject no stream covers, a routing key no queue is bound to, a topic the
+ * cluster lacks): the message's own doing (I10), so the lane alone tries it
+ * again (the broker may be given the destination meanwhile; these refusals
+ * have a backoff of their own and do not count toward max_attempts), and
+ * it becomes a dead letter once the lane has been refused for the target's
+ * unroutable_after.  The clock is the lane's, from its first refusal since
+ * it last delivered, emptied or failed otherwise, so that a run of such
+ * messages holds the lane's other keys for unroutable_after in all, not for
+ * each of them.  A broker that takes nothing (a stream deleted under a
+ * '{topic}' subject) is not told from a destination it lacks: waiting for
+ * another message to be delivered first would let an emitter hold every
+ * lane with one message each, so its messages too become dead letters
+ * (outbox.retry_dead_letters() sends them again).
+ *
+ * The broker answered: a hold this lane probed for is released.
+ */
+static void
+relay_lane_unroutable(RelayLane *lane, const char *error)
+{
+	RelayTarget *t = lane->target;
+	TimestampTz now = GetCurrentTimestamp();
+
+	lane->nbatch = 1;
+	if (lane->unroutable_id != lane->head->id)
+	{
+		lane->unroutable_id = lane->head->id;
+		lane->unroutable_attempts = 0;
+	}
+	if (lane->unroutable_since == 0)
+		lane->unroutable_since = now;
+	lane->unroutable_attempts++;
+	relay_lane_set_error(lane, 0, error);
+	if (t->hold_attempts > 0 && lane->index == t->probe_lane)
+	{
+		t->hold_attempts = 0;
+		t->held_until = 0;
+	}
+	if (t->unroutable_after_ms > 0 &&
+		now - lane->unroutable_since >= t->unroutable_after_ms * 1000)
+	{
+		char	   *why;
+
+		if (t->unroutable_after_ms % 1000 == 0)
+			why = psprintf("%s; refused for the target's unroutable_after (" INT64_FORMAT " s)",
+						   error, t->unroutable_after_ms / 1000);
+		else
+			why = psprintf("%s; refused for the target's unroutable_after (" INT64_FORMAT " ms)",
+						   error, t->unroutable_after_ms);
+		relay_lane_dead_letter(lane, lane->unroutable_attempts, 0, why);
+		pfree(why);
+		return;
+	}
+	relay_lane_retry(lane, lane->unroutable_attempts, 0);
 }
 
 /*
@@ -420,6 +507,49 @@ relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 			relay_lane_hold(lane, outcome->status, outcome->error,
 							outcome->retry_after_s);
 			break;
+		case RELAY_UNROUTABLE:
+			relay_lane_unroutable(lane, outcome->error);
+			break;
+	}
+}
+
+/*
+ * outbox.set_aside() asked that the lane's head message become a dead
+ * letter: done once nothing of the lane is on the wire, if that message is
+ * still the head (it may have been delivered meanwhile, or a replay may
+ * have moved the lane); a request for a message not read yet waits for it.
+ * A held target is released: its next message is tried at once.
+ */
+void
+relay_lane_set_aside(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *m = lane->head;
+
+	if (lane->aside_id == 0 || lane->aside_answered || lane->in_flight)
+		return;
+	if (m == NULL && lane->aside_id > relay_lane_done_position(lane))
+		return;					/* not read yet */
+	if (m != NULL && m->id == lane->aside_id && m->id != lane->failing_id)
+		return;					/* not seen failing by this relay yet */
+	lane->aside_answered = true;
+	if (m == NULL || m->id != lane->aside_id || m->retry)
+		return;
+	ereport(LOG,
+			(errmsg("outbox relay sets message " INT64_FORMAT " of target \"%s\" aside as a dead letter",
+					m->id, t->name),
+			 errdetail("%s", lane->aside_reason ? lane->aside_reason : "outbox.set_aside()")));
+	lane->nbatch = 1;
+	relay_lane_dead_letter(lane,
+						   m->id == lane->unroutable_id ? lane->unroutable_attempts : lane->attempts,
+						   lane->last_status,
+						   lane->aside_reason ? lane->aside_reason : "set aside");
+	lane->unroutable_since = 0;
+	if (t->hold_attempts > 0)
+	{
+		t->hold_attempts = 0;
+		t->held_until = 0;
+		t->failing_since = 0;
 	}
 }
 

@@ -158,6 +158,17 @@ relay_dispatch(TimestampTz now)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
+		if (t->aside_pending)
+		{
+			/* Rare: only after outbox.set_aside(), not every turn. */
+			t->aside_pending = false;
+			for (i = 0; i < t->nlanes; i++)
+			{
+				relay_lane_set_aside(&t->lanes[i]);
+				if (t->lanes[i].aside_id != 0 && !t->lanes[i].aside_answered)
+					t->aside_pending = true;
+			}
+		}
 		if (t->transport->deliver != NULL)
 		{
 			/* One lane, delivered in the worker's own transactions. */

@@ -14,14 +14,18 @@
  * one that is to be sent again.
  *
  * Threads.  libnats runs its own threads (a reader and a reconnecter per
- * connection, timers).  They never run PostgreSQL code.  The
- * acknowledgements arrive on a synchronous subscription: libnats' reader
- * queues them, and the relay's thread takes them without waiting
- * (natsSubscription_NextMsg, timeout 0) in relay_nats_drive(), every
- * millisecond while requests are in flight (no thread hand-off per
- * acknowledgement).  The connection callbacks only append to a queue under
- * a pthread mutex (malloc, no palloc) and write a byte to a pipe whose read
- * end is in the relay's WaitEventSet.  libnats
+ * connection, timers, a subscription's deliverer).  They never run
+ * PostgreSQL code.  The acknowledgements arrive on the target's inbox
+ * subscription, whose callback (nats_reply_cb(), on libnats' thread) copies
+ * what the relay reads of each (its subject, up to NATS_MAX_ACK bytes of
+ * data, whether it is the server's "no responders") into a queue under a
+ * pthread mutex (malloc, no palloc); the relay's thread takes them in
+ * relay_nats_drive(), every millisecond while requests are in flight (no
+ * wake-up per acknowledgement).  A synchronous subscription would not do:
+ * libnats drops a "no responders" answer there, and with it the reply
+ * subject that says which message no stream took.  The connection
+ * callbacks only append to a queue under the same mutex and write a byte
+ * to a pipe whose read end is in the relay's WaitEventSet.  libnats
  * does not mask signals, and its threads inherit the mask of the thread
  * that creates them, so every call that may start a thread runs with all
  * signals blocked: PostgreSQL's handlers then run on the relay's thread
@@ -64,6 +68,16 @@
 #define NATS_MAX_ACK		4096
 /* Most events waiting for the relay; more are dropped (they repeat). */
 #define NATS_MAX_EVENTS		10000
+/*
+ * Most replies (and their bytes) waiting for the relay; more are dropped,
+ * and their requests time out and are sent again.
+ */
+#define NATS_MAX_REPLIES	1000000
+#define NATS_MAX_REPLY_BYTES	(64 * 1024 * 1024)
+/* Dropped replies are told in the log at most this often. */
+#define NATS_DROPPED_WARN_MS	10000
+/* Longest reply subject kept: the relay's own are far shorter. */
+#define NATS_MAX_REPLY_SUBJECT	200
 /* nats_ack_class(): a reply that is not JetStream's, to ignore. */
 #define NATS_NOT_AN_ACK		((RelayOutcomeKind) -1)
 /* Why a message answered by a service, not a stream, is a dead letter. */
@@ -95,10 +109,32 @@ typedef struct NatsEvent
 	uint64		conn;			/* the connection's serial number */
 } NatsEvent;
 
+/*
+ * A reply on a target's inbox, as libnats' thread copied it: the subject
+ * (NUL-terminated), then data_len bytes of data (none when the data was
+ * longer than NATS_MAX_ACK: data_len is -1 then).
+ */
+typedef struct NatsReply
+{
+	struct NatsReply *next;
+	uint64		conn;			/* the connection's serial number */
+	bool		no_responders;	/* the server's: no subscriber took it */
+	int			data_len;
+	size_t		size;			/* bytes allocated */
+	char		buf[FLEXIBLE_ARRAY_MEMBER];
+} NatsReply;
+
 static pthread_mutex_t events_lock = PTHREAD_MUTEX_INITIALIZER;
 static NatsEvent *events_head = NULL;
 static NatsEvent *events_tail = NULL;
 static int	events_count = 0;
+static NatsReply *replies_head = NULL;	/* under events_lock too */
+static NatsReply *replies_tail = NULL;
+static int	replies_count = 0;
+static size_t replies_bytes = 0;
+static uint64 replies_dropped = 0;	/* over the caps, since the start */
+static uint64 replies_dropped_seen = 0; /* of those, told in the log */
+static TimestampTz replies_dropped_warned = 0;	/* told then */
 static int	wake_pipe[2] = {-1, -1};
 static bool nats_opened = false;
 static uint64 next_conn_serial = 1;
@@ -163,6 +199,90 @@ nats_push_event(NatsEventKind kind, uint64 conn)
 		if (write(wake_pipe[1], &c, 1) < 0)
 			return;
 	}
+}
+
+/*
+ * Whether a subject has the shape of the relay's reply subjects,
+ * _INBOX.<id>.<lane>.<request>.<position>.<message id> (relay_nats_send()):
+ * the callback queues nothing else, so that junk published on an inbox
+ * takes no room from the acknowledgements (nats_ack() checks the rest).
+ */
+static bool
+nats_reply_shaped(const char *subj, size_t len)
+{
+	const char *p;
+	int			groups = 0;
+	int			digits = 0;
+
+	if (len < 7 || strncmp(subj, "_INBOX.", 7) != 0 ||
+		(p = memchr(subj + 7, '.', len - 7)) == NULL)
+		return false;
+	for (p++; p < subj + len; p++)
+	{
+		if (*p == '.')
+		{
+			if (digits == 0)
+				return false;
+			groups++;
+			digits = 0;
+		}
+		else if (*p >= '0' && *p <= '9' && digits < 20)
+			digits++;
+		else
+			return false;
+	}
+	return groups == 3 && digits > 0;
+}
+
+/*
+ * A message on a target's inbox (libnats' deliverer thread): copy what the
+ * relay reads of it, queue the copy, nothing else.  The relay polls the
+ * queue while it waits for acknowledgements, so there is no wake-up.
+ */
+static void
+nats_reply_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+	const char *subj = natsMsg_GetSubject(msg);
+	const char *data = natsMsg_GetData(msg);
+	int			len = natsMsg_GetDataLength(msg);
+	size_t		slen = subj != NULL ? strlen(subj) : 0;
+	int			copy = (data != NULL && len > 0 && len <= NATS_MAX_ACK) ? len : 0;
+	size_t		size = offsetof(NatsReply, buf) + slen + 1 + copy + 1;
+	NatsReply  *r = NULL;
+
+	if (slen > 0 && slen <= NATS_MAX_REPLY_SUBJECT && nats_reply_shaped(subj, slen))
+		r = malloc(size);
+	if (r != NULL)
+	{
+		r->next = NULL;
+		r->conn = (uint64) (uintptr_t) closure;
+		r->no_responders = natsMsg_IsNoResponders(msg);
+		r->data_len = len > NATS_MAX_ACK ? -1 : copy;
+		r->size = size;
+		memcpy(r->buf, subj, slen + 1);
+		if (copy > 0)
+			memcpy(r->buf + slen + 1, data, copy);
+		r->buf[slen + 1 + copy] = '\0';
+	}
+	natsMsg_Destroy(msg);
+	if (r == NULL)
+		return;
+	pthread_mutex_lock(&events_lock);
+	if (replies_count >= NATS_MAX_REPLIES || replies_bytes + size > NATS_MAX_REPLY_BYTES)
+	{
+		replies_dropped++;
+		pthread_mutex_unlock(&events_lock);
+		free(r);
+		return;
+	}
+	if (replies_tail)
+		replies_tail->next = r;
+	else
+		replies_head = r;
+	replies_tail = r;
+	replies_count++;
+	replies_bytes += size;
+	pthread_mutex_unlock(&events_lock);
 }
 
 static void
@@ -400,6 +520,23 @@ relay_nats_stop(void)
 	if (nats_opened)
 		nats_CloseAndWait(2000);
 	nats_opened = false;
+	/*
+	 * Replies left.  A deliverer thread that outlived the wait may still
+	 * queue one afterwards, which the process's exit frees (this runs as
+	 * the relay exits).
+	 */
+	pthread_mutex_lock(&events_lock);
+	while (replies_head != NULL)
+	{
+		NatsReply  *next = replies_head->next;
+
+		free(replies_head);
+		replies_head = next;
+	}
+	replies_tail = NULL;
+	replies_count = 0;
+	replies_bytes = 0;
+	pthread_mutex_unlock(&events_lock);
 }
 
 /*
@@ -701,7 +838,8 @@ nats_connect(RelayTarget *t, const char **why)
 			strlcpy(nt->inbox, inbox, sizeof(nt->inbox));
 			natsInbox_Destroy(inbox);
 			snprintf(filter, sizeof(filter), "%s.>", nt->inbox);
-			NATS_NO_SIGNALS(s = natsConnection_SubscribeSync(&nt->sub, nt->nc, filter));
+			NATS_NO_SIGNALS(s = natsConnection_Subscribe(&nt->sub, nt->nc, filter, nats_reply_cb,
+														 (void *) (uintptr_t) nt->serial));
 		}
 		if (s == NATS_OK)
 			s = natsSubscription_SetPendingLimits(nt->sub, 1000000, 256 * 1024 * 1024);
@@ -999,22 +1137,14 @@ nats_json_int(const char *json, const char *name)
  * the stream holds), or the failure class and its text in error.
  */
 static RelayOutcomeKind
-nats_ack_class(natsMsg *msg, RelayTarget *t, char *error, size_t size)
+nats_ack_class(const char *data, int len, char *error, size_t size)
 {
-	const char *data = natsMsg_GetData(msg);
-	int			len = natsMsg_GetDataLength(msg);
 	char		json[NATS_MAX_ACK + 1];
 	const char *d;
 	int			i;
 	long		code;
 	long		err_code;
 
-	if (natsMsg_IsNoResponders(msg))
-	{
-		snprintf(error, size, "no JetStream stream answered for the subject (no responders): no stream takes \"%s\", or its leader is being elected",
-				 t->subject);
-		return RELAY_RECEIVER_FAILED;
-	}
 	if (data == NULL || len <= 0 || len > NATS_MAX_ACK)
 		return NATS_NOT_AN_ACK;
 	/* Printable ASCII only: it may end up in last_error. */
@@ -1146,12 +1276,42 @@ nats_foreign_reply(RelayLane *lane, int64 id)
 		}
 }
 
-/* An acknowledgement on a target's inbox: note it in its lane. */
-static void
-nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
+/*
+ * The server's "no responders" for message pos of lane's request: no stream
+ * takes its subject (or the stream's leader is being elected).  A subject
+ * the message filled in is its own doing (I10): RELAY_UNROUTABLE, naming
+ * that subject; the template's own subject holds the target.
+ */
+static RelayOutcomeKind
+nats_no_responders(RelayTarget *t, RelayLane *lane, uint32 pos, char *error, size_t size)
 {
 	RelayNatsTarget *nt = NATS_TARGET(t);
-	const char *subj = natsMsg_GetSubject(msg);
+	RelayMessage *m = lane->head;
+	uint32		i;
+	char		shown[RELAY_SHOWN_LEN];
+
+	/* a request is the head of the lane, in order (relay_lane_cut()) */
+	for (i = 0; i < pos && m != NULL; i++)
+		m = m->next;
+	if (m != NULL && relay_template_filled(t->subject) &&
+		nats_subject(t, m, &nt->subject) == NULL)
+	{
+		relay_shown(shown, sizeof(shown), nt->subject.data, nt->subject.len);
+		snprintf(error, size, "no JetStream stream takes subject \"%s\" (no responders)", shown);
+		return RELAY_UNROUTABLE;
+	}
+	relay_shown(shown, sizeof(shown), t->subject, strlen(t->subject));
+	snprintf(error, size, "no JetStream stream answered for the subject (no responders): no stream takes \"%s\", or its leader is being elected",
+			 shown);
+	return RELAY_RECEIVER_FAILED;
+}
+
+/* A reply on a target's inbox: note it in its lane. */
+static void
+nats_ack(RelayTarget *t, NatsReply *r, RelayFinishedFn finished)
+{
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	const char *subj = r->buf;
 	size_t		plen = strlen(nt->inbox);
 	uint32		lane_index;
 	uint32		request;
@@ -1178,7 +1338,17 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 		return;
 	lane = &t->lanes[lane_index];
 	nl = NATS_LANE(lane);
-	kind = nats_ack_class(msg, t, error, sizeof(error));
+	if (r->no_responders)
+	{
+		if (!lane->in_flight || !relay_acks_waits(nl, request, pos))
+			return;
+		kind = nats_no_responders(t, lane, pos, error, sizeof(error));
+		relay_acks_bad(nl, pos, kind, error);
+		nats_lane_check(lane, finished);
+		return;
+	}
+	kind = r->data_len < 0 ? NATS_NOT_AN_ACK :
+		nats_ack_class(subj + strlen(subj) + 1, r->data_len, error, sizeof(error));
 	if (kind == NATS_NOT_AN_ACK)
 	{
 		/*
@@ -1200,32 +1370,6 @@ nats_ack(RelayTarget *t, natsMsg *msg, RelayFinishedFn finished)
 }
 
 /*
- * A "no responders" answer: libnats gives it without the message, so it is
- * not known which request it answers.  No stream took a subject of the
- * target (none exists, or its leader is being elected): every request of
- * the target waiting is held at its first unacknowledged message, those
- * acknowledged before it delivered.
- */
-static void
-nats_no_responders(RelayTarget *t, RelayFinishedFn finished)
-{
-	char		error[RELAY_MAX_ERROR_LEN + 1];
-	int			i;
-
-	snprintf(error, sizeof(error), "no JetStream stream answered for the subject (no responders): no stream takes \"%s\", or its leader is being elected",
-			 t->subject);
-	for (i = 0; i < t->nlanes; i++)
-		if (t->lanes[i].in_flight)
-		{
-			RelayAcks  *nl = NATS_LANE(&t->lanes[i]);
-
-			(void) relay_acks_decided(nl);
-			relay_acks_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED, error);
-			nats_lane_check(&t->lanes[i], finished);
-		}
-}
-
-/*
  * Take what libnats' threads queued: acknowledgements and lost
  * connections; then end requests past their timeout.
  */
@@ -1240,30 +1384,56 @@ relay_nats_drive(RelayFinishedFn finished)
 		return;
 
 	/*
-	 * First the acknowledgements libnats' reader queued, without waiting;
-	 * with nothing in flight too, for a service's late answer to a request
-	 * given up, which must mark its message before the retry (I10).
+	 * First the replies libnats' deliverer queued (at most NATS_MAX_DRAIN a
+	 * call, the rest at the next); with nothing in flight too, for a
+	 * service's late answer to a request given up, which must mark its
+	 * message before the retry (I10).  A reply of a connection closed
+	 * since finds no target.
 	 */
-	foreach(lc, relay_targets)
 	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		natsMsg    *msg = NULL;
-		natsStatus	st;
+		NatsReply  *r;
+		NatsReply  *q;
+		NatsReply  *last = NULL;
 		int			n = 0;
+		uint64		dropped;
 
-		if (t->kind != RELAY_NATS || t->priv == NULL || NATS_TARGET(t)->sub == NULL)
-			continue;
-		while (n++ < NATS_MAX_DRAIN &&
-			   ((st = natsSubscription_NextMsg(&msg, NATS_TARGET(t)->sub, 0)) == NATS_OK ||
-				st == NATS_NO_RESPONDERS))
+		pthread_mutex_lock(&events_lock);
+		r = replies_head;
+		for (q = r; q != NULL && n < NATS_MAX_DRAIN; q = q->next, n++)
 		{
-			if (st == NATS_OK)
-				nats_ack(t, msg, finished);
-			else
-				nats_no_responders(t, finished);
-			if (msg)
-				natsMsg_Destroy(msg);
-			msg = NULL;
+			last = q;
+			replies_count--;
+			replies_bytes -= q->size;
+		}
+		if (last != NULL)
+		{
+			replies_head = last->next;
+			last->next = NULL;
+			if (replies_head == NULL)
+				replies_tail = NULL;
+		}
+		dropped = replies_dropped;
+		pthread_mutex_unlock(&events_lock);
+		if (dropped > replies_dropped_seen &&
+			(now = GetCurrentTimestamp()) - replies_dropped_warned >= NATS_DROPPED_WARN_MS * 1000)
+		{
+			ereport(WARNING,
+					(errmsg("outbox relay dropped " UINT64_FORMAT " NATS replies it had no room for",
+							dropped - replies_dropped_seen),
+					 errdetail("At most %d replies (%d MB) wait for the relay; the requests they answer time out and are sent again.",
+							   NATS_MAX_REPLIES, NATS_MAX_REPLY_BYTES / (1024 * 1024))));
+			replies_dropped_seen = dropped;
+			replies_dropped_warned = now;
+		}
+		while (r != NULL)
+		{
+			NatsReply  *next = r->next;
+			RelayTarget *t = nats_target_of(r->conn);
+
+			if (t != NULL)
+				nats_ack(t, r, finished);
+			free(r);
+			r = next;
 		}
 	}
 

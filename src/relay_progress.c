@@ -64,9 +64,9 @@ static SPIPlanPtr progress_plan = NULL;
  * 32 lanes, 32 of them were most of the write).  Schema 0.2 adds the
  * replay generation check.
  */
-#define RELAY_PROGRESS_UPDATE \
+#define RELAY_PROGRESS_UPDATE(failing) \
 	"UPDATE outbox.progress p" \
-	"   SET done_id = greatest(p.done_id, v.done_id)," \
+	"   SET " failing "done_id = greatest(p.done_id, v.done_id)," \
 	"       last_delivered_id = coalesce(v.last_delivered_id, p.last_delivered_id)," \
 	"       delivered = p.delivered + v.delivered, dead = p.dead + v.dead," \
 	"       attempts = v.attempts," \
@@ -78,16 +78,18 @@ static SPIPlanPtr progress_plan = NULL;
 	"                  pg_catalog.unnest($5), pg_catalog.unnest($6)," \
 	"                  pg_catalog.unnest($7), pg_catalog.unnest($8)," \
 	"                  pg_catalog.unnest($9), pg_catalog.unnest($10)," \
-	"                  pg_catalog.unnest($11))" \
+	"                  pg_catalog.unnest($11), pg_catalog.unnest($12)," \
+	"                  pg_catalog.unnest($13))" \
 	"       AS v(target_id, lane, done_id, last_delivered_id, delivered, dead," \
-	"            attempts, last_status, last_error, last_error_at, generation)" \
+	"            attempts, last_status, last_error, last_error_at, generation," \
+	"            failing_id, aside_done)" \
 	" WHERE p.target_id = v.target_id AND p.lane = v.lane"
-#define RELAY_PROGRESS_COLUMNS	11
+#define RELAY_PROGRESS_COLUMNS	13
 
 /* The element types of the progress write's arrays, in order. */
 static const Oid relay_progress_types[RELAY_PROGRESS_COLUMNS] = {
 	INT4OID, INT4OID, INT8OID, INT8OID, INT8OID, INT8OID, INT4OID, INT4OID,
-	TEXTOID, TIMESTAMPTZOID, INT4OID
+	TEXTOID, TIMESTAMPTZOID, INT4OID, INT8OID, INT8OID
 };
 
 /*
@@ -115,7 +117,8 @@ relay_progress_array(Oid type, Datum *values, bool *nulls, int n)
 	"       last_error = excluded.last_error, failed_at = excluded.failed_at"
 static SPIPlanPtr dead_letter_plan = NULL;
 static bool dead_letter_plan_keeps = false;	/* prepared to keep payloads */
-static bool progress_plan_generation = false;	/* prepared with the check */
+static int	progress_plan_schema = -1;	/* prepared for: generation check
+										 * (1), failing_id (2) */
 
 bool
 relay_progress_pending(void)
@@ -137,7 +140,8 @@ relay_progress_pending(void)
 			RelayLane  *lane = &t->lanes[i];
 
 			if (lane->delivered_delta || lane->dead_delta || lane->error_dirty ||
-				relay_lane_done_position(lane) != lane->done_id)
+				relay_lane_done_position(lane) != lane->done_id ||
+				(lane->aside_answered && lane->aside_id != 0))
 				return true;
 		}
 	}
@@ -208,7 +212,8 @@ relay_write_progress_once(void)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, "recording outbox progress");
 
-	if (progress_plan != NULL && progress_plan_generation != relay_schema_operations)
+	if (progress_plan != NULL &&
+		progress_plan_schema != ((relay_schema_operations ? 1 : 0) | (relay_schema_set_aside ? 2 : 0)))
 	{
 		/* The schema was updated under us. */
 		SPI_freeplan(progress_plan);
@@ -225,10 +230,16 @@ relay_write_progress_once(void)
 		 * The generation check drops what the relay learnt before an
 		 * outbox.replay() moved the lane back (the relay reloads it).
 		 */
-		progress_plan_generation = relay_schema_operations;
-		progress_plan = SPI_prepare(relay_schema_operations ?
-									RELAY_PROGRESS_UPDATE " AND p.generation = v.generation" :
-									RELAY_PROGRESS_UPDATE " AND v.generation IS NOT NULL",
+		progress_plan_schema = (relay_schema_operations ? 1 : 0) | (relay_schema_set_aside ? 2 : 0);
+		progress_plan = SPI_prepare(relay_schema_set_aside ?
+									RELAY_PROGRESS_UPDATE("failing_id = v.failing_id,"
+															  " set_aside_reason = CASE WHEN p.set_aside_id = v.aside_done"
+															  " THEN NULL ELSE p.set_aside_reason END,"
+															  " set_aside_id = CASE WHEN p.set_aside_id = v.aside_done"
+															  " THEN NULL ELSE p.set_aside_id END, ") " AND p.generation = v.generation" :
+									relay_schema_operations ?
+									RELAY_PROGRESS_UPDATE("") " AND p.generation = v.generation" :
+									RELAY_PROGRESS_UPDATE("") " AND v.generation IS NOT NULL",
 									RELAY_PROGRESS_COLUMNS, argtypes);
 		if (progress_plan == NULL)
 			elog(ERROR, "outbox: could not prepare the progress query");
@@ -315,7 +326,7 @@ relay_write_progress_once(void)
 			int64		done = relay_lane_done_position(lane);
 
 			if (!(lane->delivered_delta || lane->dead_delta || lane->error_dirty ||
-				  done != lane->done_id))
+				  done != lane->done_id || (lane->aside_answered && lane->aside_id != 0)))
 				continue;
 			values[0][n] = Int32GetDatum(t->id);
 			values[1][n] = Int32GetDatum(i);
@@ -329,6 +340,11 @@ relay_write_progress_once(void)
 			values[8][n] = (Datum) 0;
 			values[9][n] = (Datum) 0;
 			values[10][n] = Int32GetDatum(t->generation);
+			values[11][n] = Int64GetDatum(lane->failing_id);
+			isnull[11][n] = lane->failing_id == 0;
+			/* a request of outbox.set_aside() acted on: cleared */
+			values[12][n] = Int64GetDatum(lane->aside_id);
+			isnull[12][n] = !lane->aside_answered || lane->aside_id == 0;
 			if (lane->error_dirty && lane->last_error)
 			{
 				isnull[7][n] = lane->last_status == 0;
@@ -406,6 +422,11 @@ relay_write_progress_once(void)
 			lane->delivered_delta = 0;
 			lane->dead_delta = 0;
 			lane->error_dirty = false;
+			if (lane->aside_answered)
+			{
+				lane->aside_id = 0;
+				lane->aside_answered = false;
+			}
 		}
 	}
 	relay_dead_letters_written();

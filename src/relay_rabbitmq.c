@@ -1222,6 +1222,36 @@ rmq_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, long too_large,
 		}
 }
 
+/*
+ * A message came back unroutable (then its ack).  A routing key the message
+ * filled in ({topic}, {key}) is its own doing (I10): RELAY_UNROUTABLE,
+ * naming that key; a fixed routing key no queue is bound for is the
+ * target's configuration: held.
+ */
+static void
+rmq_unroutable(RelayTarget *t, RelayLane *lane, int pos, RelayAcks *rl)
+{
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	RelayMessage *m = lane->head;
+	int			i;
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+	char		shown[RELAY_SHOWN_LEN];
+
+	for (i = 0; i < pos && m != NULL; i++)
+		m = m->next;
+	if (m == NULL || !relay_template_filled(t->routing_key) ||
+		!relay_template_fill(t->routing_key, m, &rt->key))
+	{
+		relay_acks_bad(rl, pos, RELAY_RECEIVER_FAILED, rt->return_why);
+		return;
+	}
+	relay_shown(shown, sizeof(shown), rt->key.data, rt->key.len);
+	snprintf(error, sizeof(error),
+			 "RabbitMQ returned the message as unroutable (312 NO_ROUTE): no queue is bound for routing key \"%s\" on exchange \"%.60s\"",
+			 shown, t->exchange ? t->exchange : "");
+	relay_acks_bad(rl, pos, RELAY_UNROUTABLE, error);
+}
+
 /* A confirm: ack (or nack) of tag, and of all before it with multiple. */
 static void
 rmq_confirm(RelayTarget *t, uint64 tag, bool multiple, bool ack, RelayFinishedFn finished)
@@ -1251,7 +1281,7 @@ rmq_confirm(RelayTarget *t, uint64 tag, bool multiple, bool ack, RelayFinishedFn
 		if (!ack)
 			relay_acks_bad(rl, g->pos, RELAY_RETRY, "RabbitMQ did not take the message (basic.nack: an internal error of the broker or a queue)");
 		else if (g->returned)
-			relay_acks_bad(rl, g->pos, RELAY_RECEIVER_FAILED, rt->return_why);
+			rmq_unroutable(t, lane, g->pos, rl);
 		else
 			rl->acked[g->pos] = true;
 		rmq_lane_check(lane, finished);
