@@ -66,15 +66,6 @@ sub emit_as_app
 		extra_params => [ '-U', 'app' ]);
 }
 
-# The dead letters of target $t: "key|error" lines, in id order.
-sub dead_letters
-{
-	my ($t) = @_;
-	return [ split /\n/, $node->safe_psql('postgres',
-		"SELECT coalesce(key, '') || '|' || last_error FROM outbox.dead_letters"
-		  . " WHERE target = '$t' ORDER BY id") ];
-}
-
 sub states
 {
 	return $node->safe_psql('postgres',
@@ -86,8 +77,8 @@ sub states
 sub dead_letters_wait
 {
 	my ($t, $n) = @_;
-	ok_wait("$t: $n dead letters", sub { my $d = dead_letters($t); return (@$d == $n, join('; ', @$d)) });
-	return dead_letters($t);
+	ok_wait("$t: $n dead letters", sub { my $d = dead_letter_lines($node, $t); return (@$d == $n, join('; ', @$d)) });
+	return dead_letter_lines($node, $t);
 }
 
 # --- Redis ---
@@ -105,7 +96,7 @@ emit_as_app('redis', "k1:outbox-dedup:$first");
 emit_as_app('redis', 'cart');
 emit_as_app('redis', 'k2');
 ok_wait('Redis: the message after them is in orders:k2',
-	sub { my $n = redis_len($redis, 'orders:k2'); return ($n == 1, "XLEN $n; " . join('; ', @{ dead_letters('r') })) });
+	sub { my $n = redis_len($redis, 'orders:k2'); return ($n == 1, "XLEN $n; " . join('; ', @{ dead_letter_lines($node, 'r') })) });
 my $dl = dead_letters_wait('r', 2);
 like($dl->[0] // '', qr/^k1:outbox-dedup:\Q$first\E\|the stream key holds ":outbox-dedup:" once the template is filled in: it would name one of the relay's de-duplication marks \("orders:k1:outbox-dedup:\Q$first\E"\)$/,
 	'... the key that named a mark, with the reason');

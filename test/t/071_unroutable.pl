@@ -96,14 +96,6 @@ sub key_in_lane
 	die "none of @keys is in lane $lane";
 }
 
-sub dead_letters
-{
-	my ($t) = @_;
-	return [ split /\n/, $node->safe_psql('postgres',
-		"SELECT coalesce(key, '') || '|' || last_error FROM outbox.dead_letters"
-		  . " WHERE target = '$t' ORDER BY id") ];
-}
-
 sub lag_of
 {
 	my ($t) = @_;
@@ -130,7 +122,7 @@ my $failing = failing_id('n');
 is($node->safe_psql('postgres', q{SELECT outbox.set_aside('n', 'a key with a dot')}), $failing,
 	'NATS: outbox.set_aside() returns the failing id');
 ok_wait('NATS: the message is a dead letter with the reason',
-	sub { my $d = dead_letters('n');
+	sub { my $d = dead_letter_lines($node, 'n');
 		  return (@$d == 1 && $d->[0] =~ /^x\.y\|set aside by \S+: a key with a dot$/, join('; ', @$d)) });
 $node->safe_psql('postgres', q{SELECT outbox_emit('nats', '{"n": 2}', 'k2')});
 ok_wait('NATS: the next message is in the stream',
@@ -154,7 +146,7 @@ $node->safe_psql('postgres', qq{SELECT outbox_emit('nats', '{"n": 5}', '$other')
 ok_wait('NATS: the message of the other lane is in the stream',
 	sub { my $n = nats_count($nurl, 'N'); return ($n == 2, "$n messages in N") });
 ok_wait('NATS: after unroutable_after both messages are dead letters naming their subjects',
-	sub { my $d = dead_letters('n');
+	sub { my $d = dead_letter_lines($node, 'n');
 		  return (@$d == 3 && $d->[1] =~ /^a\.b\|no JetStream stream takes subject "n\.a\.b" \(no responders\); refused for the target's unroutable_after \(2 s\)$/
 			  && $d->[2] =~ /^\Q$second\E\|no JetStream stream takes subject "n\.\Q$second\E" /,
 			  join('; ', @$d)) });
@@ -182,13 +174,13 @@ like(sql_error(q{SELECT outbox.set_aside('w')}),
 	qr/ERROR:  55000: target "w" has 2 failing messages\nDETAIL:  Failing: \d+, \d+\.\nHINT:  Pass id => one of them\./,
 	'set_aside: two failing, no id (55000)');
 ok_wait('NATS: after unroutable_after both are dead letters',
-	sub { my $d = dead_letters('w'); return (@$d == 2, join('; ', @$d)) });
+	sub { my $d = dead_letter_lines($node, 'w'); return (@$d == 2, join('; ', @$d)) });
 nats_tool($nurl, 'create', 'W', 'w.*');
 $node->safe_psql('postgres', q{SELECT count(*) FROM outbox.retry_dead_letters('w')});
 ok_wait('NATS: once a stream takes "w.*", outbox.retry_dead_letters() delivers both',
 	sub { my $n = nats_count($nurl, 'W'); return ($n == 2, "$n messages in W") });
 ok_wait('NATS: and no dead letter is left',
-	sub { my $d = dead_letters('w'); return (@$d == 0, join('; ', @$d)) });
+	sub { my $d = dead_letter_lines($node, 'w'); return (@$d == 0, join('; ', @$d)) });
 
 # --- RabbitMQ: a routing key no queue is bound for ---
 # (k1 and a key of the other lane: the target delivers while it refuses)
@@ -199,7 +191,7 @@ ok_wait('RabbitMQ: "orders.' . $zz . '" is refused',
 	sub { my $f = failing_id('mq'); return ($f ne '', "failing_id: '$f'; " . lag_of('mq')) });
 $node->safe_psql('postgres', q{SELECT outbox_emit('mq', '{"n": 2}', 'k1')});
 ok_wait('RabbitMQ: the unroutable message is a dead letter naming its routing key',
-	sub { my $d = dead_letters('mq');
+	sub { my $d = dead_letter_lines($node, 'mq');
 		  return (@$d == 1 && $d->[0] =~ /^\Q$zz\E\|RabbitMQ returned the message as unroutable \(312 NO_ROUTE\): no queue is bound for routing key "orders\.\Q$zz\E" on exchange "ex"; refused for the target's unroutable_after \(2 s\)$/,
 			  join('; ', @$d)) });
 cmp_ok($node->safe_psql('postgres', "SELECT attempts FROM outbox.dead_letters WHERE target = 'mq'"),
@@ -215,7 +207,7 @@ ok_wait('Kafka: topic "missing" is refused',
 	sub { my $f = failing_id('k'); return ($f ne '', "failing_id: '$f'; " . lag_of('k')) });
 $node->safe_psql('postgres', qq{SELECT outbox_emit('orders', '{"n": 2}', '$kb')});
 ok_wait('Kafka: the message for a missing topic is a dead letter naming the topic',
-	sub { my $d = dead_letters('k');
+	sub { my $d = dead_letter_lines($node, 'k');
 		  return (@$d == 1 && $d->[0] =~ /^\Q$ka\E\|.*the Kafka cluster does not take topic "missing": .*; refused for the target's unroutable_after \(2 s\)$/,
 			  join('; ', @$d)) });
 ok_wait('Kafka: the message after it is in orders',
@@ -230,7 +222,7 @@ my $hid = failing_id('h');
 is($node->safe_psql('postgres', qq{SELECT outbox.set_aside('h', id => $hid)}), $hid,
 	'HTTP: outbox.set_aside() with the id');
 ok_wait('HTTP: the held message is a dead letter, set aside',
-	sub { my $d = dead_letters('h');
+	sub { my $d = dead_letter_lines($node, 'h');
 		  return (@$d == 1 && $d->[0] =~ /^h1\|set aside by \S+$/, join('; ', @$d)) });
 sink_control($sink, { path => '/h', status => 204 });
 $node->safe_psql('postgres', q{SELECT outbox_emit('http', '{"n": 2}', 'h2')});

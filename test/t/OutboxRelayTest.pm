@@ -26,7 +26,7 @@ our @EXPORT = qw(
   sink_control sink_stats stop_sink sink_records sink_attempts wait_until wait_for ok_wait
   relay_reloaded relay_went_round settings_reloaded lag_value json_codec
   webhook_signature by_key check_key_fifo client_matches_server standby_pair cold_standby kill_all
-  allow_output_plugins sql_literal);
+  allow_output_plugins sql_literal dead_letter_lines);
 
 # One initdb a kind, copied for every node (make test sets
 # OUTBOX_INITDB_CACHE to a directory of its scratch tree): a copy costs a
@@ -552,6 +552,16 @@ sub _wait
 			time - $start, $what, defined $seen ? " (last seen: $seen)" : ''))
 	  unless $quiet;
 	return 0;
+}
+
+# The dead letters of target $t in database $db (postgres): "key|error"
+# lines, in id order.
+sub dead_letter_lines
+{
+	my ($node, $t, $db) = @_;
+	return [ split /\n/, $node->safe_psql($db // 'postgres',
+		"SELECT coalesce(key, '') || '|' || last_error FROM outbox.dead_letters"
+		  . " WHERE target = " . sql_literal($t) . " ORDER BY id") ];
 }
 
 # A column of a target's row in outbox.lag, now.
