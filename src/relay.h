@@ -101,7 +101,12 @@ typedef struct RelayOutcome
 								 * request were acknowledged before the one
 								 * kind is about (delivered, then kind
 								 * applies to that one message, and the
-								 * rest of the request is sent again) */
+								 * rest of the request is sent again,
+								 * but for those acked says) */
+	const bool *acked;			/* and by position, those after it that
+								 * were acknowledged (not failed), of
+								 * nsent positions; NULL for none */
+	int			nsent;
 } RelayOutcome;
 
 /* A FIFO of one target: at most one request in flight. */
@@ -488,7 +493,10 @@ typedef struct RelayAcks
 	int			prefix;			/* acknowledged at the head, in a row */
 	int			first_bad;		/* position of the first failure, or n */
 	bool	   *acked;			/* acknowledged, by position */
-	int			maxacked;		/* entries in acked */
+	bool	   *failed;			/* failed, by position */
+	int			maxacked;		/* entries in acked and failed */
+	bool		given_up;		/* decided without what is still awaited
+								 * (a time-out, a lost connection) */
 	RelayOutcomeKind bad_kind;	/* what the first failure was */
 	char		bad_error[RELAY_MAX_ERROR_LEN + 1];
 	TimestampTz deadline;		/* given up after this */
@@ -498,6 +506,7 @@ extern void relay_acks_begin(RelayAcks *a, int n, MemoryContext cxt);
 extern void relay_acks_bad(RelayAcks *a, int pos, RelayOutcomeKind kind, const char *error);
 extern bool relay_acks_waits(RelayAcks *a, uint32 request, int pos);
 extern bool relay_acks_decided(RelayAcks *a);
+extern void relay_acks_give_up(RelayAcks *a, RelayOutcomeKind kind, const char *error);
 extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
 extern int	relay_wake_pipe(int fds[2]);
 extern void relay_wake_pipe_drain(int fd);

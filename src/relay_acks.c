@@ -7,9 +7,13 @@
  *	  relay with, and a URL shown without its password.
  *
  * A request's messages are acknowledged one by one, in any order.  It is
- * decided once every message up to the first failure is acknowledged (or
- * all of them are): those at the head are delivered, and the failure is
- * the outcome of the next one (RelayOutcome.ndelivered, relay_lane.c).
+ * decided once all of them are acknowledged, or once every message sent
+ * has an answer and one failed (or the request is given up: a time-out, a
+ * lost connection): those at the head are delivered, the failure is the
+ * outcome of the next one (RelayOutcome.ndelivered, relay_lane.c), and
+ * those after it that were acknowledged are delivered too, so that a
+ * failure never makes the broker take them again (RelayOutcome.acked:
+ * RabbitMQ and Kafka would store them twice).
  * Every request has a serial number, which the transport puts in what
  * comes back (a reply subject, a msg_opaque): an acknowledgement of an
  * earlier request, late, is not taken for one of this request.
@@ -37,10 +41,15 @@ relay_acks_begin(RelayAcks *a, int n, MemoryContext cxt)
 
 		if (a->acked)
 			pfree(a->acked);
+		if (a->failed)
+			pfree(a->failed);
 		a->acked = MemoryContextAlloc(cxt, size * sizeof(bool));
+		a->failed = MemoryContextAlloc(cxt, size * sizeof(bool));
 		a->maxacked = size;
 	}
 	memset(a->acked, 0, n * sizeof(bool));
+	memset(a->failed, 0, n * sizeof(bool));
+	a->given_up = false;
 	a->request++;
 	a->n = n;
 	a->nsent = 0;
@@ -53,6 +62,8 @@ relay_acks_begin(RelayAcks *a, int n, MemoryContext cxt)
 void
 relay_acks_bad(RelayAcks *a, int pos, RelayOutcomeKind kind, const char *error)
 {
+	if (pos >= 0 && pos < a->n)
+		a->failed[pos] = true;
 	if (pos >= a->first_bad)
 		return;
 	a->first_bad = pos;
@@ -67,16 +78,41 @@ relay_acks_bad(RelayAcks *a, int pos, RelayOutcomeKind kind, const char *error)
 bool
 relay_acks_waits(RelayAcks *a, uint32 request, int pos)
 {
-	return request == a->request && pos >= 0 && pos < a->nsent && !a->acked[pos];
+	return request == a->request && pos >= 0 && pos < a->nsent &&
+		!a->acked[pos] && !a->failed[pos];
 }
 
 /* Whether what came back decides the request. */
 bool
 relay_acks_decided(RelayAcks *a)
 {
-	while (a->prefix < a->nsent && a->acked[a->prefix])
+	int			i;
+
+	while (a->prefix < a->nsent && a->acked[a->prefix] && !a->failed[a->prefix])
 		a->prefix++;
-	return a->prefix >= a->n || a->prefix >= a->first_bad;
+	if (a->prefix >= a->n)
+		return true;
+	if (a->prefix < a->first_bad)
+		return false;
+	if (a->given_up)
+		return true;
+	/* a failure: wait for what the rest sent comes to */
+	for (i = a->prefix + 1; i < a->nsent; i++)
+		if (!a->acked[i] && !a->failed[i])
+			return false;
+	return true;
+}
+
+/*
+ * Give the request up (a time-out, a lost connection): what is not
+ * acknowledged yet is not awaited, the first of it fails with kind.
+ */
+void
+relay_acks_give_up(RelayAcks *a, RelayOutcomeKind kind, const char *error)
+{
+	(void) relay_acks_decided(a);
+	a->given_up = true;
+	relay_acks_bad(a, a->prefix, kind, error);
 }
 
 /*
@@ -86,6 +122,8 @@ relay_acks_decided(RelayAcks *a)
 void
 relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome)
 {
+	int			i;
+
 	memset(outcome, 0, sizeof(*outcome));
 	a->request++;
 	if (a->prefix >= a->n)
@@ -95,6 +133,12 @@ relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome)
 		outcome->kind = a->bad_kind;
 		outcome->error = a->bad_error;
 		outcome->ndelivered = a->prefix;
+		/* a position both acknowledged and failed is not delivered */
+		for (i = a->prefix; i < a->nsent; i++)
+			if (a->failed[i])
+				a->acked[i] = false;
+		outcome->acked = a->acked;
+		outcome->nsent = a->nsent;
 	}
 }
 

@@ -1036,8 +1036,7 @@ kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
 
 		if (!lane->in_flight)
 			continue;
-		(void) relay_acks_decided(KAFKA_LANE(lane));
-		relay_acks_bad(kl, kl->prefix, kind, error);
+		relay_acks_give_up(kl, kind, error);
 		if (fail_finished != NULL)
 			kafka_finish(lane, fail_finished);
 		else
@@ -1104,8 +1103,8 @@ relay_kafka_drive(RelayFinishedFn finished)
 					now = GetCurrentTimestamp();
 				if (now < KAFKA_LANE(lane)->deadline)
 					continue;
-				relay_acks_bad(KAFKA_LANE(lane), KAFKA_LANE(lane)->prefix, RELAY_RETRY,
-							   "no delivery report within timeout_ms");
+				relay_acks_give_up(KAFKA_LANE(lane), RELAY_RETRY,
+								   "no delivery report within timeout_ms");
 			}
 			kafka_finish(lane, finished);
 		}

@@ -256,7 +256,7 @@ relay_lane_succeeded(RelayLane *lane)
 			lane->target->nretry--;
 		}
 		else
-			lane->last_delivered_id = m->id;
+			lane->last_delivered_id = Max(lane->last_delivered_id, m->id);
 		pfree(m);
 	}
 	lane->delivered_delta += lane->nbatch;
@@ -459,12 +459,70 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 }
 
 /*
+ * A request of a transport that acknowledges each message failed at its
+ * position ndelivered, now the lane's head: those after it that the broker
+ * acknowledged (of the request's first n positions) are delivered, taken
+ * out of the queue behind the head, and not sent again (a broker without
+ * de-duplication, RabbitMQ, Kafka, would store them twice).  A request
+ * never holds two messages of a key (relay_lane_cut_keys()), so this keeps
+ * each key's order; the lane's done position stays below its head, so a
+ * restart before the head is finished sends them again, as for any
+ * message delivered but not yet recorded.
+ */
+static void
+relay_lane_acked_after(RelayLane *lane, const RelayOutcome *outcome, int n)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *prev = lane->head;
+	RelayMessage *m;
+	TimestampTz now = 0;
+	int			pos;
+
+	if (prev == NULL)
+		return;
+	m = prev->next;
+	for (pos = outcome->ndelivered + 1; pos < n && m != NULL; pos++)
+	{
+		RelayMessage *next = m->next;
+
+		if (!outcome->acked[pos])
+		{
+			prev = m;
+			m = next;
+			continue;
+		}
+		prev->next = next;
+		if (lane->tail == m)
+			lane->tail = prev;
+		lane->nqueued--;
+		t->nqueued--;
+		lane->queued_bytes -= m->mem_size;
+		t->queued_bytes -= m->mem_size;
+		if (now == 0)
+			now = GetCurrentTimestamp();
+		t->stats.messages++;
+		t->stats.last_success_at = now;
+		outbox_stats_latency(&t->stats, (now - m->emitted_at) / 1000.0, now);
+		if (m->retry)
+		{
+			relay_retry_delivered(t, m->id);
+			t->nretry--;
+		}
+		else
+			lane->last_delivered_id = Max(lane->last_delivered_id, m->id);
+		lane->delivered_delta++;
+		pfree(m);
+		m = next;
+	}
+}
+
+/*
  * What a transport reported for the lane's request.  A transport that
  * acknowledges each message reports the messages acknowledged at the head
- * of the request (ndelivered) and what happened to the next one: those are
- * delivered, the outcome is that one message's, and the rest of the
- * request is sent again after it (a broker that stored them takes them
- * again as duplicates of the same id).
+ * of the request (ndelivered), what happened to the next one, and which
+ * after it were acknowledged: those are delivered, the outcome is that one
+ * message's, and the rest of the request (neither acknowledged nor
+ * failed) is sent again after it.
  */
 void
 relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
@@ -473,11 +531,15 @@ relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 
 	if (t->transport->per_message && outcome->kind != RELAY_DELIVERED)
 	{
+		int			nbatch = lane->nbatch;
+
 		if (outcome->ndelivered > 0)
 		{
 			lane->nbatch = Min(outcome->ndelivered, lane->nbatch);
 			relay_lane_succeeded(lane);
 		}
+		if (outcome->acked != NULL)
+			relay_lane_acked_after(lane, outcome, Min(nbatch, outcome->nsent));
 		if (lane->nqueued == 0)
 			return;
 		lane->nbatch = 1;

@@ -1455,9 +1455,8 @@ relay_nats_drive(RelayFinishedFn finished)
 			{
 				RelayAcks  *nl = NATS_LANE(&t->lanes[i]);
 
-				(void) relay_acks_decided(nl);
-				relay_acks_bad(nl, nl->prefix, RELAY_RECEIVER_FAILED,
-							  "the connection to the NATS server was lost");
+				relay_acks_give_up(nl, RELAY_RECEIVER_FAILED,
+								   "the connection to the NATS server was lost");
 				nats_lane_check(&t->lanes[i], finished);
 			}
 		free(ev);
@@ -1503,13 +1502,13 @@ relay_nats_drive(RelayFinishedFn finished)
 					relay_shown(shown, sizeof(shown), subject.data, subject.len);
 					snprintf(error, sizeof(error), NATS_FOREIGN_REPLY, shown);
 					pfree(subject.data);
-					relay_acks_bad(nl, nl->prefix, RELAY_REJECTED, error);
+					relay_acks_give_up(nl, RELAY_REJECTED, error);
 				}
 				else
 				{
 					snprintf(error, sizeof(error), "no JetStream acknowledgement within %d ms",
 							 t->timeout_ms);
-					relay_acks_bad(nl, nl->prefix, RELAY_RETRY, error);
+					relay_acks_give_up(nl, RELAY_RETRY, error);
 				}
 				nats_lane_check(lane, finished);
 			}

@@ -1216,8 +1216,7 @@ rmq_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, long too_large,
 		{
 			RelayAcks  *rl = RMQ_LANE(&t->lanes[i]);
 
-			(void) relay_acks_decided(rl);
-			relay_acks_bad(rl, rl->prefix, kind, error);
+			relay_acks_give_up(rl, kind, error);
 			rmq_lane_check(&t->lanes[i], finished);
 		}
 }

@@ -1197,8 +1197,7 @@ redis_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, RelayFinished
 		{
 			RelayAcks  *rl = REDIS_LANE(&t->lanes[i]);
 
-			(void) relay_acks_decided(rl);
-			relay_acks_bad(rl, rl->prefix, kind, error);
+			relay_acks_give_up(rl, kind, error);
 			redis_lane_check(&t->lanes[i], finished);
 		}
 }

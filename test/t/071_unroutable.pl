@@ -17,6 +17,10 @@
 #    binding: a key no queue is bound for comes back unroutable, the same;
 #  - Kafka, topic '{topic}' on a cluster that creates no topic: a topic
 #    the cluster lacks, the same;
+#  - one request of two keys whose first message is refused (RabbitMQ, a
+#    lane of its own; Kafka the same): the second, which the broker
+#    confirmed, is delivered once, not sent again after the refusal
+#    (RabbitMQ stored it twice before: this fails on 73d4bc0);
 #  - outbox.set_aside(): a message retried for ever (unroutable_after 0)
 #    on NATS, and the head of an HTTP target held by a 404, each set aside
 #    as a dead letter with the reason given; the rest goes on.  Its
@@ -43,6 +47,8 @@ my $murl = $rmq->{url};
 rmq_tool($murl, 'exchange', 'ex', 'direct');
 rmq_tool($murl, 'declare', 'q1');
 rmq_tool($murl, 'bind', 'q1', 'ex', 'orders.k1');
+rmq_tool($murl, 'declare', 'q2');
+rmq_tool($murl, 'bind', 'q2', 'ex', 'orders.k2');
 my $mock = kafka_mock('orders', 1);
 # Metadata v4 carries allow.auto.create.topics (the mock creates any topic
 # named otherwise)
@@ -63,6 +69,15 @@ $node->safe_psql('postgres', qq{
 		routing_key => 'orders.{key}', lanes => 2, max_attempts => 2);
 	SELECT outbox.subscribe('mq', 'mq');
 	SELECT outbox.alter_target('mq', unroutable_after => interval '2 seconds');
+	SELECT outbox.create_rabbitmq_target('mq1', '$murl', exchange => 'ex',
+		routing_key => 'orders.{key}', lanes => 1, max_attempts => 0);
+	SELECT outbox.subscribe('mq1', 'mq1');
+	SELECT outbox.alter_target('mq1', unroutable_after => interval '1 second');
+	SELECT outbox.create_kafka_target('k1', '$brokers', topic => 'ord{topic}', lanes => 1,
+		max_attempts => 0);
+	SELECT outbox.subscribe('k1', 'xx');
+	SELECT outbox.subscribe('k1', 'ers');
+	SELECT outbox.alter_target('k1', unroutable_after => interval '1 second');
 	SELECT outbox.create_kafka_target('k', '$brokers', topic => '{topic}', lanes => 2,
 		max_attempts => 0);
 	SELECT outbox.subscribe('k', 'orders');
@@ -199,6 +214,26 @@ cmp_ok($node->safe_psql('postgres', "SELECT attempts FROM outbox.dead_letters WH
 ok_wait('RabbitMQ: the message after it is in q1',
 	sub { my $n = rmq_count($murl, 'q1'); return ($n == 1, "$n messages in q1") });
 
+# --- a refused message does not make the broker take the rest of its
+# request again: one request of two keys, the first refused, the second
+# confirmed; the second is delivered once (without this, RabbitMQ and
+# Kafka stored it again with each request after the refusal) ---
+sub request_of_two
+{
+	my ($t, $first_topic, $first_key, $second_topic, $second_key) = @_;
+	$node->safe_psql('postgres', qq{
+		SELECT outbox_emit('$first_topic', '{"n": 1}', '$first_key');
+		SELECT outbox_emit('$second_topic', '{"n": 2}', '$second_key');
+	});
+	ok_wait("$t: the refused message is a dead letter, the other delivered, none pending",
+		sub { my $l = $node->safe_psql('postgres',
+				"SELECT dead_letters || '|' || delivered || '|' || pending"
+				  . " FROM outbox.lag WHERE target = '$t'");
+			  return ($l eq '1|1|0', "dead_letters|delivered|pending: $l") });
+}
+request_of_two('mq1', 'mq1', 'zz1', 'mq1', 'k2');
+is(rmq_count($murl, 'q2'), 1, 'RabbitMQ: the confirmed message of the request is in q2 once');
+
 # --- Kafka: a topic the cluster lacks ---
 my $ka = key_in_lane(0, qw(ka kb kc kd ke kf));
 my $kb = key_in_lane(1, qw(ka kb kc kd ke kf));
@@ -212,6 +247,9 @@ ok_wait('Kafka: the message for a missing topic is a dead letter naming the topi
 			  join('; ', @$d)) });
 ok_wait('Kafka: the message after it is in orders',
 	sub { my $n = scalar(@{ kafka_consume($mock, 'orders') }); return ($n == 1, "$n records") });
+# (the request of two: topic "ordxx" refused, "orders" confirmed)
+request_of_two('k1', 'xx', 'a', 'ers', 'b');
+is(scalar(@{ kafka_consume($mock, 'orders') }), 2, 'Kafka: the confirmed record of the request is in orders once');
 
 # --- HTTP: a head held by a 404, set aside ---
 sink_control($sink, { path => '/h', status => 404 });
