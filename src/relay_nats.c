@@ -917,7 +917,7 @@ nats_subject(RelayTarget *t, RelayMessage *m, StringInfo buf)
 	int			i;
 
 	if (!relay_template_fill(t->subject, m, buf))
-		return "the subject template has {key} and the message has no key";
+		return "the subject template has {key} and the message has no key, or an empty one";
 	if ((bad = nats_check_subject_len(buf->data, buf->len, false)) != NULL)
 		return bad;
 
@@ -937,9 +937,31 @@ nats_subject(RelayTarget *t, RelayMessage *m, StringInfo buf)
 	return NULL;
 }
 
-static natsStatus
-nats_header(natsMsg *msg, const char *name, const char *value)
+/*
+ * The header JetStream de-duplicates by.  nats-server (2.9, 2.10) looks it
+ * up as the first occurrence of this text anywhere in the header block,
+ * and the block's order is libnats' hash order: the text in another
+ * header's name or value can hide the relay's own (a copy sent again is
+ * then stored again), so a message carrying it is not published (I10).
+ */
+#define NATS_MSG_ID "Nats-Msg-Id"
+
+/*
+ * clash (OUTBOX_MAX_HEADER_NAME_LEN + 1 bytes) takes the name of the first
+ * header carrying NATS_MSG_ID's text.
+ */
+static void
+nats_clash(const char *name, const char *value, char *clash)
 {
+	if (*clash == '\0' && (strstr(name, NATS_MSG_ID) != NULL || strstr(value, NATS_MSG_ID) != NULL))
+		strlcpy(clash, name, OUTBOX_MAX_HEADER_NAME_LEN + 1);
+}
+
+/* Set a relay's header of msg (see nats_clash()). */
+static natsStatus
+nats_header(natsMsg *msg, const char *name, const char *value, char *clash)
+{
+	nats_clash(name, value, clash);
 	return natsMsgHeader_Set(msg, name, value);
 }
 
@@ -989,6 +1011,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		natsMsg    *msg = NULL;
 		natsStatus	s;
 		const char *bad = nats_subject(t, m, &nt->subject);
+		char		clash[OUTBOX_MAX_HEADER_NAME_LEN + 1];
 		char	   *p;
 
 		if (bad != NULL || m->foreign_reply)
@@ -1006,6 +1029,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			relay_acks_bad(nl, i, RELAY_REJECTED, error);
 			break;
 		}
+		clash[0] = '\0';
 		resetStringInfo(&nt->reply);
 		appendStringInfoString(&nt->reply, nt->inbox);
 		appendStringInfoChar(&nt->reply, '.');
@@ -1023,7 +1047,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, nt->value.data,
 							   nt->value.len);
 			if (s == NATS_OK)
-				s = nats_header(msg, "content-type", "application/cloudevents+json");
+				s = nats_header(msg, "content-type", "application/cloudevents+json", clash);
 		}
 		else
 			s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, m->payload,
@@ -1039,27 +1063,27 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			for (j = 0; s == NATS_OK && j < a.n; j++)
 			{
 				if (strcmp(a.name[j], "datacontenttype") == 0)
-					s = nats_header(msg, "content-type", a.value[j]);
+					s = nats_header(msg, "content-type", a.value[j], clash);
 				else
 				{
 					snprintf(name, sizeof(name), "ce-%s", a.name[j]);
-					s = nats_header(msg, name, a.value[j]);
+					s = nats_header(msg, name, a.value[j], clash);
 				}
 			}
 		}
 		if (s == NATS_OK)
-			s = nats_header(msg, "Nats-Msg-Id", m->msg_id);
+			s = natsMsgHeader_Set(msg, NATS_MSG_ID, m->msg_id);
 		if (s == NATS_OK)
-			s = nats_header(msg, "webhook-id", m->msg_id);
+			s = nats_header(msg, "webhook-id", m->msg_id, clash);
 		/* a CloudEvent carries them as attributes: no outbox-* copies */
 		pg_lltoa(m->id, number);
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
-			s = nats_header(msg, "outbox-seq", number);
+			s = nats_header(msg, "outbox-seq", number, clash);
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
-			s = nats_header(msg, "outbox-topic", m->topic);
+			s = nats_header(msg, "outbox-topic", m->topic, clash);
 		/* (an empty value: libnats would read the next line as it) */
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX && m->key != NULL && *m->key)
-			s = nats_header(msg, "outbox-key", m->key);
+			s = nats_header(msg, "outbox-key", m->key, clash);
 		/* The message's own headers: "Name: value" lines, NUL-separated. */
 		for (p = m->header_lines; s == NATS_OK && p != NULL && *p; p += strlen(p) + 1)
 		{
@@ -1079,7 +1103,23 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 				continue;
 			memcpy(name, p, name_len);
 			name[name_len] = '\0';
-			s = natsMsgHeader_Add(msg, name, *value == ' ' ? value + 1 : value);
+			if (*value == ' ')
+				value++;
+			nats_clash(name, value, clash);
+			s = natsMsgHeader_Add(msg, name, value);
+		}
+		if (s == NATS_OK && clash[0] != '\0')
+		{
+			char		error[RELAY_MAX_ERROR_LEN + 1];
+			char		shown[RELAY_SHOWN_LEN];
+
+			natsMsg_Destroy(msg);
+			relay_shown(shown, sizeof(shown), clash, strlen(clash));
+			snprintf(error, sizeof(error),
+					 "its header \"%s\" carries the text \"" NATS_MSG_ID "\", which nats-server can take for the relay's de-duplication header: not published",
+					 shown);
+			relay_acks_bad(nl, i, RELAY_REJECTED, error);
+			break;
 		}
 		if (s == NATS_OK)
 			s = natsConnection_PublishMsg(nt->nc, msg);

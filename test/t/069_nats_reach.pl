@@ -13,7 +13,10 @@
 #  - the same when the service answers after the relay gave the attempt
 #    up (the answer names the message: its id is in the reply subject);
 #  - a header name of 256 bytes arrives; one with an empty value is left
-#    out, as documented.
+#    out, as documented;
+#  - a message whose topic, key or a header carries the text "Nats-Msg-Id"
+#    (which nats-server can take for the relay's de-duplication header) is
+#    a dead letter naming the header.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -145,6 +148,29 @@ ok_wait('svc2.late is a dead letter, not published again',
 my @heard2 = grep { $_ ne 'ready' } split /\n/, PostgreSQL::Test::Utils::slurp_file($heard2);
 is_deeply(\@heard2, ['svc2.late'], 'the slow service was asked once: its late answer counted');
 $slow->kill_kill;
+
+# --- the text "Nats-Msg-Id" in a header the relay sends ---
+# nats-server takes its first occurrence in the header block, in libnats'
+# hash order, for the de-duplication id: such a message is a dead letter
+# naming the header, and the next one goes on.
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('ev.id1', '{}', NULL, '{"x-note": "see Nats-Msg-Id: x"}');
+	SELECT outbox_emit('ev.Nats-Msg-Id', '{}');
+	SELECT outbox_emit('ev.id3', '{}', 'k-Nats-Msg-Id');
+	SELECT outbox_emit('ev.id4', '{}', NULL, '{"x-Nats-Msg-Id": "v"}');
+	SELECT outbox_emit('ev.tail', '{}', NULL, '{"x-note": "nats msg id"}');
+}, extra_params => [ '-U', 'app' ]);
+ok_wait('ev.tail follows them into EV',
+	sub { my $n = nats_count($url, 'EV'); return ($n == 5, "$n messages in EV") });
+ok_wait('each message carrying "Nats-Msg-Id" in a header is a dead letter naming the header',
+	sub { my $d = dead_letters('n');
+		  my @id = @$d[ 6 .. $#$d ];
+		  my $re = sub { qr/^\Q$_[0]\E\|\Q$_[1]\E\|its header "\Q$_[2]\E" carries the text "Nats-Msg-Id", which nats-server can take for the relay's de-duplication header: not published$/ };
+		  return (@id == 4 && $id[0] =~ $re->('ev.id1', '', 'x-note') && $id[1] =~ $re->('ev.Nats-Msg-Id', '', 'outbox-topic')
+			  && $id[2] =~ $re->('ev.id3', 'k-Nats-Msg-Id', 'outbox-key') && $id[3] =~ $re->('ev.id4', '', 'x-Nats-Msg-Id'),
+			  join('; ', @id)) });
+is(join(',', sort map { $_->{subject} } grep { $_->{subject} =~ /^ev\.(id|Nats|tail)/ } @{ nats_dump($url, 'EV') }),
+	'ev.tail', '... none of them was published');
 
 relay_no_crash($node);
 $node->stop;
