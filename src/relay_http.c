@@ -618,6 +618,16 @@ http_edge_blank(const char *s)
 	return *s == ' ' || *s == '\t' || s[len - 1] == ' ' || s[len - 1] == '\t';
 }
 
+/* Whether the value of a "Name: value" line does (see above). */
+static bool
+http_line_edge_blank(const char *line)
+{
+	const char *colon = strchr(line, ':');
+
+	/* the one space after the colon is the format's */
+	return colon != NULL && colon[1] == ' ' && http_edge_blank(colon + 2);
+}
+
 /* Whether a value of the "Name: value" lines t sends does (see above). */
 static bool
 http_headers_edge_blank(RelayTarget *t, const char *lines)
@@ -626,13 +636,10 @@ http_headers_edge_blank(RelayTarget *t, const char *lines)
 
 	for (p = lines; p != NULL && *p; p += strlen(p) + 1)
 	{
-		const char *colon = strchr(p, ':');
-
 		if (relay_target_has_header(t, p) ||
 			(t->format != RELAY_FORMAT_OUTBOX && relay_ce_owned_header(p)))
 			continue;			/* left out: see relay_http_send() */
-		/* "Name: value": the one space after the colon is the format's */
-		if (colon != NULL && colon[1] == ' ' && http_edge_blank(colon + 2))
+		if (http_line_edge_blank(p))
 			return true;
 	}
 	return false;
@@ -778,11 +785,21 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		relay_header_value(h, "outbox-seq", number);
 	if (n == 1)
 	{
+		/*
+		 * A batch of one (batch_size > 1) carries the key and headers
+		 * exactly in its body: a header copy that receivers would trim is
+		 * left out there (with batch_size 1 it was refused above).
+		 */
+		bool		exact = t->batch_size > 1;
+
 		if (t->format == RELAY_FORMAT_OUTBOX)
 		{
 			relay_header_value(h, "outbox-topic", first->topic);
 			if (first->key && *first->key)
-				relay_header_value(h, "outbox-key", first->key);
+			{
+				if (!(exact && http_edge_blank(first->key)))
+					relay_header_value(h, "outbox-key", first->key);
+			}
 			else if (first->key)
 				relay_header(h, "outbox-key;");
 		}
@@ -800,7 +817,8 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 			{
 				/* a CloudEvent's attributes are the relay's: ce-* skipped */
 				if (!relay_target_has_header(t, p) &&
-					(t->format == RELAY_FORMAT_OUTBOX || !relay_ce_owned_header(p)))
+					(t->format == RELAY_FORMAT_OUTBOX || !relay_ce_owned_header(p)) &&
+					!(exact && http_line_edge_blank(p)))
 					relay_header(h, p);
 				p += strlen(p) + 1;
 			}

@@ -1101,7 +1101,7 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		if (!relay_template_fill(t->routing_key, m, &rt->key))
 		{
 			relay_acks_bad(rl, i, RELAY_REJECTED,
-						   "the routing key template has {key} and the message has no key");
+						   "the routing key template has {key} and the message has no key, or an empty one");
 			break;
 		}
 		if (rt->key.len > RMQ_MAX_SHORTSTR)

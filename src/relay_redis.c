@@ -1082,7 +1082,7 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 		if (!relay_template_fill(t->stream, m, &rt->stream))
 		{
 			relay_acks_bad(rl, i, RELAY_REJECTED,
-						   "the stream template has {key} and the message has no key");
+						   "the stream template has {key} and the message has no key, or an empty one");
 			break;
 		}
 		if (rt->stream.len == 0 || rt->stream.len > REDIS_MAX_STREAM)

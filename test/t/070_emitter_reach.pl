@@ -15,7 +15,9 @@
 #  - Kafka, topic '{topic}': "__consumer_offsets" is refused as the
 #    cluster's own;
 #  - HTTP (batch_size 1): a key or header value with a blank at its start
-#    or end, which receivers trim, is a dead letter, not altered;
+#    or end, which receivers trim, is a dead letter, not altered; in a
+#    batch of one (batch_size 10) the body carries them exactly and such
+#    header copies are left out;
 #  and in every case the next message is delivered.
 use strict;
 use warnings;
@@ -41,6 +43,9 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox.create_http_target('h', '$sink->{url}/h', batch_size => 1, lanes => 1,
 		max_attempts => 0, headers => '{"x-tenant": "t"}');
 	SELECT outbox.subscribe('h', 'http');
+	SELECT outbox.create_http_target('hb', '$sink->{url}/hb', batch_size => 10, lanes => 1,
+		max_attempts => 0);
+	SELECT outbox.subscribe('hb', 'httpb');
 	CREATE ROLE app LOGIN;
 	GRANT EXECUTE ON FUNCTION outbox_emit(text, jsonb, text, jsonb) TO app;
 	SELECT outbox.create_redis_target('r', '$rurl', stream => 'orders:{key}', lanes => 1,
@@ -94,14 +99,17 @@ is(redis_cmd($redis, 'TYPE', "orders:k1:outbox-dedup:$first"), 'string',
 	'... and its de-duplication mark is orders:k1:outbox-dedup:<its id>');
 emit_as_app('redis', "k1:outbox-dedup:$first");
 emit_as_app('redis', 'cart');
+emit_as_app('redis', '');
 emit_as_app('redis', 'k2');
 ok_wait('Redis: the message after them is in orders:k2',
 	sub { my $n = redis_len($redis, 'orders:k2'); return ($n == 1, "XLEN $n; " . join('; ', @{ dead_letter_lines($node, 'r') })) });
-my $dl = dead_letters_wait('r', 2);
+my $dl = dead_letters_wait('r', 3);
 like($dl->[0] // '', qr/^k1:outbox-dedup:\Q$first\E\|the stream key holds ":outbox-dedup:" once the template is filled in: it would name one of the relay's de-duplication marks \("orders:k1:outbox-dedup:\Q$first\E"\)$/,
 	'... the key that named a mark, with the reason');
 like($dl->[1] // '', qr/^cart\|Redis answered WRONGTYPE for the stream key filled in from the message: a key of another type has that name \("orders:cart"\)$/,
 	'... the key that named a hash (WRONGTYPE), with the reason');
+like($dl->[2] // '', qr/^\|the stream template has \{key\} and the message has no key, or an empty one$/,
+	'... the empty key, named so');
 is(redis_cmd($redis, 'TYPE', 'orders:cart'), 'hash', '... the hash is untouched');
 
 # --- RabbitMQ ---
@@ -152,7 +160,20 @@ like($dl->[0] // '', qr/^  pad\|the message's key or a header value begins or en
 like($dl->[1] // '', qr/^v\|the message's key or a header value begins or ends/,
 	'... the header value with trailing blanks');
 
-ok_wait('no target is held', sub { my $s = states(); return ($s eq 'h idle, k idle, mq idle, r idle', $s) });
+# batch_size 10, a request of one message: the body carries the key and
+# headers exactly, and a header copy that receivers would trim is left out
+emit_as_app('httpb', '  pad', '{"x-v": "two  ", "x-w": "w"}');
+ok_wait('HTTP, a batch of one: it arrives',
+	sub { my @r = grep { $_->{path} eq '/hb' } @{ sink_records($sink) };
+		  return (@r == 1, scalar(@r) . ' requests; state: ' . states()) });
+($req) = grep { $_->{path} eq '/hb' } @{ sink_records($sink) };
+my $batch = JSON::PP::decode_json($req->{body});
+is(join('|', $batch->[0]{key}, $batch->[0]{headers}{'x-v'}, $batch->[0]{headers}{'x-w'}), '  pad|two  |w',
+	'... its body carries the key and headers exactly');
+is(join(',', map { "$_=$req->{headers}{$_}" } grep { /^(outbox-key|x-v|x-w)$/ } sort keys %{ $req->{headers} }),
+	'x-w=w', '... and its headers only the copies that arrive as they are (not outbox-key, not x-v)');
+
+ok_wait('no target is held', sub { my $s = states(); return ($s eq 'h idle, hb idle, k idle, mq idle, r idle', $s) });
 relay_no_crash($node);
 $node->stop;
 kafka_stop($mock);
