@@ -328,6 +328,7 @@ my $grown = relay_hwm_kb($rpid) - $hwm;
 ok($grown < 20000, "... and the relay's memory did not grow with them ($grown kB)");
 kill 'KILL', $child;
 waitpid($child, 0);
+$child = undef;    # reaped: its pid may be another process's now
 $node->safe_psql('postgres', q{SELECT outbox.drop_target('hostile')});
 
 # --- destination rules ---

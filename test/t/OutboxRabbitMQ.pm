@@ -100,10 +100,13 @@ sub _signal
 {
 	my ($s, $sig) = @_;
 	return unless $s->{harness};
-	# the node is the beam process the script started; its pid file says it
+	# the node is the beam process the script started; its pid file says
+	# it (but the pid of a node that is gone may be another process's now:
+	# only a process whose environment names this pid file is signalled)
 	my $pid = -f "$s->{dir}/pid" ? slurp_file("$s->{dir}/pid") : undef;
 	$pid =~ s/\s+//g if defined $pid;
-	kill $sig, $pid if $pid;
+	my $environ = ($pid // '') =~ /^\d+$/ ? eval { slurp_file("/proc/$pid/environ") } // '' : '';
+	kill $sig, $pid if index("\0$environ", "\0RABBITMQ_PID_FILE=$s->{dir}/pid\0") >= 0;
 	$s->{harness}->signal($sig);
 	eval { $s->{harness}->finish };
 	$s->{harness} = undef;
