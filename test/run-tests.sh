@@ -28,6 +28,9 @@
 #
 # Each version runs in a scratch copy of the tree, on /dev/shm when it is
 # a tmpfs with 4 GiB free (OUTBOX_TEST_TMPDIR to choose; /tmp otherwise).
+# The kits of 16, 17 and 18 are laid out in $OUTBOX_KIT_ROOT/outbox-pgN
+# (/tmp by default): two runs at once need two roots, as each installs the
+# extension into its kit.
 # PostgreSQL refuses to run as root, so when run as root this script
 # installs the extension, copies the tree to a scratch directory owned by an
 # unprivileged user (postgres by default, OUTBOX_TEST_USER to change) and
@@ -102,7 +105,7 @@ pg_config_of() {
 			;;
 		*)
 			local shared=${OUTBOX_SHARED:-$here/../shared}
-			local dir=/tmp/outbox-pg$1
+			local dir=${OUTBOX_KIT_ROOT:-/tmp}/outbox-pg$1
 			if [ ! -f "$shared/pg$1/setup.sh" ]; then
 				echo "PostgreSQL $1 needs $shared/pg$1/setup.sh (set OUTBOX_SHARED)" >&2
 				return 1
