@@ -277,6 +277,22 @@ extern bool outbox_is_token_char(unsigned char c);
 extern bool outbox_header_name_is(const char *name, int len, const char *prefix, bool exact);
 extern bool outbox_header_names_match(const char *a, int alen, const char *b, int blen);
 
+/*
+ * ASCII letters and digits, whatever the database's LC_CTYPE (isalnum() in
+ * a single-byte locale takes bytes such as 0xE9 for letters).
+ */
+static inline bool
+outbox_ascii_digit(unsigned char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+static inline bool
+outbox_ascii_alnum(unsigned char c)
+{
+	return outbox_ascii_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
 /* destinations.c: where requests may go */
 extern char *outbox_denied_destinations;
 extern char *outbox_allowed_destinations;

@@ -786,9 +786,12 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	if (n == 1)
 	{
 		/*
-		 * A batch of one (batch_size > 1) carries the key and headers
-		 * exactly in its body: a header copy that receivers would trim is
-		 * left out there (with batch_size 1 it was refused above).
+		 * A batch of one (batch_size > 1) of format outbox carries the key
+		 * and headers exactly in its body: a header copy that receivers
+		 * would trim is left out there (with batch_size 1 it was refused
+		 * above).  A CloudEvents batch has no place for a message's
+		 * headers: they are not sent, in a batch of one as in any other
+		 * (docs/formats.md).
 		 */
 		bool		exact = t->batch_size > 1;
 
@@ -803,7 +806,8 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 			else if (first->key)
 				relay_header(h, "outbox-key;");
 		}
-		if (first->header_lines)
+		if (first->header_lines &&
+			(t->format == RELAY_FORMAT_OUTBOX || t->batch_size == 1))
 		{
 			char	   *p = first->header_lines;
 

@@ -173,11 +173,11 @@ relay_kafka_check_brokers(const char *brokers)
 			p++;
 		}
 		else
-			while (*p && (isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+			while (*p && (outbox_ascii_alnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
 				p++;
 		if (p == h || p - h > 255)
 			return "a broker has no host, or one that is too long";
-		if (*p != ':' || !isdigit((unsigned char) p[1]))
+		if (*p != ':' || !outbox_ascii_digit((unsigned char) p[1]))
 			return "each broker must be host:port (no scheme, no user information)";
 		port = strtol(p + 1, &end, 10);
 		if (port < 1 || port > 65535)
@@ -205,7 +205,7 @@ kafka_valid_topic(const char *s, int len)
 		(len == 2 && s[0] == '.' && s[1] == '.'))
 		return false;
 	for (i = 0; i < len; i++)
-		if (!isalnum((unsigned char) s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
+		if (!outbox_ascii_alnum((unsigned char) s[i]) && s[i] != '.' && s[i] != '_' && s[i] != '-')
 			return false;
 	return true;
 }

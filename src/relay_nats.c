@@ -339,7 +339,7 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
 		else
 		{
 			h = p;
-			while (*p && (isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+			while (*p && (outbox_ascii_alnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
 				p++;
 			hend = p;
 		}
@@ -350,7 +350,7 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
 			char	   *end;
 
 			p++;
-			if (!isdigit((unsigned char) *p))
+			if (!outbox_ascii_digit((unsigned char) *p))
 				return "a port is not a number";
 			port = strtol(p, &end, 10);
 			p = end;
@@ -947,21 +947,31 @@ nats_subject(RelayTarget *t, RelayMessage *m, StringInfo buf)
 #define NATS_MSG_ID "Nats-Msg-Id"
 
 /*
- * clash (OUTBOX_MAX_HEADER_NAME_LEN + 1 bytes) takes the name of the first
- * header carrying NATS_MSG_ID's text.
+ * A header of the message that is not published as it is: one carrying
+ * NATS_MSG_ID's text, or one whose value is only blanks, which libnats (the
+ * C client) reads as empty, taking the next header's line for its value.
+ * The first such header's name goes into bad (OUTBOX_MAX_HEADER_NAME_LEN + 1
+ * bytes) and *why says what it is.
  */
 static void
-nats_clash(const char *name, const char *value, char *clash)
+nats_check_header(const char *name, const char *value, char *bad, const char **why)
 {
-	if (*clash == '\0' && (strstr(name, NATS_MSG_ID) != NULL || strstr(value, NATS_MSG_ID) != NULL))
-		strlcpy(clash, name, OUTBOX_MAX_HEADER_NAME_LEN + 1);
+	if (*bad != '\0')
+		return;
+	if (strstr(name, NATS_MSG_ID) != NULL || strstr(value, NATS_MSG_ID) != NULL)
+		*why = "carries the text \"" NATS_MSG_ID "\", which nats-server can take for the relay's de-duplication header";
+	else if (*value != '\0' && value[strspn(value, " \t")] == '\0')
+		*why = "holds only blanks, which libnats (the C client) reads as an empty value and then takes the next header's line for it";
+	else
+		return;
+	strlcpy(bad, name, OUTBOX_MAX_HEADER_NAME_LEN + 1);
 }
 
-/* Set a relay's header of msg (see nats_clash()). */
+/* Set a relay's header of msg (see nats_check_header()). */
 static natsStatus
-nats_header(natsMsg *msg, const char *name, const char *value, char *clash)
+nats_header(natsMsg *msg, const char *name, const char *value, char *bad, const char **why)
 {
-	nats_clash(name, value, clash);
+	nats_check_header(name, value, bad, why);
 	return natsMsgHeader_Set(msg, name, value);
 }
 
@@ -1011,7 +1021,8 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		natsMsg    *msg = NULL;
 		natsStatus	s;
 		const char *bad = nats_subject(t, m, &nt->subject);
-		char		clash[OUTBOX_MAX_HEADER_NAME_LEN + 1];
+		char		bad_header[OUTBOX_MAX_HEADER_NAME_LEN + 1];
+		const char *bad_why = NULL;
 		char	   *p;
 
 		if (bad != NULL || m->foreign_reply)
@@ -1029,7 +1040,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			relay_acks_bad(nl, i, RELAY_REJECTED, error);
 			break;
 		}
-		clash[0] = '\0';
+		bad_header[0] = '\0';
 		resetStringInfo(&nt->reply);
 		appendStringInfoString(&nt->reply, nt->inbox);
 		appendStringInfoChar(&nt->reply, '.');
@@ -1047,7 +1058,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, nt->value.data,
 							   nt->value.len);
 			if (s == NATS_OK)
-				s = nats_header(msg, "content-type", "application/cloudevents+json", clash);
+				s = nats_header(msg, "content-type", "application/cloudevents+json", bad_header, &bad_why);
 		}
 		else
 			s = natsMsg_Create(&msg, nt->subject.data, nt->reply.data, m->payload,
@@ -1063,27 +1074,27 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			for (j = 0; s == NATS_OK && j < a.n; j++)
 			{
 				if (strcmp(a.name[j], "datacontenttype") == 0)
-					s = nats_header(msg, "content-type", a.value[j], clash);
+					s = nats_header(msg, "content-type", a.value[j], bad_header, &bad_why);
 				else
 				{
 					snprintf(name, sizeof(name), "ce-%s", a.name[j]);
-					s = nats_header(msg, name, a.value[j], clash);
+					s = nats_header(msg, name, a.value[j], bad_header, &bad_why);
 				}
 			}
 		}
 		if (s == NATS_OK)
 			s = natsMsgHeader_Set(msg, NATS_MSG_ID, m->msg_id);
 		if (s == NATS_OK)
-			s = nats_header(msg, "webhook-id", m->msg_id, clash);
+			s = nats_header(msg, "webhook-id", m->msg_id, bad_header, &bad_why);
 		/* a CloudEvent carries them as attributes: no outbox-* copies */
 		pg_lltoa(m->id, number);
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
-			s = nats_header(msg, "outbox-seq", number, clash);
+			s = nats_header(msg, "outbox-seq", number, bad_header, &bad_why);
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX)
-			s = nats_header(msg, "outbox-topic", m->topic, clash);
+			s = nats_header(msg, "outbox-topic", m->topic, bad_header, &bad_why);
 		/* (an empty value: libnats would read the next line as it) */
 		if (s == NATS_OK && t->format == RELAY_FORMAT_OUTBOX && m->key != NULL && *m->key)
-			s = nats_header(msg, "outbox-key", m->key, clash);
+			s = nats_header(msg, "outbox-key", m->key, bad_header, &bad_why);
 		/* The message's own headers: "Name: value" lines, NUL-separated. */
 		for (p = m->header_lines; s == NATS_OK && p != NULL && *p; p += strlen(p) + 1)
 		{
@@ -1105,19 +1116,17 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 			name[name_len] = '\0';
 			if (*value == ' ')
 				value++;
-			nats_clash(name, value, clash);
+			nats_check_header(name, value, bad_header, &bad_why);
 			s = natsMsgHeader_Add(msg, name, value);
 		}
-		if (s == NATS_OK && clash[0] != '\0')
+		if (s == NATS_OK && bad_header[0] != '\0')
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];
 			char		shown[RELAY_SHOWN_LEN];
 
 			natsMsg_Destroy(msg);
-			relay_shown(shown, sizeof(shown), clash, strlen(clash));
-			snprintf(error, sizeof(error),
-					 "its header \"%s\" carries the text \"" NATS_MSG_ID "\", which nats-server can take for the relay's de-duplication header: not published",
-					 shown);
+			relay_shown(shown, sizeof(shown), bad_header, strlen(bad_header));
+			snprintf(error, sizeof(error), "its header \"%s\" %s: not published", shown, bad_why);
 			relay_acks_bad(nl, i, RELAY_REJECTED, error);
 			break;
 		}
@@ -1169,7 +1178,7 @@ nats_json_int(const char *json, const char *name)
 	p += strlen(name);
 	while (*p == ' ' || *p == ':')
 		p++;
-	return isdigit((unsigned char) *p) ? strtol(p, NULL, 10) : -1;
+	return outbox_ascii_digit((unsigned char) *p) ? strtol(p, NULL, 10) : -1;
 }
 
 /*

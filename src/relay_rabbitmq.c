@@ -205,7 +205,7 @@ rmq_check_exchange(const char *s)
 	if (strlen(s) > RMQ_MAX_SHORTSTR)
 		return "it is longer than 255 bytes";
 	for (c = s; *c; c++)
-		if (!(isalnum((unsigned char) *c) || *c == '-' || *c == '_' || *c == '.' || *c == ':'))
+		if (!(outbox_ascii_alnum((unsigned char) *c) || *c == '-' || *c == '_' || *c == '.' || *c == ':'))
 			return "it has a character other than letters, digits, '-', '_', '.' and ':'";
 	return NULL;
 }

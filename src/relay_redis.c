@@ -53,6 +53,8 @@
 
 /* Longest stream key, in bytes, once the template is filled in. */
 #define REDIS_MAX_STREAM	1024
+/* XADD's error for a stream whose last id is the largest there is */
+#define REDIS_EXHAUSTED "has exhausted the last possible ID"
 /* Most bytes of replies buffered and not yet parsed. */
 #define REDIS_MAX_UNPARSED	(4 * 1024 * 1024)
 /* Longest string in a reply; none of ours is near it. */
@@ -393,7 +395,7 @@ redis_parse_url(const char *url, RedisUrl *u)
 	else
 	{
 		h = p;
-		while (*p && (isalnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
+		while (*p && (outbox_ascii_alnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
 			p++;
 		hend = p;
 	}
@@ -404,7 +406,7 @@ redis_parse_url(const char *url, RedisUrl *u)
 		char	   *end;
 
 		p++;
-		if (!isdigit((unsigned char) *p))
+		if (!outbox_ascii_digit((unsigned char) *p))
 			return "the port is not a number";
 		errno = 0;
 		port = strtol(p, &end, 10);
@@ -417,7 +419,7 @@ redis_parse_url(const char *url, RedisUrl *u)
 		char	   *end;
 
 		p++;
-		if (!isdigit((unsigned char) *p))
+		if (!outbox_ascii_digit((unsigned char) *p))
 			return "the database is not a number";
 		errno = 0;
 		db = strtol(p, &end, 10);
@@ -1315,12 +1317,14 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					 redis_error_is(r, "CROSSSLOT"))
 				snprintf(error, sizeof(error), "Redis Cluster is not supported (the server answered %.*s)",
 						 (int) Min(r->len, 100), r->str);
-			else if (strchr(t->stream, '{') != NULL && r->str != NULL &&
-					 memmem(r->str, r->len, "WRONGTYPE", 9) != NULL)
+			else if (relay_template_filled(t->stream) && r->str != NULL &&
+					 (memmem(r->str, r->len, "WRONGTYPE", 9) != NULL ||
+					  memmem(r->str, r->len, REDIS_EXHAUSTED, strlen(REDIS_EXHAUSTED)) != NULL))
 			{
 				/*
-				 * A key of another type has the name the message's topic or
-				 * key filled in: the message's doing, not the target's.
+				 * The stream key the message's topic or key filled in names
+				 * a key of another type, or a stream that can take no more
+				 * entries: the message's doing, not the target's.
 				 */
 				RelayMessage *m = lane->head;
 				int			k;
@@ -1332,8 +1336,12 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					char		shown[RELAY_SHOWN_LEN];
 
 					relay_shown(shown, sizeof(shown), rt->stream.data, rt->stream.len);
-					snprintf(error, sizeof(error), "Redis answered WRONGTYPE for the stream key filled in from the message: a key of another type has that name (\"%s\")",
-							 shown);
+					if (memmem(r->str, r->len, "WRONGTYPE", 9) != NULL)
+						snprintf(error, sizeof(error), "Redis answered WRONGTYPE for the stream key filled in from the message: a key of another type has that name (\"%s\")",
+								 shown);
+					else
+						snprintf(error, sizeof(error), "Redis answered that the stream filled in from the message can take no more entries: it " REDIS_EXHAUSTED " (\"%s\")",
+								 shown);
 					kind = RELAY_REJECTED;	/* I10 */
 				}
 			}

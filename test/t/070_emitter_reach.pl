@@ -5,9 +5,10 @@
 # has one lane, so a message that held it would hold every key:
 #  - Redis, stream 'orders:{key}': a key that makes the stream's name one
 #    of the relay's de-duplication marks ("k1:outbox-dedup:<id of an
-#    earlier message>"), and a key naming a hash (WRONGTYPE), are each that
-#    message's dead letter with the reason; a template holding
-#    ":outbox-dedup:" is refused;
+#    earlier message>"), a key naming a hash (WRONGTYPE), an empty key and
+#    a key naming a stream out of entry ids are each that message's dead
+#    letter with the reason; a template holding ":outbox-dedup:" is
+#    refused;
 #  - RabbitMQ: the headers the broker acts on (CC, BCC, x-death ...) are
 #    left out, so the broker does not close the channel on a string CC;
 #    all 70 headers of a message arrive; a header name AMQP cannot carry
@@ -17,7 +18,8 @@
 #  - HTTP (batch_size 1): a key or header value with a blank at its start
 #    or end, which receivers trim, is a dead letter, not altered; in a
 #    batch of one (batch_size 10) the body carries them exactly and such
-#    header copies are left out;
+#    header copies are left out; a CloudEvents batch sends no message
+#    headers;
 #  and in every case the next message is delivered.
 use strict;
 use warnings;
@@ -46,6 +48,9 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox.create_http_target('hb', '$sink->{url}/hb', batch_size => 10, lanes => 1,
 		max_attempts => 0);
 	SELECT outbox.subscribe('hb', 'httpb');
+	SELECT outbox.create_http_target('hc', '$sink->{url}/hc', batch_size => 10, lanes => 1,
+		max_attempts => 0, format => 'cloudevents-structured');
+	SELECT outbox.subscribe('hc', 'httpc');
 	CREATE ROLE app LOGIN;
 	GRANT EXECUTE ON FUNCTION outbox_emit(text, jsonb, text, jsonb) TO app;
 	SELECT outbox.create_redis_target('r', '$rurl', stream => 'orders:{key}', lanes => 1,
@@ -100,16 +105,20 @@ is(redis_cmd($redis, 'TYPE', "orders:k1:outbox-dedup:$first"), 'string',
 emit_as_app('redis', "k1:outbox-dedup:$first");
 emit_as_app('redis', 'cart');
 emit_as_app('redis', '');
+redis_cmd($redis, 'XADD', 'orders:max', '18446744073709551615-18446744073709551615', 'f', 'v');
+emit_as_app('redis', 'max');
 emit_as_app('redis', 'k2');
 ok_wait('Redis: the message after them is in orders:k2',
 	sub { my $n = redis_len($redis, 'orders:k2'); return ($n == 1, "XLEN $n; " . join('; ', @{ dead_letter_lines($node, 'r') })) });
-my $dl = dead_letters_wait('r', 3);
+my $dl = dead_letters_wait('r', 4);
 like($dl->[0] // '', qr/^k1:outbox-dedup:\Q$first\E\|the stream key holds ":outbox-dedup:" once the template is filled in: it would name one of the relay's de-duplication marks \("orders:k1:outbox-dedup:\Q$first\E"\)$/,
 	'... the key that named a mark, with the reason');
 like($dl->[1] // '', qr/^cart\|Redis answered WRONGTYPE for the stream key filled in from the message: a key of another type has that name \("orders:cart"\)$/,
 	'... the key that named a hash (WRONGTYPE), with the reason');
 like($dl->[2] // '', qr/^\|the stream template has \{key\} and the message has no key, or an empty one$/,
 	'... the empty key, named so');
+like($dl->[3] // '', qr/^max\|Redis answered that the stream filled in from the message can take no more entries: it has exhausted the last possible ID \("orders:max"\)$/,
+	'... the key that named a stream out of entry ids, with the reason');
 is(redis_cmd($redis, 'TYPE', 'orders:cart'), 'hash', '... the hash is untouched');
 
 # --- RabbitMQ ---
@@ -173,7 +182,17 @@ is(join('|', $batch->[0]{key}, $batch->[0]{headers}{'x-v'}, $batch->[0]{headers}
 is(join(',', map { "$_=$req->{headers}{$_}" } grep { /^(outbox-key|x-v|x-w)$/ } sort keys %{ $req->{headers} }),
 	'x-w=w', '... and its headers only the copies that arrive as they are (not outbox-key, not x-v)');
 
-ok_wait('no target is held', sub { my $s = states(); return ($s eq 'h idle, hb idle, k idle, mq idle, r idle', $s) });
+# a CloudEvents batch has no place for a message's headers: none is sent,
+# in a request of one message as in any other (docs/formats.md)
+emit_as_app('httpc', 'k', '{"x-v": "two  ", "x-w": "w"}');
+ok_wait('HTTP, a CloudEvents batch of one: it arrives',
+	sub { my @r = grep { $_->{path} eq '/hc' } @{ sink_records($sink) };
+		  return (@r == 1, scalar(@r) . ' requests; state: ' . states()) });
+($req) = grep { $_->{path} eq '/hc' } @{ sink_records($sink) };
+is(join(',', grep { /^x-/ } sort keys %{ $req->{headers} }), '',
+	'... with none of the message\'s headers');
+
+ok_wait('no target is held', sub { my $s = states(); return ($s eq 'h idle, hb idle, hc idle, k idle, mq idle, r idle', $s) });
 relay_no_crash($node);
 $node->stop;
 kafka_stop($mock);
