@@ -62,7 +62,7 @@ DATA = outbox--0.1.sql outbox--0.1--0.2.sql outbox--0.2.sql \
 	outbox--0.2--0.3.sql outbox--0.3.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors targets operations security queue capture formats debezium redis rabbitmq
+REGRESS = emit savepoints triggers frontier errors targets operations security queue capture formats debezium debezium_cases redis rabbitmq
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 

@@ -222,7 +222,16 @@ BEGIN
 		END IF;
 		PERFORM outbox.check_text(topic_prefix, 'topic', 'topic_prefix');
 		IF topic IS NULL THEN
-			topic := topic_prefix || '.' || rel.nspname || '.' || rel.relname;
+			-- as the connector names it: each UTF-16 unit outside
+			-- [A-Za-z0-9._-] read as "_", at most 249 of them, "." and ".."
+			-- not a name (its topic naming strategy's replacement function)
+			topic := (SELECT string_agg(CASE WHEN ch ~ '^[A-Za-z0-9._-]$' THEN ch
+											 WHEN ascii(ch) > 65535 THEN '__'
+											 ELSE '_' END, '' ORDER BY n)
+						FROM regexp_split_to_table(topic_prefix || '.' || rel.nspname || '.' ||
+												   rel.relname, '') WITH ORDINALITY AS c(ch, n));
+			topic := CASE WHEN topic IN ('.', '..') THEN translate(topic, '.', '_')
+						  ELSE left(topic, 249) END;
 		END IF;
 	ELSIF format = 'debezium-outbox' THEN
 		-- Debezium's outbox event router: its default column names

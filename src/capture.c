@@ -781,11 +781,14 @@ outbox_capture_snapshot(PG_FUNCTION_ARGS)
 			CHECK_FOR_INTERRUPTS();
 			/*
 			 * Each row is sent when the next is read, so that the last one
-			 * can say so (Debezium's source.snapshot "last").
+			 * can say so: Debezium's source.snapshot is "first" for the
+			 * first row, "last" for the last (a single row's too), "true"
+			 * between.
 			 */
 			if (pending != NULL)
 			{
-				capture_snapshot_row(pend_e, pend_desc, pending, "true", rowcxt);
+				capture_snapshot_row(pend_e, pend_desc, pending,
+									 count == 0 ? "first" : "true", rowcxt);
 				count++;
 			}
 			MemoryContextReset(pendcxt);

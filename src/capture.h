@@ -28,6 +28,7 @@ typedef struct CaptureColumn
 	Oid			typid;			/* the base type, for domains */
 	int32		typmod;			/* of the base type: time precision */
 	char		category;		/* see capture_json.c */
+	bool		dbz_omit;		/* a type the Debezium connector leaves out */
 	FmgrInfo	out;			/* the type's output function */
 } CaptureColumn;
 
@@ -80,6 +81,8 @@ typedef struct CaptureDebeziumSource
 /* What an unchanged TOASTed column holds in a Debezium event (bytea: base64). */
 #define CAPTURE_DEBEZIUM_UNAVAILABLE	"__debezium_unavailable_value"
 #define CAPTURE_DEBEZIUM_UNAVAILABLE_B64	"X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
+/* ... in a uuid[] (the connector's: a name-based uuid of the text) */
+#define CAPTURE_DEBEZIUM_UNAVAILABLE_UUID	"b68a35a7-17ad-35b3-af2a-ae46edb4545a"
 
 extern int *outbox_capture_json_order(const CaptureColumn *cols, int ncols);
 extern Jsonb *outbox_capture_debezium(const CaptureDebeziumSource *src, const char *op,

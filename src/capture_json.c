@@ -33,6 +33,8 @@
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
+#include "common/shortest_dec.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
@@ -47,6 +49,9 @@
 #include "utils/numeric.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
+#include "utils/geo_decls.h"
+#include "utils/syscache.h"
+#include "utils/varbit.h"
 
 #include "outbox.h"
 #include "capture.h"
@@ -62,6 +67,24 @@
 #define CAT_ARRAY		'a'
 #define CAT_COMPOSITE	'c'
 #define CAT_STRING		's'
+#define CAT_HSTORE		'h'		/* the hstore extension's type */
+
+/*
+ * Whether typid is the hstore extension's type (by its name, as the
+ * Debezium connector tells it).
+ */
+static bool
+capture_type_is_hstore(Oid typid)
+{
+	HeapTuple	tup = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
+	bool		is;
+
+	if (!HeapTupleIsValid(tup))
+		return false;
+	is = strcmp(NameStr(((Form_pg_type) GETSTRUCT(tup))->typname), "hstore") == 0;
+	ReleaseSysCache(tup);
+	return is;
+}
 
 static char
 capture_category(Oid typid)
@@ -92,6 +115,8 @@ capture_category(Oid typid)
 				return CAT_ARRAY;
 			if (type_is_rowtype(typid))
 				return CAT_COMPOSITE;
+			if (capture_type_is_hstore(typid))
+				return CAT_HSTORE;
 			return CAT_STRING;
 	}
 }
@@ -351,6 +376,49 @@ capture_push_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 	}
 }
 
+/*
+ * Whether the Debezium connector leaves a column of type typid out (with
+ * include.unknown.datatypes false): types it does not know (tsquery,
+ * pg_lsn, txid_snapshot, pg_snapshot), arrays of those, of domains, and
+ * the arrays it never maps (money, name, interval, varbit, xml, point,
+ * refcursor).
+ */
+static bool
+capture_dbz_unknown(Oid typid)
+{
+	Oid			elem = get_element_type(getBaseType(typid));
+	Oid			base;
+
+	if (OidIsValid(elem))
+	{
+		if (get_typtype(elem) == TYPTYPE_DOMAIN)
+			return true;
+		switch (elem)
+		{
+			case CASHOID:
+			case NAMEOID:
+			case INTERVALOID:
+			case VARBITOID:
+			case XMLOID:
+			case POINTOID:
+			case REFCURSOROID:
+				return true;
+		}
+		base = elem;
+	}
+	else
+		base = getBaseType(typid);
+	switch (base)
+	{
+		case TSQUERYOID:
+		case PG_LSNOID:
+		case TXID_SNAPSHOTOID:
+		case PG_SNAPSHOTOID:
+			return true;
+	}
+	return false;
+}
+
 /* Describe column attnum of desc, with its output function in cxt. */
 void
 outbox_capture_column_init(CaptureColumn *col, TupleDesc desc,
@@ -365,6 +433,7 @@ outbox_capture_column_init(CaptureColumn *col, TupleDesc desc,
 	col->typmod = att->atttypmod;
 	col->typid = getBaseTypeAndTypmod(att->atttypid, &col->typmod);
 	col->category = capture_category(col->typid);
+	col->dbz_omit = capture_dbz_unknown(att->atttypid);
 	getTypeOutputInfo(col->typid, &outfn, &varlena);
 	fmgr_info_cxt(outfn, &col->out, cxt);
 }
@@ -521,8 +590,9 @@ capture_floor_div(int64 a, int64 b)
 
 /*
  * "HH:MM:SS[.fraction]" of time t (microseconds, 0 <= t < a day).  digits:
- * the fraction's digits (0: none), or -1 for as Java's ISO formats write a
- * time: none for whole seconds, else 3 or 6 digits.
+ * the fraction's digits (0: none), or -1 for as Java's ISO_OFFSET_TIME
+ * writes a time: the fraction without its trailing zeros (none for whole
+ * seconds).
  */
 static void
 capture_append_time(StringInfo buf, int64 t, int digits)
@@ -534,7 +604,12 @@ capture_append_time(StringInfo buf, int64 t, int digits)
 	appendStringInfo(buf, "%02d:%02d:%02d", (int) (secs / 3600),
 					 (int) ((secs / 60) % 60), (int) (secs % 60));
 	if (digits < 0)
-		digits = usec == 0 ? 0 : usec % 1000 == 0 ? 3 : 6;
+	{
+		int			u = usec;
+
+		for (digits = 6; digits > 0 && u % 10 == 0; digits--)
+			u /= 10;
+	}
 	if (digits > 6)
 		digits = 6;
 	if (digits > 0)
@@ -579,10 +654,9 @@ capture_dbz_zoned_timestamp(TimestampTz t, int32 typmod)
 /* Push a non-null value of base type typid the way Debezium writes it. */
 static void
 capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
-					   Oid typid, int32 typmod, FmgrInfo *out)
+					   Oid typid, int32 typmod, char category, FmgrInfo *out)
 {
 	JsonbValue	v;
-	char		category = capture_category(typid);
 
 	if (capture_dbz_scalar(val, typid, typmod, category, out, &v))
 		pushJsonbValue(st, tok, &v);
@@ -609,10 +683,12 @@ capture_push_dbz_array(JsonbParseState **st, Datum val, int32 typmod)
 	FmgrInfo	out;
 	int32		elemmod = typmod;
 	Oid			base;
+	char		category;
 
 	(void) capture_array_elements(val, &elems, &nulls, &nelems, &base, &elemmod);
 	getTypeOutputInfo(base, &outfn, &varlena);
 	fmgr_info(outfn, &out);
+	category = capture_category(base);
 	pushJsonbValue(st, WJB_BEGIN_ARRAY, NULL);
 	for (i = 0; i < nelems; i++)
 	{
@@ -624,9 +700,296 @@ capture_push_dbz_array(JsonbParseState **st, Datum val, int32 typmod)
 			pushJsonbValue(st, WJB_ELEM, &v);
 		}
 		else
-			capture_push_dbz_value(st, WJB_ELEM, elems[i], base, elemmod, &out);
+			capture_push_dbz_value(st, WJB_ELEM, elems[i], base, elemmod, category, &out);
 	}
 	return pushJsonbValue(st, WJB_END_ARRAY, NULL);
+}
+
+/*
+ * A value's text with DateStyle ISO, as the connector's session has it
+ * (the dates and times in a range's text, say), whatever the writer's.
+ */
+static char *
+capture_output_iso(Datum val, Oid typid, FmgrInfo *out)
+{
+	int			style = DateStyle;
+	char	   *volatile s = NULL;
+
+	if (style == USE_ISO_DATES)
+		return capture_output(val, typid, out);
+	DateStyle = USE_ISO_DATES;
+	PG_TRY();
+	{
+		s = capture_output(val, typid, out);
+	}
+	PG_FINALLY();
+	{
+		DateStyle = style;
+	}
+	PG_END_TRY();
+	return s;
+}
+
+/*
+ * bit and varbit wider than 1 as the connector's io.debezium.data.Bits: the
+ * bit string read as an unsigned number, its last bit the lowest, written
+ * as Java's BitSet.toByteArray() does (little-endian, without high zero
+ * bytes: "" for zero), in base64.  '101' is "BQ==".
+ */
+static char *
+capture_dbz_bits(VarBit *b)
+{
+	int			nbits = VARBITLEN(b);
+	uint8	   *bytes = palloc0((nbits + 7) / 8 + 1);
+	int			len = 0;
+	int			i;
+	StringInfoData buf;
+
+	for (i = 0; i < nbits; i++)
+	{
+		int			pos = nbits - 1 - i;	/* the string's bit for the number's bit i */
+
+		if (VARBITS(b)[pos / 8] & (0x80 >> (pos % 8)))
+		{
+			bytes[i / 8] |= (uint8) (1 << (i % 8));
+			len = i / 8 + 1;
+		}
+	}
+	initStringInfo(&buf);
+	outbox_append_b64(&buf, bytes, len);
+	pfree(bytes);
+	return buf.data;
+}
+
+/* Whether a bit string has a bit set (bit(1), varbit(1): the boolean). */
+static bool
+capture_bits_any(VarBit *b)
+{
+	int			nbytes = VARBITBYTES(b);
+	int			i;
+
+	for (i = 0; i < nbytes; i++)
+		if (VARBITS(b)[i] != 0)
+			return true;		/* (the pad bits are zero) */
+	return false;
+}
+
+/*
+ * A double as a JSON number, written as Java's Double.toString() would
+ * read back (the shortest text that does, "1.0" for a whole number); NaN
+ * and the infinities as strings, as the JSON converter writes them.
+ */
+static void
+capture_set_double(JsonbValue *v, double d)
+{
+	char		text[DOUBLE_SHORTEST_DECIMAL_LEN + 2];
+
+	double_to_shortest_decimal_buf(d, text);
+	if (isfinite(d) && strpbrk(text, ".e") == NULL)
+		strcat(text, ".0");
+	capture_number_text(pstrdup(text), v);
+}
+
+/* A double's 8 bytes, little-endian, at out. */
+static void
+capture_put_double_le(uint8 *out, double d)
+{
+	uint64		u;
+	int			i;
+
+	memcpy(&u, &d, sizeof(u));
+	for (i = 0; i < 8; i++)
+		out[i] = (uint8) (u >> (8 * i));
+}
+
+/*
+ * point as the connector's io.debezium.data.geometry.Point: x, y, its WKB
+ * (a little-endian WKB point: byte order 1, type 1, x, y) in base64, and a
+ * null srid.  An object in jsonb's key order (by length, then bytes).
+ */
+static void
+capture_dbz_point(Point *pt, JsonbValue *v)
+{
+	JsonbPair  *pairs = palloc(4 * sizeof(JsonbPair));
+	uint8		wkb[21] = {1, 1, 0, 0, 0};
+	StringInfoData buf;
+	int			i;
+
+	capture_put_double_le(&wkb[5], pt->x);
+	capture_put_double_le(&wkb[13], pt->y);
+	initStringInfo(&buf);
+	outbox_append_b64(&buf, wkb, sizeof(wkb));
+	for (i = 0; i < 4; i++)
+	{
+		static const char *const keys[] = {"x", "y", "wkb", "srid"};
+
+		pairs[i].key.type = jbvString;
+		pairs[i].key.val.string.val = (char *) keys[i];
+		pairs[i].key.val.string.len = strlen(keys[i]);
+		pairs[i].order = i;
+	}
+	capture_set_double(&pairs[0].value, pt->x);
+	capture_set_double(&pairs[1].value, pt->y);
+	capture_set_string(&pairs[2].value, buf.data);
+	pairs[3].value.type = jbvNull;
+	v->type = jbvObject;
+	v->val.object.nPairs = 4;
+	v->val.object.pairs = pairs;
+}
+
+/* Java's String.hashCode() of s (in the database encoding), over UTF-16. */
+static uint32
+capture_java_hash(const char *s, int len)
+{
+	uint32		h = 0;
+	const unsigned char *u;
+	const unsigned char *end;
+	char	   *utf8 = NULL;
+
+	if (GetDatabaseEncoding() != PG_UTF8 && GetDatabaseEncoding() != PG_SQL_ASCII)
+	{
+		utf8 = pg_server_to_any(s, len, PG_UTF8);
+		if (utf8 != s)
+		{
+			s = utf8;
+			len = strlen(utf8);
+		}
+	}
+	u = (const unsigned char *) s;
+	end = u + len;
+	while (u < end)
+	{
+		pg_wchar	c;
+		int			n = GetDatabaseEncoding() == PG_SQL_ASCII ? 1 : pg_utf_mblen(u);
+
+		if (n > end - u || !pg_utf8_islegal(u, n) || GetDatabaseEncoding() == PG_SQL_ASCII)
+		{
+			c = *u;				/* (Java would have read it otherwise) */
+			n = 1;
+		}
+		else
+			c = utf8_to_unicode(u);
+		u += n;
+		if (c > 0xFFFF)
+		{
+			h = 31 * h + (uint32) (0xD800 + ((c - 0x10000) >> 10));
+			h = 31 * h + (uint32) (0xDC00 + ((c - 0x10000) & 0x3FF));
+		}
+		else
+			h = 31 * h + (uint32) c;
+	}
+	return h;
+}
+
+typedef struct CaptureHstorePair
+{
+	char	   *key;
+	char	   *value;			/* NULL: SQL NULL */
+	uint32		bucket;
+	int			pos;
+} CaptureHstorePair;
+
+static int
+capture_hstore_cmp(const void *a, const void *b)
+{
+	const CaptureHstorePair *x = a;
+	const CaptureHstorePair *y = b;
+
+	if (x->bucket != y->bucket)
+		return x->bucket < y->bucket ? -1 : 1;
+	return x->pos - y->pos;
+}
+
+/* One quoted string of hstore's text at *p (past it after), unescaped. */
+static char *
+capture_hstore_string(const char **p)
+{
+	StringInfoData buf;
+	const char *q = *p;
+
+	if (*q != '"')
+		elog(ERROR, "outbox: unexpected hstore text");
+	initStringInfo(&buf);
+	for (q++; *q && *q != '"'; q++)
+	{
+		if (*q == '\\' && q[1] != '\0')
+			q++;
+		appendStringInfoChar(&buf, *q);
+	}
+	if (*q != '"')
+		elog(ERROR, "outbox: unexpected hstore text");
+	*p = q + 1;
+	return buf.data;
+}
+
+/*
+ * hstore as the connector writes it with hstore.handling.mode json: a
+ * string of JSON text, an object of the pairs with null for a NULL value,
+ * in the order of a java.util.HashMap filled in hstore's order (the order
+ * its text has): by bucket of the key's hash, then in that order.
+ */
+static char *
+capture_dbz_hstore(const char *text)
+{
+	CaptureHstorePair *pairs = NULL;
+	int			n = 0;
+	int			max = 0;
+	uint32		cap = 16;
+	const char *p = text;
+	StringInfoData buf;
+	int			i;
+
+	while (*p)
+	{
+		while (*p == ' ' || *p == ',')
+			p++;
+		if (*p == '\0')
+			break;
+		if (n == max)
+		{
+			max = Max(8, 2 * max);
+			pairs = pairs ? repalloc(pairs, max * sizeof(*pairs)) : palloc(max * sizeof(*pairs));
+		}
+		pairs[n].key = capture_hstore_string(&p);
+		if (strncmp(p, "=>", 2) != 0)
+			elog(ERROR, "outbox: unexpected hstore text");
+		p += 2;
+		if (strncmp(p, "NULL", 4) == 0)
+		{
+			pairs[n].value = NULL;
+			p += 4;
+		}
+		else
+			pairs[n].value = capture_hstore_string(&p);
+		pairs[n].pos = n;
+		n++;
+	}
+	/* HashMap's table: 16 buckets, doubled while over 3/4 full */
+	while ((uint64) n * 4 > (uint64) cap * 3)
+		cap *= 2;
+	for (i = 0; i < n; i++)
+	{
+		uint32		h = capture_java_hash(pairs[i].key, strlen(pairs[i].key));
+
+		pairs[i].bucket = (h ^ (h >> 16)) & (cap - 1);
+	}
+	if (n > 1)
+		qsort(pairs, n, sizeof(*pairs), capture_hstore_cmp);
+	initStringInfo(&buf);
+	appendStringInfoChar(&buf, '{');
+	for (i = 0; i < n; i++)
+	{
+		if (i > 0)
+			appendStringInfoChar(&buf, ',');
+		escape_json(&buf, pairs[i].key);
+		appendStringInfoChar(&buf, ':');
+		if (pairs[i].value == NULL)
+			appendStringInfoString(&buf, "null");
+		else
+			escape_json(&buf, pairs[i].value);
+	}
+	appendStringInfoChar(&buf, '}');
+	return buf.data;
 }
 
 /*
@@ -652,6 +1015,21 @@ capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
 			return true;
 		case INT8OID:
 			capture_set_int64(v, DatumGetInt64(val));
+			return true;
+		case OIDOID:
+			/* the connector's INT64, unsigned as PostgreSQL's */
+			capture_set_int64(v, (int64) DatumGetObjectId(val));
+			return true;
+		case BITOID:
+		case VARBITOID:
+			/* bit(1), varbit(1): a boolean; wider: Bits */
+			if (typmod == 1)
+			{
+				v->type = jbvBool;
+				v->val.boolean = capture_bits_any(DatumGetVarBitP(val));
+			}
+			else
+				capture_set_string(v, capture_dbz_bits(DatumGetVarBitP(val)));
 			return true;
 		case FLOAT4OID:
 		case FLOAT8OID:
@@ -718,6 +1096,12 @@ capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
 				int64		utc = t->time + (int64) t->zone * USECS_PER_SEC;
 				StringInfoData buf;
 
+				/* the end of the day at UTC: the connector's own text */
+				if (t->time == USECS_PER_DAY && t->zone == 0)
+				{
+					capture_set_string(v, "24:00:00Z");
+					return true;
+				}
 				utc %= USECS_PER_DAY;
 				if (utc < 0)
 					utc += USECS_PER_DAY;
@@ -771,8 +1155,13 @@ capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
 		default:
 			if (category == CAT_ARRAY || category == CAT_COMPOSITE)
 				return false;
-			/* json, uuid, text, enums, xml, inet, ...: their text */
-			capture_set_string(v, capture_output(val, typid, out));
+			if (category == CAT_HSTORE)
+			{
+				capture_set_string(v, capture_dbz_hstore(capture_output(val, typid, out)));
+				return true;
+			}
+			/* json, uuid, text, enums, xml, inet, ranges ...: their text */
+			capture_set_string(v, capture_output_iso(val, typid, out));
 			return true;
 	}
 }
@@ -787,6 +1176,8 @@ capture_dbz_column(const CaptureColumn *col, Datum val, JsonbValue *v)
 		*v = *capture_push_dbz_array(&st, val, col->typmod);
 	else if (col->category == CAT_COMPOSITE)
 		*v = *capture_push_composite(&st, val);
+	else if (col->typid == POINTOID)
+		capture_dbz_point(DatumGetPointP(val), v);
 	else if (!capture_dbz_scalar(val, col->typid, col->typmod, col->category,
 								 (FmgrInfo *) &col->out, v))
 		elog(ERROR, "outbox: type %u is not a scalar", col->typid);
@@ -846,6 +1237,51 @@ capture_object(JsonbValue *v, JsonbPair *pairs, int n)
 }
 
 /*
+ * The connector's placeholder for a TOASTed value an update left unchanged,
+ * of the column's type: its text; for bytea its bytes in base64; for an
+ * array, one element of the element type standing for it (so that the
+ * field stays an array): the text for text-like elements, the text's bytes
+ * as numbers for integer and date elements, base64 for bytea, the
+ * connector's own uuid for uuid; for hstore, an object of the text to it.
+ */
+static void
+capture_dbz_unavailable(const CaptureColumn *col, JsonbValue *v)
+{
+	if (col->category == CAT_ARRAY)
+	{
+		Oid			elem = getBaseType(get_element_type(col->typid));
+		const char *text = CAPTURE_DEBEZIUM_UNAVAILABLE;
+		int			len = strlen(text);
+		JsonbValue *elems;
+		int			n = 1;
+		int			i;
+
+		if (elem == INT2OID || elem == INT4OID || elem == INT8OID || elem == DATEOID)
+		{
+			n = len;
+			elems = palloc(n * sizeof(JsonbValue));
+			for (i = 0; i < n; i++)
+				capture_set_int64(&elems[i], (unsigned char) text[i]);
+		}
+		else
+		{
+			elems = palloc(sizeof(JsonbValue));
+			capture_set_string(elems, elem == BYTEAOID ? CAPTURE_DEBEZIUM_UNAVAILABLE_B64 :
+							   elem == UUIDOID ? CAPTURE_DEBEZIUM_UNAVAILABLE_UUID : text);
+		}
+		v->type = jbvArray;
+		v->val.array.nElems = n;
+		v->val.array.elems = elems;
+		v->val.array.rawScalar = false;
+	}
+	else if (col->category == CAT_HSTORE)
+		capture_set_string(v, "{\"" CAPTURE_DEBEZIUM_UNAVAILABLE "\":\"" CAPTURE_DEBEZIUM_UNAVAILABLE "\"}");
+	else
+		capture_set_string(v, col->typid == BYTEAOID ? CAPTURE_DEBEZIUM_UNAVAILABLE_B64 :
+						   CAPTURE_DEBEZIUM_UNAVAILABLE);
+}
+
+/*
  * The row as a Debezium row object: every column, in the object's order,
  * the unavailable ones (by position in cols) so marked.
  */
@@ -855,21 +1291,25 @@ capture_dbz_row(JsonbValue *v, HeapTuple tuple, TupleDesc desc,
 				const bool *unavailable)
 {
 	JsonbPair  *pairs = palloc(Max(ncols, 1) * sizeof(JsonbPair));
+	int			n = 0;
 	int			k;
 
 	for (k = 0; k < ncols; k++)
 	{
 		int			i = order[k];
 		const CaptureColumn *col = &cols[i];
-		JsonbValue *cv = capture_pair(&pairs[k], k, col->name);
+		JsonbValue *cv;
 		bool		isnull;
 		Datum		d;
 
+		if (col->dbz_omit)
+			continue;
+		cv = capture_pair(&pairs[n], n, col->name);
+		n++;
+
 		if (unavailable != NULL && unavailable[i])
 		{
-			capture_set_string(cv, col->typid == BYTEAOID ?
-							   CAPTURE_DEBEZIUM_UNAVAILABLE_B64 :
-							   CAPTURE_DEBEZIUM_UNAVAILABLE);
+			capture_dbz_unavailable(col, cv);
 			continue;
 		}
 		d = heap_getattr(tuple, col->attnum, desc, &isnull);
@@ -878,7 +1318,7 @@ capture_dbz_row(JsonbValue *v, HeapTuple tuple, TupleDesc desc,
 		else
 			capture_dbz_column(col, d, cv);
 	}
-	capture_object(v, pairs, ncols);
+	capture_object(v, pairs, n);
 }
 
 /*
