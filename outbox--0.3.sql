@@ -2301,16 +2301,18 @@ BEGIN
 		END IF;
 		PERFORM outbox.check_text(topic_prefix, 'topic', 'topic_prefix');
 		IF topic IS NULL THEN
-			-- as the connector names it: each UTF-16 unit outside
-			-- [A-Za-z0-9._-] read as "_", at most 249 of them, "." and ".."
-			-- not a name (its topic naming strategy's replacement function)
-			topic := (SELECT string_agg(CASE WHEN ch ~ '^[A-Za-z0-9._-]$' THEN ch
-											 WHEN ascii(ch) > 65535 THEN '__'
-											 ELSE '_' END, '' ORDER BY n)
-						FROM regexp_split_to_table(topic_prefix || '.' || rel.nspname || '.' ||
-												   rel.relname, '') WITH ORDINALITY AS c(ch, n));
-			topic := CASE WHEN topic IN ('.', '..') THEN translate(topic, '.', '_')
-						  ELSE left(topic, 249) END;
+			-- as the connector names it: its parts that are not blank
+			-- (characters up to U+0020 only), joined by ".", each UTF-16
+			-- unit outside [A-Za-z0-9._-] read as "_" (two for a character
+			-- of 4 bytes in UTF-8), at most 249 of them
+			topic := (SELECT string_agg(q.nm, '.' ORDER BY q.ord)
+						FROM unnest(ARRAY[topic_prefix, rel.nspname::text, rel.relname::text])
+							 WITH ORDINALITY AS q(nm, ord)
+					   WHERE q.nm !~ '^[\x01-\x20]*$');
+			topic := left((SELECT string_agg(CASE WHEN c.ch ~ '^[A-Za-z0-9._-]$' THEN c.ch
+												  WHEN octet_length(convert_to(c.ch, 'UTF8')) = 4 THEN '__'
+												  ELSE '_' END, '' ORDER BY c.n)
+							 FROM regexp_split_to_table(topic, '') WITH ORDINALITY AS c(ch, n)), 249);
 		END IF;
 	ELSIF format = 'debezium-outbox' THEN
 		-- Debezium's outbox event router: its default column names

@@ -414,9 +414,37 @@ capture_dbz_unknown(Oid typid)
 		case PG_LSNOID:
 		case TXID_SNAPSHOTOID:
 		case PG_SNAPSHOTOID:
+		case JSONPATHOID:
+		case XIDOID:
+		case XID8OID:
+		case CIDOID:
+		case TIDOID:
+		case REGCLASSOID:
+		case REGPROCOID:
+		case REGPROCEDUREOID:
+		case REGOPEROID:
+		case REGOPERATOROID:
+		case REGTYPEOID:
+		case REGCONFIGOID:
+		case REGDICTIONARYOID:
+		case REGNAMESPACEOID:
+		case REGROLEOID:
+		case REGCOLLATIONOID:
+		case INT2VECTOROID:
+		case OIDVECTOROID:
+		case ACLITEMOID:
+		case REFCURSOROID:
 			return true;
+		case INT4RANGEOID:
+		case INT8RANGEOID:
+		case NUMRANGEOID:
+		case TSRANGEOID:
+		case TSTZRANGEOID:
+		case DATERANGEOID:
+			return false;
 	}
-	return false;
+	/* other ranges and the multiranges are Types.OTHER to the connector */
+	return get_typtype(base) == TYPTYPE_RANGE || get_typtype(base) == TYPTYPE_MULTIRANGE;
 }
 
 /* Describe column attnum of desc, with its output function in cxt. */
@@ -790,6 +818,18 @@ capture_set_double(JsonbValue *v, double d)
 	capture_number_text(pstrdup(text), v);
 }
 
+/* The same of a real, as Java's Float.toString() would read back. */
+static void
+capture_set_float4(JsonbValue *v, float f)
+{
+	char		text[FLOAT_SHORTEST_DECIMAL_LEN + 2];
+
+	float_to_shortest_decimal_buf(f, text);
+	if (isfinite(f) && strpbrk(text, ".e") == NULL)
+		strcat(text, ".0");
+	capture_number_text(pstrdup(text), v);
+}
+
 /* A double's 8 bytes, little-endian, at out. */
 static void
 capture_put_double_le(uint8 *out, double d)
@@ -835,6 +875,187 @@ capture_dbz_point(Point *pt, JsonbValue *v)
 	v->type = jbvObject;
 	v->val.object.nPairs = 4;
 	v->val.object.pairs = pairs;
+}
+
+/* A JSON object of n pairs whose keys are given in jsonb's order. */
+static void
+capture_sorted_object(JsonbValue *v, int n, const char *const *keys, JsonbValue *values)
+{
+	JsonbPair  *pairs = palloc(n * sizeof(JsonbPair));
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		pairs[i].key.type = jbvString;
+		pairs[i].key.val.string.val = (char *) keys[i];
+		pairs[i].key.val.string.len = strlen(keys[i]);
+		pairs[i].value = values[i];
+		pairs[i].order = i;
+	}
+	v->type = jbvObject;
+	v->val.object.nPairs = n;
+	v->val.object.pairs = pairs;
+}
+
+/* WKB, little-endian: a 32-bit number, a point. */
+static void
+capture_wkb_u32(StringInfo b, uint32 n)
+{
+	int			i;
+
+	for (i = 0; i < 4; i++)
+		appendStringInfoChar(b, (char) (n >> (8 * i)));
+}
+
+static void
+capture_wkb_point(StringInfo b, double x, double y)
+{
+	uint8		d[16];
+
+	capture_put_double_le(d, x);
+	capture_put_double_le(d + 8, y);
+	appendBinaryStringInfo(b, (const char *) d, sizeof(d));
+}
+
+/* The header of a WKB line string (type 2) or polygon (3). */
+static void
+capture_wkb_start(StringInfo b, uint32 type)
+{
+	appendStringInfoChar(b, 1);
+	capture_wkb_u32(b, type);
+}
+
+/*
+ * box, lseg, path and polygon as the connector's io.debezium.data.geometry.
+ * Geometry (since Debezium 3.7): the WKB in base64, a null srid, and
+ * extensions naming the PostgreSQL type (and whether a path is closed).
+ */
+static void
+capture_dbz_geometry(StringInfo wkb, const char *type, const char *closed, JsonbValue *v)
+{
+	static const char *const keys[] = {"wkb", "srid", "extensions"};
+	static const char *const ext_keys[] = {"type", "closed"};
+	JsonbValue	values[3];
+	JsonbValue	ext[2];
+	StringInfoData b64;
+
+	initStringInfo(&b64);
+	outbox_append_b64(&b64, (const uint8 *) wkb->data, wkb->len);
+	capture_set_string(&values[0], b64.data);
+	values[1].type = jbvNull;
+	capture_set_string(&ext[0], type);
+	if (closed)
+		capture_set_string(&ext[1], closed);
+	capture_sorted_object(&values[2], closed ? 2 : 1, ext_keys, ext);
+	capture_sorted_object(v, 3, keys, values);
+}
+
+/*
+ * The geometric types as the connector writes them, into *v; false for any
+ * other type.
+ */
+static bool
+capture_dbz_geometric(Datum val, Oid typid, JsonbValue *v)
+{
+	StringInfoData wkb;
+	int			i;
+
+	switch (typid)
+	{
+		case BOXOID:
+		case LSEGOID:
+		case PATHOID:
+		case POLYGONOID:
+			initStringInfo(&wkb);
+			break;
+	}
+	switch (typid)
+	{
+		case POINTOID:
+			capture_dbz_point(DatumGetPointP(val), v);
+			return true;
+		case BOXOID:
+			{
+				/* the corners from the first (high) one around, closed */
+				BOX		   *box = DatumGetBoxP(val);
+
+				capture_wkb_start(&wkb, 3);
+				capture_wkb_u32(&wkb, 1);
+				capture_wkb_u32(&wkb, 5);
+				capture_wkb_point(&wkb, box->high.x, box->high.y);
+				capture_wkb_point(&wkb, box->high.x, box->low.y);
+				capture_wkb_point(&wkb, box->low.x, box->low.y);
+				capture_wkb_point(&wkb, box->low.x, box->high.y);
+				capture_wkb_point(&wkb, box->high.x, box->high.y);
+				capture_dbz_geometry(&wkb, "box", NULL, v);
+			}
+			return true;
+		case LSEGOID:
+			{
+				LSEG	   *l = DatumGetLsegP(val);
+
+				capture_wkb_start(&wkb, 2);
+				capture_wkb_u32(&wkb, 2);
+				capture_wkb_point(&wkb, l->p[0].x, l->p[0].y);
+				capture_wkb_point(&wkb, l->p[1].x, l->p[1].y);
+				capture_dbz_geometry(&wkb, "lseg", NULL, v);
+			}
+			return true;
+		case PATHOID:
+			{
+				PATH	   *p = DatumGetPathP(val);
+
+				capture_wkb_start(&wkb, 2);
+				capture_wkb_u32(&wkb, p->npts);
+				for (i = 0; i < p->npts; i++)
+					capture_wkb_point(&wkb, p->p[i].x, p->p[i].y);
+				capture_dbz_geometry(&wkb, "path", p->closed ? "true" : "false", v);
+			}
+			return true;
+		case POLYGONOID:
+			{
+				/* one ring, closed as WKB wants it */
+				POLYGON    *p = DatumGetPolygonP(val);
+				bool		open = p->npts > 0 &&
+					(p->p[0].x != p->p[p->npts - 1].x || p->p[0].y != p->p[p->npts - 1].y);
+
+				capture_wkb_start(&wkb, 3);
+				capture_wkb_u32(&wkb, 1);
+				capture_wkb_u32(&wkb, p->npts + (open ? 1 : 0));
+				for (i = 0; i < p->npts; i++)
+					capture_wkb_point(&wkb, p->p[i].x, p->p[i].y);
+				if (open)
+					capture_wkb_point(&wkb, p->p[0].x, p->p[0].y);
+				capture_dbz_geometry(&wkb, "polygon", NULL, v);
+			}
+			return true;
+		case CIRCLEOID:
+			{
+				/* io.debezium.data.geometry.Circle: its center, its radius */
+				static const char *const keys[] = {"center", "radius"};
+				CIRCLE	   *c = DatumGetCircleP(val);
+				JsonbValue	values[2];
+
+				capture_dbz_point(&c->center, &values[0]);
+				capture_set_double(&values[1], c->radius);
+				capture_sorted_object(v, 2, keys, values);
+			}
+			return true;
+		case LINEOID:
+			{
+				/* io.debezium.data.geometry.Line: Ax + By + C = 0 */
+				static const char *const keys[] = {"a", "b", "c"};
+				LINE	   *l = DatumGetLineP(val);
+				JsonbValue	values[3];
+
+				capture_set_double(&values[0], l->A);
+				capture_set_double(&values[1], l->B);
+				capture_set_double(&values[2], l->C);
+				capture_sorted_object(v, 3, keys, values);
+			}
+			return true;
+	}
+	return false;
 }
 
 /* Java's String.hashCode() of s (in the database encoding), over UTF-16. */
@@ -898,6 +1119,51 @@ capture_hstore_cmp(const void *a, const void *b)
 	if (x->bucket != y->bucket)
 		return x->bucket < y->bucket ? -1 : 1;
 	return x->pos - y->pos;
+}
+
+/*
+ * s as a JSON string the way Jackson (the connector's JSON writer) escapes
+ * it: \" \\ \b \f \n \r \t, other controls \u00XX in upper case.
+ */
+static void
+capture_jackson_string(StringInfo buf, const char *s)
+{
+	const unsigned char *p;
+
+	appendStringInfoChar(buf, '"');
+	for (p = (const unsigned char *) s; *p; p++)
+	{
+		switch (*p)
+		{
+			case '"':
+				appendStringInfoString(buf, "\\\"");
+				break;
+			case '\\':
+				appendStringInfoString(buf, "\\\\");
+				break;
+			case '\b':
+				appendStringInfoString(buf, "\\b");
+				break;
+			case '\f':
+				appendStringInfoString(buf, "\\f");
+				break;
+			case '\n':
+				appendStringInfoString(buf, "\\n");
+				break;
+			case '\r':
+				appendStringInfoString(buf, "\\r");
+				break;
+			case '\t':
+				appendStringInfoString(buf, "\\t");
+				break;
+			default:
+				if (*p < 0x20)
+					appendStringInfo(buf, "\\u%04X", *p);
+				else
+					appendStringInfoChar(buf, (char) *p);
+		}
+	}
+	appendStringInfoChar(buf, '"');
 }
 
 /* One quoted string of hstore's text at *p (past it after), unescaped. */
@@ -964,14 +1230,37 @@ capture_dbz_hstore(const char *text)
 		pairs[n].pos = n;
 		n++;
 	}
-	/* HashMap's table: 16 buckets, doubled while over 3/4 full */
-	while ((uint64) n * 4 > (uint64) cap * 3)
-		cap *= 2;
-	for (i = 0; i < n; i++)
+	/*
+	 * HashMap's table, filled in this order: 16 buckets, doubled when it
+	 * holds more than 3/4 of them, or when a put makes a bucket's ninth
+	 * entry while it has fewer than 64 (at 64 such a bucket becomes a tree,
+	 * whose order is not followed here: only keys made to collide get one).
+	 */
 	{
-		uint32		h = capture_java_hash(pairs[i].key, strlen(pairs[i].key));
+		uint32	   *count = palloc0(cap * sizeof(uint32));
 
-		pairs[i].bucket = (h ^ (h >> 16)) & (cap - 1);
+		for (i = 0; i < n; i++)
+		{
+			uint32		h = capture_java_hash(pairs[i].key, strlen(pairs[i].key));
+			bool		grow;
+			int			j;
+
+			pairs[i].bucket = h ^ (h >> 16);	/* the spread hash, for now */
+			grow = ++count[pairs[i].bucket & (cap - 1)] >= 9 && cap < 64;
+			grow = grow || (uint64) (i + 1) * 4 > (uint64) cap * 3;
+			while (grow)
+			{
+				cap *= 2;
+				pfree(count);
+				count = palloc0(cap * sizeof(uint32));
+				for (j = 0; j <= i; j++)
+					count[pairs[j].bucket & (cap - 1)]++;
+				grow = (uint64) (i + 1) * 4 > (uint64) cap * 3;
+			}
+		}
+		pfree(count);
+		for (i = 0; i < n; i++)
+			pairs[i].bucket &= cap - 1;
 	}
 	if (n > 1)
 		qsort(pairs, n, sizeof(*pairs), capture_hstore_cmp);
@@ -981,12 +1270,12 @@ capture_dbz_hstore(const char *text)
 	{
 		if (i > 0)
 			appendStringInfoChar(&buf, ',');
-		escape_json(&buf, pairs[i].key);
+		capture_jackson_string(&buf, pairs[i].key);
 		appendStringInfoChar(&buf, ':');
 		if (pairs[i].value == NULL)
 			appendStringInfoString(&buf, "null");
 		else
-			escape_json(&buf, pairs[i].value);
+			capture_jackson_string(&buf, pairs[i].value);
 	}
 	appendStringInfoChar(&buf, '}');
 	return buf.data;
@@ -1032,8 +1321,10 @@ capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
 				capture_set_string(v, capture_dbz_bits(DatumGetVarBitP(val)));
 			return true;
 		case FLOAT4OID:
+			capture_set_float4(v, DatumGetFloat4(val));
+			return true;
 		case FLOAT8OID:
-			capture_number_text(capture_output(val, typid, out), v);
+			capture_set_double(v, DatumGetFloat8(val));
 			return true;
 		case TIMESTAMPTZOID:
 			capture_set_string(v, capture_dbz_zoned_timestamp(DatumGetTimestampTz(val), typmod));
@@ -1176,8 +1467,8 @@ capture_dbz_column(const CaptureColumn *col, Datum val, JsonbValue *v)
 		*v = *capture_push_dbz_array(&st, val, col->typmod);
 	else if (col->category == CAT_COMPOSITE)
 		*v = *capture_push_composite(&st, val);
-	else if (col->typid == POINTOID)
-		capture_dbz_point(DatumGetPointP(val), v);
+	else if (capture_dbz_geometric(val, col->typid, v))
+		;
 	else if (!capture_dbz_scalar(val, col->typid, col->typmod, col->category,
 								 (FmgrInfo *) &col->out, v))
 		elog(ERROR, "outbox: type %u is not a scalar", col->typid);
@@ -1488,17 +1779,23 @@ outbox_capture_debezium_key(HeapTuple tuple, TupleDesc desc,
 {
 	StringInfoData buf;
 	int			i;
+	bool		first = true;
 
 	initStringInfo(&buf);
 	appendStringInfoChar(&buf, '{');
 	for (i = 0; i < nkeys; i++)
 	{
 		bool		isnull;
-		Datum		d = heap_getattr(tuple, keys[i].attnum, desc, &isnull);
+		Datum		d;
 		JsonbValue	v;
 
-		if (i > 0)
+		/* (the connector's key has no field it has no schema for) */
+		if (keys[i].dbz_omit)
+			continue;
+		d = heap_getattr(tuple, keys[i].attnum, desc, &isnull);
+		if (!first)
 			appendStringInfoChar(&buf, ',');
+		first = false;
 		escape_json(&buf, keys[i].name);
 		appendStringInfoChar(&buf, ':');
 		if (isnull)

@@ -54,7 +54,7 @@
 /* Longest stream key, in bytes, once the template is filled in. */
 #define REDIS_MAX_STREAM	1024
 /* XADD's error for a stream whose last id is the largest there is */
-#define REDIS_EXHAUSTED "has exhausted the last possible ID"
+#define REDIS_EXHAUSTED "ERR The stream has exhausted the last possible ID"
 /* Most bytes of replies buffered and not yet parsed. */
 #define REDIS_MAX_UNPARSED	(4 * 1024 * 1024)
 /* Longest string in a reply; none of ours is near it. */
@@ -1229,6 +1229,36 @@ redis_error_is(const redisReply *r, const char *code)
 }
 
 /*
+ * Whether an error reply of the relay's script is text, as Redis 7 passes a
+ * command's error on ("WRONGTYPE ... script: ..."), or as Redis 6 wraps it
+ * ("ERR Error running script (...): @user_script:10: WRONGTYPE ...").  Not
+ * anywhere in the reply: an error may echo the command, the stream key
+ * filled in from the message among its arguments.
+ */
+static bool
+redis_script_error(const redisReply *r, const char *text)
+{
+	size_t		n = strlen(text);
+	const char *wrapped = "ERR Error running script";
+	const char *p;
+
+	if (r->str == NULL)
+		return false;
+	if (r->len >= n && strncmp(r->str, text, n) == 0)
+		return true;
+	if (r->len < strlen(wrapped) || strncmp(r->str, wrapped, strlen(wrapped)) != 0)
+		return false;
+	p = memmem(r->str, r->len, "@user_script:", 13);
+	if (p == NULL)
+		return false;
+	p += 13;
+	while (p < r->str + r->len && outbox_ascii_digit((unsigned char) *p))
+		p++;
+	return (size_t) (r->str + r->len - p) >= n + 2 && strncmp(p, ": ", 2) == 0 &&
+		strncmp(p + 2, text, n) == 0;
+}
+
+/*
  * One reply, answering the oldest pending entry.  Returns false when the
  * connection is given up (the caller stops reading it).
  */
@@ -1317,9 +1347,8 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					 redis_error_is(r, "CROSSSLOT"))
 				snprintf(error, sizeof(error), "Redis Cluster is not supported (the server answered %.*s)",
 						 (int) Min(r->len, 100), r->str);
-			else if (relay_template_filled(t->stream) && r->str != NULL &&
-					 (memmem(r->str, r->len, "WRONGTYPE", 9) != NULL ||
-					  memmem(r->str, r->len, REDIS_EXHAUSTED, strlen(REDIS_EXHAUSTED)) != NULL))
+			else if (relay_template_filled(t->stream) &&
+					 (redis_script_error(r, "WRONGTYPE ") || redis_script_error(r, REDIS_EXHAUSTED)))
 			{
 				/*
 				 * The stream key the message's topic or key filled in names
@@ -1336,11 +1365,11 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					char		shown[RELAY_SHOWN_LEN];
 
 					relay_shown(shown, sizeof(shown), rt->stream.data, rt->stream.len);
-					if (memmem(r->str, r->len, "WRONGTYPE", 9) != NULL)
+					if (redis_script_error(r, "WRONGTYPE "))
 						snprintf(error, sizeof(error), "Redis answered WRONGTYPE for the stream key filled in from the message: a key of another type has that name (\"%s\")",
 								 shown);
 					else
-						snprintf(error, sizeof(error), "Redis answered that the stream filled in from the message can take no more entries: it " REDIS_EXHAUSTED " (\"%s\")",
+						snprintf(error, sizeof(error), "Redis answered that the stream filled in from the message can take no more entries: it has exhausted the last possible ID (\"%s\")",
 								 shown);
 					kind = RELAY_REJECTED;	/* I10 */
 				}
