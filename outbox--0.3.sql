@@ -2313,6 +2313,9 @@ BEGIN
 												  WHEN octet_length(convert_to(c.ch, 'UTF8')) = 4 THEN '__'
 												  ELSE '_' END, '' ORDER BY c.n)
 							 FROM regexp_split_to_table(topic, '') WITH ORDINALITY AS c(ch, n)), 249);
+			IF topic IN ('.', '..') THEN
+				topic := translate(topic, '.', '_');	-- (names Kafka refuses)
+			END IF;
 		END IF;
 	ELSIF format = 'debezium-outbox' THEN
 		-- Debezium's outbox event router: its default column names

@@ -399,8 +399,20 @@ INSERT INTO " ".hs VALUES (1, hstore(ARRAY['p', 'AaAaAaAa', 'AaAaAaBB', 'AaAaBBA
 	'AaBBBBAa', 'AaBBBBBB', 'BBAaAaAa', 'c'], ARRAY['x', '1', '2', '3', '4', '5', '6', '7', '8', '9', E'\x1f']),
 	3.3000002, 0.1::float8 + 0.2);
 RESET extra_float_digits;
+-- whole floats stay floats (1.0E6 to Java: plain here, with ".0"); arrays
+-- of geometric types as arrays of their objects; a change of a key column
+-- left out of the key is an update; a topic "." is "_"
+CREATE TABLE more_types (pk int, l pg_lsn, r real, d double precision, boxes box[], PRIMARY KEY (pk, l));
+CREATE TABLE " "." " (pk int PRIMARY KEY);
+SELECT outbox.capture('more_types', format => 'debezium', topic_prefix => 'p');
+SELECT outbox.capture('" "." "', format => 'debezium', topic_prefix => '.');
+INSERT INTO more_types VALUES (1, '0/1', 1e6, 1e15, ARRAY['(1,1),(0,0)'::box]);
+UPDATE more_types SET l = '0/2';
 SELECT topic, key, payload->'after' AS after FROM outbox.messages
  WHERE payload->'source'->>'table' IN ('lsnk', 'hs') ORDER BY id;
+SELECT payload->>'op' AS op, key, payload->'after' AS after FROM outbox.messages
+ WHERE payload->'source'->>'table' = 'more_types' ORDER BY id;
+SELECT topic FROM outbox.captures WHERE table_name = '" "." "'::regclass;
 
 -- A snapshot's markers (SnIT: the first row "first", the last "last", the
 -- rows between "true"; one row alone "last").

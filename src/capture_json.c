@@ -679,12 +679,40 @@ capture_dbz_zoned_timestamp(TimestampTz t, int32 typmod)
 	return buf.data;
 }
 
+/* Push a value built in memory (objects of scalars and objects). */
+static void
+capture_push_built(JsonbParseState **st, JsonbIteratorToken tok, JsonbValue *v)
+{
+	int			i;
+
+	if (v->type != jbvObject)
+	{
+		pushJsonbValue(st, tok, v);
+		return;
+	}
+	pushJsonbValue(st, WJB_BEGIN_OBJECT, NULL);
+	for (i = 0; i < v->val.object.nPairs; i++)
+	{
+		pushJsonbValue(st, WJB_KEY, &v->val.object.pairs[i].key);
+		capture_push_built(st, WJB_VALUE, &v->val.object.pairs[i].value);
+	}
+	pushJsonbValue(st, WJB_END_OBJECT, NULL);
+}
+
+static bool capture_dbz_geometric(Datum val, Oid typid, JsonbValue *v);
+
 /* Push a non-null value of base type typid the way Debezium writes it. */
 static void
 capture_push_dbz_value(JsonbParseState **st, JsonbIteratorToken tok, Datum val,
 					   Oid typid, int32 typmod, char category, FmgrInfo *out)
 {
 	JsonbValue	v;
+
+	if (capture_dbz_geometric(val, typid, &v))
+	{
+		capture_push_built(st, tok, &v);
+		return;
+	}
 
 	if (capture_dbz_scalar(val, typid, typmod, category, out, &v))
 		pushJsonbValue(st, tok, &v);
@@ -803,6 +831,31 @@ capture_bits_any(VarBit *b)
 }
 
 /*
+ * The shortest text of a float as a JSON number that stays a float's: in
+ * plain decimal (jsonb has no exponent), a whole number with ".0" (Java
+ * writes 1.0E15 where this writes 1000000000000000.0: the same number);
+ * NaN and the infinities as strings.
+ */
+static void
+capture_float_text(const char *text, bool finite, JsonbValue *v)
+{
+	char	   *plain;
+
+	if (!finite)
+	{
+		capture_number_text(pstrdup(text), v);
+		return;
+	}
+	plain = DatumGetCString(DirectFunctionCall1(numeric_out,
+												DirectFunctionCall3(numeric_in, CStringGetDatum(text),
+																	ObjectIdGetDatum(InvalidOid),
+																	Int32GetDatum(-1))));
+	if (strchr(plain, '.') == NULL)
+		plain = psprintf("%s.0", plain);
+	capture_number_text(plain, v);
+}
+
+/*
  * A double as a JSON number, written as Java's Double.toString() would
  * read back (the shortest text that does, "1.0" for a whole number); NaN
  * and the infinities as strings, as the JSON converter writes them.
@@ -813,9 +866,7 @@ capture_set_double(JsonbValue *v, double d)
 	char		text[DOUBLE_SHORTEST_DECIMAL_LEN + 2];
 
 	double_to_shortest_decimal_buf(d, text);
-	if (isfinite(d) && strpbrk(text, ".e") == NULL)
-		strcat(text, ".0");
-	capture_number_text(pstrdup(text), v);
+	capture_float_text(text, isfinite(d), v);
 }
 
 /* The same of a real, as Java's Float.toString() would read back. */
@@ -825,9 +876,7 @@ capture_set_float4(JsonbValue *v, float f)
 	char		text[FLOAT_SHORTEST_DECIMAL_LEN + 2];
 
 	float_to_shortest_decimal_buf(f, text);
-	if (isfinite(f) && strpbrk(text, ".e") == NULL)
-		strcat(text, ".0");
-	capture_number_text(pstrdup(text), v);
+	capture_float_text(text, isfinite(f), v);
 }
 
 /* A double's 8 bytes, little-endian, at out. */
@@ -1828,9 +1877,13 @@ outbox_capture_key_changed(HeapTuple oldtup, HeapTuple newtup, TupleDesc desc,
 		Form_pg_attribute att = TupleDescAttr(desc, keys[i].attnum - 1);
 		bool		n1;
 		bool		n2;
-		Datum		d1 = heap_getattr(oldtup, keys[i].attnum, desc, &n1);
-		Datum		d2 = heap_getattr(newtup, keys[i].attnum, desc, &n2);
+		Datum		d1;
+		Datum		d2;
 
+		if (keys[i].dbz_omit)
+			continue;			/* not in the key object */
+		d1 = heap_getattr(oldtup, keys[i].attnum, desc, &n1);
+		d2 = heap_getattr(newtup, keys[i].attnum, desc, &n2);
 		if (n1 != n2)
 			return true;
 		/* the same bytes first: an unchanged out-of-line value is not read */
