@@ -68,22 +68,29 @@
 #define CAT_COMPOSITE	'c'
 #define CAT_STRING		's'
 #define CAT_HSTORE		'h'		/* the hstore extension's type */
+#define CAT_RANGE		'r'		/* ranges: their text may hold dates */
 
 /*
- * Whether typid is the hstore extension's type (by its name, as the
- * Debezium connector tells it).
+ * The category of a type written as its text: a range, the hstore
+ * extension's type (by its name, as the Debezium connector tells it), or
+ * any other.
  */
-static bool
-capture_type_is_hstore(Oid typid)
+static char
+capture_text_category(Oid typid)
 {
 	HeapTuple	tup = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
-	bool		is;
+	Form_pg_type typ;
+	char		category = CAT_STRING;
 
 	if (!HeapTupleIsValid(tup))
-		return false;
-	is = strcmp(NameStr(((Form_pg_type) GETSTRUCT(tup))->typname), "hstore") == 0;
+		return category;
+	typ = (Form_pg_type) GETSTRUCT(tup);
+	if (typ->typtype == TYPTYPE_RANGE)
+		category = CAT_RANGE;
+	else if (strcmp(NameStr(typ->typname), "hstore") == 0)
+		category = CAT_HSTORE;
 	ReleaseSysCache(tup);
-	return is;
+	return category;
 }
 
 static char
@@ -115,9 +122,7 @@ capture_category(Oid typid)
 				return CAT_ARRAY;
 			if (type_is_rowtype(typid))
 				return CAT_COMPOSITE;
-			if (capture_type_is_hstore(typid))
-				return CAT_HSTORE;
-			return CAT_STRING;
+			return capture_text_category(typid);
 	}
 }
 
@@ -891,6 +896,11 @@ capture_put_double_le(uint8 *out, double d)
 		out[i] = (uint8) (u >> (8 * i));
 }
 
+static JsonbValue *capture_pair(JsonbPair *p, int n, const char *k);
+static void capture_object(JsonbValue *v, JsonbPair *pairs, int n);
+static void capture_sorted_object(JsonbValue *v, int n, const char *const *keys,
+								  JsonbValue *values);
+
 /*
  * point as the connector's io.debezium.data.geometry.Point: x, y, its WKB
  * (a little-endian WKB point: byte order 1, type 1, x, y) in base64, and a
@@ -899,31 +909,20 @@ capture_put_double_le(uint8 *out, double d)
 static void
 capture_dbz_point(Point *pt, JsonbValue *v)
 {
-	JsonbPair  *pairs = palloc(4 * sizeof(JsonbPair));
+	static const char *const keys[] = {"x", "y", "wkb", "srid"};
+	JsonbValue	values[4];
 	uint8		wkb[21] = {1, 1, 0, 0, 0};
 	StringInfoData buf;
-	int			i;
 
 	capture_put_double_le(&wkb[5], pt->x);
 	capture_put_double_le(&wkb[13], pt->y);
 	initStringInfo(&buf);
 	outbox_append_b64(&buf, wkb, sizeof(wkb));
-	for (i = 0; i < 4; i++)
-	{
-		static const char *const keys[] = {"x", "y", "wkb", "srid"};
-
-		pairs[i].key.type = jbvString;
-		pairs[i].key.val.string.val = (char *) keys[i];
-		pairs[i].key.val.string.len = strlen(keys[i]);
-		pairs[i].order = i;
-	}
-	capture_set_double(&pairs[0].value, pt->x);
-	capture_set_double(&pairs[1].value, pt->y);
-	capture_set_string(&pairs[2].value, buf.data);
-	pairs[3].value.type = jbvNull;
-	v->type = jbvObject;
-	v->val.object.nPairs = 4;
-	v->val.object.pairs = pairs;
+	capture_set_double(&values[0], pt->x);
+	capture_set_double(&values[1], pt->y);
+	capture_set_string(&values[2], buf.data);
+	values[3].type = jbvNull;
+	capture_sorted_object(v, 4, keys, values);
 }
 
 /* A JSON object of n pairs whose keys are given in jsonb's order. */
@@ -934,16 +933,8 @@ capture_sorted_object(JsonbValue *v, int n, const char *const *keys, JsonbValue 
 	int			i;
 
 	for (i = 0; i < n; i++)
-	{
-		pairs[i].key.type = jbvString;
-		pairs[i].key.val.string.val = (char *) keys[i];
-		pairs[i].key.val.string.len = strlen(keys[i]);
-		pairs[i].value = values[i];
-		pairs[i].order = i;
-	}
-	v->type = jbvObject;
-	v->val.object.nPairs = n;
-	v->val.object.pairs = pairs;
+		*capture_pair(&pairs[i], i, keys[i]) = values[i];
+	capture_object(v, pairs, n);
 }
 
 /* WKB, little-endian: a 32-bit number, a point. */
@@ -1501,7 +1492,8 @@ capture_dbz_scalar(Datum val, Oid typid, int32 typmod, char category,
 				return true;
 			}
 			/* json, uuid, text, enums, xml, inet, ranges ...: their text */
-			capture_set_string(v, capture_output_iso(val, typid, out));
+			capture_set_string(v, category == CAT_RANGE ? capture_output_iso(val, typid, out) :
+							   capture_output(val, typid, out));
 			return true;
 	}
 }
