@@ -36,6 +36,7 @@ OBJS = \
 	src/queue_xact.o \
 	src/relay_acks.o \
 	src/relay_config.o \
+	src/relay_conn.o \
 	src/relay_dead_letters.o \
 	src/relay_envelope.o \
 	src/relay_http.o \
@@ -49,6 +50,7 @@ OBJS = \
 	src/relay_progress.o \
 	src/relay_read.o \
 	src/relay_retention.o \
+	src/relay_tls.o \
 	src/shmem.o \
 	src/signing.o \
 	src/standby.o \
@@ -79,7 +81,7 @@ PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags) -DOUTBOX_VERSION=
 PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wshadow=compatible-local \
 	$(if $(WERROR),-Werror)
-SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lhiredis -lrabbitmq -lcrypto
+SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lhiredis -lrabbitmq -lssl -lcrypto
 
 EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip
 

@@ -1724,6 +1724,14 @@ ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
 		CHECK ((kind = 'rabbitmq') = (exchange IS NOT NULL) AND octet_length(exchange) <= 255),
 	ADD CONSTRAINT targets_routing_key_check
 		CHECK ((kind = 'rabbitmq') = (routing_key IS NOT NULL) AND octet_length(routing_key) <= 255);
+-- Redis and RabbitMQ targets verify their servers' certificates as HTTP
+-- targets do, with the same TLS files (src/relay_conn.c, src/relay_tls.c).
+ALTER TABLE outbox.targets DROP CONSTRAINT targets_ca_file_check,
+	ADD CONSTRAINT targets_ca_file_check
+		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq'))),
+	DROP CONSTRAINT targets_client_cert_check,
+	ADD CONSTRAINT targets_client_cert_check
+		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq')));
 COMMENT ON COLUMN outbox.targets.stream IS
 	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in';
 COMMENT ON COLUMN outbox.targets.maxlen IS
@@ -1734,6 +1742,50 @@ COMMENT ON COLUMN outbox.targets.exchange IS
 	'RabbitMQ: the exchange each message is published to ('''' is the default exchange, which routes to the queue the routing key names)';
 COMMENT ON COLUMN outbox.targets.routing_key IS
 	'RabbitMQ: the routing key, {topic} and {key} filled in';
+
+-- TLS files go with a URL that asks for TLS: https:// for HTTP targets,
+-- rediss:// for Redis targets, amqps:// for RabbitMQ targets.  Only superusers and members of
+-- pg_read_server_files name them: the relay reads them as the server.
+CREATE OR REPLACE FUNCTION outbox.check_tls_files(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	f record;
+	scheme text := CASE t.kind WHEN 'http' THEN 'https://' WHEN 'redis' THEN 'rediss://'
+								WHEN 'rabbitmq' THEN 'amqps://' END;
+BEGIN
+	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
+		RETURN;
+	END IF;
+	IF scheme IS NULL THEN
+		RAISE EXCEPTION 'a % target has no TLS files', t.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis and RabbitMQ targets.';
+	END IF;
+	IF lower(left(t.url, length(scheme))) <> scheme THEN
+		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = format('Give the target a URL that starts with %s to verify its server with them.', scheme);
+	END IF;
+	IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+		RAISE EXCEPTION 'permission denied to name TLS files of a target'
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'The relay reads ca_file, client_cert and client_key as the server.',
+				  HINT = 'Only superusers and members of pg_read_server_files may set them.';
+	END IF;
+	IF t.client_key IS NOT NULL AND t.client_cert IS NULL THEN
+		RAISE EXCEPTION 'client_key needs client_cert'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
+									('client_key', t.client_key)) v(opt, path)
+			 WHERE path IS NOT NULL LOOP
+		PERFORM outbox.check_server_file(f.path, f.opt);
+	END LOOP;
+END
+$$;
 
 -- The checks of a Redis target's url and stream template (in C, as the
 -- relay makes them of every row it reads).
@@ -1803,6 +1855,7 @@ BEGIN
 		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	PERFORM outbox.check_tls_files(t);
 END
 $$;
 
@@ -1896,7 +1949,10 @@ CREATE FUNCTION outbox.create_redis_target(
 	lanes		 int	DEFAULT 8,
 	ordering	 text	DEFAULT 'key',
 	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000)
+	timeout_ms	 int	DEFAULT 10000,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1907,6 +1963,9 @@ BEGIN
 	PERFORM outbox.check_target_name(name);
 	t.name := name;
 	t.kind := 'redis';
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
 	t.url := url;
 	t.stream := stream;
 	t.maxlen := maxlen;
@@ -1924,9 +1983,9 @@ BEGIN
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int) IS
+COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text) IS
 	'create a target that appends messages to Redis streams, each once within a de-duplication window';
-REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text) FROM PUBLIC;
 
 -- A target that publishes messages to a RabbitMQ exchange, each
 -- confirmed by the broker.
@@ -1939,7 +1998,10 @@ CREATE FUNCTION outbox.create_rabbitmq_target(
 	lanes		 int	DEFAULT 8,
 	ordering	 text	DEFAULT 'key',
 	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000)
+	timeout_ms	 int	DEFAULT 10000,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1950,6 +2012,9 @@ BEGIN
 	PERFORM outbox.check_target_name(name);
 	t.name := name;
 	t.kind := 'rabbitmq';
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
 	t.url := url;
 	t.exchange := exchange;
 	t.routing_key := routing_key;
@@ -1966,9 +2031,9 @@ BEGIN
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int) IS
+COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text) IS
 	'create a target that publishes messages to a RabbitMQ exchange, each confirmed by the broker';
-REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
 -- Destinations the broker does not take, and messages set aside (issue 41)
@@ -2129,11 +2194,16 @@ BEGIN
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only HTTP, NATS, Kafka, Redis and RabbitMQ targets have a URL (brokers), batches, lanes, a timeout or a rate.';
 	END IF;
-	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
-							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
+	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP targets have headers, a secret or TLS files.';
+				  DETAIL = 'Only HTTP targets have headers and a secret.';
+	END IF;
+	IF old.kind NOT IN ('http', 'redis', 'rabbitmq') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
+														  OR client_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP, Redis and RabbitMQ targets have TLS files.';
 	END IF;
 	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind

@@ -27,6 +27,10 @@
 #ifndef OUTBOX_RELAY_H
 #define OUTBOX_RELAY_H
 
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
 #include "lib/stringinfo.h"
 #include "datatype/timestamp.h"
 #include "storage/latch.h"
@@ -201,7 +205,12 @@ typedef struct RelayTransport
 	 * a kind relay_config.c checks itself.
 	 */
 	const char *(*check) (struct RelayTarget *t);
-	/* A target's lanes are made and freed (either may be NULL). */
+	/*
+	 * A target is made (before its lanes) and freed (after them); its
+	 * lanes are made and freed.  Any may be NULL.
+	 */
+	void		(*target_init) (struct RelayTarget *t);
+	void		(*target_release) (struct RelayTarget *t);
 	void		(*lane_init) (RelayLane *lane);
 	void		(*lane_release) (RelayLane *lane);
 	/*
@@ -508,9 +517,15 @@ extern bool relay_acks_waits(RelayAcks *a, uint32 request, int pos);
 extern bool relay_acks_decided(RelayAcks *a);
 extern void relay_acks_give_up(RelayAcks *a, RelayOutcomeKind kind, const char *error);
 extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
+extern void relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished,
+								  int *target_in_flight, int *all_in_flight);
+extern void relay_acks_fail_lanes(RelayTarget *t, RelayOutcomeKind kind, const char *error,
+								  RelayFinishedFn finished, int *target_in_flight,
+								  int *all_in_flight);
 extern int	relay_wake_pipe(int fds[2]);
 extern void relay_wake_pipe_drain(int fd);
 extern char *relay_url_shown(const char *url);
+extern char *relay_url_unescape(const char *s, int len);
 extern void relay_shown(char *dst, size_t size, const char *src, int len);
 /* How much of a filled-in destination an error shows (relay_shown()). */
 #define RELAY_SHOWN_LEN 120
@@ -528,6 +543,111 @@ extern const char *relay_kafka_check_properties(Jsonb *jb);
 /*---- relay_redis.c: checks of a Redis target's options ----*/
 extern const char *relay_redis_check_url(const char *url);
 extern const char *relay_redis_check_stream(const char *template);
+
+/*---- relay_conn.c: the socket transports' connections (Redis, RabbitMQ) ----*/
+
+/* Most addresses of a host kept to dial in turn. */
+#define RELAY_CONN_MAX_ADDRS	8
+
+typedef struct RelayLookup RelayLookup;
+
+/* A transport's epoll set (its descriptor is in the relay's WaitEventSet). */
+typedef struct RelayConnSet
+{
+	int			epoll_fd;		/* -1 until started */
+	int			wake[2];		/* lookups ended write to wake[1] */
+	uint64		next_serial;	/* epoll names a connection by a serial */
+} RelayConnSet;
+
+#define RELAY_CONN_SET_INIT {-1, {-1, -1}, 1}
+
+typedef enum RelayConnState
+{
+	RELAY_CONN_NONE,			/* no connection */
+	RELAY_CONN_RESOLVING,		/* the host name is being resolved */
+	RELAY_CONN_CONNECTING,		/* connect() under way */
+	RELAY_CONN_TLS,				/* the TLS handshake under way */
+	RELAY_CONN_OPEN				/* open: the transport's protocol runs */
+} RelayConnState;
+
+/* What relay_conn_step() says. */
+typedef enum RelayConnStep
+{
+	RELAY_CONN_WAIT,			/* being made: nothing to do */
+	RELAY_CONN_OPENED,			/* has just become open */
+	RELAY_CONN_READY,			/* open: read and write */
+	RELAY_CONN_FAILED			/* could not be made (error), closed */
+} RelayConnStep;
+
+/* TLS of a connection: on, and the target's files (NULL for none). */
+typedef struct RelayConnTls
+{
+	bool		on;
+	const char *ca_file;		/* NULL: the system's store */
+	const char *client_cert;
+	const char *client_key;		/* NULL: in client_cert's file */
+} RelayConnTls;
+
+typedef struct RelayConn
+{
+	RelayConnSet *set;			/* the epoll set it is in */
+	const char *what;			/* "Redis", "RabbitMQ": for errors */
+	const char *tls_scheme;		/* the TLS url scheme, for a hint */
+	RelayConnState state;
+	int			fd;				/* the socket, or -1 */
+	uint64		serial;			/* epoll's name of it */
+	bool		registered;		/* in the epoll set */
+	bool		want_write;		/* EPOLLOUT asked for */
+	RelayLookup *lookup;		/* the host being resolved, or NULL */
+	struct sockaddr_storage addrs[RELAY_CONN_MAX_ADDRS];	/* allowed */
+	socklen_t	addr_lens[RELAY_CONN_MAX_ADDRS];
+	int			naddrs;
+	int			next_addr;		/* the next of them to dial */
+	char		host[256];		/* the url's host: TLS checks it */
+	char		peer[INET6_ADDRSTRLEN + 8];	/* address:port dialled */
+	RelayConnTls tls;			/* copies, in cxt */
+	void	   *ssl;			/* OpenSSL's session, or NULL */
+	bool		tls_read_wants_write;	/* a TLS read waits for EPOLLOUT */
+	bool		tls_write_wants_read;	/* a TLS write waits for EPOLLIN */
+	bool		got_bytes;		/* anything was read on it */
+	StringInfoData out;			/* bytes not yet written */
+	int			out_off;		/* of them written */
+	bool		broken;			/* a write failed: the transport ends it */
+	char		broken_why[RELAY_MAX_ERROR_LEN + 1];
+	MemoryContext cxt;			/* the target's */
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+} RelayConn;
+
+extern RelayLookup *relay_lookup_start(const char *host, int port, int wake_fd, char *error, size_t size);
+extern bool relay_lookup_running(RelayLookup *l);
+extern const char *relay_lookup_name(RelayLookup *l);
+extern int	relay_lookup_allowed(RelayLookup *l, struct sockaddr_storage *addrs, socklen_t *lens,
+								 int max, char *error, size_t size);
+extern void relay_lookup_forget(RelayLookup *l);
+extern void relay_sockaddr_text(const struct sockaddr *sa, char *out, size_t size);
+extern int	relay_conn_set_start(RelayConnSet *s);
+extern void relay_conn_set_stop(RelayConnSet *s);
+extern int	relay_conn_set_events(RelayConnSet *s, struct epoll_event *evs, int max, bool *woke);
+extern void relay_conn_init(RelayConn *c, RelayConnSet *set, const char *what,
+							const char *tls_scheme, MemoryContext cxt);
+extern bool relay_conn_same_tls(RelayConn *c, const RelayConnTls *tls);
+extern bool relay_conn_open(RelayConn *c, const char *host, int port, const RelayConnTls *tls);
+extern RelayConnStep relay_conn_step(RelayConn *c, uint32 events);
+extern int	relay_conn_read(RelayConn *c, char *buf, int len);
+extern bool relay_conn_pending(RelayConn *c);
+extern void relay_conn_timeout_text(RelayConn *c, int ms, char *out, size_t size);
+extern void relay_conn_flush(RelayConn *c);
+extern void relay_conn_close(RelayConn *c);
+
+/*---- relay_tls.c: TLS of those connections ----*/
+extern void *relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, size_t size);
+extern void relay_tls_free(void *ssl);
+extern int	relay_tls_handshake(void *ssl, const char *peer, bool *want_write, char *error, size_t size);
+extern int	relay_tls_read(void *ssl, char *buf, int len, const char *peer, bool *want_write,
+						   char *error, size_t size);
+extern int	relay_tls_write(void *ssl, const char *buf, int len, const char *peer, bool *want_read,
+							char *error, size_t size);
+extern bool relay_tls_pending(void *ssl);
 
 /*---- relay_config.c: what every transport's lanes have on the wire ----*/
 extern int	relay_in_flight(void);

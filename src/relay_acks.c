@@ -4,7 +4,7 @@
  *	  What the transports that acknowledge each message share (NATS,
  *	  Kafka, Redis, RabbitMQ): the acknowledgements of a lane's request,
  *	  position by position, the pipe their libraries' threads wake the
- *	  relay with, and a URL shown without its password.
+ *	  relay with, and a URL's password decoded, or shown without it.
  *
  * A request's messages are acknowledged one by one, in any order.  It is
  * decided once all of them are acknowledged, or once every message sent
@@ -194,6 +194,48 @@ relay_wake_pipe(int fds[2])
 	return fds[0];
 }
 
+/*
+ * Report the lane's request if what came back decides it, counting it off
+ * *target_in_flight and *all_in_flight (the transport's counters).
+ */
+void
+relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished, int *target_in_flight,
+					  int *all_in_flight)
+{
+	RelayOutcome outcome;
+	RelayAcks  *a = (RelayAcks *) lane->priv;
+
+	if (!lane->in_flight || !relay_acks_decided(a))
+		return;
+	relay_acks_outcome(a, &outcome);
+	lane->in_flight = false;
+	(*target_in_flight)--;
+	(*all_in_flight)--;
+	finished(lane, &outcome);
+}
+
+/*
+ * A target's connection is given up: every request of it waiting is
+ * decided at its first unanswered message (kind, error), those answered
+ * before it delivered.  The transport has closed the connection; a
+ * finished request that releases the target (t->priv) ends the loop.
+ */
+void
+relay_acks_fail_lanes(RelayTarget *t, RelayOutcomeKind kind, const char *error,
+					  RelayFinishedFn finished, int *target_in_flight, int *all_in_flight)
+{
+	char		why[RELAY_MAX_ERROR_LEN + 1];
+	int			i;
+
+	strlcpy(why, error, sizeof(why));
+	for (i = 0; i < t->nlanes && t->priv != NULL; i++)
+		if (t->lanes[i].in_flight)
+		{
+			relay_acks_give_up((RelayAcks *) t->lanes[i].priv, kind, why);
+			relay_acks_lane_check(&t->lanes[i], finished, target_in_flight, all_in_flight);
+		}
+}
+
 /* Empty the read end. */
 void
 relay_wake_pipe_drain(int fd)
@@ -202,6 +244,52 @@ relay_wake_pipe_drain(int fd)
 
 	while (read(fd, buf, sizeof(buf)) > 0)
 		;
+}
+
+static int
+url_hex(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/*
+ * s[0..len) of a URL's user information percent-decoded (palloc'd), or
+ * NULL when it is not valid (a bad escape, or %00).
+ */
+char *
+relay_url_unescape(const char *s, int len)
+{
+	char	   *out = palloc(len + 1);
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < len; i++)
+	{
+		if (s[i] == '%')
+		{
+			int			hi;
+			int			lo;
+
+			if (i + 2 >= len)
+				return NULL;
+			hi = url_hex(s[i + 1]);
+			lo = url_hex(s[i + 2]);
+			if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
+				return NULL;
+			out[n++] = (char) (hi * 16 + lo);
+			i += 2;
+		}
+		else
+			out[n++] = s[i];
+	}
+	out[n] = '\0';
+	return out;
 }
 
 /*

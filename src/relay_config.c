@@ -130,6 +130,8 @@ relay_free_target(RelayTarget *t)
 	if (t->transport != NULL && t->transport->lane_release != NULL)
 		for (i = 0; i < t->nlanes; i++)
 			t->transport->lane_release(&t->lanes[i]);
+	if (t->transport != NULL && t->transport->target_release != NULL && t->lanes != NULL)
+		t->transport->target_release(t);
 	MemoryContextDelete(t->cxt);
 }
 
@@ -409,6 +411,8 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		return t;
 	}
 	t->lanes = palloc0(sizeof(RelayLane) * t->nlanes);
+	if (t->transport->target_init != NULL)
+		t->transport->target_init(t);
 	for (i = 0; i < t->nlanes; i++)
 	{
 		t->lanes[i].target = t;

@@ -13,13 +13,14 @@
  * holds two messages of a key, so no message of a key is published after
  * an earlier one that is to be sent again.
  *
- * Threads: rabbitmq-c has none.  The relay dials the broker itself (every
- * address checked with the destination rules) and hands rabbitmq-c the
- * connected socket; the AMQP handshake (connection, login, channel,
- * confirm.select) then runs on the relay's thread, bounded by the target's
- * timeout (at most RMQ_HANDSHAKE_MS).  Confirms, returns and closes are
- * read without waiting when the socket, in an epoll set whose descriptor is
- * in the relay's WaitEventSet, is readable.
+ * The connection is relay_conn.c's (lookup, destination rules, connect,
+ * TLS for amqps://); this file speaks AMQP on it, all of it without
+ * waiting: the handshake (protocol header, connection.start-ok with PLAIN
+ * or EXTERNAL, tune-ok without heartbeats, connection.open, channel.open,
+ * confirm.select) is a state machine driven by the frames that come back,
+ * and the publishes of a request sent while it runs are framed once it has
+ * ended (the frame size is negotiated there).  rabbitmq-c only encodes and
+ * decodes methods and properties; it never touches the socket.
  *
  * Delivery tags are numbered from 1 on a channel, one per publish; a FIFO
  * of what each tag was (lane, request, position) matches the confirms,
@@ -29,21 +30,8 @@
  */
 #include "postgres.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
 #include <amqp.h>
 #include <amqp_framing.h>
-#include <amqp_tcp_socket.h>
 
 #include "fmgr.h"
 #include "storage/fd.h"
@@ -55,27 +43,30 @@
 
 /* Longest exchange name and routing key (AMQP short strings). */
 #define RMQ_MAX_SHORTSTR	255
-/* Longest the connection and handshake may block the relay. */
-#define RMQ_HANDSHAKE_MS	5000
 /* Largest frame asked for. */
 #define RMQ_FRAME_MAX		131072
+/* The least frame_max AMQP allows: frames of the handshake fit in it. */
+#define RMQ_FRAME_MIN		4096
+/* Bytes read from the socket at a time, and reads in one turn. */
+#define RMQ_READ_CHUNK		65536
+#define RMQ_MAX_READS		16
 /* Most frames taken in one turn of the loop per target. */
 #define RMQ_MAX_FRAMES		256
 /* Headers the relay puts on every message before its own. */
 #define RMQ_OWN_HEADERS		4
-/* Longest a connection waits for a host name's lookup, each attempt. */
-#define RMQ_LOOKUP_WAIT_MS	50
 /* The channel the relay publishes on. */
 #define RMQ_CHANNEL			1
 
-/* A host name resolved by glibc's thread: malloc'd, glibc writes to it. */
-typedef struct RmqLookup
+/* Where the handshake is: what the broker is to send next. */
+typedef enum RmqPhase
 {
-	struct gaicb cb;
-	struct addrinfo hints;
-	char		name[256];
-	char		service[8];
-} RmqLookup;
+	RMQ_START,					/* connection.start */
+	RMQ_TUNE,					/* connection.tune (or a refused login) */
+	RMQ_OPEN_OK,				/* connection.open-ok */
+	RMQ_CHANNEL_OK,				/* channel.open-ok */
+	RMQ_CONFIRM_OK,				/* confirm.select-ok */
+	RMQ_READY					/* publishing */
+} RmqPhase;
 
 /* What a delivery tag was. */
 typedef struct RmqTag
@@ -92,14 +83,14 @@ typedef struct RmqTag
 /* A target's connection (RelayTarget.priv). */
 typedef struct RelayRmqTarget
 {
-	amqp_connection_state_t conn;	/* NULL for none */
-	int			fd;				/* its socket (rabbitmq-c's), or -1 */
-	uint64		serial;			/* epoll events name it by this */
+	RelayConn	conn;			/* the socket, its TLS, what waits to go */
+	RmqPhase	phase;			/* of the handshake, while conn is open */
 	char	   *url;			/* the url it was made for */
 	uint64		destinations;	/* outbox_destinations_generation then */
-	char		peer[INET6_ADDRSTRLEN + 8];
-	RmqLookup  *lookup;			/* a host name being resolved, or NULL */
-	bool		broken;			/* a publish failed: drive() ends it */
+	uint32		frame_max;		/* negotiated (RMQ_FRAME_MIN before) */
+	StringInfoData in;			/* bytes read, not yet taken as frames */
+	int			in_off;			/* of them taken */
+	amqp_pool_t pool;			/* rabbitmq-c's decoding memory, per frame */
 	bool		blocked;		/* connection.blocked, not yet unblocked */
 	char		blocked_why[128];
 	uint64		next_tag;		/* the next publish's delivery tag */
@@ -114,32 +105,26 @@ typedef struct RelayRmqTarget
 	bool		return_header;	/* its header frame was read */
 	char		return_why[RELAY_MAX_ERROR_LEN + 1];
 	int			in_flight;		/* lanes of the target with a request */
-	MemoryContext cxt;			/* the target's, where out lives */
-	StringInfoData out;			/* frames not yet written */
-	int			out_off;		/* bytes of out written */
-	bool		want_write;		/* EPOLLOUT asked for */
-	char		broken_why[RELAY_MAX_ERROR_LEN + 1];
 	long		max_message_size;	/* the broker refused a body above this
 									 * (a 406), 0 for not known */
 	StringInfoData key;			/* reused: a message's routing key */
 	amqp_table_entry_t *headers;	/* reused: a message's headers, in cxt */
 	int			nheaders;		/* of them set */
 	int			maxheaders;		/* entries in headers */
-	char		error[RELAY_MAX_ERROR_LEN + 1];
 } RelayRmqTarget;
 
 #define RMQ_TARGET(t)	((RelayRmqTarget *) (t)->priv)
 #define RMQ_LANE(lane)	((RelayAcks *) (lane)->priv)
 
-static int	epoll_fd = -1;
-static uint64 next_conn_serial = 1;
+static RelayConnSet conns = RELAY_CONN_SET_INIT;
 static int	requests_in_flight = 0;
 
 /*---- checks, for the SQL functions and for rows read ----*/
 
 /*
  * Whether url is an AMQP URL the relay can use:
- * amqp://[user[:password]@]host[:port][/vhost].  Returns why not, or NULL;
+ * amqp://[user[:password]@]host[:port][/vhost], or amqps:// for TLS.
+ * Returns why not, or NULL;
  * with info (and its string, which it points into), fills it.
  */
 static const char *
@@ -147,24 +132,27 @@ rmq_parse_url(const char *url, struct amqp_connection_info *info, char **copy)
 {
 	char	   *s;
 	const char *why = NULL;
+	const char *rest;
 	const char *slash;
 	const char *at;
 	struct amqp_connection_info i;
 
 	if (url == NULL || *url == '\0')
 		return "it is empty";
-	if (pg_strncasecmp(url, "amqps://", 8) == 0)
-		return "TLS (amqps://) is not supported yet";
-	if (strncmp(url, "amqp://", 7) != 0)
-		return "it must start with amqp://";
+	if (strncmp(url, "amqps://", 8) == 0)
+		rest = url + 8;
+	else if (strncmp(url, "amqp://", 7) == 0)
+		rest = url + 7;
+	else
+		return "it must start with amqp:// or amqps:// (TLS)";
 	if (strpbrk(url, "?#") != NULL)
-		return "it has a query; only amqp://[user:password@]host[:port][/vhost] is taken";
-	if (strchr(url + 7, ',') != NULL)
+		return "it has a query; only amqp[s]://[user:password@]host[:port][/vhost] is taken";
+	if (strchr(rest, ',') != NULL)
 		return "it names several servers; give one";
 	/* a user without a password would log in with rabbitmq-c's "guest" */
-	slash = strchr(url + 7, '/');
-	at = memchr(url + 7, '@', (slash ? slash : url + strlen(url)) - (url + 7));
-	if (at != NULL && memchr(url + 7, ':', at - (url + 7)) == NULL)
+	slash = strchr(rest, '/');
+	at = memchr(rest, '@', (slash ? slash : url + strlen(url)) - rest);
+	if (at != NULL && memchr(rest, ':', at - rest) == NULL)
 		return "it has a user without a password: give amqp://user:password@host";
 	s = pstrdup(url);
 	amqp_default_connection_info(&i);
@@ -234,14 +222,11 @@ outbox_check_rabbitmq_target(PG_FUNCTION_ARGS)
 
 	if ((why = rmq_parse_url(url, NULL, NULL)) != NULL)
 		ereport(ERROR,
-				(errcode(strncmp(why, "TLS", 3) == 0 ?
-						 ERRCODE_FEATURE_NOT_SUPPORTED : ERRCODE_INVALID_PARAMETER_VALUE),
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid AMQP URL %s",
 						url ? quote_literal_cstr(relay_url_shown(url)) : "NULL"),
 				 errdetail("The URL is not usable: %s.", why),
-				 strncmp(why, "TLS", 3) == 0 ?
-				 errhint("Reach a TLS-only broker through a TLS tunnel on loopback (stunnel) and give its amqp:// address.") :
-				 errhint("Give amqp://user:password@host:port/vhost (port 5672 and vhost / by default); percent-encode special characters, and the vhost / as %%2f.")));
+				 errhint("Give amqp://user:password@host:port/vhost (port 5672 and vhost / by default), or amqps:// for TLS (port 5671); percent-encode special characters, and the vhost / as %%2f.")));
 	if ((why = rmq_check_exchange(exchange)) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -262,66 +247,33 @@ outbox_check_rabbitmq_target(PG_FUNCTION_ARGS)
 static int
 relay_rabbitmq_start(void)
 {
-	epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-	if (epoll_fd < 0)
-		elog(ERROR, "outbox: could not create an epoll set: %m");
-	ReserveExternalFD();
-	return epoll_fd;
-}
-
-/* Drop the lookup; one still running is left to glibc (a small leak). */
-static void
-rmq_lookup_forget(RelayRmqTarget *rt)
-{
-	RmqLookup  *l = rt->lookup;
-
-	if (l == NULL)
-		return;
-	rt->lookup = NULL;
-	if (gai_error(&l->cb) == EAI_INPROGRESS)
-	{
-		int			rc = gai_cancel(&l->cb);
-
-		if (rc != EAI_CANCELED && rc != EAI_ALLDONE)
-			return;
-	}
-	if (l->cb.ar_result)
-		freeaddrinfo(l->cb.ar_result);
-	free(l);
+	return relay_conn_set_start(&conns);
 }
 
 /* Close the connection; what it carried is forgotten. */
 static void
 rmq_close(RelayRmqTarget *rt)
 {
-	if (rt->conn != NULL)
+	relay_conn_close(&rt->conn);
+	if (rt->in.maxlen > 1024 * 1024)
 	{
-		if (rt->fd >= 0)
-			(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, rt->fd, NULL);
-		/* closes the socket, without waiting for the broker */
-		amqp_destroy_connection(rt->conn);
-		rt->conn = NULL;
-		if (rt->fd >= 0)
-			ReleaseExternalFD();
+		MemoryContext oldcxt = MemoryContextSwitchTo(rt->conn.cxt);
+
+		pfree(rt->in.data);
+		initStringInfo(&rt->in);
+		MemoryContextSwitchTo(oldcxt);
 	}
-	else if (rt->fd >= 0)
-	{
-		close(rt->fd);
-		ReleaseExternalFD();
-	}
-	rt->fd = -1;
-	rmq_lookup_forget(rt);
+	resetStringInfo(&rt->in);
+	rt->in_off = 0;
+	rt->phase = RMQ_START;
+	rt->frame_max = RMQ_FRAME_MIN;
 	rt->ntags = 0;
 	rt->tags_head = 0;
 	rt->returning = false;
 	rt->return_header = false;
 	rt->more = false;
-	rt->broken = false;
 	rt->blocked = false;
-	rt->want_write = false;
-	if (rt->out.data != NULL)
-		resetStringInfo(&rt->out);
-	rt->out_off = 0;
+	recycle_amqp_pool(&rt->pool);
 }
 
 static void
@@ -336,246 +288,63 @@ relay_rabbitmq_stop(void)
 		if (t->kind == RELAY_RABBITMQ && t->priv != NULL)
 			rmq_close(RMQ_TARGET(t));
 	}
-	if (epoll_fd >= 0)
-	{
-		close(epoll_fd);
-		ReleaseExternalFD();
-		epoll_fd = -1;
-	}
+	relay_conn_set_stop(&conns);
 }
 
-/* What a failed RPC (login, channel.open, confirm.select) said. */
+/* What a connection.close or channel.close said, for last_error. */
 static void
-rmq_reply_text(amqp_rpc_reply_t r, const char *what, char *error, size_t size)
+rmq_close_text(amqp_method_t *m, const char *what, char *error, size_t size)
 {
-	switch (r.reply_type)
+	int			code;
+	amqp_bytes_t text;
+	char	   *c;
+
+	if (m->id == AMQP_CONNECTION_CLOSE_METHOD)
 	{
-		case AMQP_RESPONSE_NORMAL:
-			snprintf(error, size, "%s: no error", what);
-			break;
-		case AMQP_RESPONSE_NONE:
-			snprintf(error, size, "%s: the broker sent no reply", what);
-			break;
-		case AMQP_RESPONSE_LIBRARY_EXCEPTION:
-			snprintf(error, size, "%s: %s", what, amqp_error_string2(r.library_error));
-			break;
-		case AMQP_RESPONSE_SERVER_EXCEPTION:
-			if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)
-			{
-				amqp_connection_close_t *c = (amqp_connection_close_t *) r.reply.decoded;
-
-				snprintf(error, size, "%s: the broker closed the connection: %d %.*s", what,
-						 c->reply_code, (int) Min(c->reply_text.len, 150),
-						 (char *) c->reply_text.bytes);
-			}
-			else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD)
-			{
-				amqp_channel_close_t *c = (amqp_channel_close_t *) r.reply.decoded;
-
-				snprintf(error, size, "%s: the broker closed the channel: %d %.*s", what,
-						 c->reply_code, (int) Min(c->reply_text.len, 150),
-						 (char *) c->reply_text.bytes);
-			}
-			else
-				snprintf(error, size, "%s: the broker answered method 0x%08X", what, r.reply.id);
-			break;
+		code = ((amqp_connection_close_t *) m->decoded)->reply_code;
+		text = ((amqp_connection_close_t *) m->decoded)->reply_text;
 	}
-	/* printable ASCII only: it goes to last_error */
-	for (; *error; error++)
-		if ((unsigned char) *error < 0x20 || (unsigned char) *error >= 0x7f)
-			*error = '?';
-}
-
-/*
- * A host name's addresses, resolved in the background: a lookup is
- * started (or one under way for the same name looked at) and waited for
- * RMQ_LOOKUP_WAIT_MS at most; while it runs the connection fails with
- * that reason, and the next attempt looks again.  The list is the
- * lookup's (rmq_lookup_forget frees it).
- */
-static bool
-rmq_resolve(RelayRmqTarget *rt, const char *host, const char *service, struct addrinfo **list)
-{
-	RmqLookup  *l = rt->lookup;
-	int			rc;
-
-	if (l != NULL && (strcmp(l->name, host) != 0 || strcmp(l->service, service) != 0))
-	{
-		rmq_lookup_forget(rt);
-		l = NULL;
-	}
-	if (l == NULL)
-	{
-		struct gaicb *one[1];
-		sigset_t	all;
-		sigset_t	old;
-
-		l = calloc(1, sizeof(RmqLookup));
-		if (l == NULL)
-		{
-			snprintf(rt->error, sizeof(rt->error), "out of memory");
-			return false;
-		}
-		strlcpy(l->name, host, sizeof(l->name));
-		strlcpy(l->service, service, sizeof(l->service));
-		l->hints.ai_family = AF_UNSPEC;
-		l->hints.ai_socktype = SOCK_STREAM;
-		l->cb.ar_name = l->name;
-		l->cb.ar_service = l->service;
-		l->cb.ar_request = &l->hints;
-		one[0] = &l->cb;
-		/* glibc's resolver thread must not take PostgreSQL's signals */
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old);
-		rc = getaddrinfo_a(GAI_NOWAIT, one, 1, NULL);
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
-		if (rc != 0)
-		{
-			free(l);
-			snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", host, gai_strerror(rc));
-			return false;
-		}
-		rt->lookup = l;
-	}
-	{
-		const struct gaicb *one[1] = {&l->cb};
-		struct timespec ts = {0, RMQ_LOOKUP_WAIT_MS * 1000000L};
-
-		if (gai_error(&l->cb) == EAI_INPROGRESS)
-			(void) gai_suspend(one, 1, &ts);
-	}
-	rc = gai_error(&l->cb);
-	if (rc == EAI_INPROGRESS)
-	{
-		snprintf(rt->error, sizeof(rt->error), "resolving \"%s\" (the DNS is slow: the target waits, the relay goes on)", host);
-		return false;
-	}
-	if (rc != 0)
-	{
-		snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", host, gai_strerror(rc));
-		rmq_lookup_forget(rt);
-		return false;
-	}
-	*list = l->cb.ar_result;
-	return true;
-}
-
-/*
- * Dial the broker: the first allowed address that accepts within the
- * handshake's time.  Returns the socket, or -1 with rt->error.
- */
-static int
-rmq_dial(RelayRmqTarget *rt, const char *host, int port, TimestampTz deadline)
-{
-	struct addrinfo hints;
-	struct addrinfo *list = NULL;
-	struct addrinfo *ai;
-	char		service[8];
-	const char *refused = NULL;
-	int			rc;
-	bool		from_lookup = false;
-
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-	snprintf(service, sizeof(service), "%d", port);
-	/* An address at once; a name in the background (glibc's thread). */
-	if ((rc = getaddrinfo(host, service, &hints, &list)) == EAI_NONAME)
-	{
-		if (!rmq_resolve(rt, host, service, &list))
-			return -1;
-		from_lookup = true;
-	}
-	else if (rc != 0)
-	{
-		snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", host, gai_strerror(rc));
-		return -1;
-	}
-	snprintf(rt->error, sizeof(rt->error), "\"%s\" has no IPv4 or IPv6 address", host);
-	for (ai = list; ai != NULL; ai = ai->ai_next)
-	{
-		const void *addr;
-		char		text[INET6_ADDRSTRLEN];
-		int			fd;
-		int			one = 1;
-		struct pollfd pfd;
-		int			err = 0;
-		socklen_t	len = sizeof(err);
-
-		if (ai->ai_family == AF_INET)
-			addr = &((struct sockaddr_in *) ai->ai_addr)->sin_addr;
-		else if (ai->ai_family == AF_INET6)
-			addr = &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr;
-		else
-			continue;
-		if ((refused = outbox_destination_refused(ai->ai_family, addr, host)) != NULL)
-		{
-			snprintf(rt->error, sizeof(rt->error), "connection refused by the relay: %s", refused);
-			continue;
-		}
-		inet_ntop(ai->ai_family, addr, text, sizeof(text));
-		snprintf(rt->peer, sizeof(rt->peer), ai->ai_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
-				 text, port);
-		if (!AcquireExternalFD())
-		{
-			snprintf(rt->error, sizeof(rt->error), "could not connect to RabbitMQ at %s: no file descriptor is free",
-					 rt->peer);
-			break;
-		}
-		fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-		{
-			ReleaseExternalFD();
-			snprintf(rt->error, sizeof(rt->error), "could not connect to RabbitMQ at %s: %s",
-					 rt->peer, strerror(errno));
-			continue;
-		}
-		(void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
-		{
-			if (errno != EINPROGRESS)
-				err = errno;
-			else
-			{
-				pfd.fd = fd;
-				pfd.events = POLLOUT;
-				do
-				{
-					long		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
-
-					rc = left > 0 ? poll(&pfd, 1, (int) left) : 0;
-				} while (rc < 0 && errno == EINTR);
-				if (rc == 0)
-					err = ETIMEDOUT;
-				else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-					err = errno;
-			}
-		}
-		if (err != 0)
-		{
-			snprintf(rt->error, sizeof(rt->error), "could not connect to RabbitMQ at %s: %s",
-					 rt->peer, strerror(err));
-			close(fd);
-			ReleaseExternalFD();
-			continue;
-		}
-		if (from_lookup)
-			rmq_lookup_forget(rt);
-		else
-			freeaddrinfo(list);
-		return fd;
-	}
-	if (from_lookup)
-		rmq_lookup_forget(rt);
 	else
-		freeaddrinfo(list);
-	return -1;
+	{
+		code = ((amqp_channel_close_t *) m->decoded)->reply_code;
+		text = ((amqp_channel_close_t *) m->decoded)->reply_text;
+	}
+	snprintf(error, size, "%s: the broker closed the %s: %d %.*s", what,
+			 m->id == AMQP_CONNECTION_CLOSE_METHOD ? "connection" : "channel",
+			 code, (int) Min(text.len, 150), (char *) text.bytes);
+	/* printable ASCII only: it goes to last_error */
+	for (c = error; *c; c++)
+		if ((unsigned char) *c < 0x20 || (unsigned char) *c >= 0x7f)
+			*c = '?';
+}
+
+/* The TLS a target's url and files ask for. */
+static void
+rmq_tls(RelayTarget *t, RelayConnTls *tls)
+{
+	memset(tls, 0, sizeof(*tls));
+	tls->on = strncmp(t->url, "amqps://", 8) == 0;
+	tls->ca_file = t->ca_file;
+	tls->client_cert = t->client_cert;
+	tls->client_key = t->client_key;
+}
+
+/* Whether the connection was made for other settings than the target's. */
+static bool
+rmq_stale(RelayTarget *t)
+{
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	RelayConnTls tls;
+
+	rmq_tls(t, &tls);
+	return strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation ||
+		!relay_conn_same_tls(&rt->conn, &tls);
 }
 
 /*
- * Make the target's connection if it has none: dial, hand the socket to
- * rabbitmq-c, log in, open the channel in confirm mode.  Returns false,
- * with rt->error, when it cannot be made.
+ * Make the target's connection if it has none: the protocol header waits
+ * in its output while the lookup, connect and TLS go on (relay_conn.c).
+ * Returns false, with rt->conn.error, when it cannot be made.
  */
 static bool
 rmq_connect(RelayTarget *t)
@@ -584,20 +353,11 @@ rmq_connect(RelayTarget *t)
 	struct amqp_connection_info info;
 	char	   *copy;
 	const char *bad;
-	amqp_socket_t *sock;
-	amqp_rpc_reply_t r;
-	struct timeval tv;
-	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													   Min(t->timeout_ms, RMQ_HANDSHAKE_MS));
-	long		left;
-	int			fd;
-	amqp_table_entry_t caps[2];
-	amqp_table_entry_t props[3];
-	amqp_table_t client;
+	RelayConnTls tls;
+	bool		ok;
 	MemoryContext oldcxt;
-	struct epoll_event ev;
 
-	if (rt->conn != NULL)
+	if (rt->conn.state != RELAY_CONN_NONE)
 		return true;
 	/* another broker (or the same reconfigured): its limit is not known */
 	if (rt->url == NULL || strcmp(rt->url, t->url) != 0)
@@ -610,38 +370,127 @@ rmq_connect(RelayTarget *t)
 	rt->destinations = outbox_destinations_generation;
 	if ((bad = rmq_parse_url(t->url, &info, &copy)) != NULL)
 	{
-		snprintf(rt->error, sizeof(rt->error), "the url is not usable: %s", bad);
+		snprintf(rt->conn.error, sizeof(rt->conn.error), "the url is not usable: %s", bad);
 		return false;
 	}
-	if ((fd = rmq_dial(rt, info.host, info.port, deadline)) < 0)
+	rmq_close(rt);
+	appendBinaryStringInfo(&rt->conn.out, "AMQP\0\0\x09\x01", 8);
+	rmq_tls(t, &tls);
+	ok = relay_conn_open(&rt->conn, info.host, info.port, &tls);
+	memset(copy, 0, strlen(t->url));	/* the password, gone from memory */
+	pfree(copy);
+	if (!ok)
 	{
-		memset(copy, 0, strlen(t->url));	/* the password, gone from memory */
-		pfree(copy);
-		return false;
-	}
+		char		error[RELAY_MAX_ERROR_LEN + 1];
 
-	rt->conn = amqp_new_connection();
-	sock = rt->conn ? amqp_tcp_socket_new(rt->conn) : NULL;
-	if (sock == NULL)
+		strlcpy(error, rt->conn.error, sizeof(error));
+		rmq_close(rt);
+		strlcpy(rt->conn.error, error, sizeof(rt->conn.error));
+	}
+	return ok;
+}
+
+/* One frame: type, channel, size, payload, end (AMQP 0-9-1, 2.3.5). */
+static void
+rmq_frame(StringInfo out, uint8 type, uint16 channel, const char *payload, uint32 len)
+{
+	unsigned char h[7];
+
+	h[0] = type;
+	h[1] = (channel >> 8) & 0xFF;
+	h[2] = channel & 0xFF;
+	h[3] = (len >> 24) & 0xFF;
+	h[4] = (len >> 16) & 0xFF;
+	h[5] = (len >> 8) & 0xFF;
+	h[6] = len & 0xFF;
+	appendBinaryStringInfo(out, (const char *) h, 7);
+	appendBinaryStringInfo(out, payload, len);
+	appendStringInfoChar(out, (char) AMQP_FRAME_END);
+}
+
+/*
+ * A method frame of the handshake into the output (it fits in
+ * RMQ_FRAME_MIN).  Returns false when it does not encode.
+ */
+static bool
+rmq_send_method(RelayRmqTarget *rt, uint16 channel, amqp_method_number_t id, void *method)
+{
+	char		buf[RMQ_FRAME_MIN];
+	amqp_bytes_t enc;
+	int			n;
+
+	buf[0] = (id >> 24) & 0xFF;
+	buf[1] = (id >> 16) & 0xFF;
+	buf[2] = (id >> 8) & 0xFF;
+	buf[3] = id & 0xFF;
+	enc.bytes = buf + 4;
+	enc.len = sizeof(buf) - 4 - 8;
+	if ((n = amqp_encode_method(id, method, enc)) < 0)
+		return false;
+	rmq_frame(&rt->conn.out, AMQP_FRAME_METHOD, channel, buf, 4 + n);
+	return true;
+}
+
+/* Whether the space-separated list (a longstr) names word. */
+static bool
+rmq_names(amqp_bytes_t list, const char *word)
+{
+	size_t		n = strlen(word);
+	const char *p = list.bytes;
+	const char *end = p + list.len;
+
+	while (p < end)
 	{
-		close(fd);
-		ReleaseExternalFD();
-		if (rt->conn)
-			amqp_destroy_connection(rt->conn);
-		rt->conn = NULL;
-		snprintf(rt->error, sizeof(rt->error), "out of memory");
+		const char *sp = memchr(p, ' ', end - p);
+		const char *e = sp ? sp : end;
+
+		if ((size_t) (e - p) == n && memcmp(p, word, n) == 0)
+			return true;
+		p = e + 1;
+	}
+	return false;
+}
+
+/*
+ * connection.start came: answer with start-ok, logging in with PLAIN (the
+ * url's user and password, "guest" without them) or, for a url with TLS,
+ * a client certificate and no user, EXTERNAL.  Returns false with error.
+ */
+static bool
+rmq_start_ok(RelayTarget *t, amqp_connection_start_t *start, char *error, size_t size)
+{
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	struct amqp_connection_info info;
+	char	   *copy;
+	const char *bad;
+	bool		external;
+	amqp_connection_start_ok_t ok;
+	amqp_table_entry_t caps[3];
+	amqp_table_entry_t props[3];
+	StringInfoData response;
+	bool		sent;
+
+	if (start->version_major != 0 || start->version_minor != 9)
+	{
+		snprintf(error, size, "RabbitMQ at %s speaks AMQP %d-%d, not 0-9-1", rt->conn.peer,
+				 start->version_major, start->version_minor);
+		return false;
+	}
+	if ((bad = rmq_parse_url(t->url, &info, &copy)) != NULL)
+	{
+		snprintf(error, size, "the url is not usable: %s", bad);
+		return false;
+	}
+	external = rt->conn.tls.on && t->client_cert != NULL && strchr(strstr(t->url, "://") + 3, '@') == NULL;
+	if (!rmq_names(start->mechanisms, external ? "EXTERNAL" : "PLAIN"))
+	{
+		snprintf(error, size, "RabbitMQ at %s does not offer the %s login mechanism%s", rt->conn.peer,
+				 external ? "EXTERNAL" : "PLAIN",
+				 external ? " (enable the rabbitmq_auth_mechanism_ssl plugin, or give a user and password in the url)" : "");
 		memset(copy, 0, strlen(t->url));
 		pfree(copy);
 		return false;
 	}
-	amqp_tcp_socket_set_sockfd(sock, fd);
-	rt->fd = fd;
-	/* the handshake gets what is left of the connection's time */
-	left = Max((long) ((deadline - GetCurrentTimestamp()) / 1000), 1);
-	tv.tv_sec = left / 1000;
-	tv.tv_usec = (left % 1000) * 1000;
-	(void) amqp_set_handshake_timeout(rt->conn, &tv);
-	(void) amqp_set_rpc_timeout(rt->conn, &tv);
 
 	/* Ask for connection.blocked notices (a broker short of memory). */
 	caps[0].key = amqp_cstring_bytes("connection.blocked");
@@ -650,9 +499,13 @@ rmq_connect(RelayTarget *t)
 	caps[1].key = amqp_cstring_bytes("publisher_confirms");
 	caps[1].value.kind = AMQP_FIELD_KIND_BOOLEAN;
 	caps[1].value.value.boolean = 1;
+	/* a refused login is told (a connection.close), not a closed socket */
+	caps[2].key = amqp_cstring_bytes("authentication_failure_close");
+	caps[2].value.kind = AMQP_FIELD_KIND_BOOLEAN;
+	caps[2].value.value.boolean = 1;
 	props[0].key = amqp_cstring_bytes("capabilities");
 	props[0].value.kind = AMQP_FIELD_KIND_TABLE;
-	props[0].value.value.table.num_entries = 2;
+	props[0].value.value.table.num_entries = 3;
 	props[0].value.value.table.entries = caps;
 	props[1].key = amqp_cstring_bytes("connection_name");
 	props[1].value.kind = AMQP_FIELD_KIND_UTF8;
@@ -660,96 +513,173 @@ rmq_connect(RelayTarget *t)
 	props[2].key = amqp_cstring_bytes("product");
 	props[2].value.kind = AMQP_FIELD_KIND_UTF8;
 	props[2].value.value.bytes = amqp_cstring_bytes("outbox");
-	client.num_entries = 3;
-	client.entries = props;
-
-	r = amqp_login_with_properties(rt->conn, info.vhost, 1, RMQ_FRAME_MAX, 0, &client,
-								   AMQP_SASL_METHOD_PLAIN, info.user, info.password);
-	memset(copy, 0, strlen(t->url));	/* the password, gone from memory */
+	memset(&ok, 0, sizeof(ok));
+	ok.client_properties.num_entries = 3;
+	ok.client_properties.entries = props;
+	ok.mechanism = amqp_cstring_bytes(external ? "EXTERNAL" : "PLAIN");
+	initStringInfo(&response);
+	if (!external)
+	{
+		/* PLAIN: NUL, user, NUL, password */
+		appendStringInfoChar(&response, '\0');
+		appendStringInfoString(&response, info.user);
+		appendStringInfoChar(&response, '\0');
+		appendStringInfoString(&response, info.password);
+	}
+	ok.response.bytes = response.data;
+	ok.response.len = response.len;
+	ok.locale = amqp_cstring_bytes("en_US");
+	sent = rmq_send_method(rt, 0, AMQP_CONNECTION_START_OK_METHOD, &ok);
+	memset(response.data, 0, response.len);
+	pfree(response.data);
+	memset(copy, 0, strlen(t->url));
 	pfree(copy);
-	if (r.reply_type != AMQP_RESPONSE_NORMAL)
+	if (!sent)
 	{
-		rmq_reply_text(r, "RabbitMQ refused the login", rt->error, sizeof(rt->error));
-		rmq_close(rt);
+		snprintf(error, size, "the login does not fit in a frame (a user and password of over 3 kB?)");
 		return false;
 	}
-	/*
-	 * The relay writes its publishes itself (rmq_flush): rabbitmq-c must
-	 * never write on its own, which it would for heartbeats.
-	 */
-	if (amqp_get_heartbeat(rt->conn) != 0)
-	{
-		snprintf(rt->error, sizeof(rt->error), "RabbitMQ at %s asked for heartbeats the relay cannot send", rt->peer);
-		rmq_close(rt);
-		return false;
-	}
-	/* each RPC gets what is left of the one deadline */
-	left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
-	if (left > 0)
-	{
-		tv.tv_sec = left / 1000;
-		tv.tv_usec = (left % 1000) * 1000;
-		(void) amqp_set_rpc_timeout(rt->conn, &tv);
-		amqp_channel_open(rt->conn, RMQ_CHANNEL);
-		r = amqp_get_rpc_reply(rt->conn);
-		left = (long) ((deadline - GetCurrentTimestamp()) / 1000);
-		if (r.reply_type == AMQP_RESPONSE_NORMAL && left > 0)
-		{
-			tv.tv_sec = left / 1000;
-			tv.tv_usec = (left % 1000) * 1000;
-			(void) amqp_set_rpc_timeout(rt->conn, &tv);
-			amqp_confirm_select(rt->conn, RMQ_CHANNEL);
-			r = amqp_get_rpc_reply(rt->conn);
-		}
-	}
-	if (left <= 0)
-	{
-		snprintf(rt->error, sizeof(rt->error), "RabbitMQ at %s did not finish the handshake within %d ms",
-				 rt->peer, Min(t->timeout_ms, RMQ_HANDSHAKE_MS));
-		rmq_close(rt);
-		return false;
-	}
-	if (r.reply_type != AMQP_RESPONSE_NORMAL)
-	{
-		rmq_reply_text(r, "RabbitMQ refused the channel", rt->error, sizeof(rt->error));
-		rmq_close(rt);
-		return false;
-	}
-	ev.events = EPOLLIN;
-	rt->serial = next_conn_serial++;
-	ev.data.u64 = rt->serial;
-	if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, rt->fd, &ev) != 0)
-	{
-		snprintf(rt->error, sizeof(rt->error), "could not wait for RabbitMQ at %s: %s",
-				 rt->peer, strerror(errno));
-		rmq_close(rt);
-		return false;
-	}
-	rt->next_tag = 1;
-	rt->first_tag = 1;
-	rt->ntags = 0;
-	rt->tags_head = 0;
+	rt->phase = RMQ_TUNE;
 	return true;
+}
+
+/*
+ * A method of the handshake (phase says which is due).  Returns false with
+ * error when the connection cannot go on.
+ */
+static bool
+rmq_handshake(RelayTarget *t, uint16 channel, amqp_method_t *m, char *error, size_t size)
+{
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	static const char *const refused[] = {
+		"RabbitMQ refused the connection", "RabbitMQ refused the login",
+		"RabbitMQ refused the virtual host", "RabbitMQ refused the channel",
+		"RabbitMQ refused publisher confirms"
+	};
+
+	if (m->id == AMQP_CONNECTION_CLOSE_METHOD || m->id == AMQP_CHANNEL_CLOSE_METHOD)
+	{
+		rmq_close_text(m, refused[rt->phase], error, size);
+		return false;
+	}
+	switch (rt->phase)
+	{
+		case RMQ_START:
+			if (m->id == AMQP_CONNECTION_START_METHOD && channel == 0)
+				return rmq_start_ok(t, (amqp_connection_start_t *) m->decoded, error, size);
+			break;
+		case RMQ_TUNE:
+			if (m->id == AMQP_CONNECTION_TUNE_METHOD && channel == 0)
+			{
+				amqp_connection_tune_t *tune = (amqp_connection_tune_t *) m->decoded;
+				amqp_connection_tune_ok_t ok;
+				amqp_connection_open_t open;
+				struct amqp_connection_info info;
+				char	   *copy;
+				bool		sent;
+
+				/* the smaller frame size; no heartbeats (none is sent) */
+				ok.frame_max = tune->frame_max == 0 ? RMQ_FRAME_MAX : Min(tune->frame_max, RMQ_FRAME_MAX);
+				if (ok.frame_max < RMQ_FRAME_MIN)
+				{
+					snprintf(error, size, "RabbitMQ at %s asked for frames of %u bytes, below AMQP's least (4096)",
+							 rt->conn.peer, tune->frame_max);
+					return false;
+				}
+				ok.channel_max = tune->channel_max;
+				ok.heartbeat = 0;
+				rt->frame_max = ok.frame_max;
+				if (rmq_parse_url(t->url, &info, &copy) != NULL)
+				{
+					snprintf(error, size, "the url is not usable");
+					return false;
+				}
+				memset(&open, 0, sizeof(open));
+				open.virtual_host = amqp_cstring_bytes(info.vhost);
+				sent = rmq_send_method(rt, 0, AMQP_CONNECTION_TUNE_OK_METHOD, &ok) &&
+					rmq_send_method(rt, 0, AMQP_CONNECTION_OPEN_METHOD, &open);
+				memset(copy, 0, strlen(t->url));
+				pfree(copy);
+				if (!sent)
+				{
+					snprintf(error, size, "the virtual host does not fit in a frame");
+					return false;
+				}
+				rt->phase = RMQ_OPEN_OK;
+				return true;
+			}
+			break;
+		case RMQ_OPEN_OK:
+			if (m->id == AMQP_CONNECTION_OPEN_OK_METHOD && channel == 0)
+			{
+				amqp_channel_open_t open;
+
+				memset(&open, 0, sizeof(open));
+				(void) rmq_send_method(rt, RMQ_CHANNEL, AMQP_CHANNEL_OPEN_METHOD, &open);
+				rt->phase = RMQ_CHANNEL_OK;
+				return true;
+			}
+			break;
+		case RMQ_CHANNEL_OK:
+			if (m->id == AMQP_CHANNEL_OPEN_OK_METHOD && channel == RMQ_CHANNEL)
+			{
+				amqp_confirm_select_t select;
+
+				select.nowait = 0;
+				(void) rmq_send_method(rt, RMQ_CHANNEL, AMQP_CONFIRM_SELECT_METHOD, &select);
+				rt->phase = RMQ_CONFIRM_OK;
+				return true;
+			}
+			break;
+		case RMQ_CONFIRM_OK:
+			if (m->id == AMQP_CONFIRM_SELECT_OK_METHOD && channel == RMQ_CHANNEL)
+			{
+				rt->phase = RMQ_READY;
+				rt->next_tag = 1;
+				rt->first_tag = 1;
+				rt->ntags = 0;
+				rt->tags_head = 0;
+				return true;
+			}
+			break;
+		case RMQ_READY:
+			break;
+	}
+	snprintf(error, size, "RabbitMQ at %s sent method 0x%08X during the handshake", rt->conn.peer, m->id);
+	return false;
+}
+
+/* A target's connection state, made before its lanes. */
+static void
+relay_rabbitmq_target_init(RelayTarget *t)
+{
+	RelayRmqTarget *rt = MemoryContextAllocZero(t->cxt, sizeof(RelayRmqTarget));
+	MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+	relay_conn_init(&rt->conn, &conns, "RabbitMQ", "amqps://", t->cxt);
+	initStringInfo(&rt->key);
+	initStringInfo(&rt->in);
+	init_amqp_pool(&rt->pool, 4096);
+	rt->frame_max = RMQ_FRAME_MIN;
+	MemoryContextSwitchTo(oldcxt);
+	t->priv = rt;
+}
+
+static void
+relay_rabbitmq_target_release(RelayTarget *t)
+{
+	if (t->priv != NULL)
+	{
+		rmq_close(RMQ_TARGET(t));
+		empty_amqp_pool(&RMQ_TARGET(t)->pool);
+	}
+	t->priv = NULL;
 }
 
 static void
 relay_rabbitmq_lane_init(RelayLane *lane)
 {
-	RelayTarget *t = lane->target;
-
-	if (t->priv == NULL)
-	{
-		RelayRmqTarget *rt = MemoryContextAllocZero(t->cxt, sizeof(RelayRmqTarget));
-		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
-
-		rt->fd = -1;
-		rt->cxt = t->cxt;
-		initStringInfo(&rt->key);
-		initStringInfo(&rt->out);
-		MemoryContextSwitchTo(oldcxt);
-		t->priv = rt;
-	}
-	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayAcks));
+	lane->priv = MemoryContextAllocZero(lane->target->cxt, sizeof(RelayAcks));
 }
 
 static void
@@ -763,12 +693,6 @@ relay_rabbitmq_lane_release(RelayLane *lane)
 		if (t->priv != NULL)
 			RMQ_TARGET(t)->in_flight--;
 		lane->in_flight = false;
-	}
-	/* The last lane closes the target's connection. */
-	if (lane->index == t->nlanes - 1 && t->priv != NULL)
-	{
-		rmq_close(RMQ_TARGET(t));
-		t->priv = NULL;
 	}
 }
 
@@ -893,83 +817,6 @@ rmq_message_headers(RelayTarget *t, RelayMessage *m, const char *number)
 	return NULL;
 }
 
-/* Ask for EPOLLOUT while frames wait to be written. */
-static void
-rmq_want_write(RelayRmqTarget *rt, bool want)
-{
-	struct epoll_event ev;
-
-	if (rt->fd < 0 || rt->want_write == want)
-		return;
-	ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
-	ev.data.u64 = rt->serial;
-	if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, rt->fd, &ev) == 0)
-		rt->want_write = want;
-}
-
-/*
- * Write what the socket takes now, never waiting (rabbitmq-c's own
- * publish waits without end on a broker that stopped reading); a failure
- * is left for drive().
- */
-static void
-rmq_flush(RelayRmqTarget *rt)
-{
-	while (rt->conn != NULL && !rt->broken && rt->out_off < rt->out.len)
-	{
-		ssize_t		n = send(rt->fd, rt->out.data + rt->out_off,
-							 rt->out.len - rt->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
-
-		if (n > 0)
-			rt->out_off += n;
-		else if (n < 0 && errno == EINTR)
-			continue;
-		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			break;
-		else
-		{
-			rt->broken = true;
-			snprintf(rt->broken_why, sizeof(rt->broken_why),
-					 "the connection to RabbitMQ at %s was lost: %s", rt->peer,
-					 n == 0 ? "closed" : strerror(errno));
-			break;
-		}
-	}
-	if (rt->out_off >= rt->out.len)
-	{
-		if (rt->out.maxlen > 4 * 1024 * 1024)
-		{
-			MemoryContext oldcxt = MemoryContextSwitchTo(rt->cxt);
-
-			pfree(rt->out.data);
-			initStringInfo(&rt->out);
-			MemoryContextSwitchTo(oldcxt);
-		}
-		resetStringInfo(&rt->out);
-		rt->out_off = 0;
-	}
-	if (rt->conn != NULL)
-		rmq_want_write(rt, rt->out_off < rt->out.len);
-}
-
-/* One frame: type, channel, size, payload, end (AMQP 0-9-1, 2.3.5). */
-static void
-rmq_frame(StringInfo out, uint8 type, const char *payload, uint32 len)
-{
-	unsigned char h[7];
-
-	h[0] = type;
-	h[1] = 0;
-	h[2] = RMQ_CHANNEL;
-	h[3] = (len >> 24) & 0xFF;
-	h[4] = (len >> 16) & 0xFF;
-	h[5] = (len >> 8) & 0xFF;
-	h[6] = len & 0xFF;
-	appendBinaryStringInfo(out, (const char *) h, 7);
-	appendBinaryStringInfo(out, payload, len);
-	appendStringInfoChar(out, (char) AMQP_FRAME_END);
-}
-
 /*
  * The frames of one publish (basic.publish, its content header, its body
  * in frames of the negotiated size), appended to out whole, or not at
@@ -980,14 +827,15 @@ static const char *
 rmq_encode_publish(RelayRmqTarget *rt, const char *exchange, const char *routing_key,
 				   amqp_basic_properties_t *props, const char *body, size_t len)
 {
-	int			frame_max = amqp_get_frame_max(rt->conn);
+	int			frame_max = rt->frame_max;
 	int			room = frame_max - 8;
 	char	   *buf = palloc(frame_max);
 	amqp_basic_publish_t m;
 	amqp_bytes_t enc;
 	int			n;
 	size_t		off;
-	int			start = rt->out.len;
+	StringInfo	out = &rt->conn.out;
+	int			start = out->len;
 
 	memset(&m, 0, sizeof(m));
 	m.exchange = amqp_cstring_bytes(exchange);
@@ -1006,7 +854,7 @@ rmq_encode_publish(RelayRmqTarget *rt, const char *exchange, const char *routing
 		pfree(buf);
 		return "the exchange and routing key do not fit in the broker's frame size";
 	}
-	rmq_frame(&rt->out, AMQP_FRAME_METHOD, buf, 4 + n);
+	rmq_frame(out, AMQP_FRAME_METHOD, RMQ_CHANNEL, buf, 4 + n);
 	/* content header: class, weight, body size, then the properties */
 	buf[0] = 0;
 	buf[1] = 60;
@@ -1024,24 +872,25 @@ rmq_encode_publish(RelayRmqTarget *rt, const char *exchange, const char *routing
 	if ((n = amqp_encode_properties(60, props, enc)) < 0)
 	{
 		/* the method frame goes too: nothing of this message is written */
-		rt->out.len = start;
-		rt->out.data[start] = '\0';
+		out->len = start;
+		out->data[start] = '\0';
 		pfree(buf);
 		return "its headers do not fit in the broker's frame size";
 	}
-	rmq_frame(&rt->out, AMQP_FRAME_HEADER, buf, 12 + n);
+	rmq_frame(out, AMQP_FRAME_HEADER, RMQ_CHANNEL, buf, 12 + n);
 	for (off = 0; off < len; off += room)
-		rmq_frame(&rt->out, AMQP_FRAME_BODY, body + off, (uint32) Min((size_t) room, len - off));
+		rmq_frame(out, AMQP_FRAME_BODY, RMQ_CHANNEL, body + off, (uint32) Min((size_t) room, len - off));
 	pfree(buf);
 	return NULL;
 }
 
 /*
- * Publish the lane's next request: the cut_n messages at its head.
- * Returns false, with *failed set, when not one could be published.
+ * Frame the publishes of the lane's request (its cut_n messages at the
+ * head) into the output, once the connection is ready.  A message that
+ * cannot be framed fails the request there (relay_acks_bad()).
  */
-static bool
-relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
+static void
+rmq_publish(RelayLane *lane)
 {
 	RelayTarget *t = lane->target;
 	RelayRmqTarget *rt = RMQ_TARGET(t);
@@ -1052,41 +901,8 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	int			ntags;
 	uint64		next_tag;
 
-	Assert(!lane->in_flight && lane->nqueued > 0);
-	memset(failed, 0, sizeof(*failed));
-	relay_test_fault("send", lane->head->topic);
-
-	/* A connection made for another url or other rules is made anew. */
-	if (rt->conn != NULL &&
-		(strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation))
-	{
-		if (rt->in_flight > 0)
-		{
-			failed->kind = RELAY_RETRY;
-			failed->error = "the url or the destination rules changed: the connection is made anew";
-			return false;
-		}
-		rmq_close(rt);
-	}
-	/* A connection that failed with nothing on it is made anew. */
-	if (rt->conn != NULL && rt->broken && rt->in_flight == 0)
-		rmq_close(rt);
-	if (rt->blocked || rt->broken)
-	{
-		failed->kind = RELAY_RECEIVER_FAILED;
-		failed->error = rt->blocked ? rt->blocked_why : rt->broken_why;
-		return false;
-	}
-	if (!rmq_connect(t))
-	{
-		failed->kind = RELAY_RECEIVER_FAILED;
-		failed->error = rt->error;
-		return false;
-	}
-
-	relay_acks_begin(rl, lane->cut_n, t->cxt);
-	lane->nbatch = lane->cut_n;
-	out_len = rt->out.len;
+	Assert(rt->phase == RMQ_READY && rl->nsent == 0);
+	out_len = rt->conn.out.len;
 	ntags = rt->ntags;
 	next_tag = rt->next_tag;
 	/* An error half-way (out of memory) must not leave half a message. */
@@ -1146,24 +962,75 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	}
 	PG_CATCH();
 	{
-		rt->out.len = out_len;
-		rt->out.data[out_len] = '\0';
+		rt->conn.out.len = out_len;
+		rt->conn.out.data[out_len] = '\0';
 		rt->ntags = ntags;
 		rt->next_tag = next_tag;
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
-	if (rl->nsent == 0)
+}
+
+/*
+ * Publish the lane's next request: the cut_n messages at its head; while
+ * the connection is being made they wait for it (rmq_ready()).  Returns
+ * false, with *failed set, when not one could be published.
+ */
+static bool
+relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
+{
+	RelayTarget *t = lane->target;
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	RelayAcks  *rl = RMQ_LANE(lane);
+
+	Assert(!lane->in_flight && lane->nqueued > 0);
+	memset(failed, 0, sizeof(*failed));
+	relay_test_fault("send", lane->head->topic);
+
+	/* A connection made for other settings is made anew. */
+	if (rt->conn.state != RELAY_CONN_NONE && rmq_stale(t))
 	{
-		failed->kind = rl->bad_kind;
-		failed->error = rl->bad_error;
+		if (rt->in_flight > 0)
+		{
+			failed->kind = RELAY_RETRY;
+			failed->error = "the url, the TLS files or the destination rules changed: the connection is made anew";
+			return false;
+		}
+		rmq_close(rt);
+	}
+	/* A connection that failed with nothing on it is made anew. */
+	if (rt->conn.state != RELAY_CONN_NONE && rt->conn.broken && rt->in_flight == 0)
+		rmq_close(rt);
+	if (rt->blocked || rt->conn.broken)
+	{
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = rt->blocked ? rt->blocked_why : rt->conn.broken_why;
 		return false;
+	}
+	if (!rmq_connect(t))
+	{
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = rt->conn.error;
+		return false;
+	}
+
+	relay_acks_begin(rl, lane->cut_n, t->cxt);
+	lane->nbatch = lane->cut_n;
+	if (rt->phase == RMQ_READY)
+	{
+		rmq_publish(lane);
+		if (rl->nsent == 0)
+		{
+			failed->kind = rl->bad_kind;
+			failed->error = rl->bad_error;
+			return false;
+		}
 	}
 	rl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
 	lane->in_flight = true;
 	rt->in_flight++;
 	requests_in_flight++;
-	rmq_flush(rt);
+	relay_conn_flush(&rt->conn);
 	return true;
 }
 
@@ -1171,15 +1038,8 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 static void
 rmq_lane_check(RelayLane *lane, RelayFinishedFn finished)
 {
-	RelayOutcome outcome;
-
-	if (!relay_acks_decided(RMQ_LANE(lane)))
-		return;
-	relay_acks_outcome(RMQ_LANE(lane), &outcome);
-	lane->in_flight = false;
-	RMQ_TARGET(lane->target)->in_flight--;
-	requests_in_flight--;
-	finished(lane, &outcome);
+	relay_acks_lane_check(lane, finished, &RMQ_TARGET(lane->target)->in_flight,
+						  &requests_in_flight);
 }
 
 /*
@@ -1211,14 +1071,29 @@ rmq_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, long too_large,
 		}
 	}
 	rmq_close(rt);
-	for (i = 0; i < t->nlanes && t->priv != NULL; i++)
-		if (t->lanes[i].in_flight)
-		{
-			RelayAcks  *rl = RMQ_LANE(&t->lanes[i]);
+	relay_acks_fail_lanes(t, kind, error, finished, &rt->in_flight, &requests_in_flight);
+}
 
-			relay_acks_give_up(rl, kind, error);
-			rmq_lane_check(&t->lanes[i], finished);
-		}
+/* The handshake has ended: the requests that waited for it go. */
+static void
+rmq_ready(RelayTarget *t, RelayFinishedFn finished)
+{
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	int			i;
+
+	for (i = 0; i < t->nlanes && t->priv != NULL && rt->phase == RMQ_READY; i++)
+	{
+		RelayLane  *lane = &t->lanes[i];
+
+		if (!lane->in_flight || RMQ_LANE(lane)->nsent > 0)
+			continue;
+		rmq_publish(lane);
+		/* not one could be framed: that decides it */
+		if (RMQ_LANE(lane)->nsent == 0)
+			rmq_lane_check(lane, finished);
+	}
+	if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN)
+		relay_conn_flush(&rt->conn);
 }
 
 /*
@@ -1284,7 +1159,7 @@ rmq_confirm(RelayTarget *t, uint64 tag, bool multiple, bool ack, RelayFinishedFn
 		else
 			rl->acked[g->pos] = true;
 		rmq_lane_check(lane, finished);
-		if (t->priv == NULL || rt->conn == NULL)
+		if (t->priv == NULL || rt->conn.state != RELAY_CONN_OPEN)
 			return;
 	}
 	/* confirmed tags at the head leave the ring */
@@ -1320,20 +1195,124 @@ rmq_returned(RelayTarget *t, const char *msg_id, int len)
 	return false;
 }
 
-/* Take every frame rabbitmq-c has or can read without waiting. */
+static uint32
+rmq_be32(const unsigned char *p)
+{
+	return ((uint32) p[0] << 24) | ((uint32) p[1] << 16) | ((uint32) p[2] << 8) | p[3];
+}
+
+/*
+ * The next whole frame of rt->in into f (decoded in rt->pool): 1 one was
+ * taken, 0 none is whole yet, -1 what came is not AMQP (error).
+ */
+static int
+rmq_next_frame(RelayRmqTarget *rt, amqp_frame_t *f, char *error, size_t size)
+{
+	const unsigned char *p = (const unsigned char *) rt->in.data + rt->in_off;
+	int			avail = rt->in.len - rt->in_off;
+	uint32		len;
+	amqp_bytes_t enc;
+
+	if (avail < 7)
+		return 0;
+	len = rmq_be32(p + 3);
+	/* frames up to the size asked for; before the tune, AMQP's least */
+	if (len > Max(rt->frame_max, RMQ_FRAME_MAX))
+	{
+		snprintf(error, size, "RabbitMQ at %s sent a frame of %u bytes, more than the %u agreed",
+				 rt->conn.peer, len, rt->frame_max);
+		return -1;
+	}
+	if ((uint32) avail < len + 8)
+		return 0;
+	if (p[7 + len] != AMQP_FRAME_END)
+	{
+		snprintf(error, size, "RabbitMQ at %s sent a frame without its end byte%s", rt->conn.peer,
+				 rt->phase == RMQ_START && !rt->conn.tls.on ?
+				 " (does the server want TLS? its url would start with amqps://)" : "");
+		return -1;
+	}
+	rt->in_off += len + 8;
+	memset(f, 0, sizeof(*f));
+	f->frame_type = p[0];
+	f->channel = ((uint16) p[1] << 8) | p[2];
+	p += 7;
+	switch (f->frame_type)
+	{
+		case AMQP_FRAME_METHOD:
+			if (len < 4)
+				break;
+			f->payload.method.id = rmq_be32(p);
+			enc.bytes = (void *) (p + 4);
+			enc.len = len - 4;
+			if (amqp_decode_method(f->payload.method.id, &rt->pool, enc,
+								   &f->payload.method.decoded) < 0)
+				break;
+			return 1;
+		case AMQP_FRAME_HEADER:
+			if (len < 14)
+				break;
+			f->payload.properties.class_id = ((uint16) p[0] << 8) | p[1];
+			f->payload.properties.body_size = ((uint64) rmq_be32(p + 4) << 32) | rmq_be32(p + 8);
+			enc.bytes = (void *) (p + 12);
+			enc.len = len - 12;
+			if (f->payload.properties.class_id != 60 ||
+				amqp_decode_properties(60, &rt->pool, enc, &f->payload.properties.decoded) < 0)
+				break;
+			return 1;
+		case AMQP_FRAME_BODY:
+			f->payload.body_fragment.bytes = (void *) p;
+			f->payload.body_fragment.len = len;
+			return 1;
+		case AMQP_FRAME_HEARTBEAT:
+			return 1;
+		default:
+			break;
+	}
+	snprintf(error, size, "RabbitMQ at %s sent a frame the relay cannot decode (type %d, %u bytes)",
+			 rt->conn.peer, f->frame_type, len);
+	return -1;
+}
+
+/*
+ * Read what the socket has (bounded) and take the frames in it: the
+ * handshake's, then confirms, returns and closes.
+ */
 static void
 rmq_read(RelayTarget *t, RelayFinishedFn finished)
 {
 	RelayRmqTarget *rt = RMQ_TARGET(t);
 	char		error[RELAY_MAX_ERROR_LEN + 1];
+	char		buf[RMQ_READ_CHUNK];
 	int			n;
-	amqp_channel_t last_channel = 0;
+
+	/* bytes first: at most RMQ_MAX_READS chunks a turn (level-triggered) */
+	for (n = 0; n < RMQ_MAX_READS && rt->in.len - rt->in_off < 4 * RMQ_FRAME_MAX; n++)
+	{
+		int			got = relay_conn_read(&rt->conn, buf, sizeof(buf));
+
+		if (got == 0)
+			break;
+		if (got < 0)
+		{
+			strlcpy(error, rt->conn.error, sizeof(error));
+			if (rt->phase == RMQ_TUNE)
+				strlcat(error, " (during the login: a wrong user or password?)", sizeof(error));
+			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
+			return;
+		}
+		if (rt->in_off > 0 && rt->in_off == rt->in.len)
+		{
+			resetStringInfo(&rt->in);
+			rt->in_off = 0;
+		}
+		appendBinaryStringInfo(&rt->in, buf, got);
+	}
 
 	rt->more = false;
-	for (n = 0; rt->conn != NULL; n++)
+	for (n = 0; rt->conn.state == RELAY_CONN_OPEN; n++)
 	{
 		amqp_frame_t f;
-		struct timeval zero = {0, 0};
 		int			rc;
 
 		/* a bounded turn; the rest is taken at the next (rt->more) */
@@ -1343,19 +1322,31 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 			break;
 		}
 		/* nothing of a frame is kept once it is handled */
-		if (n > 0)
-			amqp_maybe_release_buffers_on_channel(rt->conn, last_channel);
-		rc = amqp_simple_wait_frame_noblock(rt->conn, &f, &zero);
-		last_channel = f.channel;
-
-		if (rc == AMQP_STATUS_TIMEOUT)
+		recycle_amqp_pool(&rt->pool);
+		rc = rmq_next_frame(rt, &f, error, sizeof(error));
+		if (rc == 0)
 			break;
-		if (rc != AMQP_STATUS_OK)
+		if (rc < 0)
 		{
-			snprintf(error, sizeof(error), "the connection to RabbitMQ at %s was lost: %s",
-					 rt->peer, amqp_error_string2(rc));
 			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
 			return;
+		}
+		if (rt->phase != RMQ_READY)
+		{
+			if (f.frame_type != AMQP_FRAME_METHOD)
+				continue;
+			if (!rmq_handshake(t, f.channel, &f.payload.method, error, sizeof(error)))
+			{
+				rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
+				return;
+			}
+			if (rt->phase == RMQ_READY)
+				rmq_ready(t, finished);
+			else
+				relay_conn_flush(&rt->conn);
+			if (t->priv == NULL || rt->conn.state != RELAY_CONN_OPEN)
+				return;
+			continue;
 		}
 		if (f.channel != RMQ_CHANNEL && f.frame_type != AMQP_FRAME_METHOD)
 			continue;
@@ -1370,7 +1361,7 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 			{
 				/* not one of ours: its confirm must not count as delivered */
 				snprintf(error, sizeof(error), "RabbitMQ at %s returned a message the relay did not publish or cannot match",
-						 rt->peer);
+						 rt->conn.peer);
 				rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
 				return;
 			}
@@ -1441,7 +1432,6 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 			case AMQP_CHANNEL_CLOSE_METHOD:
 			case AMQP_CONNECTION_CLOSE_METHOD:
 				{
-					amqp_rpc_reply_t r;
 					long		max = 0;
 					const char *m;
 					bool		channel = f.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD;
@@ -1458,10 +1448,7 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 						code = ((amqp_connection_close_t *) f.payload.method.decoded)->reply_code;
 						text = ((amqp_connection_close_t *) f.payload.method.decoded)->reply_text;
 					}
-					memset(&r, 0, sizeof(r));
-					r.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION;
-					r.reply = f.payload.method;
-					rmq_reply_text(r, "RabbitMQ", error, sizeof(error));
+					rmq_close_text(&f.payload.method, "RabbitMQ", error, sizeof(error));
 					/* 406 "message size N is larger than configured max size M" */
 					if (channel && code == AMQP_PRECONDITION_FAILED && text.len < 1024)
 					{
@@ -1481,11 +1468,18 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 			default:
 				break;
 		}
-		if (t->priv == NULL || rt->conn == NULL)
+		if (t->priv == NULL || rt->conn.state != RELAY_CONN_OPEN)
 			return;
 	}
-	if (rt->conn != NULL)
-		amqp_maybe_release_buffers(rt->conn);
+	/* what was taken leaves the buffer */
+	if (rt->in_off > 0)
+	{
+		memmove(rt->in.data, rt->in.data + rt->in_off, rt->in.len - rt->in_off);
+		rt->in.len -= rt->in_off;
+		rt->in.data[rt->in.len] = '\0';
+		rt->in_off = 0;
+	}
+	recycle_amqp_pool(&rt->pool);
 }
 
 static RelayTarget *
@@ -1497,17 +1491,45 @@ rmq_target_of(uint64 serial)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-		if (t->kind == RELAY_RABBITMQ && t->priv != NULL && RMQ_TARGET(t)->serial == serial &&
-			RMQ_TARGET(t)->conn != NULL)
+		if (t->kind == RELAY_RABBITMQ && t->priv != NULL && RMQ_TARGET(t)->conn.serial == serial &&
+			RMQ_TARGET(t)->conn.fd >= 0)
 			return t;
 	}
 	return NULL;
 }
 
+/* The connection taken a step on (events of it, or 0 after a wake-up). */
+static void
+rmq_step(RelayTarget *t, uint32 events, RelayFinishedFn finished)
+{
+	RelayRmqTarget *rt = RMQ_TARGET(t);
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+
+	switch (relay_conn_step(&rt->conn, events))
+	{
+		case RELAY_CONN_WAIT:
+			return;
+		case RELAY_CONN_FAILED:
+			strlcpy(error, rt->conn.error, sizeof(error));
+			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
+			return;
+		case RELAY_CONN_OPENED:
+			/* the protocol header goes */
+			relay_conn_flush(&rt->conn);
+			return;
+		case RELAY_CONN_READY:
+			break;
+	}
+	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+		rmq_read(t, finished);
+	if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN && (events & EPOLLOUT))
+		relay_conn_flush(&rt->conn);
+}
+
 /*
- * Take what the sockets have (confirms, returns, closes) and write what
- * waits; then end connections that broke or that other settings made
- * stale, and requests past their time.
+ * Take what the sockets have (the handshake, confirms, returns, closes)
+ * and write what waits; then end connections that broke or that other
+ * settings made stale, and requests past their time.
  */
 static void
 relay_rabbitmq_drive(RelayFinishedFn finished)
@@ -1515,18 +1537,17 @@ relay_rabbitmq_drive(RelayFinishedFn finished)
 	struct epoll_event evs[64];
 	int			n;
 	int			i;
+	bool		woke;
 	ListCell   *lc;
 	TimestampTz now = 0;
 
-	if (epoll_fd < 0)
-		return;
-	n = epoll_wait(epoll_fd, evs, lengthof(evs), 0);
+	n = relay_conn_set_events(&conns, evs, lengthof(evs), &woke);
 	for (i = 0; i < n; i++)
 	{
 		RelayTarget *t = rmq_target_of(evs[i].data.u64);
 
-		if (t != NULL && (evs[i].events & EPOLLOUT))
-			rmq_flush(RMQ_TARGET(t));
+		if (t != NULL)
+			rmq_step(t, evs[i].events, finished);
 	}
 	foreach(lc, relay_targets)
 	{
@@ -1537,26 +1558,26 @@ relay_rabbitmq_drive(RelayFinishedFn finished)
 		if (t->kind != RELAY_RABBITMQ || t->priv == NULL)
 			continue;
 		rt = RMQ_TARGET(t);
-		/*
-		 * Every connection, each turn: frames rabbitmq-c read ahead wait in
-		 * its buffer, where epoll does not see them.
-		 */
-		if (rt->conn != NULL)
+		if (woke && rt->conn.state == RELAY_CONN_RESOLVING)
+			rmq_step(t, 0, finished);
+		/* frames left for this turn, or bytes TLS decrypted already */
+		if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN &&
+			(rt->more || relay_conn_pending(&rt->conn)))
 			rmq_read(t, finished);
-		if (t->priv == NULL || rt->conn == NULL)
+		if (t->priv == NULL || rt->conn.state == RELAY_CONN_NONE)
 			continue;
-		if (rt->broken)
+		if (rt->conn.broken)
 		{
-			strlcpy(error, rt->broken_why, sizeof(error));
+			strlcpy(error, rt->conn.broken_why, sizeof(error));
 			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
 			continue;
 		}
 		if (rt->in_flight == 0)
 			continue;
-		if (strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation)
+		if (rmq_stale(t))
 		{
 			rmq_fail(t, RELAY_RETRY,
-					 "the url or the destination rules changed: the connection is made anew", 0, finished);
+					 "the url, the TLS files or the destination rules changed: the connection is made anew", 0, finished);
 			continue;
 		}
 		for (i = 0; i < t->nlanes; i++)
@@ -1569,9 +1590,17 @@ relay_rabbitmq_drive(RelayFinishedFn finished)
 				now = GetCurrentTimestamp();
 			if (now >= RMQ_LANE(lane)->deadline)
 			{
-				snprintf(error, sizeof(error), "no confirm from RabbitMQ at %s within %d ms",
-						 rt->peer, t->timeout_ms);
-				rmq_fail(t, RELAY_RETRY, error, 0, finished);
+				if (rt->conn.state != RELAY_CONN_OPEN || !rt->conn.got_bytes)
+					relay_conn_timeout_text(&rt->conn, t->timeout_ms, error, sizeof(error));
+				else if (rt->phase != RMQ_READY)
+					snprintf(error, sizeof(error), "RabbitMQ at %s did not finish the AMQP handshake within %d ms",
+							 rt->conn.peer, t->timeout_ms);
+				else
+					snprintf(error, sizeof(error), "no confirm from RabbitMQ at %s within %d ms",
+							 rt->conn.peer, t->timeout_ms);
+				/* a handshake that did not end holds the target */
+				rmq_fail(t, rt->phase == RMQ_READY ? RELAY_RETRY : RELAY_RECEIVER_FAILED,
+						 error, 0, finished);
 				break;
 			}
 		}
@@ -1588,7 +1617,8 @@ relay_rabbitmq_timeout(void)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-		if (t->kind == RELAY_RABBITMQ && t->priv != NULL && RMQ_TARGET(t)->more)
+		if (t->kind == RELAY_RABBITMQ && t->priv != NULL &&
+			(RMQ_TARGET(t)->more || relay_conn_pending(&RMQ_TARGET(t)->conn)))
 			return 0;
 	}
 	return requests_in_flight > 0 ? relay_acks_next_deadline_ms(RELAY_RABBITMQ) : -1;
@@ -1619,6 +1649,8 @@ const RelayTransport relay_rabbitmq_transport = {
 	.check = relay_rabbitmq_check,
 	.start = relay_rabbitmq_start,
 	.stop = relay_rabbitmq_stop,
+	.target_init = relay_rabbitmq_target_init,
+	.target_release = relay_rabbitmq_target_release,
 	.lane_init = relay_rabbitmq_lane_init,
 	.lane_release = relay_rabbitmq_lane_release,
 	.send = relay_rabbitmq_send,

@@ -66,10 +66,6 @@
 #define REDIS_MAX_READS		16
 /* Most readiness events taken in one call of relay_redis_drive(). */
 #define REDIS_MAX_EVENTS	64
-/* Most addresses of a host kept to dial in turn. */
-#define REDIS_MAX_ADDRS		8
-/* epoll's name of the wake pipe (connections' serials start at 1). */
-#define REDIS_WAKE_SERIAL	0
 
 /*
  * The script each message runs.  KEYS: the stream, the mark.  ARGV: the
@@ -109,26 +105,10 @@ typedef struct RedisPending
 	int			pos;
 } RedisPending;
 
-typedef enum RedisConnState
-{
-	REDIS_CONN_NONE,			/* no connection */
-	REDIS_CONN_RESOLVING,		/* the host name is being resolved */
-	REDIS_CONN_CONNECTING,		/* connect() under way */
-	REDIS_CONN_OPEN				/* connected (the handshake may be under way) */
-} RedisConnState;
-
-/* A host name resolved by glibc's thread: malloc'd, glibc writes to it. */
-typedef struct RedisLookup
-{
-	struct gaicb cb;
-	struct addrinfo hints;
-	char		name[256];
-	char		service[8];
-} RedisLookup;
-
 /* A Redis URL, taken apart. */
 typedef struct RedisUrl
 {
+	bool		tls;			/* rediss:// */
 	char	   *user;			/* NULL for the default user */
 	char	   *password;		/* NULL for none */
 	char	   *host;
@@ -139,42 +119,27 @@ typedef struct RedisUrl
 /* A target's connection (RelayTarget.priv). */
 typedef struct RelayRedisTarget
 {
-	RedisConnState state;
-	int			fd;				/* the socket, or -1 */
-	uint64		serial;			/* epoll events name the connection by it */
-	bool		want_write;		/* EPOLLOUT asked for */
-	bool		broken;			/* a write failed: drive() closes it */
-	char		broken_why[RELAY_MAX_ERROR_LEN + 1];
+	RelayConn	conn;			/* the socket, its TLS, what waits to go */
 	char	   *url;			/* the url it was made for */
 	uint64		destinations;	/* outbox_destinations_generation then */
-	RedisLookup *lookup;		/* a host name being resolved, or NULL */
-	struct sockaddr_storage addrs[REDIS_MAX_ADDRS];	/* allowed, to dial */
-	socklen_t	addr_lens[REDIS_MAX_ADDRS];
-	int			naddrs;
-	int			next_addr;		/* the next of them to dial */
-	char		peer[INET6_ADDRSTRLEN + 8];	/* address:port dialled */
 	redisReader *reader;		/* replies being parsed */
-	StringInfoData out;			/* commands not yet written */
-	int			out_off;		/* bytes of out written */
 	RedisPending *pending;		/* ring of what the replies answer */
 	int			pending_head;
 	int			npending;
 	int			maxpending;
+	bool		ready;			/* the handshake was answered */
+	StringInfoData early;		/* commands sent before it was: they wait */
 	bool		loading;		/* a SCRIPT LOAD is on its way again */
 	int			in_flight;		/* lanes of the target with a request */
 	StringInfoData stream;		/* reused: a message's stream key */
 	StringInfoData mark;		/* reused: its mark's key */
-	char		error[RELAY_MAX_ERROR_LEN + 1];
 } RelayRedisTarget;
 
 #define REDIS_TARGET(t)	((RelayRedisTarget *) (t)->priv)
 #define REDIS_LANE(lane)	((RelayAcks *) (lane)->priv)
 
-static int	epoll_fd = -1;
-static int	wake_pipe[2] = {-1, -1};
-static uint64 next_conn_serial = 1;
+static RelayConnSet conns = RELAY_CONN_SET_INIT;
 static int	requests_in_flight = 0;
-static int	targets_resolving = 0;
 static char script_sha[41];
 
 /*---- reply objects: hiredis's reader builds them with these ----*/
@@ -295,52 +260,9 @@ static redisReplyObjectFunctions redis_reply_functions = {
 
 /*---- checks, for the SQL functions and for rows read ----*/
 
-static int
-redis_hex(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
-/* s[0..len) percent-decoded (palloc'd), or NULL when it is not valid. */
-static char *
-redis_unescape(const char *s, int len)
-{
-	char	   *out = palloc(len + 1);
-	int			n = 0;
-	int			i;
-
-	for (i = 0; i < len; i++)
-	{
-		if (s[i] == '%')
-		{
-			int			hi;
-			int			lo;
-
-			if (i + 2 >= len)
-				return NULL;
-			hi = redis_hex(s[i + 1]);
-			lo = redis_hex(s[i + 2]);
-			if (hi < 0 || lo < 0 || (hi == 0 && lo == 0))
-				return NULL;
-			out[n++] = (char) (hi * 16 + lo);
-			i += 2;
-		}
-		else
-			out[n++] = s[i];
-	}
-	out[n] = '\0';
-	return out;
-}
-
 /*
  * Whether url is a Redis URL the relay can use:
- * redis://[[user]:password@]host[:port][/db].  Returns why not, or NULL;
+ * redis://[[user]:password@]host[:port][/db], or rediss:// for TLS.  Returns why not, or NULL;
  * with u, fills it (palloc'd).
  */
 static const char *
@@ -354,16 +276,16 @@ redis_parse_url(const char *url, RedisUrl *u)
 	long		db = 0;
 	char	   *user = NULL;
 	char	   *password = NULL;
+	bool		tls;
 
 	if (url == NULL || *url == '\0')
 		return "it is empty";
-	if (strncmp(url, "rediss://", 9) == 0)
-		return "TLS (rediss://) is not supported: Debian 12's hiredis 0.14 has no TLS";
 	if (strncmp(url, "unix://", 7) == 0 || strncmp(url, "redis+unix://", 13) == 0)
 		return "Unix-domain sockets are not supported: give a host and port";
-	if (strncmp(url, "redis://", 8) != 0)
-		return "it must start with redis://";
-	p = url + 8;
+	tls = strncmp(url, "rediss://", 9) == 0;
+	if (!tls && strncmp(url, "redis://", 8) != 0)
+		return "it must start with redis:// or rediss:// (TLS)";
+	p = url + (tls ? 9 : 8);
 	at = strchr(p, '@');
 	if (at != NULL)
 	{
@@ -372,10 +294,10 @@ redis_parse_url(const char *url, RedisUrl *u)
 		if (strchr(at + 1, '@') != NULL)
 			return "it has more than one @ (percent-encode an @ of the password as %40)";
 		if (colon == NULL)
-			return "it has a user without a password: give redis://user:password@host";
-		if (colon > p && (user = redis_unescape(p, colon - p)) == NULL)
+			return "it has a user without a password: give redis://user:password@host (or rediss://)";
+		if (colon > p && (user = relay_url_unescape(p, colon - p)) == NULL)
 			return "the user has an invalid percent escape";
-		if ((password = redis_unescape(colon + 1, at - colon - 1)) == NULL)
+		if ((password = relay_url_unescape(colon + 1, at - colon - 1)) == NULL)
 			return "the password has an invalid percent escape";
 		if (*password == '\0')
 			return "the password is empty";
@@ -430,9 +352,10 @@ redis_parse_url(const char *url, RedisUrl *u)
 	else if (*p == '/')
 		p++;
 	if (*p != '\0')
-		return "it has something after the host, port and database (a query, a second server?); only redis://[user:password@]host[:port][/db] is taken";
+		return "it has something after the host, port and database (a query, a second server?); only redis[s]://[user:password@]host[:port][/db] is taken";
 	if (u != NULL)
 	{
+		u->tls = tls;
 		u->user = user;
 		u->password = password;
 		u->host = pnstrdup(h, hend - h);
@@ -479,14 +402,12 @@ outbox_check_redis_target(PG_FUNCTION_ARGS)
 
 	if ((why = relay_redis_check_url(url)) != NULL)
 		ereport(ERROR,
-				(errcode(strncmp(why, "TLS", 3) == 0 || strncmp(why, "Unix", 4) == 0 ?
+				(errcode(strncmp(why, "Unix", 4) == 0 ?
 						 ERRCODE_FEATURE_NOT_SUPPORTED : ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid Redis URL %s",
 						url ? quote_literal_cstr(relay_url_shown(url)) : "NULL"),
 				 errdetail("The URL is not usable: %s.", why),
-				 strncmp(why, "TLS", 3) == 0 ?
-				 errhint("Reach a TLS-only Redis through a TLS tunnel on loopback (stunnel, spiped) and give its redis:// address.") :
-				 errhint("Give redis://host:port, with :password@ or user:password@ before the host for AUTH and /N after it for a database; percent-encode special characters of the password.")));
+				 errhint("Give redis://host:port (rediss:// for TLS), with :password@ or user:password@ before the host for AUTH and /N after it for a database; percent-encode special characters of the password.")));
 	if ((why = relay_redis_check_stream(stream)) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -519,77 +440,33 @@ redis_script_sha(void)
 static int
 relay_redis_start(void)
 {
-	struct epoll_event ev;
-
-	epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-	if (epoll_fd < 0)
-		elog(ERROR, "outbox: could not create an epoll set: %m");
-	ReserveExternalFD();
-	ev.events = EPOLLIN;
-	ev.data.u64 = REDIS_WAKE_SERIAL;
-	if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, relay_wake_pipe(wake_pipe), &ev) != 0)
-		elog(ERROR, "outbox: could not wait on a pipe: %m");
 	redis_script_sha();
-	return epoll_fd;
-}
-
-/* Drop a lookup; one still running is left to glibc (a small leak). */
-static void
-redis_lookup_forget(RelayRedisTarget *rt)
-{
-	RedisLookup *l = rt->lookup;
-
-	if (l == NULL)
-		return;
-	rt->lookup = NULL;
-	if (gai_error(&l->cb) == EAI_INPROGRESS)
-	{
-		int			rc = gai_cancel(&l->cb);
-
-		if (rc != EAI_CANCELED && rc != EAI_ALLDONE)
-			return;
-	}
-	if (l->cb.ar_result)
-		freeaddrinfo(l->cb.ar_result);
-	free(l);
-}
-
-/* Close the socket alone (the commands, replies and state stay). */
-static void
-redis_close_socket(RelayRedisTarget *rt)
-{
-	if (rt->fd < 0)
-		return;
-	(void) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, rt->fd, NULL);
-	close(rt->fd);
-	ReleaseExternalFD();
-	rt->fd = -1;
-	rt->want_write = false;
+	return relay_conn_set_start(&conns);
 }
 
 /* Close the connection; what it carried is forgotten. */
 static void
 redis_close(RelayRedisTarget *rt)
 {
-	if (rt->state == REDIS_CONN_RESOLVING)
-		targets_resolving--;
-	redis_lookup_forget(rt);
-	redis_close_socket(rt);
-	rt->naddrs = 0;
-	rt->next_addr = 0;
+	relay_conn_close(&rt->conn);
 	if (rt->reader != NULL)
 	{
 		redisReaderFree(rt->reader);
 		rt->reader = NULL;
 	}
-	resetStringInfo(&rt->out);
-	rt->out_off = 0;
 	rt->npending = 0;
 	rt->pending_head = 0;
 	rt->loading = false;
-	rt->want_write = false;
-	rt->broken = false;
-	rt->state = REDIS_CONN_NONE;
+	rt->ready = false;
+	if (rt->early.maxlen > 1024 * 1024)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(rt->conn.cxt);
+
+		pfree(rt->early.data);
+		initStringInfo(&rt->early);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	resetStringInfo(&rt->early);
 }
 
 static void
@@ -604,13 +481,7 @@ relay_redis_stop(void)
 		if (t->kind == RELAY_REDIS && t->priv != NULL)
 			redis_close(REDIS_TARGET(t));
 	}
-	if (epoll_fd >= 0)
-	{
-		close(epoll_fd);
-		ReleaseExternalFD();
-		epoll_fd = -1;
-	}
-	/* The pipe stays: a resolver thread still running may write to it. */
+	relay_conn_set_stop(&conns);
 }
 
 /*---- RESP commands ----*/
@@ -674,10 +545,10 @@ redis_queue_load(RelayTarget *t)
 {
 	RelayRedisTarget *rt = REDIS_TARGET(t);
 
-	appendStringInfoString(&rt->out, "*3\r\n");
-	redis_arg_str(&rt->out, "SCRIPT");
-	redis_arg_str(&rt->out, "LOAD");
-	redis_arg_str(&rt->out, redis_script);
+	appendStringInfoString(&rt->conn.out, "*3\r\n");
+	redis_arg_str(&rt->conn.out, "SCRIPT");
+	redis_arg_str(&rt->conn.out, "LOAD");
+	redis_arg_str(&rt->conn.out, redis_script);
 	redis_expect(t, REDIS_PENDING_LOAD, 0, 0, 0);
 }
 
@@ -689,11 +560,11 @@ redis_queue_handshake(RelayTarget *t, RedisUrl *u)
 
 	if (u->password != NULL)
 	{
-		appendStringInfo(&rt->out, "*%d\r\n", u->user ? 3 : 2);
-		redis_arg_str(&rt->out, "AUTH");
+		appendStringInfo(&rt->conn.out, "*%d\r\n", u->user ? 3 : 2);
+		redis_arg_str(&rt->conn.out, "AUTH");
 		if (u->user)
-			redis_arg_str(&rt->out, u->user);
-		redis_arg_str(&rt->out, u->password);
+			redis_arg_str(&rt->conn.out, u->user);
+		redis_arg_str(&rt->conn.out, u->password);
 		redis_expect(t, REDIS_PENDING_AUTH, 0, 0, 0);
 	}
 	if (u->db != 0)
@@ -701,185 +572,41 @@ redis_queue_handshake(RelayTarget *t, RedisUrl *u)
 		char		db[24];
 
 		snprintf(db, sizeof(db), "%ld", u->db);
-		appendStringInfoString(&rt->out, "*2\r\n");
-		redis_arg_str(&rt->out, "SELECT");
-		redis_arg_str(&rt->out, db);
+		appendStringInfoString(&rt->conn.out, "*2\r\n");
+		redis_arg_str(&rt->conn.out, "SELECT");
+		redis_arg_str(&rt->conn.out, db);
 		redis_expect(t, REDIS_PENDING_SELECT, 0, 0, 0);
 	}
 	redis_queue_load(t);
 }
 
-/* Ask for EPOLLOUT while there is something to write (or a connect). */
+/* The TLS a target's url and files ask for. */
 static void
-redis_want_write(RelayRedisTarget *rt, bool want)
+redis_tls(RelayTarget *t, RelayConnTls *tls)
 {
-	struct epoll_event ev;
-
-	if (rt->fd < 0 || rt->want_write == want)
-		return;
-	ev.events = EPOLLIN | (want ? EPOLLOUT : 0);
-	ev.data.u64 = rt->serial;
-	if (epoll_ctl(epoll_fd, EPOLL_CTL_MOD, rt->fd, &ev) == 0)
-		rt->want_write = want;
+	memset(tls, 0, sizeof(*tls));
+	tls->on = strncmp(t->url, "rediss://", 9) == 0;
+	tls->ca_file = t->ca_file;
+	tls->client_cert = t->client_cert;
+	tls->client_key = t->client_key;
 }
 
-/* Write what can be written now; a failure is left for drive(). */
-static void
-redis_flush(RelayRedisTarget *rt)
-{
-	while (rt->state == REDIS_CONN_OPEN && !rt->broken && rt->out_off < rt->out.len)
-	{
-		ssize_t		n = send(rt->fd, rt->out.data + rt->out_off,
-							 rt->out.len - rt->out_off, MSG_NOSIGNAL);
-
-		if (n > 0)
-			rt->out_off += n;
-		else if (n < 0 && errno == EINTR)
-			continue;
-		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			break;
-		else
-		{
-			rt->broken = true;
-			snprintf(rt->broken_why, sizeof(rt->broken_why),
-					 "the connection to Redis at %s was lost: %s", rt->peer,
-					 n == 0 ? "closed" : strerror(errno));
-			break;
-		}
-	}
-	if (rt->out_off >= rt->out.len)
-	{
-		/* All written: the buffer starts again (kept if it grew large). */
-		if (rt->out.maxlen > 1024 * 1024)
-		{
-			pfree(rt->out.data);
-			initStringInfo(&rt->out);
-		}
-		resetStringInfo(&rt->out);
-		rt->out_off = 0;
-	}
-	if (rt->state == REDIS_CONN_OPEN)
-		redis_want_write(rt, rt->out_off < rt->out.len);
-}
-
-/*
- * Keep the addresses of list that the destination rules allow (at most
- * REDIS_MAX_ADDRS), to dial in turn.  Returns false, with rt->error, when
- * none is allowed.
- */
+/* Whether the connection was made for other settings than the target's. */
 static bool
-redis_keep_addresses(RelayRedisTarget *rt, struct addrinfo *list, const char *host)
+redis_stale(RelayTarget *t)
 {
-	struct addrinfo *ai;
-	const char *refused = NULL;
+	RelayRedisTarget *rt = REDIS_TARGET(t);
+	RelayConnTls tls;
 
-	rt->naddrs = 0;
-	rt->next_addr = 0;
-	for (ai = list; ai != NULL && rt->naddrs < REDIS_MAX_ADDRS; ai = ai->ai_next)
-	{
-		const void *addr;
-
-		if (ai->ai_family == AF_INET && ai->ai_addrlen == sizeof(struct sockaddr_in))
-			addr = &((struct sockaddr_in *) ai->ai_addr)->sin_addr;
-		else if (ai->ai_family == AF_INET6 && ai->ai_addrlen == sizeof(struct sockaddr_in6))
-			addr = &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr;
-		else
-			continue;
-		if ((refused = outbox_destination_refused(ai->ai_family, addr, host)) != NULL)
-			continue;
-		memcpy(&rt->addrs[rt->naddrs], ai->ai_addr, ai->ai_addrlen);
-		rt->addr_lens[rt->naddrs++] = ai->ai_addrlen;
-	}
-	if (rt->naddrs > 0)
-		return true;
-	if (refused != NULL)
-		snprintf(rt->error, sizeof(rt->error), "connection refused by the relay: %s", refused);
-	else
-		snprintf(rt->error, sizeof(rt->error), "\"%s\" has no IPv4 or IPv6 address", host);
-	return false;
+	redis_tls(t, &tls);
+	return strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation ||
+		!relay_conn_same_tls(&rt->conn, &tls);
 }
 
 /*
- * Dial the next address kept.  Returns false, with rt->error, when every
- * one failed at once (a connect() under way is seen in drive()).
- */
-static bool
-redis_dial_next(RelayRedisTarget *rt)
-{
-	while (rt->next_addr < rt->naddrs)
-	{
-		struct sockaddr *sa = (struct sockaddr *) &rt->addrs[rt->next_addr];
-		socklen_t	salen = rt->addr_lens[rt->next_addr];
-		char		text[INET6_ADDRSTRLEN];
-		int			fd;
-		int			one = 1;
-		struct epoll_event ev;
-
-		rt->next_addr++;
-		if (sa->sa_family == AF_INET)
-			snprintf(rt->peer, sizeof(rt->peer), "%s:%d",
-					 inet_ntop(AF_INET, &((struct sockaddr_in *) sa)->sin_addr, text, sizeof(text)),
-					 ntohs(((struct sockaddr_in *) sa)->sin_port));
-		else
-			snprintf(rt->peer, sizeof(rt->peer), "[%s]:%d",
-					 inet_ntop(AF_INET6, &((struct sockaddr_in6 *) sa)->sin6_addr, text, sizeof(text)),
-					 ntohs(((struct sockaddr_in6 *) sa)->sin6_port));
-		if (!AcquireExternalFD())
-		{
-			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: no file descriptor is free",
-					 rt->peer);
-			return false;
-		}
-		fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		if (fd < 0)
-		{
-			ReleaseExternalFD();
-			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: %s",
-					 rt->peer, strerror(errno));
-			continue;
-		}
-		(void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-		if (connect(fd, sa, salen) != 0 && errno != EINPROGRESS)
-		{
-			snprintf(rt->error, sizeof(rt->error), "could not connect to Redis at %s: %s",
-					 rt->peer, strerror(errno));
-			close(fd);
-			ReleaseExternalFD();
-			continue;
-		}
-		ev.events = EPOLLIN | EPOLLOUT;
-		ev.data.u64 = rt->serial;
-		if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0)
-		{
-			snprintf(rt->error, sizeof(rt->error), "could not wait for Redis at %s: %s",
-					 rt->peer, strerror(errno));
-			close(fd);
-			ReleaseExternalFD();
-			return false;
-		}
-		rt->fd = fd;
-		rt->want_write = true;
-		rt->state = REDIS_CONN_CONNECTING;
-		return true;
-	}
-	return false;
-}
-
-/* On glibc's resolver thread: a lookup ended; wake the relay. */
-static void
-redis_lookup_done(union sigval sv)
-{
-	char		c = 1;
-
-	/* Non-blocking: a full pipe has woken the relay already. */
-	if (write(wake_pipe[1], &c, 1) < 0)
-		return;
-}
-
-/*
- * Make the target's connection if it has none: resolve its host (an
- * address at once, a name in the background), dial, and queue the
- * handshake.  Returns false, with rt->error, when it cannot be made.
+ * Make the target's connection if it has none: queue the handshake, and
+ * start the lookup, connect and TLS (relay_conn.c).  Returns false, with
+ * rt->conn.error, when it cannot be made.
  */
 static bool
 redis_connect(RelayTarget *t)
@@ -887,11 +614,10 @@ redis_connect(RelayTarget *t)
 	RelayRedisTarget *rt = REDIS_TARGET(t);
 	RedisUrl	u;
 	const char *bad;
-	struct in_addr a4;
-	struct in6_addr a6;
+	RelayConnTls tls;
 	MemoryContext oldcxt;
 
-	if (rt->state != REDIS_CONN_NONE)
+	if (rt->conn.state != RELAY_CONN_NONE)
 		return true;
 	oldcxt = MemoryContextSwitchTo(t->cxt);
 	if (rt->url)
@@ -899,109 +625,60 @@ redis_connect(RelayTarget *t)
 	rt->url = pstrdup(t->url);
 	MemoryContextSwitchTo(oldcxt);
 	rt->destinations = outbox_destinations_generation;
-	rt->serial = next_conn_serial++;
 	if ((bad = redis_parse_url(t->url, &u)) != NULL)
 	{
-		snprintf(rt->error, sizeof(rt->error), "the url is not usable: %s", bad);
+		snprintf(rt->conn.error, sizeof(rt->conn.error), "the url is not usable: %s", bad);
 		return false;
 	}
 	rt->reader = redisReaderCreateWithFunctions(&redis_reply_functions);
 	if (rt->reader == NULL)
 	{
-		snprintf(rt->error, sizeof(rt->error), "out of memory");
+		snprintf(rt->conn.error, sizeof(rt->conn.error), "out of memory");
 		return false;
 	}
 	redis_queue_handshake(t, &u);
-
-	if (inet_pton(AF_INET, u.host, &a4) == 1 || inet_pton(AF_INET6, u.host, &a6) == 1)
+	if (u.password != NULL)
+		memset(u.password, 0, strlen(u.password));	/* gone from memory */
+	redis_tls(t, &tls);
+	if (!relay_conn_open(&rt->conn, u.host, u.port, &tls))
 	{
-		struct addrinfo hints;
-		struct addrinfo *list = NULL;
-		char		service[8];
-		bool		ok;
+		char		error[RELAY_MAX_ERROR_LEN + 1];
 
-		/* An address: no lookup to wait for. */
-		memset(&hints, 0, sizeof(hints));
-		hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-		hints.ai_socktype = SOCK_STREAM;
-		snprintf(service, sizeof(service), "%d", u.port);
-		if (getaddrinfo(u.host, service, &hints, &list) != 0)
-		{
-			snprintf(rt->error, sizeof(rt->error), "\"%s\" is not an address", u.host);
-			redis_close(rt);
-			return false;
-		}
-		ok = redis_keep_addresses(rt, list, u.host) && redis_dial_next(rt);
-		freeaddrinfo(list);
-		if (!ok)
-			redis_close(rt);
-		return ok;
+		strlcpy(error, rt->conn.error, sizeof(error));
+		redis_close(rt);
+		strlcpy(rt->conn.error, error, sizeof(rt->conn.error));
+		return false;
 	}
-	else
-	{
-		RedisLookup *l = calloc(1, sizeof(RedisLookup));
-		struct gaicb *list[1];
-		struct sigevent sev;
-		int			rc;
-		sigset_t	all;
-		sigset_t	old;
+	return true;
+}
 
-		if (l == NULL)
-		{
-			snprintf(rt->error, sizeof(rt->error), "out of memory");
-			redis_close(rt);
-			return false;
-		}
-		strlcpy(l->name, u.host, sizeof(l->name));
-		snprintf(l->service, sizeof(l->service), "%d", u.port);
-		l->hints.ai_family = AF_UNSPEC;
-		l->hints.ai_socktype = SOCK_STREAM;
-		l->cb.ar_name = l->name;
-		l->cb.ar_service = l->service;
-		l->cb.ar_request = &l->hints;
-		list[0] = &l->cb;
-		/* Its end is told through the wake pipe, in the epoll set. */
-		memset(&sev, 0, sizeof(sev));
-		sev.sigev_notify = SIGEV_THREAD;
-		sev.sigev_notify_function = redis_lookup_done;
-		/* glibc's resolver threads must not take PostgreSQL's signals. */
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old);
-		rc = getaddrinfo_a(GAI_NOWAIT, list, 1, &sev);
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
-		if (rc != 0)
-		{
-			free(l);
-			snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", u.host,
-					 gai_strerror(rc));
-			redis_close(rt);
-			return false;
-		}
-		rt->lookup = l;
-		rt->state = REDIS_CONN_RESOLVING;
-		targets_resolving++;
-		return true;
-	}
+/* A target's connection state, made before its lanes. */
+static void
+relay_redis_target_init(RelayTarget *t)
+{
+	RelayRedisTarget *rt = MemoryContextAllocZero(t->cxt, sizeof(RelayRedisTarget));
+	MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+	relay_conn_init(&rt->conn, &conns, "Redis", "rediss://", t->cxt);
+	initStringInfo(&rt->stream);
+	initStringInfo(&rt->mark);
+	initStringInfo(&rt->early);
+	MemoryContextSwitchTo(oldcxt);
+	t->priv = rt;
+}
+
+static void
+relay_redis_target_release(RelayTarget *t)
+{
+	if (t->priv != NULL)
+		redis_close(REDIS_TARGET(t));
+	t->priv = NULL;
 }
 
 static void
 relay_redis_lane_init(RelayLane *lane)
 {
-	RelayTarget *t = lane->target;
-
-	if (t->priv == NULL)
-	{
-		RelayRedisTarget *rt = MemoryContextAllocZero(t->cxt, sizeof(RelayRedisTarget));
-		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
-
-		rt->fd = -1;
-		initStringInfo(&rt->out);
-		initStringInfo(&rt->stream);
-		initStringInfo(&rt->mark);
-		MemoryContextSwitchTo(oldcxt);
-		t->priv = rt;
-	}
-	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayAcks));
+	lane->priv = MemoryContextAllocZero(lane->target->cxt, sizeof(RelayAcks));
 }
 
 static void
@@ -1015,12 +692,6 @@ relay_redis_lane_release(RelayLane *lane)
 		if (t->priv != NULL)
 			REDIS_TARGET(t)->in_flight--;
 		lane->in_flight = false;
-	}
-	/* The last lane closes the target's connection. */
-	if (lane->index == t->nlanes - 1 && t->priv != NULL)
-	{
-		redis_close(REDIS_TARGET(t));
-		t->priv = NULL;
 	}
 }
 
@@ -1039,6 +710,7 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	char		window[16];
 	char		maxlen[24];
 	int			i;
+	StringInfo	out;
 	int			out_len;
 	int			npending;
 
@@ -1050,13 +722,12 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	 * A connection made for another url or other rules is made anew; with
 	 * requests of other lanes on it, drive() ends them first.
 	 */
-	if (rt->state != REDIS_CONN_NONE &&
-		(strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation))
+	if (rt->conn.state != RELAY_CONN_NONE && redis_stale(t))
 	{
 		if (rt->in_flight > 0)
 		{
 			failed->kind = RELAY_RETRY;
-			failed->error = "the url or the destination rules changed: the connection is made anew";
+			failed->error = "the url, the TLS files or the destination rules changed: the connection is made anew";
 			return false;
 		}
 		redis_close(rt);
@@ -1064,7 +735,7 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	if (!redis_connect(t))
 	{
 		failed->kind = RELAY_RECEIVER_FAILED;
-		failed->error = rt->error;
+		failed->error = rt->conn.error;
 		return false;
 	}
 
@@ -1072,15 +743,18 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	lane->nbatch = lane->cut_n;
 	snprintf(window, sizeof(window), "%d", Max(t->dedup_window, 0));
 	snprintf(maxlen, sizeof(maxlen), INT64_FORMAT, t->maxlen);
-	out_len = rt->out.len;
+	/*
+	 * Until the handshake (AUTH above all) is answered, commands wait: a
+	 * refused AUTH must not leave them to run as the default user.
+	 */
+	out = rt->ready ? &rt->conn.out : &rt->early;
+	out_len = out->len;
 	npending = rt->npending;
 	/* An error half-way (out of memory) must not leave half a command. */
 	PG_TRY();
 	{
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
 	{
-		StringInfo	out = &rt->out;
-
 		if (!relay_template_fill(t->stream, m, &rt->stream))
 		{
 			relay_acks_bad(rl, i, RELAY_REJECTED,
@@ -1145,8 +819,8 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	}
 	PG_CATCH();
 	{
-		rt->out.len = out_len;
-		rt->out.data[out_len] = '\0';
+		out->len = out_len;
+		out->data[out_len] = '\0';
 		rt->npending = npending;
 		PG_RE_THROW();
 	}
@@ -1161,7 +835,7 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	lane->in_flight = true;
 	rt->in_flight++;
 	requests_in_flight++;
-	redis_flush(rt);
+	relay_conn_flush(&rt->conn);
 	return true;
 }
 
@@ -1169,39 +843,20 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 static void
 redis_lane_check(RelayLane *lane, RelayFinishedFn finished)
 {
-	RelayOutcome outcome;
-
-	if (!relay_acks_decided(REDIS_LANE(lane)))
-		return;
-	relay_acks_outcome(REDIS_LANE(lane), &outcome);
-	lane->in_flight = false;
-	REDIS_TARGET(lane->target)->in_flight--;
-	requests_in_flight--;
-	finished(lane, &outcome);
+	relay_acks_lane_check(lane, finished, &REDIS_TARGET(lane->target)->in_flight,
+						  &requests_in_flight);
 }
 
-/*
- * The connection is given up: every request of the target waiting is
- * decided at its first unanswered message (kind, why), those answered
- * before it delivered.
- */
+/* The connection is given up, and every request of the target waiting. */
 static void
 redis_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, RelayFinishedFn finished)
 {
 	RelayRedisTarget *rt = REDIS_TARGET(t);
 	char		error[RELAY_MAX_ERROR_LEN + 1];
-	int			i;
 
 	strlcpy(error, why, sizeof(error));
 	redis_close(rt);
-	for (i = 0; i < t->nlanes && t->priv != NULL; i++)
-		if (t->lanes[i].in_flight)
-		{
-			RelayAcks  *rl = REDIS_LANE(&t->lanes[i]);
-
-			relay_acks_give_up(rl, kind, error);
-			redis_lane_check(&t->lanes[i], finished);
-		}
+	relay_acks_fail_lanes(t, kind, error, finished, &rt->in_flight, &requests_in_flight);
 }
 
 /* An error reply's text, printable ASCII only (it goes to last_error). */
@@ -1271,7 +926,7 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 
 	if (rt->npending == 0)
 	{
-		snprintf(error, sizeof(error), "Redis at %s sent a reply to no command", rt->peer);
+		snprintf(error, sizeof(error), "Redis at %s sent a reply to no command", rt->conn.peer);
 		redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 		return false;
 	}
@@ -1299,9 +954,17 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					strncmp(r->str, script_sha, 40) != 0)
 				{
 					snprintf(error, sizeof(error), "Redis at %s answered SCRIPT LOAD with something else than the script's SHA1",
-							 rt->peer);
+							 rt->conn.peer);
 					redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 					return false;
+				}
+				if (!rt->ready)
+				{
+					/* the handshake's last answer: what waited goes */
+					rt->ready = true;
+					appendBinaryStringInfo(&rt->conn.out, rt->early.data, rt->early.len);
+					resetStringInfo(&rt->early);
+					relay_conn_flush(&rt->conn);
 				}
 			}
 			return true;
@@ -1336,7 +999,7 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 				 * target a moment (no attempt counted) before sending again.
 				 */
 				snprintf(error, sizeof(error), "Redis at %s lost the relay's script (NOSCRIPT: SCRIPT FLUSH, or a restart); it is loaded again",
-						 rt->peer);
+						 rt->conn.peer);
 				if (!rt->loading)
 				{
 					redis_queue_load(t);
@@ -1380,7 +1043,7 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 		else
 		{
 			snprintf(error, sizeof(error), "Redis at %s answered the relay's script with an unexpected reply (type %d)",
-					 rt->peer, r->type);
+					 rt->conn.peer, r->type);
 			relay_acks_bad(rl, p.pos, RELAY_RECEIVER_FAILED, error);
 		}
 		redis_lane_check(lane, finished);
@@ -1400,17 +1063,14 @@ redis_read(RelayTarget *t, RelayFinishedFn finished)
 	/* At most REDIS_MAX_READS: the rest wakes the loop again (level-triggered). */
 	for (reads = 0; reads < REDIS_MAX_READS; reads++)
 	{
-		ssize_t		n = recv(rt->fd, buf, sizeof(buf), 0);
+		int			n = relay_conn_read(&rt->conn, buf, sizeof(buf));
 		void	   *reply = NULL;
 
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		if (n == 0)
 			return;
-		if (n <= 0)
+		if (n < 0)
 		{
-			snprintf(error, sizeof(error), "the connection to Redis at %s was lost: %s",
-					 rt->peer, n == 0 ? "closed by the server" : strerror(errno));
+			strlcpy(error, rt->conn.error, sizeof(error));
 			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 			return;
 		}
@@ -1424,7 +1084,7 @@ redis_read(RelayTarget *t, RelayFinishedFn finished)
 			if (redisReaderGetReply(rt->reader, &reply) != REDIS_OK)
 			{
 				snprintf(error, sizeof(error), "Redis at %s sent what the relay cannot parse: %s",
-						 rt->peer, rt->reader->errstr);
+						 rt->conn.peer, rt->reader->errstr);
 				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 				return;
 			}
@@ -1436,17 +1096,17 @@ redis_read(RelayTarget *t, RelayFinishedFn finished)
 				return;
 			}
 			redis_free_reply(reply);
-			if (t->priv == NULL || rt->state != REDIS_CONN_OPEN)
+			if (t->priv == NULL || rt->conn.state != RELAY_CONN_OPEN)
 				return;
 		}
 		if (rt->reader->len - rt->reader->pos > REDIS_MAX_UNPARSED)
 		{
-			snprintf(error, sizeof(error), "Redis at %s sent a reply larger than 4 MB", rt->peer);
+			snprintf(error, sizeof(error), "Redis at %s sent a reply larger than 4 MB", rt->conn.peer);
 			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 			return;
 		}
 		/* a new reply may have queued a command (SCRIPT LOAD) */
-		redis_flush(rt);
+		relay_conn_flush(&rt->conn);
 	}
 }
 
@@ -1459,73 +1119,42 @@ redis_target_of(uint64 serial)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-		if (t->kind == RELAY_REDIS && t->priv != NULL && REDIS_TARGET(t)->serial == serial &&
-			REDIS_TARGET(t)->fd >= 0)
+		if (t->kind == RELAY_REDIS && t->priv != NULL && REDIS_TARGET(t)->conn.serial == serial &&
+			REDIS_TARGET(t)->conn.fd >= 0)
 			return t;
 	}
 	return NULL;
 }
 
-/* A connect() under way has ended: open, or failed. */
+/* The connection taken a step on (events of it, or 0 after a wake-up). */
 static void
-redis_connected(RelayTarget *t, RelayFinishedFn finished)
+redis_step(RelayTarget *t, uint32 events, RelayFinishedFn finished)
 {
 	RelayRedisTarget *rt = REDIS_TARGET(t);
-	int			err = 0;
-	socklen_t	len = sizeof(err);
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 
-	if (getsockopt(rt->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-		err = errno;
-	if (err != 0)
+	switch (relay_conn_step(&rt->conn, events))
 	{
-		int			tried = rt->next_addr;
-
-		snprintf(error, sizeof(error), "could not connect to Redis at %s: %s", rt->peer,
-				 strerror(err));
-		/* Nothing was written yet: the next address gets it all. */
-		redis_close_socket(rt);
-		rt->state = REDIS_CONN_NONE;
-		if (redis_dial_next(rt))
+		case RELAY_CONN_WAIT:
 			return;
-		/* the last address's own failure, when another was tried */
-		redis_fail(t, RELAY_RECEIVER_FAILED, rt->next_addr > tried ? rt->error : error, finished);
-		return;
+		case RELAY_CONN_FAILED:
+			strlcpy(error, rt->conn.error, sizeof(error));
+			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+			return;
+		case RELAY_CONN_OPENED:
+			relay_conn_flush(&rt->conn);
+			return;
+		case RELAY_CONN_READY:
+			break;
 	}
-	rt->state = REDIS_CONN_OPEN;
-	redis_flush(rt);
-}
-
-/* A host name resolved: dial it, or fail. */
-static void
-redis_resolved(RelayTarget *t, RelayFinishedFn finished)
-{
-	RelayRedisTarget *rt = REDIS_TARGET(t);
-	RedisLookup *l = rt->lookup;
-	int			rc = gai_error(&l->cb);
-
-	if (rc == EAI_INPROGRESS)
-		return;
-	targets_resolving--;
-	rt->state = REDIS_CONN_NONE;
-	if (rc != 0)
-		snprintf(rt->error, sizeof(rt->error), "could not resolve \"%s\": %s", l->name,
-				 gai_strerror(rc));
-	else if (redis_keep_addresses(rt, l->cb.ar_result, l->name) && redis_dial_next(rt))
-	{
-		redis_lookup_forget(rt);
-		return;
-	}
-	{
-		char		error[RELAY_MAX_ERROR_LEN + 1];
-
-		strlcpy(error, rt->error, sizeof(error));
-		redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
-	}
+	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+		redis_read(t, finished);
+	if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN && (events & EPOLLOUT))
+		relay_conn_flush(&rt->conn);
 }
 
 /*
- * Take what the sockets have: connects ended, replies, writes possible;
+ * Take what the sockets have: connections made, replies, writes possible;
  * then host names resolved, connections made for other settings, and
  * requests past their time.
  */
@@ -1535,40 +1164,20 @@ relay_redis_drive(RelayFinishedFn finished)
 	struct epoll_event evs[REDIS_MAX_EVENTS];
 	int			n;
 	int			i;
+	bool		woke;
 	ListCell   *lc;
 	TimestampTz now = 0;
 
-	if (epoll_fd < 0)
-		return;
-	n = epoll_wait(epoll_fd, evs, REDIS_MAX_EVENTS, 0);
+	n = relay_conn_set_events(&conns, evs, REDIS_MAX_EVENTS, &woke);
 	for (i = 0; i < n; i++)
 	{
-		RelayTarget *t;
-		RelayRedisTarget *rt;
+		RelayTarget *t = redis_target_of(evs[i].data.u64);
 
-		if (evs[i].data.u64 == REDIS_WAKE_SERIAL)
-		{
-			/* a host name resolved: looked at below */
-			relay_wake_pipe_drain(wake_pipe[0]);
-			continue;
-		}
-		t = redis_target_of(evs[i].data.u64);
-
-		if (t == NULL)
-			continue;
-		rt = REDIS_TARGET(t);
-		if (rt->state == REDIS_CONN_CONNECTING)
-		{
-			redis_connected(t, finished);
-			continue;
-		}
-		if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
-			redis_read(t, finished);
-		if (t->priv != NULL && rt->state == REDIS_CONN_OPEN && (evs[i].events & EPOLLOUT))
-			redis_flush(rt);
+		if (t != NULL)
+			redis_step(t, evs[i].events, finished);
 	}
 
-	if (requests_in_flight == 0 && targets_resolving == 0)
+	if (requests_in_flight == 0)
 		return;
 	foreach(lc, relay_targets)
 	{
@@ -1579,20 +1188,25 @@ relay_redis_drive(RelayFinishedFn finished)
 		if (t->kind != RELAY_REDIS || t->priv == NULL)
 			continue;
 		rt = REDIS_TARGET(t);
-		if (rt->state == REDIS_CONN_RESOLVING)
-			redis_resolved(t, finished);
-		if (rt->in_flight == 0 || t->priv == NULL)
+		if (rt->in_flight == 0)
 			continue;
-		if (rt->broken)
+		if (woke && rt->conn.state == RELAY_CONN_RESOLVING)
+			redis_step(t, 0, finished);
+		/* bytes TLS has decrypted already: epoll does not see them */
+		if (t->priv != NULL && relay_conn_pending(&rt->conn))
+			redis_read(t, finished);
+		if (t->priv == NULL || rt->in_flight == 0)
+			continue;
+		if (rt->conn.broken)
 		{
-			strlcpy(error, rt->broken_why, sizeof(error));
+			strlcpy(error, rt->conn.broken_why, sizeof(error));
 			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 			continue;
 		}
-		if (strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation)
+		if (redis_stale(t))
 		{
 			redis_fail(t, RELAY_RETRY,
-					   "the url or the destination rules changed: the connection is made anew", finished);
+					   "the url, the TLS files or the destination rules changed: the connection is made anew", finished);
 			continue;
 		}
 		/* Replies come in order: a request past its time stops the rest. */
@@ -1606,8 +1220,7 @@ relay_redis_drive(RelayFinishedFn finished)
 				now = GetCurrentTimestamp();
 			if (now >= REDIS_LANE(lane)->deadline)
 			{
-				snprintf(error, sizeof(error), "no reply from Redis at %s within %d ms",
-						 rt->state == REDIS_CONN_OPEN ? rt->peer : t->name, t->timeout_ms);
+				relay_conn_timeout_text(&rt->conn, t->timeout_ms, error, sizeof(error));
 				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 				break;
 			}
@@ -1623,6 +1236,15 @@ relay_redis_drive(RelayFinishedFn finished)
 static long
 relay_redis_timeout(void)
 {
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == RELAY_REDIS && t->priv != NULL && relay_conn_pending(&REDIS_TARGET(t)->conn))
+			return 0;
+	}
 	return requests_in_flight > 0 ? relay_acks_next_deadline_ms(RELAY_REDIS) : -1;
 }
 
@@ -1655,6 +1277,8 @@ const RelayTransport relay_redis_transport = {
 	.check = relay_redis_check,
 	.start = relay_redis_start,
 	.stop = relay_redis_stop,
+	.target_init = relay_redis_target_init,
+	.target_release = relay_redis_target_release,
 	.lane_init = relay_redis_lane_init,
 	.lane_release = relay_redis_lane_release,
 	.send = relay_redis_send,

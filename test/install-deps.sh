@@ -30,6 +30,10 @@ packages=(
 	librabbitmq-dev
 	rabbitmq-server
 	libipc-run-perl
+	# the TAP tests reach TLS-only brokers (test/t/OutboxRedis.pm)
+	libio-socket-ssl-perl
+	# OpenSSL for the relay's TLS to brokers (src/relay_tls.c)
+	libssl-dev
 	# the TAP tests decode the receivers' and brokers' records with it
 	libjson-xs-perl
 	cppcheck

@@ -22,7 +22,6 @@
 #  - a missing, unreadable or relative path is refused at once (22023).
 use strict;
 use warnings;
-use Cwd qw(abs_path);
 use File::Copy qw(copy);
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
@@ -30,50 +29,10 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 use OutboxRelayTest;
+use OutboxTls;
 
 # --- certificates ---
-my $dir = abs_path(PostgreSQL::Test::Utils::tempdir('tls'));
-
-sub openssl
-{
-	my @args = @_;
-	my ($out, $err);
-	my $ok = eval { IPC::Run::run([ 'openssl', @args ], '<', \undef, '>', \$out, '2>', \$err) };
-	die "openssl @args failed (the openssl command line is needed: test/install-deps.sh): "
-	  . ($@ || $err)
-	  unless $ok;
-}
-
-sub write_file
-{
-	my ($path, $text) = @_;
-	open(my $fh, '>', $path) or die "$path: $!";
-	print $fh $text;
-	close $fh;
-}
-
-my @ec = ('-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes');
-
-# A CA: "$dir/$name.pem" and its key.
-sub make_ca
-{
-	my ($name, $cn) = @_;
-	openssl('req', '-x509', @ec, '-days', '2', '-keyout', "$dir/$name.key",
-		'-out', "$dir/$name.pem", '-subj', "/O=outbox-test/CN=$cn",
-		'-addext', 'basicConstraints=critical,CA:true',
-		'-addext', 'keyUsage=critical,keyCertSign,cRLSign');
-}
-
-# A certificate signed by $ca: "$dir/$name.pem" and "$dir/$name.key".
-sub make_cert
-{
-	my ($name, $ca, $subj, $ext) = @_;
-	openssl('req', @ec, '-keyout', "$dir/$name.key", '-out', "$dir/$name.csr", '-subj', $subj);
-	write_file("$dir/$name.ext", $ext);
-	openssl('x509', '-req', '-in', "$dir/$name.csr", '-CA', "$dir/$ca.pem",
-		'-CAkey', "$dir/$ca.key", '-CAcreateserial', '-days', '2',
-		'-extfile', "$dir/$name.ext", '-out', "$dir/$name.pem");
-}
+my $dir = tls_dir();
 
 make_ca('ca', 'outbox test CA');
 make_ca('other-ca', 'unrelated CA');

@@ -19,7 +19,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 
-our @EXPORT = qw(rmq_start rmq_stop rmq_kill rmq_tool rmq_dump rmq_count rmq_ctl);
+our @EXPORT = qw(rmq_start rmq_stop rmq_kill rmq_tool rmq_dump rmq_count rmq_ctl rmq_tls_client);
 
 my $src = abs_path(dirname(__FILE__) . '/../rabbitmq/outbox_rabbitmq.c');
 my @started;
@@ -43,7 +43,8 @@ sub _env
 		RABBITMQ_MNESIA_BASE => "$s->{dir}/mnesia",
 		RABBITMQ_LOG_BASE => "$s->{dir}/log",
 		RABBITMQ_NODENAME => $s->{node},
-		RABBITMQ_NODE_PORT => $s->{port},
+		# a TLS node's listener is in its rabbitmq.conf
+		($s->{tls} ? () : (RABBITMQ_NODE_PORT => $s->{port})),
 		RABBITMQ_NODE_IP_ADDRESS => '127.0.0.1',
 		RABBITMQ_DIST_PORT => $s->{dist_port},
 		RABBITMQ_ENABLED_PLUGINS_FILE => "$s->{dir}/enabled_plugins",
@@ -55,7 +56,10 @@ sub _env
 }
 
 # Start a node.  %opts: port and dir (to start one again), conf (lines of
-# rabbitmq.conf).  Returns a hash: port, url, dir, node, harness.
+# rabbitmq.conf), tls (a hash: cert, key, ca, client_cert, client_key,
+# and peer_cert_required: the node then listens with TLS only, takes the
+# EXTERNAL login of a client certificate, and url is amqps://).  Returns
+# a hash: port, url, dir, node, harness.
 sub rmq_start
 {
 	my ($name, %opts) = @_;
@@ -66,14 +70,28 @@ sub rmq_start
 		dir => abs_path($PostgreSQL::Test::Utils::tmp_check) . "/rabbitmq_$name",
 		node => "outbox_${name}_$$\@localhost",
 	};
-	$s->{url} = "amqp://guest:guest\@127.0.0.1:$s->{port}";
+	$s->{tls} = $opts{tls} if exists $opts{tls};
+	my $tls = $s->{tls};
+	$s->{url} = ($tls ? 'amqps' : 'amqp') . "://guest:guest\@127.0.0.1:$s->{port}";
 	mkdir $s->{dir};
 	open my $f, '>', "$s->{dir}/rabbitmq.conf" or die;
 	print $f "loopback_users = none\n" . ($opts{conf} // $s->{conf} // '');
+	print $f <<"EOC" if $tls;
+listeners.tcp = none
+listeners.ssl.default = 127.0.0.1:$s->{port}
+ssl_options.cacertfile = $tls->{ca}
+ssl_options.certfile = $tls->{cert}
+ssl_options.keyfile = $tls->{key}
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = @{[ $tls->{peer_cert_required} ? 'true' : 'false' ]}
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = EXTERNAL
+ssl_cert_login_from = common_name
+EOC
 	close $f;
 	$s->{conf} //= $opts{conf};
 	open $f, '>', "$s->{dir}/enabled_plugins" or die;
-	print $f "[].\n";
+	print $f $tls ? "[rabbitmq_auth_mechanism_ssl].\n" : "[].\n";
 	close $f;
 	my %env = _env($s);
 	my $log = "$PostgreSQL::Test::Utils::log_path/rabbitmq_$name.log";
@@ -87,6 +105,8 @@ sub rmq_start
 	while (time < $deadline)
 	{
 		my ($out, $err) = ('', '');
+		my %tls_env = _tls_env($tls ? ($tls->{ca}, $tls->{client_cert}, $tls->{client_key}) : ());
+		local @ENV{ keys %tls_env } = values %tls_env;
 		return $s
 		  if IPC::Run::run([ rmq_tool_path(), 'count', $s->{url}, 'amq.probe.none' ],
 			'>', \$out, '2>', \$err)
@@ -117,6 +137,8 @@ sub rmq_kill { _signal($_[0], 'KILL'); }
 
 END
 {
+	# (the test's exit status is not the killed servers')
+	local $?;
 	_signal($_, 'KILL') for grep { $_->{harness} } @started;
 }
 
@@ -133,11 +155,25 @@ sub rmq_ctl
 	return $out;
 }
 
+# The tool's environment for TLS files (CA, certificate, key), those given.
+sub _tls_env
+{
+	my %e;
+	@e{qw(OUTBOX_RMQ_CA OUTBOX_RMQ_CERT OUTBOX_RMQ_KEY)} = @_;
+	return map { defined $e{$_} ? ($_ => $e{$_}) : () } keys %e;
+}
+
+# The TLS files the tool uses for amqps:// URLs (rmq_tls_client(ca, cert, key)).
+my @tool_tls;
+sub rmq_tls_client { @tool_tls = @_; }
+
 # Run the tool; returns its output, dies on failure.
 sub rmq_tool
 {
 	my ($url, $cmd, @args) = @_;
 	my ($out, $err) = ('', '');
+	my %tls_env = _tls_env(@tool_tls);
+	local @ENV{ keys %tls_env } = values %tls_env;
 	IPC::Run::run([ rmq_tool_path(), $cmd, $url, @args ], '>', \$out, '2>', \$err)
 	  or die "outbox_rabbitmq $cmd @args: $err";
 	return $out;

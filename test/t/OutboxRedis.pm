@@ -10,6 +10,7 @@ use warnings;
 use Cwd qw(abs_path);
 use Exporter 'import';
 use IO::Socket::INET;
+use IO::Socket::SSL;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -21,8 +22,11 @@ our @EXPORT = qw(redis_start redis_stop redis_kill redis_cmd redis_entries redis
 my @started;    # every server started, stopped at exit even if a test dies
 
 # Start a redis-server.  %opts: port (default: a free one), dir (default a
-# new one under tmp_check), args (more redis-server arguments).  Returns a
-# hash: port, dir, harness, log, name.
+# new one under tmp_check), args (more redis-server arguments), tls (a
+# hash: cert, key, ca, and client_cert, client_key for the test's own
+# client; the server then listens with TLS only, on port, and asks for a
+# client certificate unless auth_clients says 'no').  Returns a hash:
+# port, dir, harness, log, name.
 sub redis_start
 {
 	my ($name, %opts) = @_;
@@ -32,12 +36,18 @@ sub redis_start
 	$dir = abs_path($dir);
 	# absolute: redis-server opens it after changing to --dir
 	my $log = abs_path($PostgreSQL::Test::Utils::log_path) . "/redis_$name.log";
-	my @cmd = ('redis-server', '--port', $port, '--bind', '127.0.0.1', '--dir', $dir,
+	my $tls = $opts{tls};
+	my @listen = $tls
+	  ? ('--port', '0', '--tls-port', $port, '--tls-cert-file', $tls->{cert},
+		'--tls-key-file', $tls->{key}, '--tls-ca-cert-file', $tls->{ca},
+		'--tls-auth-clients', $tls->{auth_clients} // 'yes')
+	  : ('--port', $port);
+	my @cmd = ('redis-server', @listen, '--bind', '127.0.0.1', '--dir', $dir,
 		'--appendonly', 'yes', '--appendfsync', 'always', '--save', '',
 		'--daemonize', 'no', '--logfile', $log, @{ $opts{args} // [] });
 	my $h = IPC::Run::start(\@cmd, '<', \undef, '>>', "$log.out", '2>>', "$log.out");
 	my $s = { name => $name, port => $port, dir => $dir, harness => $h, log => $log,
-		opts => \%opts };
+		opts => \%opts, tls => $tls };
 	push @started, $s unless grep { $_ == $s } @started;
 	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	while (time < $deadline)
@@ -71,6 +81,8 @@ sub redis_kill
 
 END
 {
+	# (the test's exit status is not the killed servers')
+	local $?;
 	for my $s (@started)
 	{
 		redis_kill($s) if $s->{harness};
@@ -120,9 +132,15 @@ sub redis_cmd
 	my ($s, @args) = @_;
 	for my $try (1 .. 2)
 	{
-		$s->{sock} //= IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $s->{port},
-			Proto => 'tcp', Timeout => 5)
-		  or die "redis: cannot connect to $s->{port}: $!\n";
+		$s->{sock} //= $s->{tls}
+		  ? IO::Socket::SSL->new(PeerAddr => '127.0.0.1', PeerPort => $s->{port}, Timeout => 5,
+			# (the test's own look at the server: the relay's checks are what is tested)
+			SSL_verify_mode => SSL_VERIFY_NONE,
+			SSL_cert_file => $s->{tls}{client_cert}, SSL_key_file => $s->{tls}{client_key})
+		  : IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $s->{port},
+			Proto => 'tcp', Timeout => 5);
+		die "redis: cannot connect to $s->{port}: $! " . ($IO::Socket::SSL::SSL_ERROR // '') . "\n"
+		  unless $s->{sock};
 		my $sock = $s->{sock};
 		my $cmd = '*' . scalar(@args) . "\r\n";
 		$cmd .= '$' . length($_) . "\r\n$_\r\n" for @args;

@@ -1,0 +1,273 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_tls.c
+ *	  TLS of the socket transports' connections (relay_conn.c), with
+ *	  OpenSSL.  All OpenSSL use of the connections is here.
+ *
+ * A connection that asks for TLS gets a context of its own when it is
+ * made, so a target's files changed by alter_target() are read by its next
+ * connection: TLS 1.2 or later, the peer's chain verified against the
+ * target's ca_file (or the system's store when it has none), the host name
+ * (or address) of the url checked against the certificate, SNI for a name,
+ * and the target's client certificate and key when it has them.  There is
+ * no way to turn verification off, as for HTTP targets.
+ *
+ * Everything is non-blocking: the handshake, reads and writes say when
+ * they want the socket readable or writable, and the relay's loop waits
+ * for that.  OpenSSL runs no thread; its objects are malloc'd, freed by
+ * relay_tls_free().
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include "relay.h"
+
+/* The OpenSSL error queue's first reason, or what, emptied. */
+static void
+tls_reason(char *out, size_t size, const char *what)
+{
+	unsigned long e = ERR_get_error();
+	const char *r = e != 0 ? ERR_reason_error_string(e) : NULL;
+
+	snprintf(out, size, "%s", r != NULL ? r : what);
+	ERR_clear_error();
+}
+
+/*
+ * A TLS session on the connected socket fd, for host (a name or an
+ * address).  Returns NULL with error when the files cannot be used.
+ */
+void *
+relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, size_t size)
+{
+	SSL_CTX    *ctx;
+	SSL		   *ssl = NULL;
+	char		why[160];
+	unsigned char addr[16];
+	bool		is_addr;
+
+	ERR_clear_error();
+	ctx = SSL_CTX_new(TLS_client_method());
+	if (ctx == NULL)
+	{
+		snprintf(error, size, "could not create a TLS context: out of memory");
+		return NULL;
+	}
+	(void) SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	if (tls->ca_file != NULL)
+	{
+		if (SSL_CTX_load_verify_locations(ctx, tls->ca_file, NULL) != 1)
+		{
+			tls_reason(why, sizeof(why), "unknown error");
+			snprintf(error, size, "could not load ca_file \"%s\": %s", tls->ca_file, why);
+			goto fail;
+		}
+	}
+	else if (SSL_CTX_set_default_verify_paths(ctx) != 1)
+	{
+		tls_reason(why, sizeof(why), "unknown error");
+		snprintf(error, size, "could not load the system's certificate store: %s", why);
+		goto fail;
+	}
+	if (tls->client_cert != NULL)
+	{
+		if (SSL_CTX_use_certificate_chain_file(ctx, tls->client_cert) != 1)
+		{
+			tls_reason(why, sizeof(why), "unknown error");
+			snprintf(error, size, "could not load client_cert \"%s\": %s", tls->client_cert, why);
+			goto fail;
+		}
+		if (SSL_CTX_use_PrivateKey_file(ctx, tls->client_key ? tls->client_key : tls->client_cert,
+										SSL_FILETYPE_PEM) != 1)
+		{
+			tls_reason(why, sizeof(why), "unknown error");
+			snprintf(error, size, "could not load client_key \"%s\": %s",
+					 tls->client_key ? tls->client_key : tls->client_cert, why);
+			goto fail;
+		}
+		if (SSL_CTX_check_private_key(ctx) != 1)
+		{
+			snprintf(error, size, "client_key does not match client_cert");
+			goto fail;
+		}
+	}
+	ssl = SSL_new(ctx);
+	if (ssl == NULL || SSL_set_fd(ssl, fd) != 1)
+	{
+		snprintf(error, size, "could not create a TLS session: out of memory");
+		goto fail;
+	}
+	is_addr = inet_pton(AF_INET, host, addr) == 1 || inet_pton(AF_INET6, host, addr) == 1;
+	if (is_addr)
+	{
+		if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host) != 1)
+		{
+			snprintf(error, size, "could not set the address \"%s\" to verify", host);
+			goto fail;
+		}
+	}
+	else if (SSL_set_tlsext_host_name(ssl, host) != 1 || SSL_set1_host(ssl, host) != 1)
+	{
+		snprintf(error, size, "could not set the host name \"%s\" to verify", host);
+		goto fail;
+	}
+	SSL_set_connect_state(ssl);
+	/* the session holds its own reference */
+	SSL_CTX_free(ctx);
+	return ssl;
+
+fail:
+	if (ssl != NULL)
+		SSL_free(ssl);
+	SSL_CTX_free(ctx);
+	ERR_clear_error();
+	return NULL;
+}
+
+void
+relay_tls_free(void *ssl)
+{
+	if (ssl == NULL)
+		return;
+	/* no close_notify: the socket is closed at once, as on any failure */
+	SSL_free((SSL *) ssl);
+	ERR_clear_error();
+}
+
+/*
+ * What a failed TLS call was, into error, with a hint when the server seems
+ * not to speak TLS at all.
+ */
+static void
+tls_failure(SSL *ssl, int rc, const char *peer, bool handshake, char *error, size_t size)
+{
+	int			err = SSL_get_error(ssl, rc);
+	unsigned long e = ERR_peek_error();
+	long		verify = SSL_get_verify_result(ssl);
+	char		why[160];
+
+	if (handshake && verify != X509_V_OK)
+		snprintf(error, size, "the certificate of %s was not accepted: %s", peer,
+				 X509_verify_cert_error_string(verify));
+	else if (err == SSL_ERROR_SYSCALL && e == 0)
+		snprintf(error, size, "%s at %s: %s", handshake ? "the TLS handshake failed" : "the TLS connection was lost",
+				 peer, errno != 0 && rc < 0 ? strerror(errno) : "closed by the server");
+	else
+	{
+		tls_reason(why, sizeof(why), "unknown error");
+		snprintf(error, size, "%s at %s: %s%s",
+				 handshake ? "the TLS handshake failed" : "the TLS connection failed",
+				 peer, why,
+				 ERR_GET_REASON(e) == SSL_R_WRONG_VERSION_NUMBER ||
+				 ERR_GET_REASON(e) == SSL_R_PACKET_LENGTH_TOO_LONG ?
+				 " (does the server speak TLS on this port? a plaintext server needs a url without TLS)" : "");
+	}
+	ERR_clear_error();
+}
+
+/*
+ * Go on with the handshake: 1 done, 0 wants the socket (*want_write says
+ * which way), -1 failed with error.
+ */
+int
+relay_tls_handshake(void *s, const char *peer, bool *want_write, char *error, size_t size)
+{
+	SSL		   *ssl = (SSL *) s;
+	int			rc;
+
+	ERR_clear_error();
+	errno = 0;
+	rc = SSL_do_handshake(ssl);
+	if (rc == 1)
+		return 1;
+	switch (SSL_get_error(ssl, rc))
+	{
+		case SSL_ERROR_WANT_READ:
+			*want_write = false;
+			return 0;
+		case SSL_ERROR_WANT_WRITE:
+			*want_write = true;
+			return 0;
+		default:
+			tls_failure(ssl, rc, peer, true, error, size);
+			return -1;
+	}
+}
+
+/*
+ * Read up to len bytes: > 0 read, 0 nothing now (*want_write: it waits for
+ * the socket to be writable), -1 closed or failed, with error.
+ */
+int
+relay_tls_read(void *s, char *buf, int len, const char *peer, bool *want_write, char *error, size_t size)
+{
+	SSL		   *ssl = (SSL *) s;
+	int			rc;
+
+	ERR_clear_error();
+	errno = 0;
+	rc = SSL_read(ssl, buf, len);
+	*want_write = false;
+	if (rc > 0)
+		return rc;
+	switch (SSL_get_error(ssl, rc))
+	{
+		case SSL_ERROR_WANT_READ:
+			return 0;
+		case SSL_ERROR_WANT_WRITE:
+			*want_write = true;
+			return 0;
+		case SSL_ERROR_ZERO_RETURN:
+			snprintf(error, size, "closed by the server");
+			return -1;
+		default:
+			tls_failure(ssl, rc, peer, false, error, size);
+			return -1;
+	}
+}
+
+/*
+ * Write up to len bytes: > 0 written, 0 not now (*want_read: it waits for
+ * the socket to be readable), -1 failed, with error.
+ */
+int
+relay_tls_write(void *s, const char *buf, int len, const char *peer, bool *want_read, char *error, size_t size)
+{
+	SSL		   *ssl = (SSL *) s;
+	int			rc;
+
+	ERR_clear_error();
+	errno = 0;
+	rc = SSL_write(ssl, buf, len);
+	*want_read = false;
+	if (rc > 0)
+		return rc;
+	switch (SSL_get_error(ssl, rc))
+	{
+		case SSL_ERROR_WANT_WRITE:
+			return 0;
+		case SSL_ERROR_WANT_READ:
+			*want_read = true;
+			return 0;
+		default:
+			tls_failure(ssl, rc, peer, false, error, size);
+			return -1;
+	}
+}
+
+/* Bytes decrypted and not yet read (the socket may not say so again). */
+bool
+relay_tls_pending(void *s)
+{
+	return s != NULL && SSL_pending((SSL *) s) > 0;
+}
