@@ -1285,7 +1285,11 @@ CREATE FUNCTION outbox.create_nats_target(
 	max_attempts int	DEFAULT 10,
 	timeout_ms	 int	DEFAULT 10000,
 	format		 text	DEFAULT 'outbox',
-	source		 text	DEFAULT NULL)
+	source		 text	DEFAULT NULL,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL,
+	credentials	 text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1296,6 +1300,10 @@ BEGIN
 	PERFORM outbox.check_target_name(name);
 	t.name := name;
 	t.kind := 'nats';
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
+	t.credentials := credentials;
 	t.url := url;
 	t.subject := subject;
 	t.batch_size := batch_size;
@@ -1314,9 +1322,9 @@ BEGIN
 	UPDATE outbox.targets x SET subject = t.subject WHERE x.name = t.name;
 END
 $$;
-COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text) IS
+COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text, text, text, text, text) IS
 	'create a target that publishes messages into NATS JetStream, each acknowledged by its stream';
-REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text, text, text, text, text) FROM PUBLIC;
 
 DROP FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int);
 -- A target that produces messages into Kafka topics, with an idempotent
@@ -1724,14 +1732,29 @@ ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
 		CHECK ((kind = 'rabbitmq') = (exchange IS NOT NULL) AND octet_length(exchange) <= 255),
 	ADD CONSTRAINT targets_routing_key_check
 		CHECK ((kind = 'rabbitmq') = (routing_key IS NOT NULL) AND octet_length(routing_key) <= 255);
--- Redis and RabbitMQ targets verify their servers' certificates as HTTP
--- targets do, with the same TLS files (src/relay_conn.c, src/relay_tls.c).
+-- Redis, RabbitMQ and NATS targets verify their servers' certificates as
+-- HTTP targets do, with the same TLS files (src/relay_conn.c,
+-- src/relay_tls.c; libnats for NATS); a NATS target may log in with a
+-- .creds file or an NKey seed file (credentials).
 ALTER TABLE outbox.targets DROP CONSTRAINT targets_ca_file_check,
 	ADD CONSTRAINT targets_ca_file_check
-		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq'))),
+		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats'))),
 	DROP CONSTRAINT targets_client_cert_check,
 	ADD CONSTRAINT targets_client_cert_check
-		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq')));
+		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats'))),
+	ADD COLUMN credentials text
+		CONSTRAINT targets_credentials_check CHECK (credentials IS NULL OR (credentials ~ '^/' AND kind = 'nats'));
+COMMENT ON COLUMN outbox.targets.credentials IS
+	'NATS: a .creds file (a user JWT and its NKey seed) or an NKey seed file the relay logs in with';
+
+-- Whether a file is a NATS .creds file or a user's NKey seed (in C: the
+-- relay reads it so).
+CREATE FUNCTION outbox.check_nats_credentials(path text)
+RETURNS void
+LANGUAGE C STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_nats_credentials';
+REVOKE ALL ON FUNCTION outbox.check_nats_credentials(text) FROM PUBLIC;
 COMMENT ON COLUMN outbox.targets.stream IS
 	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in';
 COMMENT ON COLUMN outbox.targets.maxlen IS
@@ -1744,8 +1767,10 @@ COMMENT ON COLUMN outbox.targets.routing_key IS
 	'RabbitMQ: the routing key, {topic} and {key} filled in';
 
 -- TLS files go with a URL that asks for TLS: https:// for HTTP targets,
--- rediss:// for Redis targets, amqps:// for RabbitMQ targets.  Only superusers and members of
--- pg_read_server_files name them: the relay reads them as the server.
+-- rediss:// for Redis targets, amqps:// for RabbitMQ targets, tls:// for
+-- NATS targets.  Only superusers and members of pg_read_server_files name
+-- them, or a NATS target's credentials: the relay reads them as the
+-- server.
 CREATE OR REPLACE FUNCTION outbox.check_tls_files(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -1754,15 +1779,25 @@ AS $$
 DECLARE
 	f record;
 	scheme text := CASE t.kind WHEN 'http' THEN 'https://' WHEN 'redis' THEN 'rediss://'
-								WHEN 'rabbitmq' THEN 'amqps://' END;
+								WHEN 'rabbitmq' THEN 'amqps://' WHEN 'nats' THEN 'tls://' END;
 BEGIN
+	IF t.credentials IS NOT NULL THEN
+		IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+			RAISE EXCEPTION 'permission denied to name the credentials file of a target'
+				USING ERRCODE = 'insufficient_privilege',
+					  DETAIL = 'The relay reads credentials as the server.',
+					  HINT = 'Only superusers and members of pg_read_server_files may set it.';
+		END IF;
+		PERFORM outbox.check_server_file(t.credentials, 'credentials');
+		PERFORM outbox.check_nats_credentials(t.credentials);
+	END IF;
 	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
 		RETURN;
 	END IF;
 	IF scheme IS NULL THEN
 		RAISE EXCEPTION 'a % target has no TLS files', t.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis and RabbitMQ targets.';
+				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ and NATS targets.';
 	END IF;
 	IF lower(left(t.url, length(scheme))) <> scheme THEN
 		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
@@ -1859,7 +1894,8 @@ BEGIN
 END
 $$;
 
--- CloudEvents go to HTTP, NATS and Kafka targets only.
+-- CloudEvents go to HTTP, NATS, Kafka and RabbitMQ targets, and, in
+-- structured mode (the event in one field), to Redis targets.
 CREATE OR REPLACE FUNCTION outbox.check_format(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -1872,14 +1908,17 @@ BEGIN
 				  DETAIL = 'A target sends ''outbox'' (its own shape), ''cloudevents'' (CloudEvents 1.0, binary content mode) or ''cloudevents-structured'' (CloudEvents 1.0, structured content mode).',
 				  HINT = 'Pass format => ''cloudevents'' for CloudEvents consumers.';
 	END IF;
-	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka') THEN
+	IF t.format = 'cloudevents' AND t.kind = 'redis' THEN
+		RAISE EXCEPTION 'a Redis target sends CloudEvents in structured mode only'
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents has no Redis binding: the event goes whole, as JSON, in the stream entry''s field cloudevent.',
+				  HINT = 'Pass format => ''cloudevents-structured''.';
+	END IF;
+	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis') THEN
 		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
 			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'CloudEvents go to HTTP, NATS and Kafka targets; '
-						   || CASE t.kind WHEN 'redis' THEN 'a Redis stream entry has the outbox''s fields (CloudEvents has no Redis binding).'
-										  WHEN 'rabbitmq' THEN 'RabbitMQ targets send outbox messages (the AMQP binding is not offered yet).'
-										  ELSE 'NOTIFY sends outbox envelopes only.' END,
-				  HINT = 'Use an HTTP, NATS or Kafka target for CloudEvents consumers.';
+				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ and Redis targets; NOTIFY sends outbox envelopes only.',
+				  HINT = 'Use another kind of target for CloudEvents consumers.';
 	END IF;
 	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
 		RAISE EXCEPTION 'source is the CloudEvents source attribute, and the target sends format ''outbox'''
@@ -1912,7 +1951,7 @@ BEGIN
 									ordering, max_attempts, timeout_ms, ca_file, client_cert,
 									client_key, envelope_only, subject, topic, properties,
 									format, ce_source, stream, maxlen, dedup_window,
-									exchange, routing_key)
+									exchange, routing_key, credentials)
 		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
 				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
 				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
@@ -1920,7 +1959,7 @@ BEGIN
 				coalesce(target.envelope_only, false), target.subject, target.topic,
 				target.properties, coalesce(target.format, 'outbox'), target.ce_source,
 				target.stream, target.maxlen, target.dedup_window,
-				target.exchange, target.routing_key)
+				target.exchange, target.routing_key, target.credentials)
 		RETURNING id INTO new_id;
 	EXCEPTION WHEN unique_violation THEN
 		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -1950,6 +1989,8 @@ CREATE FUNCTION outbox.create_redis_target(
 	ordering	 text	DEFAULT 'key',
 	max_attempts int	DEFAULT 10,
 	timeout_ms	 int	DEFAULT 10000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL,
 	ca_file		 text	DEFAULT NULL,
 	client_cert	 text	DEFAULT NULL,
 	client_key	 text	DEFAULT NULL)
@@ -1975,17 +2016,19 @@ BEGIN
 	t.ordering := ordering;
 	t.max_attempts := max_attempts;
 	t.timeout_ms := timeout_ms;
-	t.format := 'outbox';
+	t.format := format;
+	t.ce_source := source;
 	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
 	IF ordering = 'strict' THEN
 		t.lanes := 1;
 	END IF;
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text) IS
+COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text, text, text) IS
 	'create a target that appends messages to Redis streams, each once within a de-duplication window';
-REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
 
 -- A target that publishes messages to a RabbitMQ exchange, each
 -- confirmed by the broker.
@@ -1999,6 +2042,8 @@ CREATE FUNCTION outbox.create_rabbitmq_target(
 	ordering	 text	DEFAULT 'key',
 	max_attempts int	DEFAULT 10,
 	timeout_ms	 int	DEFAULT 10000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL,
 	ca_file		 text	DEFAULT NULL,
 	client_cert	 text	DEFAULT NULL,
 	client_key	 text	DEFAULT NULL)
@@ -2023,17 +2068,19 @@ BEGIN
 	t.ordering := ordering;
 	t.max_attempts := max_attempts;
 	t.timeout_ms := timeout_ms;
-	t.format := 'outbox';
+	t.format := format;
+	t.ce_source := source;
 	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
 	IF ordering = 'strict' THEN
 		t.lanes := 1;
 	END IF;
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text) IS
+COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text, text, text) IS
 	'create a target that publishes messages to a RabbitMQ exchange, each confirmed by the broker';
-REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
 -- Destinations the broker does not take, and messages set aside (issue 41)
@@ -2174,7 +2221,8 @@ CREATE FUNCTION outbox.alter_target(
 	dedup_window  int		DEFAULT NULL,
 	exchange	  text		DEFAULT NULL,
 	routing_key	  text		DEFAULT NULL,
-	unroutable_after interval DEFAULT NULL)
+	unroutable_after interval DEFAULT NULL,
+	credentials	  text		DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -2199,11 +2247,16 @@ BEGIN
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only HTTP targets have headers and a secret.';
 	END IF;
-	IF old.kind NOT IN ('http', 'redis', 'rabbitmq') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
-														  OR client_key IS NOT NULL) THEN
+	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
+																  OR client_key IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, Redis and RabbitMQ targets have TLS files.';
+				  DETAIL = 'Only HTTP, Redis, RabbitMQ and NATS targets have TLS files.';
+	END IF;
+	IF old.kind <> 'nats' AND credentials IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a credentials file.';
 	END IF;
 	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -2267,6 +2320,7 @@ BEGIN
 	t.routing_key := coalesce(routing_key, old.routing_key);
 	t.unroutable_after := CASE WHEN unroutable_after = interval '0' THEN NULL
 							   ELSE coalesce(unroutable_after, old.unroutable_after) END;
+	t.credentials := CASE WHEN credentials = '' THEN NULL ELSE coalesce(credentials, old.credentials) END;
 	IF t.secret IS NULL THEN
 		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
 	END IF;
@@ -2309,7 +2363,8 @@ BEGIN
 		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int
 		+ (t.exchange IS DISTINCT FROM old.exchange)::int
 		+ (t.routing_key IS DISTINCT FROM old.routing_key)::int
-		+ (t.unroutable_after IS DISTINCT FROM old.unroutable_after)::int;
+		+ (t.unroutable_after IS DISTINCT FROM old.unroutable_after)::int
+		+ (t.credentials IS DISTINCT FROM old.credentials)::int;
 
 	UPDATE outbox.targets x
 	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
@@ -2320,7 +2375,7 @@ BEGIN
 		   properties = t.properties, format = t.format, ce_source = t.ce_source,
 		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
 		   exchange = t.exchange, routing_key = t.routing_key,
-		   unroutable_after = t.unroutable_after,
+		   unroutable_after = t.unroutable_after, credentials = t.credentials,
 		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
 		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
 	 WHERE x.id = tid;
@@ -2328,6 +2383,6 @@ BEGIN
 	RETURN n;
 END
 $$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval) IS
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) IS
 	'change a target''s options without a restart; returns how many changed';
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) FROM PUBLIC;

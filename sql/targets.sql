@@ -115,6 +115,19 @@ SELECT name, kind, url, subject, topic, properties, batch_size, lanes, timeout_m
 SELECT outbox.create_nats_target('x', 'nats://:4222');
 SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:99999');
 SELECT outbox.create_nats_target('x', 'tls://127.0.0.1:4222');
+-- TLS by host name, credentials in the url (never shown), TLS files
+SELECT outbox.create_nats_target('nats_tls', 'tls://relay:s3cret@nats-1.internal:4222, tls://relay:s3cret@nats-1.internal:4223',
+								 ca_file => '/etc/ssl/certs/ca-certificates.crt');
+SELECT kind, ca_file, credentials FROM outbox.targets WHERE name = 'nats_tls';
+SELECT outbox.create_nats_target('x', 'tls://a.internal:4222,nats://b.internal:4222');
+SELECT outbox.create_nats_target('x', 'tls://a.internal:4222,tls://b.internal:4222');
+SELECT outbox.create_nats_target('x', 'nats://u:s3cret@a.internal:4222,nats://u:other@a.internal:4223');
+SELECT outbox.create_nats_target('x', 'nats://u:@a.internal:4222');
+SELECT outbox.create_nats_target('x', 'nats://a.internal:4222', ca_file => '/etc/ssl/certs/ca-certificates.crt');
+SELECT outbox.create_nats_target('x', 'nats://a.internal:4222', credentials => '/etc/hostname');
+SELECT outbox.create_nats_target('x', 'nats://a.internal:4222', credentials => 'relative.creds');
+SELECT outbox.alter_target('nats_tls', credentials => '/nonexistent/u.creds');
+SELECT outbox.drop_target('nats_tls');
 SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:4222', subject => 'a.*.b');
 SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:4222', subject => NULL);
 SELECT outbox.create_nats_target('x', 'nats://127.0.0.1:4222', lanes => 0);

@@ -224,6 +224,21 @@ typedef struct RelayTransport
 	void		(*drive) (RelayFinishedFn finished);
 	/* Milliseconds until drive must be called, or -1. */
 	long		(*timeout) (void);
+	/*
+	 * A transport on relay_conn.c (conn_set not NULL) has no drive or
+	 * timeout: relay_conn_drive() and relay_conn_next_ms() serve it, with
+	 * these; its targets' priv begins with their RelayConn.
+	 */
+	struct RelayConnSet *conn_set;	/* its epoll set */
+	/* take what the socket has */
+	void		(*conn_read) (struct RelayTarget *t, RelayFinishedFn finished);
+	/* give the connection up, and every request of the target waiting */
+	void		(*conn_fail) (struct RelayTarget *t, RelayOutcomeKind kind, const char *why,
+							  RelayFinishedFn finished);
+	/* conn_read has more to take without the socket saying so; may be NULL */
+	bool		(*conn_more) (struct RelayTarget *t);
+	/* a request is past its deadline: why, and what it is */
+	RelayOutcomeKind (*conn_expired) (struct RelayTarget *t, char *error, size_t size);
 } RelayTransport;
 
 extern const RelayTransport relay_http_transport;
@@ -272,6 +287,7 @@ typedef struct RelayTarget
 	char	   *ca_file;		/* TLS: CA bundle file, or NULL */
 	char	   *client_cert;	/* TLS: client certificate file, or NULL */
 	char	   *client_key;		/* TLS: its private key file, or NULL */
+	char	   *credentials;	/* NATS: a .creds or NKey seed file, or NULL */
 	bool		envelope_only;	/* NOTIFY: without payload and headers */
 	RelayFormat format;			/* what it sends */
 	char	   *ce_source;		/* CloudEvents source attribute */
@@ -517,11 +533,11 @@ extern bool relay_acks_waits(RelayAcks *a, uint32 request, int pos);
 extern bool relay_acks_decided(RelayAcks *a);
 extern void relay_acks_give_up(RelayAcks *a, RelayOutcomeKind kind, const char *error);
 extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
-extern void relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished,
-								  int *target_in_flight, int *all_in_flight);
+extern void relay_acks_lane_init(RelayLane *lane);
+extern void relay_acks_lane_release(RelayLane *lane);
+extern void relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished);
 extern void relay_acks_fail_lanes(RelayTarget *t, RelayOutcomeKind kind, const char *error,
-								  RelayFinishedFn finished, int *target_in_flight,
-								  int *all_in_flight);
+								  RelayFinishedFn finished);
 extern int	relay_wake_pipe(int fds[2]);
 extern void relay_wake_pipe_drain(int fd);
 extern char *relay_url_shown(const char *url);
@@ -603,6 +619,9 @@ typedef struct RelayConn
 	socklen_t	addr_lens[RELAY_CONN_MAX_ADDRS];
 	int			naddrs;
 	int			next_addr;		/* the next of them to dial */
+	char	   *url;			/* the target's url it was made for (kept
+								 * when closed), in cxt */
+	uint64		destinations;	/* outbox_destinations_generation then */
 	char		host[256];		/* the url's host: TLS checks it */
 	char		peer[INET6_ADDRSTRLEN + 8];	/* address:port dialled */
 	RelayConnTls tls;			/* copies, in cxt */
@@ -620,7 +639,7 @@ typedef struct RelayConn
 
 extern RelayLookup *relay_lookup_start(const char *host, int port, int wake_fd, char *error, size_t size);
 extern bool relay_lookup_running(RelayLookup *l);
-extern const char *relay_lookup_name(RelayLookup *l);
+extern void relay_lookup_wait(RelayLookup *l, long ms);
 extern int	relay_lookup_allowed(RelayLookup *l, struct sockaddr_storage *addrs, socklen_t *lens,
 								 int max, char *error, size_t size);
 extern void relay_lookup_forget(RelayLookup *l);
@@ -630,14 +649,20 @@ extern void relay_conn_set_stop(RelayConnSet *s);
 extern int	relay_conn_set_events(RelayConnSet *s, struct epoll_event *evs, int max, bool *woke);
 extern void relay_conn_init(RelayConn *c, RelayConnSet *set, const char *what,
 							const char *tls_scheme, MemoryContext cxt);
-extern bool relay_conn_same_tls(RelayConn *c, const RelayConnTls *tls);
-extern bool relay_conn_open(RelayConn *c, const char *host, int port, const RelayConnTls *tls);
+extern bool relay_conn_stale(RelayConn *c, struct RelayTarget *t);
+extern bool relay_conn_open(RelayConn *c, struct RelayTarget *t, const char *host, int port);
+extern void relay_buffer_reset(StringInfo buf, MemoryContext cxt, int keep);
 extern RelayConnStep relay_conn_step(RelayConn *c, uint32 events);
 extern int	relay_conn_read(RelayConn *c, char *buf, int len);
-extern bool relay_conn_pending(RelayConn *c);
 extern void relay_conn_timeout_text(RelayConn *c, int ms, char *out, size_t size);
 extern void relay_conn_flush(RelayConn *c);
 extern void relay_conn_close(RelayConn *c);
+
+/* A transport on relay_conn.c: its targets' priv begins with their RelayConn. */
+#define RELAY_CONN(t)	((RelayConn *) (t)->priv)
+
+extern void relay_conn_drive(const RelayTransport *tr, RelayFinishedFn finished);
+extern long relay_conn_next_ms(const RelayTransport *tr);
 
 /*---- relay_tls.c: TLS of those connections ----*/
 extern void *relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, size_t size);

@@ -194,13 +194,23 @@ relay_wake_pipe(int fds[2])
 	return fds[0];
 }
 
-/*
- * Report the lane's request if what came back decides it, counting it off
- * *target_in_flight and *all_in_flight (the transport's counters).
- */
+/* A lane's acknowledgements (RelayLane.priv), for lane_init. */
 void
-relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished, int *target_in_flight,
-					  int *all_in_flight)
+relay_acks_lane_init(RelayLane *lane)
+{
+	lane->priv = MemoryContextAllocZero(lane->target->cxt, sizeof(RelayAcks));
+}
+
+/* A lane freed with a request on the wire: nothing more comes of it. */
+void
+relay_acks_lane_release(RelayLane *lane)
+{
+	lane->in_flight = false;
+}
+
+/* Report the lane's request if what came back decides it. */
+void
+relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished)
 {
 	RelayOutcome outcome;
 	RelayAcks  *a = (RelayAcks *) lane->priv;
@@ -209,8 +219,6 @@ relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished, int *target_in_
 		return;
 	relay_acks_outcome(a, &outcome);
 	lane->in_flight = false;
-	(*target_in_flight)--;
-	(*all_in_flight)--;
 	finished(lane, &outcome);
 }
 
@@ -222,7 +230,7 @@ relay_acks_lane_check(RelayLane *lane, RelayFinishedFn finished, int *target_in_
  */
 void
 relay_acks_fail_lanes(RelayTarget *t, RelayOutcomeKind kind, const char *error,
-					  RelayFinishedFn finished, int *target_in_flight, int *all_in_flight)
+					  RelayFinishedFn finished)
 {
 	char		why[RELAY_MAX_ERROR_LEN + 1];
 	int			i;
@@ -232,7 +240,7 @@ relay_acks_fail_lanes(RelayTarget *t, RelayOutcomeKind kind, const char *error,
 		if (t->lanes[i].in_flight)
 		{
 			relay_acks_give_up((RelayAcks *) t->lanes[i].priv, kind, why);
-			relay_acks_lane_check(&t->lanes[i], finished, target_in_flight, all_in_flight);
+			relay_acks_lane_check(&t->lanes[i], finished);
 		}
 }
 

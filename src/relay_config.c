@@ -315,6 +315,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	t->unroutable_after_ms = relay_spi_int(tup, desc, 35, &isnull);
 	if (isnull || t->unroutable_after_ms < 0)
 		t->unroutable_after_ms = 0;
+	t->credentials = relay_spi_text(tup, desc, 36);
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -521,6 +522,7 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->ca_file = n->ca_file;
 	t->client_cert = n->client_cert;
 	t->client_key = n->client_key;
+	t->credentials = n->credentials;
 	t->envelope_only = n->envelope_only;
 	t->batch_size = n->batch_size;
 	t->max_attempts = n->max_attempts;
@@ -671,10 +673,10 @@ relay_load_config(void)
 		((RelayTarget *) lfirst(lc))->seen = false;
 
 	/*
-	 * Columns 24 to 35: ordering; the subject, topic, properties, format,
+	 * Columns 24 to 36: ordering; the subject, topic, properties, format,
 	 * CloudEvents source, a Redis target's stream, maxlen and dedup_window,
-	 * a RabbitMQ target's exchange and routing key, and unroutable_after in
-	 * milliseconds (schema 0.3).
+	 * a RabbitMQ target's exchange and routing key, unroutable_after in
+	 * milliseconds, and a NATS target's credentials file (schema 0.3).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -691,15 +693,16 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-	if (SPI_execute(relay_schema_set_aside ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint") :
-					relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, NULL::bigint") :
-					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint") :
+	if (SPI_execute(relay_schema_set_aside ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials") :
+					relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, NULL::bigint, NULL::text") :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint, NULL::text") :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
 					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
 					"       t.ordering, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text,"
-					"       NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint"
+					"       NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint,"
+					"       NULL::text"
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

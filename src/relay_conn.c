@@ -38,6 +38,7 @@
 
 #include "storage/fd.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "relay.h"
 
@@ -130,10 +131,24 @@ relay_lookup_running(RelayLookup *l)
 	return !l->is_numeric && gai_error(&l->cb) == EAI_INPROGRESS;
 }
 
-const char *
-relay_lookup_name(RelayLookup *l)
+/* Wait for the lookup to end, ms milliseconds at most. */
+void
+relay_lookup_wait(RelayLookup *l, long ms)
 {
-	return l->name;
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), Max(ms, 0));
+
+	while (relay_lookup_running(l))
+	{
+		const struct gaicb *one[1] = {&l->cb};
+		long		left = (long) ((until - GetCurrentTimestamp()) / 1000);
+		struct timespec ts;
+
+		if (left <= 0)
+			break;
+		ts.tv_sec = left / 1000;
+		ts.tv_nsec = (left % 1000) * 1000000L;
+		(void) gai_suspend(one, 1, &ts);
+	}
 }
 
 /*
@@ -347,15 +362,7 @@ relay_conn_close(RelayConn *c)
 	conn_close_socket(c);
 	c->naddrs = 0;
 	c->next_addr = 0;
-	if (c->out.maxlen > 1024 * 1024)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(c->cxt);
-
-		pfree(c->out.data);
-		initStringInfo(&c->out);
-		MemoryContextSwitchTo(oldcxt);
-	}
-	resetStringInfo(&c->out);
+	relay_buffer_reset(&c->out, c->cxt, 1024 * 1024);
 	c->out_off = 0;
 	c->broken = false;
 	c->got_bytes = false;
@@ -364,27 +371,62 @@ relay_conn_close(RelayConn *c)
 	c->state = RELAY_CONN_NONE;
 }
 
+/*
+ * Empty buf; one that grew above keep bytes is given back and made anew
+ * in cxt (a large message must not pin its size for good).
+ */
+void
+relay_buffer_reset(StringInfo buf, MemoryContext cxt, int keep)
+{
+	if (buf->maxlen > keep)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(cxt);
+
+		pfree(buf->data);
+		initStringInfo(buf);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	resetStringInfo(buf);
+}
+
 static bool
 same_path(const char *a, const char *b)
 {
 	return (a == NULL) == (b == NULL) && (a == NULL || strcmp(a, b) == 0);
 }
 
-/* Whether the connection was made with these TLS settings. */
-bool
-relay_conn_same_tls(RelayConn *c, const RelayConnTls *tls)
+/* Whether the target's url asks for TLS (it starts with the TLS scheme). */
+static bool
+conn_wants_tls(RelayConn *c, RelayTarget *t)
 {
-	return c->tls.on == tls->on && same_path(c->tls.ca_file, tls->ca_file) &&
-		same_path(c->tls.client_cert, tls->client_cert) &&
-		same_path(c->tls.client_key, tls->client_key);
+	return c->tls_scheme != NULL && t->url != NULL &&
+		strncmp(t->url, c->tls_scheme, strlen(c->tls_scheme)) == 0;
 }
 
-/* The TLS settings to give the next connection (copied). */
+/*
+ * Whether the connection was made for other settings than the target's
+ * now: its url, TLS files or the destination rules changed.
+ */
+bool
+relay_conn_stale(RelayConn *c, RelayTarget *t)
+{
+	return c->url == NULL || t->url == NULL || strcmp(c->url, t->url) != 0 ||
+		c->destinations != outbox_destinations_generation ||
+		c->tls.on != conn_wants_tls(c, t) || !same_path(c->tls.ca_file, t->ca_file) ||
+		!same_path(c->tls.client_cert, t->client_cert) ||
+		!same_path(c->tls.client_key, t->client_key);
+}
+
+/* The target's url, rules and TLS settings, for the next connection. */
 static void
-conn_set_tls(RelayConn *c, const RelayConnTls *tls)
+conn_take_settings(RelayConn *c, RelayTarget *t)
 {
 	MemoryContext oldcxt = MemoryContextSwitchTo(c->cxt);
 
+	if (c->url)
+		pfree(c->url);
+	c->url = pstrdup(t->url);
+	c->destinations = outbox_destinations_generation;
 	if (c->tls.ca_file)
 		pfree((char *) c->tls.ca_file);
 	if (c->tls.client_cert)
@@ -392,13 +434,10 @@ conn_set_tls(RelayConn *c, const RelayConnTls *tls)
 	if (c->tls.client_key)
 		pfree((char *) c->tls.client_key);
 	memset(&c->tls, 0, sizeof(c->tls));
-	if (tls != NULL)
-	{
-		c->tls.on = tls->on;
-		c->tls.ca_file = tls->ca_file ? pstrdup(tls->ca_file) : NULL;
-		c->tls.client_cert = tls->client_cert ? pstrdup(tls->client_cert) : NULL;
-		c->tls.client_key = tls->client_key ? pstrdup(tls->client_key) : NULL;
-	}
+	c->tls.on = conn_wants_tls(c, t);
+	c->tls.ca_file = t->ca_file ? pstrdup(t->ca_file) : NULL;
+	c->tls.client_cert = t->client_cert ? pstrdup(t->client_cert) : NULL;
+	c->tls.client_key = t->client_key ? pstrdup(t->client_key) : NULL;
 	MemoryContextSwitchTo(oldcxt);
 }
 
@@ -475,15 +514,16 @@ conn_resolved(RelayConn *c)
 }
 
 /*
- * Start making a connection to host:port (TLS as tls says): a lookup, or a
- * connect() under way.  Returns false, with c->error, when it cannot be
- * started.  What the transport queued in c->out waits until it is open.
+ * Start making a connection to host:port for target t (with TLS when its
+ * url starts with the TLS scheme, and its files): a lookup, or a connect()
+ * under way.  Returns false, with c->error, when it cannot be started.
+ * What the transport queued in c->out waits until it is open.
  */
 bool
-relay_conn_open(RelayConn *c, const char *host, int port, const RelayConnTls *tls)
+relay_conn_open(RelayConn *c, RelayTarget *t, const char *host, int port)
 {
 	Assert(c->state == RELAY_CONN_NONE);
-	conn_set_tls(c, tls);
+	conn_take_settings(c, t);
 	strlcpy(c->host, host, sizeof(c->host));
 	snprintf(c->peer, sizeof(c->peer), "%s:%d", host, port);
 	c->lookup = relay_lookup_start(host, port, c->set->wake[1], c->error, sizeof(c->error));
@@ -666,6 +706,148 @@ relay_conn_read(RelayConn *c, char *buf, int len)
 	}
 }
 
+/*---- drive() and timeout() of the transports on this layer ----*/
+
+/* The target of kind whose connection epoll names serial, or NULL. */
+static RelayTarget *
+conn_target_of(const RelayTransport *tr, uint64 serial)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == tr->id && t->priv != NULL && RELAY_CONN(t)->serial == serial &&
+			RELAY_CONN(t)->fd >= 0)
+			return t;
+	}
+	return NULL;
+}
+
+/* The target's connection taken a step on (its events, or 0 after a wake-up). */
+static void
+conn_event(const RelayTransport *tr, RelayTarget *t, uint32 events, RelayFinishedFn finished)
+{
+	RelayConn  *c = RELAY_CONN(t);
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+
+	switch (relay_conn_step(c, events))
+	{
+		case RELAY_CONN_WAIT:
+			return;
+		case RELAY_CONN_FAILED:
+			strlcpy(error, c->error, sizeof(error));
+			tr->conn_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+			return;
+		case RELAY_CONN_OPENED:
+			/* what the transport queued goes */
+			relay_conn_flush(c);
+			return;
+		case RELAY_CONN_READY:
+			break;
+	}
+	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+		tr->conn_read(t, finished);
+	if (t->priv != NULL && c->state == RELAY_CONN_OPEN && (events & EPOLLOUT))
+		relay_conn_flush(c);
+}
+
+/*
+ * A transport's drive(): take what the sockets have (connections made,
+ * replies, writes possible), then lookups ended, bytes TLS decrypted
+ * already, connections broken or made for other settings, and requests
+ * past their time.
+ */
+void
+relay_conn_drive(const RelayTransport *tr, RelayFinishedFn finished)
+{
+	struct epoll_event evs[64];
+	int			n;
+	int			i;
+	bool		woke;
+	ListCell   *lc;
+	TimestampTz now = 0;
+
+	n = relay_conn_set_events(tr->conn_set, evs, lengthof(evs), &woke);
+	for (i = 0; i < n; i++)
+	{
+		RelayTarget *t = conn_target_of(tr, evs[i].data.u64);
+
+		if (t != NULL)
+			conn_event(tr, t, evs[i].events, finished);
+	}
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		RelayConn  *c;
+		char		error[RELAY_MAX_ERROR_LEN + 1];
+
+		if (t->kind != tr->id || t->priv == NULL)
+			continue;
+		c = RELAY_CONN(t);
+		if (woke && c->state == RELAY_CONN_RESOLVING)
+			conn_event(tr, t, 0, finished);
+		/* what epoll does not see: TLS's bytes, the transport's own */
+		if (t->priv != NULL && c->state == RELAY_CONN_OPEN &&
+			(relay_tls_pending(c->ssl) || (tr->conn_more != NULL && tr->conn_more(t))))
+			tr->conn_read(t, finished);
+		if (t->priv == NULL || c->state == RELAY_CONN_NONE)
+			continue;
+		if (c->broken)
+		{
+			strlcpy(error, c->broken_why, sizeof(error));
+			tr->conn_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+			continue;
+		}
+		if (relay_target_in_flight(t) == 0)
+			continue;
+		if (relay_conn_stale(c, t))
+		{
+			tr->conn_fail(t, RELAY_RETRY,
+					  "the url, the TLS files or the destination rules changed: the connection is made anew",
+					  finished);
+			continue;
+		}
+		/* a request past its time gives the connection up */
+		for (i = 0; i < t->nlanes; i++)
+		{
+			RelayLane  *lane = &t->lanes[i];
+			RelayOutcomeKind kind;
+
+			if (!lane->in_flight)
+				continue;
+			if (now == 0)
+				now = GetCurrentTimestamp();
+			if (now < ((RelayAcks *) lane->priv)->deadline)
+				continue;
+			kind = tr->conn_expired(t, error, sizeof(error));
+			tr->conn_fail(t, kind, error, finished);
+			break;
+		}
+	}
+}
+
+/*
+ * A transport's timeout(): 0 when bytes wait that epoll does not see,
+ * else the milliseconds until the earliest request deadline, or -1.
+ */
+long
+relay_conn_next_ms(const RelayTransport *tr)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->kind == tr->id && t->priv != NULL && RELAY_CONN(t)->state == RELAY_CONN_OPEN &&
+			(relay_tls_pending(RELAY_CONN(t)->ssl) || (tr->conn_more != NULL && tr->conn_more(t))))
+			return 0;
+	}
+	return relay_acks_next_deadline_ms(tr->id);
+}
+
 /*
  * Why a connection has not become open, or its first reply has not come,
  * within ms milliseconds, for last_error.
@@ -692,13 +874,6 @@ relay_conn_timeout_text(RelayConn *c, int ms, char *out, size_t size)
 					 c->got_bytes || c->tls.on || c->tls_scheme == NULL ? "" : ")");
 			break;
 	}
-}
-
-/* Whether bytes wait to be read that epoll will not tell of (TLS's). */
-bool
-relay_conn_pending(RelayConn *c)
-{
-	return c->state == RELAY_CONN_OPEN && relay_tls_pending(c->ssl);
 }
 
 /*
@@ -752,15 +927,7 @@ relay_conn_flush(RelayConn *c)
 	if (c->out_off >= c->out.len)
 	{
 		/* All written: the buffer starts again (a large one given back). */
-		if (c->out.maxlen > 4 * 1024 * 1024)
-		{
-			MemoryContext oldcxt = MemoryContextSwitchTo(c->cxt);
-
-			pfree(c->out.data);
-			initStringInfo(&c->out);
-			MemoryContextSwitchTo(oldcxt);
-		}
-		resetStringInfo(&c->out);
+		relay_buffer_reset(&c->out, c->cxt, 4 * 1024 * 1024);
 		c->out_off = 0;
 	}
 	if (c->state == RELAY_CONN_OPEN)

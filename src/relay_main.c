@@ -234,9 +234,14 @@ relay_drive(void)
 	int			i;
 
 	for (i = 0; relay_transports[i] != NULL; i++)
-		if (relay_transports[i]->drive != NULL &&
-			(relay_kinds_used & (UINT64CONST(1) << i)) != 0)
+	{
+		if ((relay_kinds_used & (UINT64CONST(1) << i)) == 0)
+			continue;
+		if (relay_transports[i]->conn_set != NULL)
+			relay_conn_drive(relay_transports[i], relay_lane_outcome);
+		else if (relay_transports[i]->drive != NULL)
 			relay_transports[i]->drive(relay_lane_outcome);
+	}
 }
 
 /* How often the relay publishes its figures (stats.c). */
@@ -364,8 +369,8 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 
 	for (k = 0; relay_transports[k] != NULL; k++)
 	{
-		long		ms = relay_transports[k]->timeout ?
-			relay_transports[k]->timeout() : -1;
+		long		ms = relay_transports[k]->conn_set ? relay_conn_next_ms(relay_transports[k]) :
+			relay_transports[k]->timeout ? relay_transports[k]->timeout() : -1;
 
 		if (ms >= 0 && ms < timeout)
 			timeout = ms;

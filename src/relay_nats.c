@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include <nats/nats.h>
+#include <openssl/evp.h>
 
 #include "fmgr.h"
 #include "storage/fd.h"
@@ -150,10 +151,12 @@ typedef struct RelayNatsTarget
 	char	   *url;			/* the url it was made for */
 	uint64		destinations;	/* outbox_destinations_generation then */
 	char		refused[256];	/* every address refused: why, or "" */
-	struct NatsLookup *lookups[NATS_MAX_SERVERS];	/* host names being resolved */
+	RelayLookup *lookups[NATS_MAX_SERVERS];	/* host names being resolved */
 	int			nlookups;
 	char	   *lookups_url;	/* the url they are for (in the target's
 								 * context), or NULL */
+	char	   *files;			/* the TLS and credentials files the
+								 * connection was made with, or NULL */
 	StringInfoData subject;		/* reused: a message's subject */
 	StringInfoData reply;		/* reused: its reply subject */
 	StringInfoData value;		/* reused: a structured CloudEvent */
@@ -299,16 +302,32 @@ nats_connected_cb(natsConnection *nc, void *closure)
 
 /*---- checks, for the SQL functions and for rows read ----*/
 
+/* What a NATS url says beyond its servers (palloc'd strings, or NULL). */
+typedef struct NatsUrlAuth
+{
+	bool		tls;			/* tls:// */
+	char	   *user;			/* user:password@ */
+	char	   *password;
+	char	   *token;			/* token@ */
+} NatsUrlAuth;
+
 /*
  * Whether url is a list of NATS server URLs the relay can use:
- * nats://host[:port], comma-separated, at most NATS_MAX_SERVERS.  Returns
- * why not, or NULL.  With hosts, fills hosts[i] and ports[i] (palloc'd).
+ * nats://[user:password@ | token@]host[:port], or tls:// for TLS,
+ * comma-separated, at most NATS_MAX_SERVERS.  Returns why not, or NULL.
+ * With hosts, fills hosts[i] and ports[i] (palloc'd); with auth, what the
+ * url says of TLS and credentials.
  */
 static const char *
-nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
+nats_parse_url(const char *url, char **hosts, int *ports, int *nservers, NatsUrlAuth *auth)
 {
 	const char *p = url;
 	int			n = 0;
+	int			tls = -1;
+	const char *userinfo = NULL;
+	int			userinfo_len = 0;
+	const char *tls_host = NULL;
+	int			tls_host_len = 0;
 
 	if (url == NULL || *url == '\0')
 		return "it is empty";
@@ -317,16 +336,33 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
 		const char *h;
 		const char *hend;
 		long		port = 4222;
+		bool		this_tls;
+		size_t		at;
 
 		while (*p == ' ')
 			p++;
-		if (strncmp(p, "nats://", 7) != 0)
-			return strncmp(p, "tls://", 6) == 0 ?
-				"tls:// is not supported yet" :
-				"each server must be a nats://host:port URL";
-		p += 7;
-		if (strcspn(p, "@") < strcspn(p, ","))
-			return "a server URL has user information; give none (credentials are not supported yet)";
+		if (strncmp(p, "nats://", 7) == 0)
+			this_tls = false;
+		else if (strncmp(p, "tls://", 6) == 0)
+			this_tls = true;
+		else
+			return "each server must be a nats://host:port or tls://host:port URL";
+		if (tls >= 0 && tls != this_tls)
+			return "it mixes nats:// and tls:// servers: give all of them one scheme";
+		tls = this_tls;
+		p += this_tls ? 6 : 7;
+		at = strcspn(p, "@");
+		if (at < strcspn(p, ",/?"))
+		{
+			/* the same credentials on every server that has some */
+			if (userinfo != NULL && ((int) at != userinfo_len || memcmp(p, userinfo, at) != 0))
+				return "its servers have different credentials: give them once";
+			if (at == 0)
+				return "a server URL has an empty user information before its @";
+			userinfo = p;
+			userinfo_len = (int) at;
+			p += at + 1;
+		}
 		if (*p == '[')
 		{
 			h = ++p;
@@ -345,6 +381,21 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
 		}
 		if (hend == h || hend - h > 253)
 			return "a server URL has no host, or one that is too long";
+		if (this_tls)
+		{
+			char		name[256];
+			unsigned char addr[16];
+
+			memcpy(name, h, hend - h);
+			name[hend - h] = '\0';
+			/* libnats checks one host name in every server's certificate */
+			if (inet_pton(AF_INET, name, addr) == 1 || inet_pton(AF_INET6, name, addr) == 1)
+				return "a tls:// server is an IP address: give the host name its certificate names (libnats checks names, not addresses)";
+			if (tls_host != NULL && (tls_host_len != hend - h || pg_strncasecmp(tls_host, h, tls_host_len) != 0))
+				return "its tls:// servers have different host names: give one name (it may resolve to several servers), the one their certificates name";
+			tls_host = h;
+			tls_host_len = hend - h;
+		}
 		if (*p == ':')
 		{
 			char	   *end;
@@ -358,7 +409,7 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
 				return "a port is not between 1 and 65535";
 		}
 		if (*p == '@' || *p == '/' || *p == '?')
-			return "a server URL has user information, a path or a query; only nats://host:port is taken";
+			return "a server URL has a path or a query; only nats://[credentials@]host:port is taken";
 		if (n == NATS_MAX_SERVERS)
 			return "it has more than 16 servers";
 		if (hosts)
@@ -375,6 +426,34 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
 			return "servers must be separated by commas";
 		p++;
 	}
+	if (userinfo != NULL)
+	{
+		const char *colon = memchr(userinfo, ':', userinfo_len);
+		char	   *user = NULL;
+		char	   *password = NULL;
+		char	   *token = NULL;
+
+		if (colon != NULL)
+		{
+			if (colon == userinfo || (user = relay_url_unescape(userinfo, colon - userinfo)) == NULL)
+				return "the user is empty or has an invalid percent escape";
+			if (colon + 1 == userinfo + userinfo_len ||
+				(password = relay_url_unescape(colon + 1, userinfo + userinfo_len - colon - 1)) == NULL)
+				return "the password is empty or has an invalid percent escape";
+		}
+		else if ((token = relay_url_unescape(userinfo, userinfo_len)) == NULL)
+			return "the token has an invalid percent escape";
+		if (auth)
+		{
+			auth->user = user;
+			auth->password = password;
+			auth->token = token;
+		}
+	}
+	else if (auth)
+		auth->user = auth->password = auth->token = NULL;
+	if (auth)
+		auth->tls = tls == 1;
 	if (nservers)
 		*nservers = n;
 	return NULL;
@@ -383,7 +462,7 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers)
 const char *
 relay_nats_check_url(const char *url)
 {
-	return nats_parse_url(url, NULL, NULL, NULL);
+	return nats_parse_url(url, NULL, NULL, NULL, NULL);
 }
 
 /*
@@ -459,15 +538,228 @@ outbox_check_nats_target(PG_FUNCTION_ARGS)
 	if ((why = relay_nats_check_url(url)) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid NATS server URL %s", url ? quote_literal_cstr(url) : "NULL"),
+				 errmsg("invalid NATS server URL %s", url ? quote_literal_cstr(relay_url_shown(url)) : "NULL"),
 				 errdetail("The URL is not usable: %s.", why),
-				 errhint("Give nats://host:port, or several separated by commas.")));
+				 errhint("Give nats://host:port (tls://host:port for TLS), or several separated by commas; user:password@ or token@ before the host log in, percent-encoded.")));
 	if (subject == NULL || (why = relay_nats_check_subject(subject, true)) != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid NATS subject %s", subject ? quote_literal_cstr(subject) : "NULL"),
 				 errdetail("The subject is not usable: %s.", subject ? why : "it is NULL"),
 				 errhint("Give dot-separated tokens of printable ASCII, with {topic} or {key} standing for the message's topic or key, as in 'orders.{topic}'.")));
+	PG_RETURN_VOID();
+}
+
+/*---- NATS credentials: a .creds file or an NKey seed ----*/
+
+/* Length of an NKey user's public key, and of a seed, in base32. */
+#define NATS_NKEY_PUBLIC_LEN	56
+#define NATS_NKEY_SEED_LEN		58
+/* The largest credentials file read. */
+#define NATS_MAX_CREDS_FILE		65536
+
+/* CRC-16/XMODEM, as NKeys append it (little-endian). */
+static uint16
+nats_crc16(const unsigned char *p, int len)
+{
+	uint16		crc = 0;
+	int			i;
+	int			b;
+
+	for (i = 0; i < len; i++)
+	{
+		crc ^= (uint16) p[i] << 8;
+		for (b = 0; b < 8; b++)
+			crc = (crc & 0x8000) ? (uint16) ((crc << 1) ^ 0x1021) : (uint16) (crc << 1);
+	}
+	return crc;
+}
+
+static const char nats_base32[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+
+/* Base32 (RFC 4648, no padding) of len bytes into out (NUL-ended). */
+static void
+nats_b32_encode(const unsigned char *in, int len, char *out)
+{
+	int			bits = 0;
+	uint32		acc = 0;
+	int			i;
+
+	for (i = 0; i < len; i++)
+	{
+		acc = (acc << 8) | in[i];
+		bits += 8;
+		while (bits >= 5)
+		{
+			*out++ = nats_base32[(acc >> (bits - 5)) & 31];
+			bits -= 5;
+		}
+	}
+	if (bits > 0)
+		*out++ = nats_base32[(acc << (5 - bits)) & 31];
+	*out = '\0';
+}
+
+/* Base32 of len characters into out; the bytes, or -1 when it is not base32. */
+static int
+nats_b32_decode(const char *in, int len, unsigned char *out)
+{
+	int			bits = 0;
+	uint32		acc = 0;
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < len; i++)
+	{
+		const char *c = strchr(nats_base32, in[i]);
+
+		if (in[i] == '\0' || c == NULL)
+			return -1;
+		acc = (acc << 5) | (uint32) (c - nats_base32);
+		bits += 5;
+		if (bits >= 8)
+		{
+			out[n++] = (unsigned char) (acc >> (bits - 8));
+			bits -= 8;
+		}
+	}
+	return n;
+}
+
+/*
+ * Whether text (a file's content) is a user's NKey seed ("SU...", white
+ * space around it); with public_key, its public key ("U...") too.
+ */
+static bool
+nats_seed_public(const char *text, char *public_key)
+{
+	unsigned char raw[40];
+	unsigned char pub[35];
+	const char *p = text;
+	int			n;
+	uint16		crc;
+	EVP_PKEY   *key;
+	size_t		publen = 32;
+	bool		ok;
+
+	while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')
+		p++;
+	if (strncmp(p, "SU", 2) != 0 || strspn(p, nats_base32) != NATS_NKEY_SEED_LEN ||
+		strspn(p + NATS_NKEY_SEED_LEN, " \r\n\t") != strlen(p + NATS_NKEY_SEED_LEN))
+		return false;
+	n = nats_b32_decode(p, NATS_NKEY_SEED_LEN, raw);
+	/* the seed prefix (18 << 3) and the user prefix (20 << 3), the key, a CRC */
+	if (n != 36 || raw[0] != (144 | (160 >> 5)) || raw[1] != ((160 & 31) << 3))
+		return false;
+	crc = nats_crc16(raw, 34);
+	if (raw[34] != (crc & 0xFF) || raw[35] != (crc >> 8))
+		return false;
+	if (public_key == NULL)
+		return true;
+	key = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, raw + 2, 32);
+	ok = key != NULL && EVP_PKEY_get_raw_public_key(key, pub + 1, &publen) == 1 && publen == 32;
+	EVP_PKEY_free(key);
+	explicit_bzero(raw, sizeof(raw));
+	if (!ok)
+		return false;
+	pub[0] = 160;
+	crc = nats_crc16(pub, 33);
+	pub[33] = crc & 0xFF;
+	pub[34] = crc >> 8;
+	nats_b32_encode(pub, 35, public_key);
+	return true;
+}
+
+/* Whether text is a .creds file: a user JWT, then an NKey seed, in armour. */
+static bool
+nats_is_creds(const char *text)
+{
+	const char *jwt = strstr(text, "-----BEGIN NATS USER JWT-----");
+	const char *seed = strstr(text, "-----BEGIN USER NKEY SEED-----");
+
+	return jwt != NULL && seed != NULL && jwt < seed &&
+		strstr(jwt, "------END NATS USER JWT------") != NULL &&
+		strstr(seed, "------END USER NKEY SEED------") != NULL;
+}
+
+/*
+ * The credentials file at path, read: NULL with error (no secret in it)
+ * when it cannot be read; palloc'd text, to be wiped and freed.
+ */
+static char *
+nats_read_credentials(const char *path, char *error, size_t size)
+{
+	FILE	   *f = AllocateFile(path, "r");
+	char	   *text;
+	size_t		n;
+
+	if (f == NULL)
+	{
+		snprintf(error, size, "could not open credentials \"%s\": %s", path, strerror(errno));
+		return NULL;
+	}
+	text = palloc(NATS_MAX_CREDS_FILE + 1);
+	n = fread(text, 1, NATS_MAX_CREDS_FILE + 1, f);
+	if (ferror(f) || n > NATS_MAX_CREDS_FILE)
+	{
+		snprintf(error, size, ferror(f) ? "could not read credentials \"%s\"" :
+				 "credentials \"%s\" is larger than 64 kB: not a .creds file or an NKey seed", path);
+		FreeFile(f);
+		explicit_bzero(text, NATS_MAX_CREDS_FILE + 1);
+		pfree(text);
+		return NULL;
+	}
+	FreeFile(f);
+	text[n] = '\0';
+	return text;
+}
+
+/*
+ * Whether the credentials file at path is an NKey seed, with its public
+ * key into public_key; false with error[0] '\0' for a .creds file, with
+ * error set when it is neither, or cannot be read.
+ */
+static bool
+nats_nkey_seed_public(const char *path, char *public_key, char *error, size_t size)
+{
+	char	   *text = nats_read_credentials(path, error, size);
+	bool		seed;
+
+	if (text == NULL)
+		return false;
+	error[0] = '\0';
+	seed = nats_seed_public(text, public_key);
+	if (!seed && !nats_is_creds(text))
+		snprintf(error, size, "credentials \"%s\" is not a .creds file (a user JWT and its seed) or a user's NKey seed", path);
+	explicit_bzero(text, strlen(text));
+	pfree(text);
+	return seed;
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_nats_credentials);
+
+/*
+ * outbox.check_nats_credentials(path): whether the file is a .creds file
+ * or a user's NKey seed, for create_nats_target() and alter_target().
+ * Says nothing of what the file holds but that.
+ */
+Datum
+outbox_check_nats_credentials(PG_FUNCTION_ARGS)
+{
+	char	   *path = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+	char		public_key[NATS_NKEY_PUBLIC_LEN + 1];
+
+	if (!nats_nkey_seed_public(path, public_key, error, sizeof(error)) && error[0] != '\0')
+	{
+		error[0] = pg_toupper((unsigned char) error[0]);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid NATS credentials file \"%s\"", path),
+				 errdetail("%s.", error),
+				 errhint("Give a .creds file as nsc or Synadia Cloud hand it out, or a file holding a user's NKey seed (SU...).")));
+	}
+	explicit_bzero(public_key, sizeof(public_key));
 	PG_RETURN_VOID();
 }
 
@@ -540,42 +832,17 @@ relay_nats_stop(void)
 }
 
 /*
- * Host names are resolved with getaddrinfo_a(): a slow DNS server must not
- * stop the relay (its other targets wait on this thread).  The requests
- * and their strings are malloc'd: glibc's resolver thread writes to them.
+ * Host names are resolved in the background (relay_conn.c's lookups): a
+ * slow DNS server must not stop the relay (its other targets wait on this
+ * thread).  Drop the lookups of a target.
  */
-typedef struct NatsLookup
-{
-	struct gaicb cb;
-	struct addrinfo hints;
-	char		name[256];
-	char		service[8];
-} NatsLookup;
-
-/* Drop the lookups of a target; one still running is left to glibc. */
 static void
 nats_lookups_forget(RelayNatsTarget *nt)
 {
 	int			i;
 
 	for (i = 0; i < nt->nlookups; i++)
-	{
-		NatsLookup *l = nt->lookups[i];
-
-		if (l == NULL)
-			continue;
-		if (gai_error(&l->cb) == EAI_INPROGRESS)
-		{
-			int			rc = gai_cancel(&l->cb);
-
-			/* Still running: glibc owns it (a small leak). */
-			if (rc != EAI_CANCELED && rc != EAI_ALLDONE)
-				continue;
-		}
-		if (l->cb.ar_result)
-			freeaddrinfo(l->cb.ar_result);
-		free(l);
-	}
+		relay_lookup_forget(nt->lookups[i]);
 	nt->nlookups = 0;
 	if (nt->lookups_url)
 		pfree(nt->lookups_url);
@@ -583,10 +850,10 @@ nats_lookups_forget(RelayNatsTarget *nt)
 }
 
 /*
- * Start resolving the url's hosts (an address, too, goes through
- * getaddrinfo_a: it comes back at once).  Returns why the url cannot be
- * used, or NULL.  The url's parts are parsed in the caller's (short-lived)
- * memory context.
+ * Start resolving the url's hosts (an address comes back at once); their
+ * end wakes the relay through the event pipe.  Returns why the url cannot
+ * be used, or NULL.  The url's parts are parsed in the caller's
+ * (short-lived) memory context.
  */
 static const char *
 nats_lookups_start(RelayTarget *t, RelayNatsTarget *nt)
@@ -594,41 +861,24 @@ nats_lookups_start(RelayTarget *t, RelayNatsTarget *nt)
 	char	   *hosts[NATS_MAX_SERVERS];
 	int			ports[NATS_MAX_SERVERS];
 	int			nhosts = 0;
-	struct gaicb *list[NATS_MAX_SERVERS];
-	int			nlist = 0;
 	int			i;
 
 	nats_lookups_forget(nt);
-	if (nats_parse_url(t->url, hosts, ports, &nhosts) != NULL)
+	if (nats_parse_url(t->url, hosts, ports, &nhosts, NULL) != NULL)
 		return "the url is not usable";
 	for (i = 0; i < nhosts; i++)
 	{
-		NatsLookup *l = calloc(1, sizeof(NatsLookup));
+		RelayLookup *l = relay_lookup_start(hosts[i], ports[i], wake_pipe[1], nt->refused,
+											sizeof(nt->refused));
 
 		if (l == NULL)
-			return "out of memory";
-		strlcpy(l->name, hosts[i], sizeof(l->name));
-		snprintf(l->service, sizeof(l->service), "%d", ports[i]);
-		l->hints.ai_family = AF_UNSPEC;
-		l->hints.ai_socktype = SOCK_STREAM;
-		l->cb.ar_name = l->name;
-		l->cb.ar_service = l->service;
-		l->cb.ar_request = &l->hints;
-		nt->lookups[nt->nlookups++] = l;
-		list[nlist++] = &l->cb;
-	}
-	nt->lookups_url = MemoryContextStrdup(t->cxt, t->url);
-	/* Its thread must not take PostgreSQL's signals. */
-	{
-		int			rc;
-
-		NATS_NO_SIGNALS(rc = getaddrinfo_a(GAI_NOWAIT, list, nlist, NULL));
-		if (rc != 0)
 		{
 			nats_lookups_forget(nt);
-			return gai_strerror(rc);
+			return nt->refused;
 		}
+		nt->lookups[nt->nlookups++] = l;
 	}
+	nt->lookups_url = MemoryContextStrdup(t->cxt, t->url);
 	return NULL;
 }
 
@@ -645,50 +895,113 @@ nats_allowed_servers(RelayNatsTarget *nt, char **servers)
 	int			i;
 
 	for (i = 0; i < nt->nlookups; i++)
-		if (gai_error(&nt->lookups[i]->cb) == EAI_INPROGRESS)
+		if (relay_lookup_running(nt->lookups[i]))
 			return -1;
 	nt->refused[0] = '\0';
 	for (i = 0; i < nt->nlookups && n < NATS_MAX_SERVERS; i++)
 	{
-		NatsLookup *l = nt->lookups[i];
-		struct addrinfo *ai;
-		int			rc = gai_error(&l->cb);
+		struct sockaddr_storage addrs[NATS_MAX_SERVERS];
+		socklen_t	lens[NATS_MAX_SERVERS];
+		int			k;
+		int			got = relay_lookup_allowed(nt->lookups[i], addrs, lens, NATS_MAX_SERVERS - n,
+											   nt->refused, sizeof(nt->refused));
 
-		if (rc != 0)
+		for (k = 0; k < got; k++)
 		{
-			snprintf(nt->refused, sizeof(nt->refused), "could not resolve \"%s\": %s",
-					 l->name, gai_strerror(rc));
-			continue;
-		}
-		for (ai = l->cb.ar_result; ai != NULL && n < NATS_MAX_SERVERS; ai = ai->ai_next)
-		{
-			const char *why = NULL;
-			char		addr[INET6_ADDRSTRLEN];
+			char		addr[INET6_ADDRSTRLEN + 8];
 
-			if (ai->ai_family == AF_INET)
-			{
-				struct in_addr *a = &((struct sockaddr_in *) ai->ai_addr)->sin_addr;
-
-				why = outbox_destination_refused(AF_INET, a, l->name);
-				inet_ntop(AF_INET, a, addr, sizeof(addr));
-				if (why == NULL)
-					servers[n++] = psprintf("nats://%s:%s", addr, l->service);
-			}
-			else if (ai->ai_family == AF_INET6)
-			{
-				struct in6_addr *a = &((struct sockaddr_in6 *) ai->ai_addr)->sin6_addr;
-
-				why = outbox_destination_refused(AF_INET6, a, l->name);
-				inet_ntop(AF_INET6, a, addr, sizeof(addr));
-				if (why == NULL)
-					servers[n++] = psprintf("nats://[%s]:%s", addr, l->service);
-			}
-			if (why != NULL)
-				snprintf(nt->refused, sizeof(nt->refused),
-						 "connection refused by the relay: %s", why);
+			relay_sockaddr_text((struct sockaddr *) &addrs[k], addr, sizeof(addr));
+			servers[n++] = psprintf("nats://%s", addr);
 		}
 	}
 	return n;
+}
+
+/* The target's TLS and credentials files, as one string to compare. */
+static char *
+nats_files(RelayTarget *t)
+{
+	return psprintf("%s\n%s\n%s\n%s", t->ca_file ? t->ca_file : "",
+					t->client_cert ? t->client_cert : "", t->client_key ? t->client_key : "",
+					t->credentials ? t->credentials : "");
+}
+
+/*
+ * TLS and the login, as the url and the target's files say: tls:// with
+ * the host name checked in the server's certificate (ca_file, client_cert
+ * and client_key), user and password or a token from the url, a .creds
+ * file or an NKey seed file (credentials).  Returns why they cannot be
+ * used, or NULL.
+ */
+static const char *
+nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
+{
+	char	   *hosts[NATS_MAX_SERVERS];
+	int			ports[NATS_MAX_SERVERS];
+	int			n;
+	NatsUrlAuth a;
+	natsStatus	s = NATS_OK;
+	const char *what = NULL;
+
+	if (nats_parse_url(t->url, hosts, ports, &n, &a) != NULL)
+		return "the url is not usable";
+	if (a.tls)
+	{
+		what = "TLS";
+		s = natsOptions_SetSecure(opts, true);
+		if (s == NATS_OK && t->ca_file != NULL)
+		{
+			what = "ca_file";
+			s = natsOptions_LoadCATrustedCertificates(opts, t->ca_file);
+		}
+		if (s == NATS_OK && t->client_cert != NULL)
+		{
+			what = "client_cert or client_key";
+			s = natsOptions_LoadCertificatesChain(opts, t->client_cert,
+												  t->client_key ? t->client_key : t->client_cert);
+		}
+		if (s == NATS_OK)
+		{
+			what = "the host name to check";
+			s = natsOptions_SetExpectedHostname(opts, hosts[0]);
+		}
+	}
+	if (s == NATS_OK && a.user != NULL)
+	{
+		what = "the user";
+		s = natsOptions_SetUserInfo(opts, a.user, a.password);
+	}
+	else if (s == NATS_OK && a.token != NULL)
+	{
+		what = "the token";
+		s = natsOptions_SetToken(opts, a.token);
+	}
+	if (s == NATS_OK && t->credentials != NULL)
+	{
+		char		public_key[NATS_NKEY_PUBLIC_LEN + 1];
+
+		what = "credentials";
+		if (nats_nkey_seed_public(t->credentials, public_key, error, size))
+			s = natsOptions_SetNKeyFromSeed(opts, public_key, t->credentials);
+		else if (error[0] != '\0')
+			return error;
+		else
+			s = natsOptions_SetUserCredentialsFromFiles(opts, t->credentials, NULL);
+	}
+	/* the secrets, gone from this memory (libnats keeps its copies) */
+	if (a.password)
+		memset(a.password, 0, strlen(a.password));
+	if (a.token)
+		memset(a.token, 0, strlen(a.token));
+	if (s != NATS_OK)
+	{
+		const char *last = nats_GetLastError(NULL);
+
+		snprintf(error, size, "libnats refused %s: %s", what,
+				 last && *last ? last : natsStatus_GetText(s));
+		return error;
+	}
+	return NULL;
 }
 
 /*
@@ -708,9 +1021,16 @@ nats_connect(RelayTarget *t, const char **why)
 	MemoryContext oldcxt;
 	MemoryContext tmpcxt;
 
+	char	   *files = nats_files(t);
+	char		auth_error[RELAY_MAX_ERROR_LEN + 1];
+	const char *bad_auth;
+
 	if (nt->nc != NULL && nt->destinations == outbox_destinations_generation &&
-		strcmp(nt->url, t->url) == 0)
+		strcmp(nt->url, t->url) == 0 && nt->files != NULL && strcmp(nt->files, files) == 0)
+	{
+		pfree(files);
 		return true;
+	}
 	tmpcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox NATS connect",
 								   ALLOCSET_SMALL_SIZES);
 	/* The servers' addresses first, resolved without waiting here. */
@@ -750,19 +1070,7 @@ nats_connect(RelayTarget *t, const char **why)
 		int			i;
 
 		for (i = 0; i < nt->nlookups; i++)
-		{
-			const struct gaicb *one[1] = {&nt->lookups[i]->cb};
-			long		left = (long) ((until - GetCurrentTimestamp()) / 1000);
-			struct timespec ts;
-
-			if (left <= 0)
-				break;
-			ts.tv_sec = left / 1000;
-			ts.tv_nsec = (left % 1000) * 1000000L;
-			while (gai_error(&nt->lookups[i]->cb) == EAI_INPROGRESS &&
-				   gai_suspend(one, 1, &ts) == EAI_INTR)
-				;
-		}
+			relay_lookup_wait(nt->lookups[i], (long) ((until - GetCurrentTimestamp()) / 1000));
 	}
 	oldcxt = MemoryContextSwitchTo(tmpcxt);
 	n = nats_allowed_servers(nt, servers);
@@ -781,7 +1089,11 @@ nats_connect(RelayTarget *t, const char **why)
 	if (nt->url)
 		pfree(nt->url);
 	nt->url = pstrdup(t->url);
+	if (nt->files)
+		pfree(nt->files);
+	nt->files = pstrdup(files);
 	MemoryContextSwitchTo(oldcxt);
+	pfree(files);
 	nt->serial = next_conn_serial++;
 
 	s = natsOptions_Create(&opts);
@@ -789,6 +1101,9 @@ nats_connect(RelayTarget *t, const char **why)
 		s = natsOptions_SetServers(opts, (const char **) servers, n);
 	if (s == NATS_OK)
 		s = natsOptions_SetIgnoreDiscoveredServers(opts, true);
+	bad_auth = s == NATS_OK ? nats_auth_options(t, opts, auth_error, sizeof(auth_error)) : NULL;
+	if (bad_auth != NULL)
+		s = NATS_INVALID_ARG;	/* no connection: reported below */
 	/*
 	 * A target that can have many messages waiting for acknowledgements
 	 * publishes through libnats' write buffer, which its flusher thread
@@ -848,6 +1163,13 @@ nats_connect(RelayTarget *t, const char **why)
 		natsOptions_Destroy(opts);
 	MemoryContextDelete(tmpcxt);
 	nats_lookups_forget(nt);
+	if (bad_auth != NULL)
+	{
+		strlcpy(nt->refused, bad_auth, sizeof(nt->refused));
+		nats_disconnect(nt);
+		*why = nt->refused;
+		return false;
+	}
 	if (s != NATS_OK)
 	{
 		snprintf(nt->refused, sizeof(nt->refused), "could not set up the NATS connection: %s",
@@ -1005,9 +1327,19 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 	{
 		const char *last = NULL;
 
+		char	   *c;
+
 		(void) natsConnection_GetLastError(nt->nc, &last);
-		snprintf(nt->refused, sizeof(nt->refused), "not connected to the NATS server%s%s",
-				 last && *last ? ": " : "", last && *last ? last : "");
+		snprintf(nt->refused, sizeof(nt->refused), "not connected to the NATS server%s%s%s",
+				 last && *last ? ": " : "", last && *last ? last : "",
+				 last && strstr(last, "No server available") ?
+				 (t->url[strspn(t->url, " ")] == 't' ?
+				  " (down, or it refused the login, or the TLS handshake failed: a certificate the relay does not accept, or one it wants of the relay; libnats tells them apart no better)" :
+				  " (down, or it refused the login: libnats tells them apart no better)") : "");
+		/* printable ASCII only: the server's words may be in it */
+		for (c = nt->refused; *c; c++)
+			if ((unsigned char) *c < 0x20 || (unsigned char) *c >= 0x7f)
+				*c = '?';
 		failed->kind = RELAY_RECEIVER_FAILED;
 		failed->error = nt->refused;
 		return false;

@@ -52,8 +52,11 @@
 #define RMQ_MAX_READS		16
 /* Most frames taken in one turn of the loop per target. */
 #define RMQ_MAX_FRAMES		256
-/* Headers the relay puts on every message before its own. */
-#define RMQ_OWN_HEADERS		4
+/* Headers the relay puts on a message before its own, at the most. */
+#define RMQ_OWN_HEADERS		(4 + RELAY_CE_MAX_ATTRS)
+/* The CloudEvents AMQP binding's prefix of attributes (binary mode). */
+#define RMQ_CE_PREFIX		"cloudEvents:"
+
 /* The channel the relay publishes on. */
 #define RMQ_CHANNEL			1
 
@@ -83,10 +86,9 @@ typedef struct RmqTag
 /* A target's connection (RelayTarget.priv). */
 typedef struct RelayRmqTarget
 {
-	RelayConn	conn;			/* the socket, its TLS, what waits to go */
+	RelayConn	conn;			/* first: the socket, its TLS, what waits
+								 * to go (relay_conn.c) */
 	RmqPhase	phase;			/* of the handshake, while conn is open */
-	char	   *url;			/* the url it was made for */
-	uint64		destinations;	/* outbox_destinations_generation then */
 	uint32		frame_max;		/* negotiated (RMQ_FRAME_MIN before) */
 	StringInfoData in;			/* bytes read, not yet taken as frames */
 	int			in_off;			/* of them taken */
@@ -104,20 +106,21 @@ typedef struct RelayRmqTarget
 	uint64		return_body_left;	/* its body bytes still to come */
 	bool		return_header;	/* its header frame was read */
 	char		return_why[RELAY_MAX_ERROR_LEN + 1];
-	int			in_flight;		/* lanes of the target with a request */
 	long		max_message_size;	/* the broker refused a body above this
 									 * (a 406), 0 for not known */
 	StringInfoData key;			/* reused: a message's routing key */
 	amqp_table_entry_t *headers;	/* reused: a message's headers, in cxt */
 	int			nheaders;		/* of them set */
 	int			maxheaders;		/* entries in headers */
+	RelayCeAttrs ce;			/* reused: a message's CloudEvents attributes */
+	char		ce_names[RELAY_CE_MAX_ATTRS][32];	/* and their header names */
+	StringInfoData body;		/* reused: a structured CloudEvent */
 } RelayRmqTarget;
 
 #define RMQ_TARGET(t)	((RelayRmqTarget *) (t)->priv)
 #define RMQ_LANE(lane)	((RelayAcks *) (lane)->priv)
 
 static RelayConnSet conns = RELAY_CONN_SET_INIT;
-static int	requests_in_flight = 0;
 
 /*---- checks, for the SQL functions and for rows read ----*/
 
@@ -255,15 +258,7 @@ static void
 rmq_close(RelayRmqTarget *rt)
 {
 	relay_conn_close(&rt->conn);
-	if (rt->in.maxlen > 1024 * 1024)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(rt->conn.cxt);
-
-		pfree(rt->in.data);
-		initStringInfo(&rt->in);
-		MemoryContextSwitchTo(oldcxt);
-	}
-	resetStringInfo(&rt->in);
+	relay_buffer_reset(&rt->in, rt->conn.cxt, 1024 * 1024);
 	rt->in_off = 0;
 	rt->phase = RMQ_START;
 	rt->frame_max = RMQ_FRAME_MIN;
@@ -318,29 +313,6 @@ rmq_close_text(amqp_method_t *m, const char *what, char *error, size_t size)
 			*c = '?';
 }
 
-/* The TLS a target's url and files ask for. */
-static void
-rmq_tls(RelayTarget *t, RelayConnTls *tls)
-{
-	memset(tls, 0, sizeof(*tls));
-	tls->on = strncmp(t->url, "amqps://", 8) == 0;
-	tls->ca_file = t->ca_file;
-	tls->client_cert = t->client_cert;
-	tls->client_key = t->client_key;
-}
-
-/* Whether the connection was made for other settings than the target's. */
-static bool
-rmq_stale(RelayTarget *t)
-{
-	RelayRmqTarget *rt = RMQ_TARGET(t);
-	RelayConnTls tls;
-
-	rmq_tls(t, &tls);
-	return strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation ||
-		!relay_conn_same_tls(&rt->conn, &tls);
-}
-
 /*
  * Make the target's connection if it has none: the protocol header waits
  * in its output while the lookup, connect and TLS go on (relay_conn.c).
@@ -353,21 +325,13 @@ rmq_connect(RelayTarget *t)
 	struct amqp_connection_info info;
 	char	   *copy;
 	const char *bad;
-	RelayConnTls tls;
 	bool		ok;
-	MemoryContext oldcxt;
 
 	if (rt->conn.state != RELAY_CONN_NONE)
 		return true;
 	/* another broker (or the same reconfigured): its limit is not known */
-	if (rt->url == NULL || strcmp(rt->url, t->url) != 0)
+	if (rt->conn.url == NULL || strcmp(rt->conn.url, t->url) != 0)
 		rt->max_message_size = 0;
-	oldcxt = MemoryContextSwitchTo(t->cxt);
-	if (rt->url)
-		pfree(rt->url);
-	rt->url = pstrdup(t->url);
-	MemoryContextSwitchTo(oldcxt);
-	rt->destinations = outbox_destinations_generation;
 	if ((bad = rmq_parse_url(t->url, &info, &copy)) != NULL)
 	{
 		snprintf(rt->conn.error, sizeof(rt->conn.error), "the url is not usable: %s", bad);
@@ -375,8 +339,7 @@ rmq_connect(RelayTarget *t)
 	}
 	rmq_close(rt);
 	appendBinaryStringInfo(&rt->conn.out, "AMQP\0\0\x09\x01", 8);
-	rmq_tls(t, &tls);
-	ok = relay_conn_open(&rt->conn, info.host, info.port, &tls);
+	ok = relay_conn_open(&rt->conn, t, info.host, info.port);
 	memset(copy, 0, strlen(t->url));	/* the password, gone from memory */
 	pfree(copy);
 	if (!ok)
@@ -659,6 +622,7 @@ relay_rabbitmq_target_init(RelayTarget *t)
 	relay_conn_init(&rt->conn, &conns, "RabbitMQ", "amqps://", t->cxt);
 	initStringInfo(&rt->key);
 	initStringInfo(&rt->in);
+	initStringInfo(&rt->body);
 	init_amqp_pool(&rt->pool, 4096);
 	rt->frame_max = RMQ_FRAME_MIN;
 	MemoryContextSwitchTo(oldcxt);
@@ -676,29 +640,9 @@ relay_rabbitmq_target_release(RelayTarget *t)
 	t->priv = NULL;
 }
 
-static void
-relay_rabbitmq_lane_init(RelayLane *lane)
-{
-	lane->priv = MemoryContextAllocZero(lane->target->cxt, sizeof(RelayAcks));
-}
-
-static void
-relay_rabbitmq_lane_release(RelayLane *lane)
-{
-	RelayTarget *t = lane->target;
-
-	if (lane->in_flight)
-	{
-		requests_in_flight--;
-		if (t->priv != NULL)
-			RMQ_TARGET(t)->in_flight--;
-		lane->in_flight = false;
-	}
-}
-
 /* Note what the next delivery tag is. */
 static void
-rmq_tag(RelayTarget *t, RelayLane *lane, uint32 request, int pos, RelayMessage *m)
+rmq_tag(RelayTarget *t, RelayLane *lane, uint32 request, int pos, RelayMessage *m, int body_len)
 {
 	RelayRmqTarget *rt = RMQ_TARGET(t);
 	RmqTag	   *g;
@@ -723,7 +667,7 @@ rmq_tag(RelayTarget *t, RelayLane *lane, uint32 request, int pos, RelayMessage *
 	g->lane = lane->index;
 	g->request = request;
 	g->pos = pos;
-	g->body_len = m->payload_len;
+	g->body_len = body_len;
 	g->acked = false;
 	g->returned = false;
 	memcpy(g->msg_id, m->msg_id, sizeof(g->msg_id));
@@ -791,10 +735,27 @@ rmq_message_headers(RelayTarget *t, RelayMessage *m, const char *number)
 		rt->maxheaders = Max(want, 32);
 	}
 	rmq_header_str(&rt->headers[n++], "webhook-id", m->msg_id);
-	rmq_header_str(&rt->headers[n++], "outbox-seq", number);
-	rmq_header_str(&rt->headers[n++], "outbox-topic", m->topic);
-	if (m->key)
-		rmq_header_str(&rt->headers[n++], "outbox-key", m->key);
+	if (t->format == RELAY_FORMAT_OUTBOX)
+	{
+		/* a CloudEvent carries them as attributes: no outbox-* copies */
+		rmq_header_str(&rt->headers[n++], "outbox-seq", number);
+		rmq_header_str(&rt->headers[n++], "outbox-topic", m->topic);
+		if (m->key)
+			rmq_header_str(&rt->headers[n++], "outbox-key", m->key);
+	}
+	else if (t->format == RELAY_FORMAT_CE_BINARY)
+	{
+		int			j;
+
+		/* the AMQP binding's binary mode: cloudEvents: headers, content-type */
+		for (j = 0; j < rt->ce.n; j++)
+		{
+			if (strcmp(rt->ce.name[j], "datacontenttype") == 0)
+				continue;
+			snprintf(rt->ce_names[j], sizeof(rt->ce_names[j]), RMQ_CE_PREFIX "%s", rt->ce.name[j]);
+			rmq_header_str(&rt->headers[n++], rt->ce_names[j], rt->ce.value[j]);
+		}
+	}
 	/* The message's own headers: "Name: value" lines, or "Name;" for "". */
 	for (p = m->header_lines; p != NULL && *p; p += strlen(p) + 1)
 	{
@@ -802,6 +763,10 @@ rmq_message_headers(RelayTarget *t, RelayMessage *m, const char *number)
 		const char *value = p[name_len] == ':' ? p + name_len + 1 : "";
 
 		if (rmq_broker_header(p, name_len))
+			continue;
+		/* nor, in a CloudEvent, what its binding owns (cloudEvents_*, -*) */
+		if (t->format != RELAY_FORMAT_OUTBOX &&
+			(relay_ce_owned_header(p) || outbox_header_name_is(p, name_len, "cloudevents-", false)))
 			continue;
 		if (name_len > RMQ_MAX_SHORTSTR)
 			return "a header name is longer than the 255 bytes AMQP carries";
@@ -913,6 +878,8 @@ rmq_publish(RelayLane *lane)
 		amqp_basic_properties_t props;
 		char		number[24];
 		const char *bad;
+		const char *body;
+		int			body_len;
 
 		if (!relay_template_fill(t->routing_key, m, &rt->key))
 		{
@@ -927,6 +894,8 @@ rmq_publish(RelayLane *lane)
 			break;
 		}
 		pg_lltoa(m->id, number);
+		if (t->format == RELAY_FORMAT_CE_BINARY)
+			relay_ce_attrs(t, m, &rt->ce);
 		if ((bad = rmq_message_headers(t, m, number)) != NULL)
 		{
 			relay_acks_bad(rl, i, RELAY_REJECTED, bad);
@@ -935,28 +904,39 @@ rmq_publish(RelayLane *lane)
 		memset(&props, 0, sizeof(props));
 		props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
 			AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_TIMESTAMP_FLAG;
+		/* the body: the payload, or the structured CloudEvent */
+		body = m->payload;
+		body_len = m->payload_len;
 		props.content_type = amqp_cstring_bytes("application/json");
+		if (t->format == RELAY_FORMAT_CE_STRUCTURED)
+		{
+			resetStringInfo(&rt->body);
+			relay_ce_structured(t, m, &rt->body);
+			body = rt->body.data;
+			body_len = rt->body.len;
+			props.content_type = amqp_cstring_bytes("application/cloudevents+json");
+		}
 		props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
 		props.message_id = amqp_cstring_bytes(m->msg_id);
 		props.timestamp = (uint64) (timestamptz_to_time_t(m->emitted_at));
 		props.headers.num_entries = rt->nheaders;
 		props.headers.entries = rt->headers;
-		if (rt->max_message_size > 0 && m->payload_len > rt->max_message_size)
+		if (rt->max_message_size > 0 && body_len > rt->max_message_size)
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];
 
 			snprintf(error, sizeof(error), "the message's %d bytes are more than the broker's max_message_size (%ld, from its earlier refusal)",
-					 m->payload_len, rt->max_message_size);
+					 body_len, rt->max_message_size);
 			relay_acks_bad(rl, i, RELAY_REJECTED, error);
 			break;
 		}
-		if ((bad = rmq_encode_publish(rt, t->exchange, rt->key.data, &props, m->payload,
-									  m->payload_len)) != NULL)
+		if ((bad = rmq_encode_publish(rt, t->exchange, rt->key.data, &props, body,
+									  body_len)) != NULL)
 		{
 			relay_acks_bad(rl, i, RELAY_REJECTED, bad);
 			break;
 		}
-		rmq_tag(t, lane, rl->request, i, m);
+		rmq_tag(t, lane, rl->request, i, m, body_len);
 		rl->nsent++;
 	}
 	}
@@ -988,9 +968,9 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	relay_test_fault("send", lane->head->topic);
 
 	/* A connection made for other settings is made anew. */
-	if (rt->conn.state != RELAY_CONN_NONE && rmq_stale(t))
+	if (rt->conn.state != RELAY_CONN_NONE && relay_conn_stale(&rt->conn, t))
 	{
-		if (rt->in_flight > 0)
+		if (relay_target_in_flight(t) > 0)
 		{
 			failed->kind = RELAY_RETRY;
 			failed->error = "the url, the TLS files or the destination rules changed: the connection is made anew";
@@ -999,7 +979,7 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		rmq_close(rt);
 	}
 	/* A connection that failed with nothing on it is made anew. */
-	if (rt->conn.state != RELAY_CONN_NONE && rt->conn.broken && rt->in_flight == 0)
+	if (rt->conn.state != RELAY_CONN_NONE && rt->conn.broken && relay_target_in_flight(t) == 0)
 		rmq_close(rt);
 	if (rt->blocked || rt->conn.broken)
 	{
@@ -1028,18 +1008,8 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	}
 	rl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
 	lane->in_flight = true;
-	rt->in_flight++;
-	requests_in_flight++;
 	relay_conn_flush(&rt->conn);
 	return true;
-}
-
-/* Report the lane's request if what came back decides it. */
-static void
-rmq_lane_check(RelayLane *lane, RelayFinishedFn finished)
-{
-	relay_acks_lane_check(lane, finished, &RMQ_TARGET(lane->target)->in_flight,
-						  &requests_in_flight);
 }
 
 /*
@@ -1071,7 +1041,14 @@ rmq_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, long too_large,
 		}
 	}
 	rmq_close(rt);
-	relay_acks_fail_lanes(t, kind, error, finished, &rt->in_flight, &requests_in_flight);
+	relay_acks_fail_lanes(t, kind, error, finished);
+}
+
+/* rmq_fail() for relay_conn.c: no message known too large. */
+static void
+rmq_fail_conn(RelayTarget *t, RelayOutcomeKind kind, const char *why, RelayFinishedFn finished)
+{
+	rmq_fail(t, kind, why, 0, finished);
 }
 
 /* The handshake has ended: the requests that waited for it go. */
@@ -1090,7 +1067,7 @@ rmq_ready(RelayTarget *t, RelayFinishedFn finished)
 		rmq_publish(lane);
 		/* not one could be framed: that decides it */
 		if (RMQ_LANE(lane)->nsent == 0)
-			rmq_lane_check(lane, finished);
+			relay_acks_lane_check(lane, finished);
 	}
 	if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN)
 		relay_conn_flush(&rt->conn);
@@ -1158,7 +1135,7 @@ rmq_confirm(RelayTarget *t, uint64 tag, bool multiple, bool ack, RelayFinishedFn
 			rmq_unroutable(t, lane, g->pos, rl);
 		else
 			rl->acked[g->pos] = true;
-		rmq_lane_check(lane, finished);
+		relay_acks_lane_check(lane, finished);
 		if (t->priv == NULL || rt->conn.state != RELAY_CONN_OPEN)
 			return;
 	}
@@ -1482,146 +1459,34 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 	recycle_amqp_pool(&rt->pool);
 }
 
-static RelayTarget *
-rmq_target_of(uint64 serial)
+/* Whether frames were left for the next turn. */
+static bool
+rmq_more(RelayTarget *t)
 {
-	ListCell   *lc;
-
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->kind == RELAY_RABBITMQ && t->priv != NULL && RMQ_TARGET(t)->conn.serial == serial &&
-			RMQ_TARGET(t)->conn.fd >= 0)
-			return t;
-	}
-	return NULL;
-}
-
-/* The connection taken a step on (events of it, or 0 after a wake-up). */
-static void
-rmq_step(RelayTarget *t, uint32 events, RelayFinishedFn finished)
-{
-	RelayRmqTarget *rt = RMQ_TARGET(t);
-	char		error[RELAY_MAX_ERROR_LEN + 1];
-
-	switch (relay_conn_step(&rt->conn, events))
-	{
-		case RELAY_CONN_WAIT:
-			return;
-		case RELAY_CONN_FAILED:
-			strlcpy(error, rt->conn.error, sizeof(error));
-			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
-			return;
-		case RELAY_CONN_OPENED:
-			/* the protocol header goes */
-			relay_conn_flush(&rt->conn);
-			return;
-		case RELAY_CONN_READY:
-			break;
-	}
-	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
-		rmq_read(t, finished);
-	if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN && (events & EPOLLOUT))
-		relay_conn_flush(&rt->conn);
+	return RMQ_TARGET(t)->more;
 }
 
 /*
- * Take what the sockets have (the handshake, confirms, returns, closes)
- * and write what waits; then end connections that broke or that other
- * settings made stale, and requests past their time.
+ * A request past its deadline: a handshake that did not end holds the
+ * target; a confirm that did not come is tried again.
  */
-static void
-relay_rabbitmq_drive(RelayFinishedFn finished)
+static RelayOutcomeKind
+rmq_expired(RelayTarget *t, char *error, size_t size)
 {
-	struct epoll_event evs[64];
-	int			n;
-	int			i;
-	bool		woke;
-	ListCell   *lc;
-	TimestampTz now = 0;
+	RelayRmqTarget *rt = RMQ_TARGET(t);
 
-	n = relay_conn_set_events(&conns, evs, lengthof(evs), &woke);
-	for (i = 0; i < n; i++)
+	if (rt->conn.state != RELAY_CONN_OPEN || !rt->conn.got_bytes)
+		relay_conn_timeout_text(&rt->conn, t->timeout_ms, error, size);
+	else if (rt->phase != RMQ_READY)
+		snprintf(error, size, "RabbitMQ at %s did not finish the AMQP handshake within %d ms",
+				 rt->conn.peer, t->timeout_ms);
+	else
 	{
-		RelayTarget *t = rmq_target_of(evs[i].data.u64);
-
-		if (t != NULL)
-			rmq_step(t, evs[i].events, finished);
+		snprintf(error, size, "no confirm from RabbitMQ at %s within %d ms",
+				 rt->conn.peer, t->timeout_ms);
+		return RELAY_RETRY;
 	}
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		RelayRmqTarget *rt;
-		char		error[RELAY_MAX_ERROR_LEN + 1];
-
-		if (t->kind != RELAY_RABBITMQ || t->priv == NULL)
-			continue;
-		rt = RMQ_TARGET(t);
-		if (woke && rt->conn.state == RELAY_CONN_RESOLVING)
-			rmq_step(t, 0, finished);
-		/* frames left for this turn, or bytes TLS decrypted already */
-		if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN &&
-			(rt->more || relay_conn_pending(&rt->conn)))
-			rmq_read(t, finished);
-		if (t->priv == NULL || rt->conn.state == RELAY_CONN_NONE)
-			continue;
-		if (rt->conn.broken)
-		{
-			strlcpy(error, rt->conn.broken_why, sizeof(error));
-			rmq_fail(t, RELAY_RECEIVER_FAILED, error, 0, finished);
-			continue;
-		}
-		if (rt->in_flight == 0)
-			continue;
-		if (rmq_stale(t))
-		{
-			rmq_fail(t, RELAY_RETRY,
-					 "the url, the TLS files or the destination rules changed: the connection is made anew", 0, finished);
-			continue;
-		}
-		for (i = 0; i < t->nlanes; i++)
-		{
-			RelayLane  *lane = &t->lanes[i];
-
-			if (!lane->in_flight)
-				continue;
-			if (now == 0)
-				now = GetCurrentTimestamp();
-			if (now >= RMQ_LANE(lane)->deadline)
-			{
-				if (rt->conn.state != RELAY_CONN_OPEN || !rt->conn.got_bytes)
-					relay_conn_timeout_text(&rt->conn, t->timeout_ms, error, sizeof(error));
-				else if (rt->phase != RMQ_READY)
-					snprintf(error, sizeof(error), "RabbitMQ at %s did not finish the AMQP handshake within %d ms",
-							 rt->conn.peer, t->timeout_ms);
-				else
-					snprintf(error, sizeof(error), "no confirm from RabbitMQ at %s within %d ms",
-							 rt->conn.peer, t->timeout_ms);
-				/* a handshake that did not end holds the target */
-				rmq_fail(t, rt->phase == RMQ_READY ? RELAY_RETRY : RELAY_RECEIVER_FAILED,
-						 error, 0, finished);
-				break;
-			}
-		}
-	}
-}
-
-/* Milliseconds until the earliest request deadline, or -1. */
-static long
-relay_rabbitmq_timeout(void)
-{
-	ListCell   *lc;
-
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->kind == RELAY_RABBITMQ && t->priv != NULL &&
-			(RMQ_TARGET(t)->more || relay_conn_pending(&RMQ_TARGET(t)->conn)))
-			return 0;
-	}
-	return requests_in_flight > 0 ? relay_acks_next_deadline_ms(RELAY_RABBITMQ) : -1;
+	return RELAY_RECEIVER_FAILED;
 }
 
 /* The options of a RabbitMQ target row read (relay_config.c). */
@@ -1636,8 +1501,6 @@ relay_rabbitmq_check(RelayTarget *t)
 		return psprintf("exchange: %s", why);
 	if ((why = rmq_check_routing_key(t->routing_key)) != NULL)
 		return psprintf("routing_key: %s", why);
-	if (t->format != RELAY_FORMAT_OUTBOX)
-		return "a RabbitMQ target cannot send CloudEvents";
 	return NULL;
 }
 
@@ -1651,9 +1514,12 @@ const RelayTransport relay_rabbitmq_transport = {
 	.stop = relay_rabbitmq_stop,
 	.target_init = relay_rabbitmq_target_init,
 	.target_release = relay_rabbitmq_target_release,
-	.lane_init = relay_rabbitmq_lane_init,
-	.lane_release = relay_rabbitmq_lane_release,
+	.lane_init = relay_acks_lane_init,
+	.lane_release = relay_acks_lane_release,
 	.send = relay_rabbitmq_send,
-	.drive = relay_rabbitmq_drive,
-	.timeout = relay_rabbitmq_timeout,
+	.conn_set = &conns,
+	.conn_read = rmq_read,
+	.conn_fail = rmq_fail_conn,
+	.conn_more = rmq_more,
+	.conn_expired = rmq_expired,
 };

@@ -309,7 +309,9 @@ relay_make_message(RelayTarget *t, RelayRow *row, int64 id,
 			headers = hb.data;
 			headers_len = hb.len;
 		}
-		if (t->transport->header_lines && JsonContainerSize(&jb->root) > 0)
+		/* (a CloudEvent's traceparent comes from them, for Redis too) */
+		if ((t->transport->header_lines || t->format != RELAY_FORMAT_OUTBOX) &&
+			JsonContainerSize(&jb->root) > 0)
 			lines = relay_header_lines(jb, &lines_len);
 	}
 

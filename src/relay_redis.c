@@ -119,9 +119,8 @@ typedef struct RedisUrl
 /* A target's connection (RelayTarget.priv). */
 typedef struct RelayRedisTarget
 {
-	RelayConn	conn;			/* the socket, its TLS, what waits to go */
-	char	   *url;			/* the url it was made for */
-	uint64		destinations;	/* outbox_destinations_generation then */
+	RelayConn	conn;			/* first: the socket, its TLS, what waits
+								 * to go (relay_conn.c) */
 	redisReader *reader;		/* replies being parsed */
 	RedisPending *pending;		/* ring of what the replies answer */
 	int			pending_head;
@@ -130,16 +129,15 @@ typedef struct RelayRedisTarget
 	bool		ready;			/* the handshake was answered */
 	StringInfoData early;		/* commands sent before it was: they wait */
 	bool		loading;		/* a SCRIPT LOAD is on its way again */
-	int			in_flight;		/* lanes of the target with a request */
 	StringInfoData stream;		/* reused: a message's stream key */
 	StringInfoData mark;		/* reused: its mark's key */
+	StringInfoData event;		/* reused: a structured CloudEvent */
 } RelayRedisTarget;
 
 #define REDIS_TARGET(t)	((RelayRedisTarget *) (t)->priv)
 #define REDIS_LANE(lane)	((RelayAcks *) (lane)->priv)
 
 static RelayConnSet conns = RELAY_CONN_SET_INIT;
-static int	requests_in_flight = 0;
 static char script_sha[41];
 
 /*---- reply objects: hiredis's reader builds them with these ----*/
@@ -458,15 +456,7 @@ redis_close(RelayRedisTarget *rt)
 	rt->pending_head = 0;
 	rt->loading = false;
 	rt->ready = false;
-	if (rt->early.maxlen > 1024 * 1024)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(rt->conn.cxt);
-
-		pfree(rt->early.data);
-		initStringInfo(&rt->early);
-		MemoryContextSwitchTo(oldcxt);
-	}
-	resetStringInfo(&rt->early);
+	relay_buffer_reset(&rt->early, rt->conn.cxt, 1024 * 1024);
 }
 
 static void
@@ -580,29 +570,6 @@ redis_queue_handshake(RelayTarget *t, RedisUrl *u)
 	redis_queue_load(t);
 }
 
-/* The TLS a target's url and files ask for. */
-static void
-redis_tls(RelayTarget *t, RelayConnTls *tls)
-{
-	memset(tls, 0, sizeof(*tls));
-	tls->on = strncmp(t->url, "rediss://", 9) == 0;
-	tls->ca_file = t->ca_file;
-	tls->client_cert = t->client_cert;
-	tls->client_key = t->client_key;
-}
-
-/* Whether the connection was made for other settings than the target's. */
-static bool
-redis_stale(RelayTarget *t)
-{
-	RelayRedisTarget *rt = REDIS_TARGET(t);
-	RelayConnTls tls;
-
-	redis_tls(t, &tls);
-	return strcmp(rt->url, t->url) != 0 || rt->destinations != outbox_destinations_generation ||
-		!relay_conn_same_tls(&rt->conn, &tls);
-}
-
 /*
  * Make the target's connection if it has none: queue the handshake, and
  * start the lookup, connect and TLS (relay_conn.c).  Returns false, with
@@ -614,17 +581,9 @@ redis_connect(RelayTarget *t)
 	RelayRedisTarget *rt = REDIS_TARGET(t);
 	RedisUrl	u;
 	const char *bad;
-	RelayConnTls tls;
-	MemoryContext oldcxt;
 
 	if (rt->conn.state != RELAY_CONN_NONE)
 		return true;
-	oldcxt = MemoryContextSwitchTo(t->cxt);
-	if (rt->url)
-		pfree(rt->url);
-	rt->url = pstrdup(t->url);
-	MemoryContextSwitchTo(oldcxt);
-	rt->destinations = outbox_destinations_generation;
 	if ((bad = redis_parse_url(t->url, &u)) != NULL)
 	{
 		snprintf(rt->conn.error, sizeof(rt->conn.error), "the url is not usable: %s", bad);
@@ -639,8 +598,7 @@ redis_connect(RelayTarget *t)
 	redis_queue_handshake(t, &u);
 	if (u.password != NULL)
 		memset(u.password, 0, strlen(u.password));	/* gone from memory */
-	redis_tls(t, &tls);
-	if (!relay_conn_open(&rt->conn, u.host, u.port, &tls))
+	if (!relay_conn_open(&rt->conn, t, u.host, u.port))
 	{
 		char		error[RELAY_MAX_ERROR_LEN + 1];
 
@@ -663,6 +621,7 @@ relay_redis_target_init(RelayTarget *t)
 	initStringInfo(&rt->stream);
 	initStringInfo(&rt->mark);
 	initStringInfo(&rt->early);
+	initStringInfo(&rt->event);
 	MemoryContextSwitchTo(oldcxt);
 	t->priv = rt;
 }
@@ -673,26 +632,6 @@ relay_redis_target_release(RelayTarget *t)
 	if (t->priv != NULL)
 		redis_close(REDIS_TARGET(t));
 	t->priv = NULL;
-}
-
-static void
-relay_redis_lane_init(RelayLane *lane)
-{
-	lane->priv = MemoryContextAllocZero(lane->target->cxt, sizeof(RelayAcks));
-}
-
-static void
-relay_redis_lane_release(RelayLane *lane)
-{
-	RelayTarget *t = lane->target;
-
-	if (lane->in_flight)
-	{
-		requests_in_flight--;
-		if (t->priv != NULL)
-			REDIS_TARGET(t)->in_flight--;
-		lane->in_flight = false;
-	}
 }
 
 /*
@@ -722,9 +661,9 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	 * A connection made for another url or other rules is made anew; with
 	 * requests of other lanes on it, drive() ends them first.
 	 */
-	if (rt->conn.state != RELAY_CONN_NONE && redis_stale(t))
+	if (rt->conn.state != RELAY_CONN_NONE && relay_conn_stale(&rt->conn, t))
 	{
-		if (rt->in_flight > 0)
+		if (relay_target_in_flight(t) > 0)
 		{
 			failed->kind = RELAY_RETRY;
 			failed->error = "the url, the TLS files or the destination rules changed: the connection is made anew";
@@ -785,8 +724,15 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 		appendBinaryStringInfo(&rt->mark, m->msg_id, RELAY_UUID_LEN);
 		pg_lltoa(m->id, number);
 
+		if (t->format == RELAY_FORMAT_CE_STRUCTURED)
+		{
+			/* the structured CloudEvent in one field, beside the id and seq */
+			resetStringInfo(&rt->event);
+			relay_ce_structured(t, m, &rt->event);
+		}
 		appendStringInfoChar(out, '*');
-		relay_append_int64(out, 5 + 2 + 6 + (m->key ? 2 : 0) + (m->headers ? 2 : 0) + 2);
+		relay_append_int64(out, t->format == RELAY_FORMAT_CE_STRUCTURED ? 5 + 2 + 4 + 2 :
+						   5 + 2 + 6 + (m->key ? 2 : 0) + (m->headers ? 2 : 0) + 2);
 		appendBinaryStringInfo(out, "\r\n", 2);
 		redis_arg_str(out, "EVALSHA");
 		redis_arg(out, script_sha, 40);
@@ -799,6 +745,14 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 		redis_arg_str(out, m->msg_id);
 		redis_arg_str(out, "seq");
 		redis_arg_str(out, number);
+		if (t->format == RELAY_FORMAT_CE_STRUCTURED)
+		{
+			redis_arg_str(out, "cloudevent");
+			redis_arg(out, rt->event.data, rt->event.len);
+			redis_expect(t, REDIS_PENDING_MESSAGE, lane->index, rl->request, i);
+			rl->nsent++;
+			continue;
+		}
 		redis_arg_str(out, "topic");
 		redis_arg_str(out, m->topic);
 		if (m->key)
@@ -833,30 +787,19 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	}
 	rl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
 	lane->in_flight = true;
-	rt->in_flight++;
-	requests_in_flight++;
 	relay_conn_flush(&rt->conn);
 	return true;
-}
-
-/* Report the lane's request if what came back decides it. */
-static void
-redis_lane_check(RelayLane *lane, RelayFinishedFn finished)
-{
-	relay_acks_lane_check(lane, finished, &REDIS_TARGET(lane->target)->in_flight,
-						  &requests_in_flight);
 }
 
 /* The connection is given up, and every request of the target waiting. */
 static void
 redis_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, RelayFinishedFn finished)
 {
-	RelayRedisTarget *rt = REDIS_TARGET(t);
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 
 	strlcpy(error, why, sizeof(error));
-	redis_close(rt);
-	relay_acks_fail_lanes(t, kind, error, finished, &rt->in_flight, &requests_in_flight);
+	redis_close(REDIS_TARGET(t));
+	relay_acks_fail_lanes(t, kind, error, finished);
 }
 
 /* An error reply's text, printable ASCII only (it goes to last_error). */
@@ -1046,7 +989,7 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 					 rt->conn.peer, r->type);
 			relay_acks_bad(rl, p.pos, RELAY_RECEIVER_FAILED, error);
 		}
-		redis_lane_check(lane, finished);
+		relay_acks_lane_check(lane, finished);
 	}
 	return true;
 }
@@ -1110,142 +1053,12 @@ redis_read(RelayTarget *t, RelayFinishedFn finished)
 	}
 }
 
-static RelayTarget *
-redis_target_of(uint64 serial)
+/* A request past its deadline: the connection is given up, the target held. */
+static RelayOutcomeKind
+redis_expired(RelayTarget *t, char *error, size_t size)
 {
-	ListCell   *lc;
-
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->kind == RELAY_REDIS && t->priv != NULL && REDIS_TARGET(t)->conn.serial == serial &&
-			REDIS_TARGET(t)->conn.fd >= 0)
-			return t;
-	}
-	return NULL;
-}
-
-/* The connection taken a step on (events of it, or 0 after a wake-up). */
-static void
-redis_step(RelayTarget *t, uint32 events, RelayFinishedFn finished)
-{
-	RelayRedisTarget *rt = REDIS_TARGET(t);
-	char		error[RELAY_MAX_ERROR_LEN + 1];
-
-	switch (relay_conn_step(&rt->conn, events))
-	{
-		case RELAY_CONN_WAIT:
-			return;
-		case RELAY_CONN_FAILED:
-			strlcpy(error, rt->conn.error, sizeof(error));
-			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
-			return;
-		case RELAY_CONN_OPENED:
-			relay_conn_flush(&rt->conn);
-			return;
-		case RELAY_CONN_READY:
-			break;
-	}
-	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
-		redis_read(t, finished);
-	if (t->priv != NULL && rt->conn.state == RELAY_CONN_OPEN && (events & EPOLLOUT))
-		relay_conn_flush(&rt->conn);
-}
-
-/*
- * Take what the sockets have: connections made, replies, writes possible;
- * then host names resolved, connections made for other settings, and
- * requests past their time.
- */
-static void
-relay_redis_drive(RelayFinishedFn finished)
-{
-	struct epoll_event evs[REDIS_MAX_EVENTS];
-	int			n;
-	int			i;
-	bool		woke;
-	ListCell   *lc;
-	TimestampTz now = 0;
-
-	n = relay_conn_set_events(&conns, evs, REDIS_MAX_EVENTS, &woke);
-	for (i = 0; i < n; i++)
-	{
-		RelayTarget *t = redis_target_of(evs[i].data.u64);
-
-		if (t != NULL)
-			redis_step(t, evs[i].events, finished);
-	}
-
-	if (requests_in_flight == 0)
-		return;
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		RelayRedisTarget *rt;
-		char		error[RELAY_MAX_ERROR_LEN + 1];
-
-		if (t->kind != RELAY_REDIS || t->priv == NULL)
-			continue;
-		rt = REDIS_TARGET(t);
-		if (rt->in_flight == 0)
-			continue;
-		if (woke && rt->conn.state == RELAY_CONN_RESOLVING)
-			redis_step(t, 0, finished);
-		/* bytes TLS has decrypted already: epoll does not see them */
-		if (t->priv != NULL && relay_conn_pending(&rt->conn))
-			redis_read(t, finished);
-		if (t->priv == NULL || rt->in_flight == 0)
-			continue;
-		if (rt->conn.broken)
-		{
-			strlcpy(error, rt->conn.broken_why, sizeof(error));
-			redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
-			continue;
-		}
-		if (redis_stale(t))
-		{
-			redis_fail(t, RELAY_RETRY,
-					   "the url, the TLS files or the destination rules changed: the connection is made anew", finished);
-			continue;
-		}
-		/* Replies come in order: a request past its time stops the rest. */
-		for (i = 0; i < t->nlanes; i++)
-		{
-			RelayLane  *lane = &t->lanes[i];
-
-			if (!lane->in_flight)
-				continue;
-			if (now == 0)
-				now = GetCurrentTimestamp();
-			if (now >= REDIS_LANE(lane)->deadline)
-			{
-				relay_conn_timeout_text(&rt->conn, t->timeout_ms, error, sizeof(error));
-				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
-				break;
-			}
-		}
-	}
-}
-
-/*
- * Milliseconds the loop may sleep: replies, connects and host names
- * resolved wake it through the epoll descriptor; what it must look at
- * itself is the earliest request deadline.
- */
-static long
-relay_redis_timeout(void)
-{
-	ListCell   *lc;
-
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->kind == RELAY_REDIS && t->priv != NULL && relay_conn_pending(&REDIS_TARGET(t)->conn))
-			return 0;
-	}
-	return requests_in_flight > 0 ? relay_acks_next_deadline_ms(RELAY_REDIS) : -1;
+	relay_conn_timeout_text(&REDIS_TARGET(t)->conn, t->timeout_ms, error, size);
+	return RELAY_RECEIVER_FAILED;
 }
 
 /* The options of a Redis target row read (relay_config.c). */
@@ -1264,8 +1077,8 @@ relay_redis_check(RelayTarget *t)
 		return "maxlen is below 1";
 	if (t->dedup_window < 0 || t->dedup_window > 2592000)
 		return "dedup_window is not between 0 and 2592000";
-	if (t->format != RELAY_FORMAT_OUTBOX)
-		return "a Redis target cannot send CloudEvents";
+	if (t->format == RELAY_FORMAT_CE_BINARY)
+		return "a Redis target sends CloudEvents in structured mode only (cloudevents-structured)";
 	return NULL;
 }
 
@@ -1279,9 +1092,11 @@ const RelayTransport relay_redis_transport = {
 	.stop = relay_redis_stop,
 	.target_init = relay_redis_target_init,
 	.target_release = relay_redis_target_release,
-	.lane_init = relay_redis_lane_init,
-	.lane_release = relay_redis_lane_release,
+	.lane_init = relay_acks_lane_init,
+	.lane_release = relay_acks_lane_release,
 	.send = relay_redis_send,
-	.drive = relay_redis_drive,
-	.timeout = relay_redis_timeout,
+	.conn_set = &conns,
+	.conn_read = redis_read,
+	.conn_fail = redis_fail,
+	.conn_expired = redis_expired,
 };

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <sys/resource.h>
 #include <amqp.h>
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 
 static double
@@ -68,7 +69,17 @@ main(int argc, char **argv)
 	if (info.vhost[0] == '\0')
 		info.vhost = "/";
 	conn = amqp_new_connection();
-	sock = amqp_tcp_socket_new(conn);
+	if (info.ssl)
+	{
+		/* amqps://: the broker's chain verified with $OUTBOX_RMQ_CA, as the relay does */
+		sock = amqp_ssl_socket_new(conn);
+		amqp_ssl_socket_set_verify_hostname(sock, 0);	/* (an IP: rabbitmq-c checks names) */
+		if (getenv("OUTBOX_RMQ_CA") == NULL ||
+			amqp_ssl_socket_set_cacert(sock, getenv("OUTBOX_RMQ_CA")) != AMQP_STATUS_OK)
+			return 2;
+	}
+	else
+		sock = amqp_tcp_socket_new(conn);
 	if (amqp_socket_open(sock, info.host, info.port) != AMQP_STATUS_OK)
 		return 1;
 	check(amqp_login(conn, info.vhost, 1, 131072, 0, AMQP_SASL_METHOD_PLAIN, info.user, info.password), "login");

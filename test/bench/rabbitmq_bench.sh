@@ -25,7 +25,13 @@
 # rates, relay/bare (goal >= 0.8), and the CPU seconds of the relay
 # worker, the bare client and the broker per run, from /proc.
 #
-# Settings: RUNS=3 N=100000 KEYS=1000 BATCH=100 LANES=8 POLL_MS=50
+# With TLS=1 the broker has an AMQPS listener too (AMQP_PORT + 1, a
+# throwaway CA), and every round has two more runs: relay_tls (an amqps://
+# target with that CA as ca_file) and bare_tls (the same client over
+# rabbitmq-c's TLS socket, verifying the chain): relay_tls/bare_tls (goal
+# >= 0.8) and relay_tls/relay are reported.
+#
+# Settings: RUNS=3 N=100000 KEYS=1000 BATCH=100 LANES=8 POLL_MS=50 TLS=0
 #   QUEUE_TYPE=classic DRAIN_TIMEOUT=600 PORT=54346 AMQP_PORT=15673 KEEP=0
 #   OUT=DIR REV= INSTALL=0 WAIT_FOR=... QUIET_MAX=0.3 QUIET_WAIT=120
 set -euo pipefail
@@ -36,6 +42,7 @@ KEYS=${KEYS:-1000}
 BATCH=${BATCH:-100}
 LANES=${LANES:-8}
 POLL_MS=${POLL_MS:-50}
+TLS=${TLS:-0}
 QUEUE_TYPE=${QUEUE_TYPE:-classic}
 DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-600}
 KEEP=${KEEP:-0}
@@ -72,10 +79,22 @@ bench_setup
 cc -O2 -Wall -o "$work/rabbitmq_bare" "$here/rabbitmq_bare.c" -lrabbitmq
 cc -O2 -Wall -o "$work/outbox_rabbitmq" "$repo/test/rabbitmq/outbox_rabbitmq.c" -lrabbitmq
 URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT
+TLS_URL=amqps://guest:guest@127.0.0.1:$((AMQP_PORT + 1))
 rtool() { "$work/outbox_rabbitmq" "$1" "$URL" "${@:2}"; }
 mkdir -p "$work/rmq"
 echo '[].' >"$work/rmq/enabled_plugins"
 : >"$work/rmq/rabbitmq.conf"
+if [ "$TLS" = 1 ]; then
+	# an AMQPS listener beside the plain one, the same broker
+	bench_tls_certs "$work/tls"
+	cat >>"$work/rmq/rabbitmq.conf" <<EOC
+listeners.ssl.default = 127.0.0.1:$((AMQP_PORT + 1))
+ssl_options.cacertfile = $work/tls/ca.pem
+ssl_options.certfile = $work/tls/server.pem
+ssl_options.keyfile = $work/tls/server.key
+ssl_options.verify = verify_none
+EOC
+fi
 HOME=$work/rmq ERL_CRASH_DUMP=$work/rmq/erl_crash.dump RABBITMQ_MNESIA_BASE=$work/rmq/mnesia RABBITMQ_LOG_BASE=$work/rmq/log \
 	RABBITMQ_NODENAME=outbox_bench_$$@localhost RABBITMQ_NODE_PORT=$AMQP_PORT RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
 	RABBITMQ_DIST_PORT=$((AMQP_PORT + 20000)) RABBITMQ_ENABLED_PLUGINS_FILE=$work/rmq/enabled_plugins \
@@ -102,11 +121,12 @@ payload=$(sql -c "SELECT bench_payload(50000)::text")
 ticks_of() { awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
-run_relay() {	# round [perf]
-	local r=$1 run=relay name="rabbitmq_r$1" wpid t0 t1 w0 w1 s0 s1
+run_relay() {	# round [perf|tls]
+	local r=$1 run=relay name="rabbitmq_r$1" wpid t0 t1 w0 w1 s0 s1 url=$URL tls=
+	[ "${2:-}" = tls ] && { run=relay_tls url=$TLS_URL tls=", ca_file => '$work/tls/ca.pem'"; }
 	fresh_queue
 	sql -c "SELECT count(outbox.drop_target(name)) FROM outbox.targets" -c "TRUNCATE outbox.messages" >/dev/null
-	sql -c "SELECT outbox.create_rabbitmq_target('$name', '$URL', routing_key => 'bench', batch_size => $BATCH, lanes => $LANES)" \
+	sql -c "SELECT outbox.create_rabbitmq_target('$name', '$url', routing_key => 'bench', batch_size => $BATCH, lanes => $LANES$tls)" \
 		-c "SELECT outbox.pause_target('$name')" -c "SELECT outbox.subscribe('$name', '*')" >/dev/null
 	sql -c "SELECT count(outbox_emit('orders', bench_payload(g), 'k' || (g % $KEYS))) FROM generate_series(1, $N) g" >/dev/null
 	sql -c "VACUUM ANALYZE outbox.messages" -c "CHECKPOINT" >/dev/null
@@ -131,20 +151,24 @@ run_relay() {	# round [perf]
 		\"cpu_broker\": $(awk -v a="$s0" -v b="$s1" -v h="$HZ" 'BEGIN {printf "%.3f", (b - a) / h}')}"
 }
 
-run_bare() {	# round
-	local r=$1 out s0 s1
+run_bare() {	# round [tls]
+	local r=$1 out s0 s1 run=bare url=$URL
+	[ "${2:-}" = tls ] && { run=bare_tls url=$TLS_URL; }
 	fresh_queue
 	wait_quiet "bare round $r"
 	s0=$(ticks_of "$rmq_pid")
-	out=$("$work/rabbitmq_bare" "$URL" bench "$N" "$KEYS" $((BATCH * LANES)) "$payload")
+	out=$(OUTBOX_RMQ_CA=$work/tls/ca.pem "$work/rabbitmq_bare" "$url" bench "$N" "$KEYS" $((BATCH * LANES)) "$payload")
 	s1=$(ticks_of "$rmq_pid")
 	[ "$(rtool count bench)" = "$N" ] || echo "bare round $r: $(rtool count bench) in the queue, not $N" | tee -a "$work/anomalies" >&2
-	record "{\"run\": \"bare\", \"round\": $r, \"secs\": ${out% *}, \"cpu_client\": ${out#* },
+	record "{\"run\": \"$run\", \"round\": $r, \"secs\": ${out% *}, \"cpu_client\": ${out#* },
 		\"cpu_broker\": $(awk -v a="$s0" -v b="$s1" -v h="$HZ" 'BEGIN {printf "%.3f", (b - a) / h}')}"
 }
 
 for ((r = 1; r <= RUNS; r++)); do
 	if ((r % 2)); then run_relay "$r"; run_bare "$r"; else run_bare "$r"; run_relay "$r"; fi
+	if [ "$TLS" = 1 ]; then
+		if ((r % 2)); then run_bare "$r" tls; run_relay "$r" tls; else run_relay "$r" tls; run_bare "$r" tls; fi
+	fi
 	log "round $r done"
 done
 
@@ -167,6 +191,11 @@ print(f"messages {n}")
 print(f"relay  {relay:10.0f} msg/s   relay CPU {med('relay', 'cpu_relay') / n * 1e6:5.1f} us/msg   broker CPU {med('relay', 'cpu_broker') / n * 1e6:5.1f} us/msg")
 print(f"bare   {bare:10.0f} msg/s   client CPU {med('bare', 'cpu_client') / n * 1e6:5.1f} us/msg   broker CPU {med('bare', 'cpu_broker') / n * 1e6:5.1f} us/msg")
 print(f"relay/bare {relay / bare:.2f} (goal >= 0.8)")
+if any(r["run"] == "relay_tls" for r in rows):
+    rt, bt = n / med("relay_tls", "secs"), n / med("bare_tls", "secs")
+    print(f"relay over TLS  {rt:10.0f} msg/s   relay CPU {med('relay_tls', 'cpu_relay') / n * 1e6:5.1f} us/msg")
+    print(f"bare over TLS   {bt:10.0f} msg/s   client CPU {med('bare_tls', 'cpu_client') / n * 1e6:5.1f} us/msg")
+    print(f"relay_tls/bare_tls {rt / bt:.2f} (goal >= 0.8)   relay_tls/relay {rt / relay:.2f}")
 for r in rows:
     print(json.dumps(r))
 PY

@@ -25,7 +25,12 @@
 # and the CPU seconds of the relay worker, the bare client and
 # redis-server per run, from /proc.
 #
-# Settings: RUNS=3 N=100000 KEYS=1000 BATCH=100 LANES=8 POLL_MS=20
+# With TLS=1 redis-server has a TLS port too (REDIS_PORT + 1, a throwaway
+# CA), and every round has one more run, relay_tls: a rediss:// target with
+# that CA as ca_file.  hiredis 0.14 (Debian 12) has no TLS, so there is no
+# bare client over TLS: relay_tls/relay and relay_tls/bare are reported.
+#
+# Settings: RUNS=3 N=100000 KEYS=1000 BATCH=100 LANES=8 POLL_MS=20 TLS=0
 #   DRAIN_TIMEOUT=300 PORT=54345 REDIS_PORT=16379 KEEP=0 OUT=DIR REV=
 #   INSTALL=0 WAIT_FOR=... QUIET_MAX=0.3 QUIET_WAIT=120 (as nats_bench.sh)
 set -euo pipefail
@@ -36,6 +41,7 @@ KEYS=${KEYS:-1000}
 BATCH=${BATCH:-100}
 LANES=${LANES:-8}
 POLL_MS=${POLL_MS:-20}
+TLS=${TLS:-0}
 DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-300}
 KEEP=${KEEP:-0}
 PERF=${PERF:-0}
@@ -73,8 +79,14 @@ grep -q "return {1, id}" "$work/script.h" || { echo "could not cut the script ou
 cc -O2 -Wall -I"$work" -o "$work/redis_bare" "$here/redis_bare.c" -lhiredis
 bare() { "$work/redis_bare" "$@"; }
 mkdir -p "$work/redis"
+tls_args=()
+if [ "$TLS" = 1 ]; then
+	bench_tls_certs "$work/tls"
+	tls_args=(--tls-port $((REDIS_PORT + 1)) --tls-cert-file "$work/tls/server.pem"
+		--tls-key-file "$work/tls/server.key" --tls-ca-cert-file "$work/tls/ca.pem" --tls-auth-clients no)
+fi
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$work/redis" --save '' --appendonly no \
-	--daemonize no --logfile "$work/redis.log" &
+	--daemonize no --logfile "$work/redis.log" "${tls_args[@]}" &
 redis_pid=$!
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
@@ -88,11 +100,12 @@ payload=$(sql -c "SELECT bench_payload(50000)::text")
 ticks_of() { awk '{sub(/^.*\) /, ""); print $12 + $13}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
-run_relay() {	# round [perf]
-	local r=$1 run=relay name="redis_r$1" wpid t0 t1 w0 w1 s0 s1
+run_relay() {	# round [perf|tls]
+	local r=$1 run=relay name="redis_r$1" wpid t0 t1 w0 w1 s0 s1 url=redis://127.0.0.1:$REDIS_PORT tls=
+	[ "${2:-}" = tls ] && { run=relay_tls url=rediss://127.0.0.1:$((REDIS_PORT + 1)) tls=", ca_file => '$work/tls/ca.pem'"; }
 	rcli FLUSHALL >/dev/null
 	sql -c "SELECT count(outbox.drop_target(name)) FROM outbox.targets" -c "TRUNCATE outbox.messages" >/dev/null
-	sql -c "SELECT outbox.create_redis_target('$name', 'redis://127.0.0.1:$REDIS_PORT', stream => 'bench', batch_size => $BATCH, lanes => $LANES)" \
+	sql -c "SELECT outbox.create_redis_target('$name', '$url', stream => 'bench', batch_size => $BATCH, lanes => $LANES$tls)" \
 		-c "SELECT outbox.pause_target('$name')" -c "SELECT outbox.subscribe('$name', '*')" >/dev/null
 	sql -c "SELECT count(outbox_emit('orders', bench_payload(g), 'k' || (g % $KEYS))) FROM generate_series(1, $N) g" >/dev/null
 	sql -c "VACUUM ANALYZE outbox.messages" -c "CHECKPOINT" >/dev/null
@@ -130,7 +143,11 @@ run_bare() {	# round
 }
 
 for ((r = 1; r <= RUNS; r++)); do
-	if ((r % 2)); then run_relay "$r"; run_bare "$r"; else run_bare "$r"; run_relay "$r"; fi
+	if ((r % 2)); then
+		run_relay "$r"; run_bare "$r"; if [ "$TLS" = 1 ]; then run_relay "$r" tls; fi
+	else
+		if [ "$TLS" = 1 ]; then run_relay "$r" tls; fi; run_bare "$r"; run_relay "$r"
+	fi
 	log "round $r done"
 done
 
@@ -153,6 +170,10 @@ print(f"messages {n}")
 print(f"relay  {relay:10.0f} msg/s   relay CPU {med('relay', 'cpu_relay') / n * 1e6:5.1f} us/msg   redis-server CPU {med('relay', 'cpu_redis') / n * 1e6:5.1f} us/msg")
 print(f"bare   {bare:10.0f} msg/s   client CPU {med('bare', 'cpu_client') / n * 1e6:5.1f} us/msg   redis-server CPU {med('bare', 'cpu_redis') / n * 1e6:5.1f} us/msg")
 print(f"relay/bare {relay / bare:.2f} (goal >= 0.8)")
+if any(r["run"] == "relay_tls" for r in rows):
+    rt = n / med("relay_tls", "secs")
+    print(f"relay over TLS {rt:10.0f} msg/s   relay CPU {med('relay_tls', 'cpu_relay') / n * 1e6:5.1f} us/msg   redis-server CPU {med('relay_tls', 'cpu_redis') / n * 1e6:5.1f} us/msg")
+    print(f"relay_tls/relay {rt / relay:.2f}   relay_tls/bare (plaintext: hiredis 0.14 has no TLS) {rt / bare:.2f}")
 for r in rows:
     print(json.dumps(r))
 PY

@@ -24,6 +24,11 @@
  *       (a first line "ready" once subscribed); with HOLD, each answer
  *       waits until a file of that name exists; runs until killed
  *
+ * A tls:// URL connects with TLS: the CA in $OUTBOX_NATS_CA, a client
+ * certificate and key in $OUTBOX_NATS_CERT and $OUTBOX_NATS_KEY, when set;
+ * $OUTBOX_NATS_CREDS names a .creds file to log in with.  User information
+ * in the URL logs in as libnats takes it.
+ *
  * Exit status 0 on success; errors on stderr.
  */
 #include <inttypes.h>
@@ -89,7 +94,14 @@ main(int argc, char **argv)
 	}
 	if ((s = natsOptions_Create(&opts)) != NATS_OK ||
 		(s = natsOptions_SetURL(opts, argv[2])) != NATS_OK ||
-		(s = natsOptions_SetTimeout(opts, 5000)) != NATS_OK)
+		(s = natsOptions_SetTimeout(opts, 5000)) != NATS_OK ||
+		(getenv("OUTBOX_NATS_CA") &&
+		 (s = natsOptions_LoadCATrustedCertificates(opts, getenv("OUTBOX_NATS_CA"))) != NATS_OK) ||
+		(getenv("OUTBOX_NATS_CERT") &&
+		 (s = natsOptions_LoadCertificatesChain(opts, getenv("OUTBOX_NATS_CERT"),
+												getenv("OUTBOX_NATS_KEY"))) != NATS_OK) ||
+		(getenv("OUTBOX_NATS_CREDS") &&
+		 (s = natsOptions_SetUserCredentialsFromFiles(opts, getenv("OUTBOX_NATS_CREDS"), NULL)) != NATS_OK))
 		die("options", s, 0);
 	if ((s = natsConnection_Connect(&nc, opts)) != NATS_OK)
 		die("connect", s, 0);

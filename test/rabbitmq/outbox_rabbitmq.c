@@ -9,7 +9,8 @@
  *   outbox_rabbitmq count URL QUEUE            messages ready in it
  *   outbox_rabbitmq dump URL QUEUE             every message, one JSON
  *       object a line (message_id, seq, topic, key, routing_key, exchange,
- *       delivery_mode, content_type, payload, a few headers, and
+ *       delivery_mode, content_type, payload, a few headers, headers
+ *       (every string header, by name), and
  *       header_names: the name of every header), in queue order;
  *       consumed and not acknowledged, so they stay
  *
@@ -84,6 +85,27 @@ header(amqp_table_t *t, const char *name, const char *as)
 			printf(", \"%s\": ", as);
 			json_str(t->entries[i].value.value.bytes.bytes, t->entries[i].value.value.bytes.len);
 		}
+}
+
+/* Every string header, as "headers": {name: value}. */
+static void
+header_values(amqp_table_t *t)
+{
+	int			i;
+	int			n = 0;
+
+	printf(", \"headers\": {");
+	for (i = 0; i < t->num_entries; i++)
+	{
+		if (t->entries[i].value.kind != AMQP_FIELD_KIND_UTF8 && t->entries[i].value.kind != AMQP_FIELD_KIND_BYTES)
+			continue;
+		if (n++ > 0)
+			printf(", ");
+		json_str(t->entries[i].key.bytes, t->entries[i].key.len);
+		printf(": ");
+		json_str(t->entries[i].value.value.bytes.bytes, t->entries[i].value.value.bytes.len);
+	}
+	printf("}");
 }
 
 /* Every header's name, as "header_names": [...]. */
@@ -232,6 +254,7 @@ main(int argc, char **argv)
 			header(&env.message.properties.headers, "webhook-id", "webhook_id");
 			header(&env.message.properties.headers, "x-trace", "x_trace");
 			header_names(&env.message.properties.headers);
+			header_values(&env.message.properties.headers);
 			printf(", \"payload\": ");
 			json_str(env.message.body.bytes, env.message.body.len);
 			printf("}\n");

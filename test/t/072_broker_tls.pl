@@ -19,7 +19,10 @@
 #  - no password in outbox.lag or the server's log.
 use strict;
 use warnings;
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
 use IO::Socket::INET;
+use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -97,6 +100,16 @@ sub ids
 {
 	my ($topic) = @_;
 	return [ split /\n/, sql("SELECT id FROM outbox.messages WHERE topic = '$topic' ORDER BY id") ];
+}
+
+# The SQLSTATE of the error $q raises, or ''.
+sub sql_state
+{
+	my ($q) = @_;
+	my ($out, $err) = ('', '');
+	$node->psql('postgres', "\\set VERBOSITY verbose\n$q", stdout => \$out, stderr => \$err);
+	my ($state) = $err =~ /ERROR:\s+([0-9A-Z]{5}):/;
+	return ($state // '');
 }
 
 # A target on $server's stream $topic, subscribed to $topic.
@@ -304,7 +317,61 @@ ok($rounds_ok, '... while an HTTP target keeps delivering');
 sql(q{SELECT outbox.drop_target('mqmute')});
 close $mute;
 
-# --- (7) no password anywhere ---
+# --- (7) CloudEvents on Redis (structured: one field) and RabbitMQ (both modes) ---
+sql(qq{SELECT outbox.create_redis_target('rce', '$url{tls}', stream => 'ce', lanes => 1,
+		ca_file => '$ca', format => 'cloudevents-structured', source => 'urn:outbox:test');
+	SELECT outbox.subscribe('rce', 'ce');});
+rmq_tool($amqps, 'declare', $_) for qw(qceb qces);
+rmq_target('mqceb', $amqps, 'qceb', "ca_file => '$ca'", "format => 'cloudevents'", "source => 'urn:outbox:test'");
+rmq_target('mqces', $amqps, 'qces', "ca_file => '$ca'", "format => 'cloudevents-structured'");
+sql(q{SELECT outbox.subscribe('mqceb', 'ce'); SELECT outbox.subscribe('mqces', 'ce');});
+sql(q{SELECT outbox_emit('ce', jsonb_build_object('n', g), 'k' || g,
+		'{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "ce-type": "forged", "cloudEvents_type": "forged"}')
+	FROM generate_series(1, 3) g});
+my $ce_ids = ids('ce');
+ok(wait_for('CloudEvents delivered', sub {
+		my $r = redis_len($redis{tls}, 'ce');
+		my @q = map { my $d = eval { rmq_dump($amqps, $_) } // []; scalar(@$d) } qw(qceb qces);
+		($r == 3 && $q[0] == 3 && $q[1] == 3, "redis $r, amqp @q") }),
+	'CloudEvents reach the Redis stream and both RabbitMQ queues');
+my $verify_dir = abs_path(dirname(__FILE__) . '/../verify');
+my @ce_in;
+push @ce_in, [ 'redis', { binding => 'redis', body => $_->{cloudevent} }, $_ ]
+  for @{ redis_entries($redis{tls}, 'ce') };
+for my $q (qw(qceb qces))
+{
+	push @ce_in, [ "amqp_$q", { binding => 'amqp', headers => $_->{headers}, content_type => $_->{content_type},
+			body => $_->{payload} }, $_ ] for @{ rmq_dump($amqps, $q) };
+}
+my @forged = grep { ($_->[1]{headers} && grep { $_ eq 'forged' } values %{ $_->[1]{headers} })
+	  || ($_->[1]{body} // '') =~ /forged/ } @ce_in;
+is(scalar(@forged), 0, "the message's own ce-type and cloudEvents_type reach no consumer");
+my $codec = json_codec()->utf8->canonical;
+my ($ce_out, $ce_err) = ('', '');
+IPC::Run::run([ 'node', "$verify_dir/ce_check.js" ], '<', \join('', map { $codec->encode($_->[1]) . "\n" } @ce_in),
+	'>', \$ce_out, '2>', \$ce_err) or die "ce_check.js failed: $ce_err";
+my @ce_parsed = map { $codec->decode($_) } split /\n/, $ce_out;
+is(scalar(@ce_parsed), 9, 'the CloudEvents SDK read all 9');
+for my $i (0 .. $#ce_in)
+{
+	my ($what, undef, $raw) = @{ $ce_in[$i] };
+	my $ev = $ce_parsed[$i]{events}[0] // {};
+	ok($ce_parsed[$i]{ok}, "$what: the SDK parses and validates it") or diag($ce_parsed[$i]{error});
+	is($ev->{type}, 'ce', "$what: type is the topic, not the message's own header");
+	like($ev->{traceparent} // '', qr/^00-0af7/, "$what: traceparent");
+	is($ev->{source}, 'urn:outbox:test', "$what: source") unless $what eq 'amqp_qces';
+}
+is_deeply([ map { $codec->decode($_->{cloudevent})->{id} } @{ redis_entries($redis{tls}, 'ce') } ],
+	[ map { sql("SELECT msg_id FROM outbox.messages WHERE id = $_") } @$ce_ids ],
+	'Redis: the events in order, their ids the messages\'');
+is((rmq_dump($amqps, 'qces'))->[0]{content_type}, 'application/cloudevents+json',
+	'RabbitMQ structured mode: its content type');
+my @b = grep { /^cloudEvents:/ } @{ (rmq_dump($amqps, 'qceb'))->[0]{header_names} };
+ok(scalar(@b) >= 5, 'RabbitMQ binary mode: cloudEvents: headers (' . join(' ', @b) . ')');
+my ($ce_state) = sql_state(q{SELECT outbox.alter_target('rce', format => 'cloudevents')});
+is($ce_state, '0A000', 'a Redis target takes no binary-mode CloudEvents');
+
+# --- (8) no password anywhere ---
 my $shown = sql(q{SELECT string_agg(row_to_json(l)::text, ' ') FROM outbox.lag l});
 unlike($shown, qr/\Q$pw\E/, 'no password in outbox.lag');
 # (the statements the test ran are logged whole, log_statement = all: the

@@ -18,7 +18,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time usleep);
 
-our @EXPORT = qw(nats_start nats_stop nats_kill nats_tool nats_dump nats_count nats_wait_ready);
+our @EXPORT = qw(nats_start nats_stop nats_kill nats_tool nats_dump nats_count nats_wait_ready nats_tls_client);
 
 my $src = abs_path(dirname(__FILE__) . '/../nats/outbox_nats.c');
 my @started;    # every server started, stopped at exit even if a test dies
@@ -38,8 +38,10 @@ sub nats_tool_path
 
 # Start a nats-server with JetStream.  %opts: port (default: a free one),
 # dir (store; default a new one under tmp_check), name (server name),
-# cluster_port and routes (array of route ports) for a cluster.  Returns a
-# hash: port, url, dir, name, harness, log.
+# cluster_port and routes (array of route ports) for a cluster, config
+# (more settings: a configuration file's text), tls (the server wants TLS:
+# url is tls://localhost:port).  Returns a hash: port, url, dir, name,
+# harness, log.
 sub nats_start
 {
 	my ($name, %opts) = @_;
@@ -49,6 +51,14 @@ sub nats_start
 	my $log = "$PostgreSQL::Test::Utils::log_path/nats_$name.log";
 	my @cmd = ('nats-server', '-a', '127.0.0.1', '-p', $port, '-js', '-sd', $dir,
 		'-n', $name, '-l', $log);
+	# more settings (TLS, users) in a configuration file
+	if (defined $opts{config})
+	{
+		open(my $f, '>', "$dir/server.conf") or die "$dir/server.conf: $!";
+		print $f $opts{config};
+		close $f;
+		push @cmd, '-c', "$dir/server.conf";
+	}
 	if ($opts{cluster_port})
 	{
 		push @cmd, '--cluster_name', 'outbox', '--cluster',
@@ -59,7 +69,8 @@ sub nats_start
 	# the log says so after this point)
 	my $log_from = -s $log // 0;
 	my $h = IPC::Run::start(\@cmd, '<', \undef, '>>', "$log.out", '2>>', "$log.out");
-	my $s = { name => $name, port => $port, url => "nats://127.0.0.1:$port",
+	my $s = { name => $name, port => $port,
+		url => ($opts{tls} ? "tls://localhost:$port" : "nats://127.0.0.1:$port"),
 		dir => $dir, harness => $h, log => $log, log_from => $log_from, opts => \%opts };
 	push @started, $s;
 	nats_wait_ready($s);
@@ -99,10 +110,21 @@ sub nats_kill
 }
 
 # Run the tool; returns its output, dies on failure unless $may_fail.
+# The TLS and credentials files the tool uses (nats_tls_client(ca, cert,
+# key, creds); undef for one not used).
+my %tool_env;
+sub nats_tls_client
+{
+	my %e;
+	@e{qw(OUTBOX_NATS_CA OUTBOX_NATS_CERT OUTBOX_NATS_KEY OUTBOX_NATS_CREDS)} = @_;
+	%tool_env = map { defined $e{$_} ? ($_ => $e{$_}) : () } keys %e;
+}
+
 sub nats_tool
 {
 	my ($url, @args) = @_;
 	my ($out, $err) = ('', '');
+	local @ENV{ keys %tool_env } = values %tool_env;
 	my $ok = IPC::Run::run([ nats_tool_path(), $args[0], $url, @args[ 1 .. $#args ] ],
 		'>', \$out, '2>', \$err);
 	die "outbox_nats @args: $err" unless $ok;

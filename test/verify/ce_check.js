@@ -14,6 +14,14 @@
 //       application/cloudevents+json; the event is built and validated by
 //       the SDK's CloudEvent class
 //
+//   {"binding": "amqp", "headers": {...}, "content_type": text, "body": text}
+//       the SDK has no AMQP binding either: binary mode (cloudEvents:
+//       headers, the content-type property) is mapped as the CloudEvents
+//       AMQP binding says, structured mode parsed as
+//       application/cloudevents+json
+//   {"binding": "redis", "body": text}
+//       no binding: the structured event, one stream entry's field
+//
 //   node test/verify/ce_check.js < in.jsonl > out.jsonl
 //
 // Prints one line per input line: {"ok": true, "events": [event as JSON,
@@ -65,6 +73,23 @@ function parse(rec) {
 		if (ct) attrs.datacontenttype = ct;
 		attrs.data = ct.startsWith("application/json") ? JSON.parse(rec.body) : rec.body;
 		return [plain(new CloudEvent(attrs, true))];
+	}
+	if (rec.binding === "amqp") {
+		const ct = rec.content_type || "";
+		if (ct.startsWith("application/cloudevents+json")) {
+			return asArray(HTTP.toEvent({ headers: { "content-type": ct }, body: rec.body })).map(plain);
+		}
+		const attrs = {};
+		for (const [name, value] of Object.entries(headers)) {
+			if (name.startsWith("cloudEvents:")) attrs[name.slice(12)] = value;
+		}
+		if (ct) attrs.datacontenttype = ct;
+		attrs.data = ct.startsWith("application/json") ? JSON.parse(rec.body) : rec.body;
+		return [plain(new CloudEvent(attrs, true))];
+	}
+	if (rec.binding === "redis") {
+		return asArray(HTTP.toEvent({ headers: { "content-type": "application/cloudevents+json" },
+			body: rec.body })).map(plain);
 	}
 	throw new Error("unknown binding " + rec.binding);
 }
