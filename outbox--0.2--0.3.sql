@@ -1799,7 +1799,7 @@ BEGIN
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ and NATS targets.';
 	END IF;
-	IF lower(left(t.url, length(scheme))) <> scheme THEN
+	IF lower(left(ltrim(t.url), length(scheme))) <> scheme THEN
 		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
 			USING ERRCODE = 'invalid_parameter_value',
 				  HINT = format('Give the target a URL that starts with %s to verify its server with them.', scheme);

@@ -226,6 +226,9 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA outbox TO sec_admin;
 GRANT SELECT, UPDATE ON outbox.targets TO sec_admin;
 SET ROLE sec_admin;
 SELECT outbox.alter_target('sec_tls', ca_file => '/etc/hostname');
+-- nor a NATS credentials file, even with EXECUTE on the check itself
+SELECT outbox.create_nats_target('sec_nats', 'nats://127.0.0.1:4222', credentials => '/etc/hostname');
+SELECT outbox.check_nats_credentials('/etc/hostname');
 RESET ROLE;
 -- A member of pg_read_server_files may.
 GRANT pg_read_server_files TO sec_admin;

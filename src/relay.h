@@ -14,6 +14,10 @@
  *								RelayTransport each): send, then report
  *								an outcome; they know nothing of dead
  *								letters
+ *	   +- relay_conn.c, relay_tls.c	the connection layer of the socket
+ *								transports (Redis, RabbitMQ): lookup,
+ *								destination rules, connect, TLS, buffer,
+ *								and their drive()
  *	   +- all use: relay_lane.c (FIFO, caps, backoff, what an outcome does),
  *				   relay_dead_letters.c (dead letters waiting to be
  *				   written) and relay_envelope.c (formats)
@@ -239,6 +243,8 @@ typedef struct RelayTransport
 	bool		(*conn_more) (struct RelayTarget *t);
 	/* a request is past its deadline: why, and what it is */
 	RelayOutcomeKind (*conn_expired) (struct RelayTarget *t, char *error, size_t size);
+	/* close the connection and forget what it carried */
+	void		(*conn_close) (struct RelayTarget *t);
 } RelayTransport;
 
 extern const RelayTransport relay_http_transport;
@@ -571,11 +577,10 @@ typedef struct RelayLookup RelayLookup;
 typedef struct RelayConnSet
 {
 	int			epoll_fd;		/* -1 until started */
-	int			wake[2];		/* lookups ended write to wake[1] */
 	uint64		next_serial;	/* epoll names a connection by a serial */
 } RelayConnSet;
 
-#define RELAY_CONN_SET_INIT {-1, {-1, -1}, 1}
+#define RELAY_CONN_SET_INIT {-1, 1}
 
 typedef enum RelayConnState
 {
@@ -619,6 +624,7 @@ typedef struct RelayConn
 	socklen_t	addr_lens[RELAY_CONN_MAX_ADDRS];
 	int			naddrs;
 	int			next_addr;		/* the next of them to dial */
+	uint64		attempts;		/* connections made (kept when closed) */
 	char	   *url;			/* the target's url it was made for (kept
 								 * when closed), in cxt */
 	uint64		destinations;	/* outbox_destinations_generation then */
@@ -637,7 +643,7 @@ typedef struct RelayConn
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 } RelayConn;
 
-extern RelayLookup *relay_lookup_start(const char *host, int port, int wake_fd, char *error, size_t size);
+extern RelayLookup *relay_lookup_start(const char *host, int port, char *error, size_t size);
 extern bool relay_lookup_running(RelayLookup *l);
 extern void relay_lookup_wait(RelayLookup *l, long ms);
 extern int	relay_lookup_allowed(RelayLookup *l, struct sockaddr_storage *addrs, socklen_t *lens,
@@ -646,10 +652,10 @@ extern void relay_lookup_forget(RelayLookup *l);
 extern void relay_sockaddr_text(const struct sockaddr *sa, char *out, size_t size);
 extern int	relay_conn_set_start(RelayConnSet *s);
 extern void relay_conn_set_stop(RelayConnSet *s);
-extern int	relay_conn_set_events(RelayConnSet *s, struct epoll_event *evs, int max, bool *woke);
 extern void relay_conn_init(RelayConn *c, RelayConnSet *set, const char *what,
 							const char *tls_scheme, MemoryContext cxt);
 extern bool relay_conn_stale(RelayConn *c, struct RelayTarget *t);
+extern bool relay_conn_send_begin(const RelayTransport *tr, RelayLane *lane, RelayOutcome *failed);
 extern bool relay_conn_open(RelayConn *c, struct RelayTarget *t, const char *host, int port);
 extern void relay_buffer_reset(StringInfo buf, MemoryContext cxt, int keep);
 extern RelayConnStep relay_conn_step(RelayConn *c, uint32 events);
@@ -666,6 +672,7 @@ extern long relay_conn_next_ms(const RelayTransport *tr);
 
 /*---- relay_tls.c: TLS of those connections ----*/
 extern void *relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, size_t size);
+extern bool relay_tls_files_load(const RelayConnTls *tls, char *error, size_t size);
 extern void relay_tls_free(void *ssl);
 extern int	relay_tls_handshake(void *ssl, const char *peer, bool *want_write, char *error, size_t size);
 extern int	relay_tls_read(void *ssl, char *buf, int len, const char *peer, bool *want_write,

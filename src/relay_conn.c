@@ -6,9 +6,11 @@
  *	  A transport file holds only its protocol.
  *
  * Host names are resolved by glibc's getaddrinfo_a() on its own thread,
- * which wakes the relay through a pipe in the transport's epoll set (the
- * set's descriptor is in the relay's WaitEventSet); an address needs no
- * lookup.  NATS uses the same lookups (relay_lookup_*), with its own pipe.
+ * which the relay looks at every few milliseconds while one runs (its
+ * notification would run on a thread of glibc's with every signal
+ * unblocked); an address needs no lookup.  NATS uses the same lookups
+ * (relay_lookup_*).  Each transport's sockets are in an epoll set whose
+ * descriptor is in the relay's WaitEventSet.
  * Every address found is checked with outbox.denied_destinations /
  * allowed_destinations and the allowed ones are dialled in turn, each with
  * a non-blocking connect().  A url that asks for TLS then gets a
@@ -54,29 +56,20 @@ struct RelayLookup
 	char		service[8];
 };
 
-/* epoll's name of a set's wake pipe (connections' serials start at 1). */
-#define CONN_WAKE_SERIAL	0
+/* How often a lookup under way is looked at, in milliseconds. */
+#define CONN_LOOKUP_POLL_MS	10
 
 /*---- lookups ----*/
 
-/* On glibc's resolver thread: a lookup ended; wake the relay. */
-static void
-lookup_done(union sigval sv)
-{
-	char		c = 1;
-
-	/* Non-blocking: a full pipe has woken the relay already. */
-	if (write(sv.sival_int, &c, 1) < 0)
-		return;
-}
-
 /*
- * Start resolving host:port; its end writes a byte to wake_fd (the write
- * end of a non-blocking pipe).  An address is taken at once, on this
- * thread.  Returns NULL with error when it cannot be started.
+ * Start resolving host:port on glibc's resolver thread; the caller looks
+ * at relay_lookup_running() until it has ended (no notification: glibc
+ * would run it on a thread of its own with every signal unblocked, where
+ * PostgreSQL's handlers must never run).  An address is taken at once, on
+ * this thread.  Returns NULL with error when it cannot be started.
  */
 RelayLookup *
-relay_lookup_start(const char *host, int port, int wake_fd, char *error, size_t size)
+relay_lookup_start(const char *host, int port, char *error, size_t size)
 {
 	RelayLookup *l = calloc(1, sizeof(RelayLookup));
 	unsigned char addr[16];
@@ -107,9 +100,7 @@ relay_lookup_start(const char *host, int port, int wake_fd, char *error, size_t 
 	l->cb.ar_request = &l->hints;
 	list[0] = &l->cb;
 	memset(&sev, 0, sizeof(sev));
-	sev.sigev_notify = SIGEV_THREAD;
-	sev.sigev_notify_function = lookup_done;
-	sev.sigev_value.sival_int = wake_fd;
+	sev.sigev_notify = SIGEV_NONE;
 	/* glibc's resolver threads must not take PostgreSQL's signals */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -240,22 +231,14 @@ relay_sockaddr_text(const struct sockaddr *sa, char *out, size_t size)
 
 /*---- a transport's set of connections ----*/
 
-/* An epoll set with a wake pipe for lookups; its descriptor, for the loop. */
+/* A transport's epoll set; its descriptor, for the loop. */
 int
 relay_conn_set_start(RelayConnSet *s)
 {
-	struct epoll_event ev;
-
 	s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
 	if (s->epoll_fd < 0)
 		elog(ERROR, "outbox: could not create an epoll set: %m");
 	ReserveExternalFD();
-	if (s->wake[0] < 0)
-		(void) relay_wake_pipe(s->wake);
-	ev.events = EPOLLIN;
-	ev.data.u64 = CONN_WAKE_SERIAL;
-	if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, s->wake[0], &ev) != 0)
-		elog(ERROR, "outbox: could not wait on a pipe: %m");
 	if (s->next_serial == 0)
 		s->next_serial = 1;
 	return s->epoll_fd;
@@ -270,35 +253,6 @@ relay_conn_set_stop(RelayConnSet *s)
 		ReleaseExternalFD();
 		s->epoll_fd = -1;
 	}
-	/* The pipe stays: a resolver thread still running may write to it. */
-}
-
-/*
- * The set's events now (never waiting), the wake pipe's left out; *woke
- * says a lookup ended (its connection is looked at by relay_conn_step()).
- */
-int
-relay_conn_set_events(RelayConnSet *s, struct epoll_event *evs, int max, bool *woke)
-{
-	int			n;
-	int			i;
-	int			kept = 0;
-
-	*woke = false;
-	if (s->epoll_fd < 0)
-		return 0;
-	n = epoll_wait(s->epoll_fd, evs, max, 0);
-	for (i = 0; i < n; i++)
-	{
-		if (evs[i].data.u64 == CONN_WAKE_SERIAL)
-		{
-			relay_wake_pipe_drain(s->wake[0]);
-			*woke = true;
-			continue;
-		}
-		evs[kept++] = evs[i];
-	}
-	return kept;
 }
 
 /*---- one connection ----*/
@@ -417,6 +371,38 @@ relay_conn_stale(RelayConn *c, RelayTarget *t)
 		!same_path(c->tls.client_key, t->client_key);
 }
 
+/*
+ * The start of a send() of a transport on this layer: a connection made
+ * for other settings, or broken with nothing on it, is closed
+ * (tr->conn_close) to be made anew; false, with *failed, while requests of
+ * other lanes are on such a one (relay_conn_drive() ends them first).
+ */
+bool
+relay_conn_send_begin(const RelayTransport *tr, RelayLane *lane, RelayOutcome *failed)
+{
+	RelayTarget *t = lane->target;
+	RelayConn  *c = RELAY_CONN(t);
+
+	Assert(!lane->in_flight && lane->nqueued > 0);
+	memset(failed, 0, sizeof(*failed));
+	relay_test_fault("send", lane->head->topic);
+	if (c->state == RELAY_CONN_NONE)
+		return true;
+	if (relay_conn_stale(c, t))
+	{
+		if (relay_target_in_flight(t) > 0)
+		{
+			failed->kind = RELAY_RETRY;
+			failed->error = "the url, the TLS files or the destination rules changed: the connection is made anew";
+			return false;
+		}
+		tr->conn_close(t);
+	}
+	else if (c->broken && relay_target_in_flight(t) == 0)
+		tr->conn_close(t);
+	return true;
+}
+
 /* The target's url, rules and TLS settings, for the next connection. */
 static void
 conn_take_settings(RelayConn *c, RelayTarget *t)
@@ -507,6 +493,26 @@ conn_resolved(RelayConn *c)
 	c->naddrs = relay_lookup_allowed(c->lookup, c->addrs, c->addr_lens, RELAY_CONN_MAX_ADDRS,
 									 c->error, sizeof(c->error));
 	c->next_addr = 0;
+	/*
+	 * Each connection starts at another of the addresses: one that drops
+	 * what is sent to it (a connect that only times out) is not tried
+	 * first every time.
+	 */
+	if (c->naddrs > 1)
+	{
+		int			k = (int) (c->attempts++ % (uint64) c->naddrs);
+		struct sockaddr_storage addrs[RELAY_CONN_MAX_ADDRS];
+		socklen_t	lens[RELAY_CONN_MAX_ADDRS];
+		int			i;
+
+		memcpy(addrs, c->addrs, sizeof(addrs));
+		memcpy(lens, c->addr_lens, sizeof(lens));
+		for (i = 0; i < c->naddrs; i++)
+		{
+			c->addrs[i] = addrs[(i + k) % c->naddrs];
+			c->addr_lens[i] = lens[(i + k) % c->naddrs];
+		}
+	}
 	relay_lookup_forget(c->lookup);
 	c->lookup = NULL;
 	c->state = RELAY_CONN_NONE;
@@ -526,7 +532,7 @@ relay_conn_open(RelayConn *c, RelayTarget *t, const char *host, int port)
 	conn_take_settings(c, t);
 	strlcpy(c->host, host, sizeof(c->host));
 	snprintf(c->peer, sizeof(c->peer), "%s:%d", host, port);
-	c->lookup = relay_lookup_start(host, port, c->set->wake[1], c->error, sizeof(c->error));
+	c->lookup = relay_lookup_start(host, port, c->error, sizeof(c->error));
 	if (c->lookup == NULL)
 		return false;
 	c->state = RELAY_CONN_RESOLVING;
@@ -684,8 +690,9 @@ relay_conn_read(RelayConn *c, char *buf, int len)
 		}
 		if (n > 0)
 			c->got_bytes = true;
-		/* a write that waited for a read may go on now */
-		if (n > 0 && c->tls_write_wants_read)
+		/* a write that waited for a read may go on now (a read that took
+		 * only handshake records returns 0 and may have let it) */
+		if (c->tls_write_wants_read)
 			relay_conn_flush(c);
 		return n;
 	}
@@ -747,7 +754,9 @@ conn_event(const RelayTransport *tr, RelayTarget *t, uint32 events, RelayFinishe
 		case RELAY_CONN_READY:
 			break;
 	}
-	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP))
+	/* (a TLS read that waited for the socket to be writable goes on too) */
+	if ((events & (EPOLLIN | EPOLLERR | EPOLLHUP)) ||
+		((events & EPOLLOUT) && c->tls_read_wants_write))
 		tr->conn_read(t, finished);
 	if (t->priv != NULL && c->state == RELAY_CONN_OPEN && (events & EPOLLOUT))
 		relay_conn_flush(c);
@@ -765,11 +774,11 @@ relay_conn_drive(const RelayTransport *tr, RelayFinishedFn finished)
 	struct epoll_event evs[64];
 	int			n;
 	int			i;
-	bool		woke;
 	ListCell   *lc;
 	TimestampTz now = 0;
 
-	n = relay_conn_set_events(tr->conn_set, evs, lengthof(evs), &woke);
+	n = tr->conn_set->epoll_fd >= 0 ?
+		epoll_wait(tr->conn_set->epoll_fd, evs, lengthof(evs), 0) : 0;
 	for (i = 0; i < n; i++)
 	{
 		RelayTarget *t = conn_target_of(tr, evs[i].data.u64);
@@ -786,7 +795,7 @@ relay_conn_drive(const RelayTransport *tr, RelayFinishedFn finished)
 		if (t->kind != tr->id || t->priv == NULL)
 			continue;
 		c = RELAY_CONN(t);
-		if (woke && c->state == RELAY_CONN_RESOLVING)
+		if (c->state == RELAY_CONN_RESOLVING)
 			conn_event(tr, t, 0, finished);
 		/* what epoll does not see: TLS's bytes, the transport's own */
 		if (t->priv != NULL && c->state == RELAY_CONN_OPEN &&
@@ -829,23 +838,36 @@ relay_conn_drive(const RelayTransport *tr, RelayFinishedFn finished)
 }
 
 /*
- * A transport's timeout(): 0 when bytes wait that epoll does not see,
- * else the milliseconds until the earliest request deadline, or -1.
+ * A transport's timeout(): 0 when bytes wait that epoll does not see (or a
+ * connection broke), a short while when a lookup is under way, else the
+ * milliseconds until the earliest request deadline, or -1.
  */
 long
 relay_conn_next_ms(const RelayTransport *tr)
 {
 	ListCell   *lc;
+	bool		resolving = false;
+	long		ms;
 
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-		if (t->kind == tr->id && t->priv != NULL && RELAY_CONN(t)->state == RELAY_CONN_OPEN &&
-			(relay_tls_pending(RELAY_CONN(t)->ssl) || (tr->conn_more != NULL && tr->conn_more(t))))
+		RelayConn  *c;
+
+		if (t->kind != tr->id || t->priv == NULL)
+			continue;
+		c = RELAY_CONN(t);
+		if (c->broken || (c->state == RELAY_CONN_OPEN &&
+						  (relay_tls_pending(c->ssl) || (tr->conn_more != NULL && tr->conn_more(t)))))
 			return 0;
+		if (c->state == RELAY_CONN_RESOLVING)
+			resolving = true;
 	}
-	return relay_acks_next_deadline_ms(tr->id);
+	ms = relay_acks_next_deadline_ms(tr->id);
+	if (resolving && (ms < 0 || ms > CONN_LOOKUP_POLL_MS))
+		ms = CONN_LOOKUP_POLL_MS;
+	return ms;
 }
 
 /*
@@ -928,6 +950,19 @@ relay_conn_flush(RelayConn *c)
 	{
 		/* All written: the buffer starts again (a large one given back). */
 		relay_buffer_reset(&c->out, c->cxt, 4 * 1024 * 1024);
+		c->out_off = 0;
+	}
+	else if (c->out_off > 1024 * 1024 && c->out_off > c->out.len / 2)
+	{
+		/*
+		 * What was written leaves the front, so a buffer that never empties
+		 * (lanes adding requests while the socket is full) does not grow
+		 * without end; TLS takes a moved buffer
+		 * (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER) of the same unsent bytes.
+		 */
+		memmove(c->out.data, c->out.data + c->out_off, c->out.len - c->out_off);
+		c->out.len -= c->out_off;
+		c->out.data[c->out.len] = '\0';
 		c->out_off = 0;
 	}
 	if (c->state == RELAY_CONN_OPEN)

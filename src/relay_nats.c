@@ -42,6 +42,8 @@
 #include "postgres.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -53,8 +55,11 @@
 #include <nats/nats.h>
 #include <openssl/evp.h>
 
+#include "catalog/pg_authid.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "storage/fd.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -648,14 +653,15 @@ nats_seed_public(const char *text, char *public_key)
 		strspn(p + NATS_NKEY_SEED_LEN, " \r\n\t") != strlen(p + NATS_NKEY_SEED_LEN))
 		return false;
 	n = nats_b32_decode(p, NATS_NKEY_SEED_LEN, raw);
-	/* the seed prefix (18 << 3) and the user prefix (20 << 3), the key, a CRC */
-	if (n != 36 || raw[0] != (144 | (160 >> 5)) || raw[1] != ((160 & 31) << 3))
-		return false;
 	crc = nats_crc16(raw, 34);
-	if (raw[34] != (crc & 0xFF) || raw[35] != (crc >> 8))
-		return false;
-	if (public_key == NULL)
-		return true;
+	/* the seed prefix (18 << 3) and the user prefix (20 << 3), the key, a CRC */
+	ok = n == 36 && raw[0] == (144 | (160 >> 5)) && raw[1] == ((160 & 31) << 3) &&
+		raw[34] == (crc & 0xFF) && raw[35] == (crc >> 8);
+	if (!ok || public_key == NULL)
+	{
+		explicit_bzero(raw, sizeof(raw));
+		return ok;
+	}
 	key = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL, raw + 2, 32);
 	ok = key != NULL && EVP_PKEY_get_raw_public_key(key, pub + 1, &publen) == 1 && publen == 32;
 	EVP_PKEY_free(key);
@@ -689,27 +695,49 @@ nats_is_creds(const char *text)
 static char *
 nats_read_credentials(const char *path, char *error, size_t size)
 {
-	FILE	   *f = AllocateFile(path, "r");
+	int			fd = OpenTransientFile(path, O_RDONLY | O_NONBLOCK | PG_BINARY);
+	struct stat st;
 	char	   *text;
-	size_t		n;
+	ssize_t		n = 0;
 
-	if (f == NULL)
+	if (fd < 0)
 	{
 		snprintf(error, size, "could not open credentials \"%s\": %s", path, strerror(errno));
 		return NULL;
 	}
-	text = palloc(NATS_MAX_CREDS_FILE + 1);
-	n = fread(text, 1, NATS_MAX_CREDS_FILE + 1, f);
-	if (ferror(f) || n > NATS_MAX_CREDS_FILE)
+	/* a regular file only: a FIFO or a device would make the relay wait */
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
 	{
-		snprintf(error, size, ferror(f) ? "could not read credentials \"%s\"" :
-				 "credentials \"%s\" is larger than 64 kB: not a .creds file or an NKey seed", path);
-		FreeFile(f);
-		explicit_bzero(text, NATS_MAX_CREDS_FILE + 1);
-		pfree(text);
+		snprintf(error, size, "credentials \"%s\" is not a regular file", path);
+		CloseTransientFile(fd);
 		return NULL;
 	}
-	FreeFile(f);
+	if (st.st_size > NATS_MAX_CREDS_FILE)
+	{
+		snprintf(error, size, "credentials \"%s\" is larger than 64 kB: not a .creds file or an NKey seed", path);
+		CloseTransientFile(fd);
+		return NULL;
+	}
+	text = palloc0(NATS_MAX_CREDS_FILE + 1);
+	while (n < NATS_MAX_CREDS_FILE)
+	{
+		ssize_t		got = read(fd, text + n, NATS_MAX_CREDS_FILE - n);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0)
+		{
+			snprintf(error, size, "could not read credentials \"%s\": %s", path, strerror(errno));
+			CloseTransientFile(fd);
+			explicit_bzero(text, NATS_MAX_CREDS_FILE + 1);
+			pfree(text);
+			return NULL;
+		}
+		if (got == 0)
+			break;
+		n += got;
+	}
+	CloseTransientFile(fd);
 	text[n] = '\0';
 	return text;
 }
@@ -731,7 +759,7 @@ nats_nkey_seed_public(const char *path, char *public_key, char *error, size_t si
 	seed = nats_seed_public(text, public_key);
 	if (!seed && !nats_is_creds(text))
 		snprintf(error, size, "credentials \"%s\" is not a .creds file (a user JWT and its seed) or a user's NKey seed", path);
-	explicit_bzero(text, strlen(text));
+	explicit_bzero(text, NATS_MAX_CREDS_FILE + 1);
 	pfree(text);
 	return seed;
 }
@@ -749,6 +777,14 @@ outbox_check_nats_credentials(PG_FUNCTION_ARGS)
 	char	   *path = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 	char		public_key[NATS_NKEY_PUBLIC_LEN + 1];
+
+	/* it reads a file as the server: as pg_read_server_files may */
+	if (!has_privs_of_role(GetUserId(), ROLE_PG_READ_SERVER_FILES))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to read the credentials file \"%s\"", path),
+				 errdetail("The relay reads credentials as the server."),
+				 errhint("Only superusers and members of pg_read_server_files may name one.")));
 
 	if (!nats_nkey_seed_public(path, public_key, error, sizeof(error)) && error[0] != '\0')
 	{
@@ -850,8 +886,8 @@ nats_lookups_forget(RelayNatsTarget *nt)
 }
 
 /*
- * Start resolving the url's hosts (an address comes back at once); their
- * end wakes the relay through the event pipe.  Returns why the url cannot
+ * Start resolving the url's hosts (an address comes back at once).
+ * Returns why the url cannot
  * be used, or NULL.  The url's parts are parsed in the caller's
  * (short-lived) memory context.
  */
@@ -868,8 +904,7 @@ nats_lookups_start(RelayTarget *t, RelayNatsTarget *nt)
 		return "the url is not usable";
 	for (i = 0; i < nhosts; i++)
 	{
-		RelayLookup *l = relay_lookup_start(hosts[i], ports[i], wake_pipe[1], nt->refused,
-											sizeof(nt->refused));
+		RelayLookup *l = relay_lookup_start(hosts[i], ports[i], nt->refused, sizeof(nt->refused));
 
 		if (l == NULL)
 		{
@@ -942,6 +977,7 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 	NatsUrlAuth a;
 	natsStatus	s = NATS_OK;
 	const char *what = NULL;
+	const char *bad = NULL;
 
 	if (nats_parse_url(t->url, hosts, ports, &n, &a) != NULL)
 		return "the url is not usable";
@@ -954,7 +990,15 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 			what = "ca_file";
 			s = natsOptions_LoadCATrustedCertificates(opts, t->ca_file);
 		}
-		if (s == NATS_OK && t->client_cert != NULL)
+		if (s == NATS_OK && (t->client_cert != NULL || t->ca_file != NULL))
+		{
+			RelayConnTls files = {true, t->ca_file, t->client_cert, t->client_key};
+
+			/* libnats would prompt for an encrypted key's passphrase, and wait */
+			if (!relay_tls_files_load(&files, error, size))
+				bad = error;
+		}
+		if (s == NATS_OK && bad == NULL && t->client_cert != NULL)
 		{
 			what = "client_cert or client_key";
 			s = natsOptions_LoadCertificatesChain(opts, t->client_cert,
@@ -966,17 +1010,17 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 			s = natsOptions_SetExpectedHostname(opts, hosts[0]);
 		}
 	}
-	if (s == NATS_OK && a.user != NULL)
+	if (s == NATS_OK && bad == NULL && a.user != NULL)
 	{
 		what = "the user";
 		s = natsOptions_SetUserInfo(opts, a.user, a.password);
 	}
-	else if (s == NATS_OK && a.token != NULL)
+	else if (s == NATS_OK && bad == NULL && a.token != NULL)
 	{
 		what = "the token";
 		s = natsOptions_SetToken(opts, a.token);
 	}
-	if (s == NATS_OK && t->credentials != NULL)
+	if (s == NATS_OK && bad == NULL && t->credentials != NULL)
 	{
 		char		public_key[NATS_NKEY_PUBLIC_LEN + 1];
 
@@ -984,7 +1028,7 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 		if (nats_nkey_seed_public(t->credentials, public_key, error, size))
 			s = natsOptions_SetNKeyFromSeed(opts, public_key, t->credentials);
 		else if (error[0] != '\0')
-			return error;
+			bad = error;
 		else
 			s = natsOptions_SetUserCredentialsFromFiles(opts, t->credentials, NULL);
 	}
@@ -993,6 +1037,8 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 		memset(a.password, 0, strlen(a.password));
 	if (a.token)
 		memset(a.token, 0, strlen(a.token));
+	if (bad != NULL)
+		return bad;
 	if (s != NATS_OK)
 	{
 		const char *last = nats_GetLastError(NULL);

@@ -272,6 +272,12 @@ rmq_close(RelayRmqTarget *rt)
 }
 
 static void
+rmq_conn_close(RelayTarget *t)
+{
+	rmq_close(RMQ_TARGET(t));
+}
+
+static void
 relay_rabbitmq_stop(void)
 {
 	ListCell   *lc;
@@ -524,6 +530,18 @@ rmq_handshake(RelayTarget *t, uint16 channel, amqp_method_t *m, char *error, siz
 	{
 		rmq_close_text(m, refused[rt->phase], error, size);
 		return false;
+	}
+	/* a broker short of memory may say so at once: held, not refused */
+	if (m->id == AMQP_CONNECTION_BLOCKED_METHOD && channel == 0)
+	{
+		rt->blocked = true;
+		snprintf(rt->blocked_why, sizeof(rt->blocked_why), "RabbitMQ blocked publishing");
+		return true;
+	}
+	if (m->id == AMQP_CONNECTION_UNBLOCKED_METHOD && channel == 0)
+	{
+		rt->blocked = false;
+		return true;
 	}
 	switch (rt->phase)
 	{
@@ -963,24 +981,9 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 	RelayRmqTarget *rt = RMQ_TARGET(t);
 	RelayAcks  *rl = RMQ_LANE(lane);
 
-	Assert(!lane->in_flight && lane->nqueued > 0);
-	memset(failed, 0, sizeof(*failed));
-	relay_test_fault("send", lane->head->topic);
-
-	/* A connection made for other settings is made anew. */
-	if (rt->conn.state != RELAY_CONN_NONE && relay_conn_stale(&rt->conn, t))
-	{
-		if (relay_target_in_flight(t) > 0)
-		{
-			failed->kind = RELAY_RETRY;
-			failed->error = "the url, the TLS files or the destination rules changed: the connection is made anew";
-			return false;
-		}
-		rmq_close(rt);
-	}
-	/* A connection that failed with nothing on it is made anew. */
-	if (rt->conn.state != RELAY_CONN_NONE && rt->conn.broken && relay_target_in_flight(t) == 0)
-		rmq_close(rt);
+	/* one made for other settings, or broken, is made anew */
+	if (!relay_conn_send_begin(&relay_rabbitmq_transport, lane, failed))
+		return false;
 	if (rt->blocked || rt->conn.broken)
 	{
 		failed->kind = RELAY_RECEIVER_FAILED;
@@ -1031,12 +1034,12 @@ rmq_fail(RelayTarget *t, RelayOutcomeKind kind, const char *why, long too_large,
 	for (i = 0; too_large > 0 && i < rt->ntags; i++)
 	{
 		RmqTag	   *g = &rt->tags[(rt->tags_head + i) % rt->maxtags];
-		RelayLane  *lane = &t->lanes[g->lane];
 
 		if (!g->acked && g->body_len > too_large && g->lane < t->nlanes &&
-			lane->in_flight && relay_acks_waits(RMQ_LANE(lane), g->request, g->pos))
+			t->lanes[g->lane].in_flight &&
+			relay_acks_waits(RMQ_LANE(&t->lanes[g->lane]), g->request, g->pos))
 		{
-			relay_acks_bad(RMQ_LANE(lane), g->pos, RELAY_REJECTED, error);
+			relay_acks_bad(RMQ_LANE(&t->lanes[g->lane]), g->pos, RELAY_REJECTED, error);
 			break;
 		}
 	}
@@ -1193,11 +1196,13 @@ rmq_next_frame(RelayRmqTarget *rt, amqp_frame_t *f, char *error, size_t size)
 	if (avail < 7)
 		return 0;
 	len = rmq_be32(p + 3);
-	/* frames up to the size asked for; before the tune, AMQP's least */
-	if (len > Max(rt->frame_max, RMQ_FRAME_MAX))
+	/* frames up to the size agreed; before the tune, AMQP's least */
+	if (len + 8 > (rt->phase <= RMQ_TUNE ? RMQ_FRAME_MIN : rt->frame_max))
 	{
-		snprintf(error, size, "RabbitMQ at %s sent a frame of %u bytes, more than the %u agreed",
-				 rt->conn.peer, len, rt->frame_max);
+		snprintf(error, size, "RabbitMQ at %s sent a frame of %u bytes, more than the %u agreed%s",
+				 rt->conn.peer, len, rt->phase <= RMQ_TUNE ? RMQ_FRAME_MIN : rt->frame_max,
+				 rt->phase == RMQ_START && !rt->conn.tls.on ?
+				 " (does the server want TLS? its url would start with amqps://)" : "");
 		return -1;
 	}
 	if ((uint32) avail < len + 8)
@@ -1397,10 +1402,16 @@ rmq_read(RelayTarget *t, RelayFinishedFn finished)
 				{
 					amqp_connection_blocked_t *b = (amqp_connection_blocked_t *) f.payload.method.decoded;
 
+					char	   *c;
+
 					rt->blocked = true;
 					snprintf(rt->blocked_why, sizeof(rt->blocked_why),
 							 "RabbitMQ blocked publishing: %.*s",
 							 (int) Min(b->reason.len, 80), (char *) b->reason.bytes);
+					/* printable ASCII only: it goes to last_error */
+					for (c = rt->blocked_why; *c; c++)
+						if ((unsigned char) *c < 0x20 || (unsigned char) *c >= 0x7f)
+							*c = '?';
 					break;
 				}
 			case AMQP_CONNECTION_UNBLOCKED_METHOD:
@@ -1518,6 +1529,7 @@ const RelayTransport relay_rabbitmq_transport = {
 	.lane_release = relay_acks_lane_release,
 	.send = relay_rabbitmq_send,
 	.conn_set = &conns,
+	.conn_close = rmq_conn_close,
 	.conn_read = rmq_read,
 	.conn_fail = rmq_fail_conn,
 	.conn_more = rmq_more,

@@ -31,12 +31,8 @@
 #include "postgres.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
-#include <signal.h>
-#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -64,8 +60,6 @@
 /* Bytes read from a socket at a time, and reads in one call of drive(). */
 #define REDIS_READ_CHUNK	65536
 #define REDIS_MAX_READS		16
-/* Most readiness events taken in one call of relay_redis_drive(). */
-#define REDIS_MAX_EVENTS	64
 
 /*
  * The script each message runs.  KEYS: the stream, the mark.  ARGV: the
@@ -460,6 +454,12 @@ redis_close(RelayRedisTarget *rt)
 }
 
 static void
+redis_conn_close(RelayTarget *t)
+{
+	redis_close(REDIS_TARGET(t));
+}
+
+static void
 relay_redis_stop(void)
 {
 	ListCell   *lc;
@@ -653,24 +653,9 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	int			out_len;
 	int			npending;
 
-	Assert(!lane->in_flight && lane->nqueued > 0);
-	memset(failed, 0, sizeof(*failed));
-	relay_test_fault("send", lane->head->topic);
-
-	/*
-	 * A connection made for another url or other rules is made anew; with
-	 * requests of other lanes on it, drive() ends them first.
-	 */
-	if (rt->conn.state != RELAY_CONN_NONE && relay_conn_stale(&rt->conn, t))
-	{
-		if (relay_target_in_flight(t) > 0)
-		{
-			failed->kind = RELAY_RETRY;
-			failed->error = "the url, the TLS files or the destination rules changed: the connection is made anew";
-			return false;
-		}
-		redis_close(rt);
-	}
+	/* one made for other settings, or broken, is made anew */
+	if (!relay_conn_send_begin(&relay_redis_transport, lane, failed))
+		return false;
 	if (!redis_connect(t))
 	{
 		failed->kind = RELAY_RECEIVER_FAILED;
@@ -882,10 +867,23 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 		case REDIS_PENDING_AUTH:
 		case REDIS_PENDING_SELECT:
 		case REDIS_PENDING_LOAD:
+			if (r->type == REDIS_REPLY_ERROR && p.kind == REDIS_PENDING_AUTH)
+			{
+				/*
+				 * Its code only: an error may echo the command's arguments
+				 * (an AUTH renamed away: "unknown command ... with args
+				 * beginning with: 'user' 'password'"), the password among
+				 * them.
+				 */
+				snprintf(error, sizeof(error), "Redis refused the credentials: %.*s (the rest of its answer is not shown: it may echo the password)",
+						 (int) strspn(r->str ? r->str : "", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"),
+						 r->str ? r->str : "");
+				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
+				return false;
+			}
 			if (r->type == REDIS_REPLY_ERROR)
 			{
-				redis_error_text(r, p.kind == REDIS_PENDING_AUTH ? "Redis refused the credentials" :
-								 p.kind == REDIS_PENDING_SELECT ? "Redis refused to select the database" :
+				redis_error_text(r, p.kind == REDIS_PENDING_SELECT ? "Redis refused to select the database" :
 								 "Redis refused to load the relay's script", error, sizeof(error));
 				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 				return false;
@@ -1096,6 +1094,7 @@ const RelayTransport relay_redis_transport = {
 	.lane_release = relay_acks_lane_release,
 	.send = relay_redis_send,
 	.conn_set = &conns,
+	.conn_close = redis_conn_close,
 	.conn_read = redis_read,
 	.conn_fail = redis_fail,
 	.conn_expired = redis_expired,

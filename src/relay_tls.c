@@ -23,12 +23,24 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
 #include "relay.h"
+
+/*
+ * OpenSSL's passphrase callback: there is none to give (its default would
+ * read a terminal, or the postmaster's stdin, and wait).
+ */
+static int
+tls_no_passphrase(char *buf, int size, int rwflag, void *userdata)
+{
+	return 0;
+}
 
 /* The OpenSSL error queue's first reason, or what, emptied. */
 static void
@@ -62,6 +74,9 @@ relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, si
 		return NULL;
 	}
 	(void) SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	/* a peer may not start a handshake again in the middle of our writes */
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION);
+	SSL_CTX_set_default_passwd_cb(ctx, tls_no_passphrase);
 	SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
 	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	if (tls->ca_file != NULL)
@@ -91,7 +106,7 @@ relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, si
 										SSL_FILETYPE_PEM) != 1)
 		{
 			tls_reason(why, sizeof(why), "unknown error");
-			snprintf(error, size, "could not load client_key \"%s\": %s",
+			snprintf(error, size, "could not load client_key \"%s\": %s (an encrypted key is not taken: the relay has no passphrase to give)",
 					 tls->client_key ? tls->client_key : tls->client_cert, why);
 			goto fail;
 		}
@@ -132,6 +147,32 @@ fail:
 	SSL_CTX_free(ctx);
 	ERR_clear_error();
 	return NULL;
+}
+
+/*
+ * Whether the TLS files load (as relay_tls_new() loads them), for a
+ * library that loads them itself and would prompt for a passphrase (NATS):
+ * false with error.
+ */
+bool
+relay_tls_files_load(const RelayConnTls *tls, char *error, size_t size)
+{
+	void	   *ssl;
+	int			fds[2];
+	bool		ok;
+
+	/* a session on a socket of no use: only the files matter */
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+	{
+		snprintf(error, size, "could not check the TLS files: %s", strerror(errno));
+		return false;
+	}
+	ssl = relay_tls_new(fds[0], "localhost", tls, error, size);
+	ok = ssl != NULL;
+	relay_tls_free(ssl);
+	close(fds[0]);
+	close(fds[1]);
+	return ok;
 }
 
 void

@@ -8,6 +8,8 @@
 #    unrelated CA, a certificate for another host name, an expired one, a
 #    server that wants a client certificate and gets none (then
 #    client_cert / client_key), a wrong password;
+#  - a server whose AUTH is renamed away (its error echoes the arguments):
+#    held with the error code only, no password in last_error;
 #  - a plaintext server behind rediss:// and a TLS server behind redis://
 #    say so in a hint;
 #  - a server that accepts TCP and never answers the handshake: the target
@@ -188,6 +190,17 @@ target('wrongpw', "rediss://relay:wrong-$pw\@127.0.0.1:$redis{tls}{port}", 't7',
 emit('t7', 3);
 held_then_fixed('a wrong password', 'wrongpw', 'tls', 't7', qr/WRONGPASS/,
 	"SELECT outbox.alter_target('wrongpw', url => 'rediss://relay:$pw\@127.0.0.1:$redis{tls}{port}')");
+
+# a server whose AUTH is renamed away echoes the arguments of the unknown
+# command: the password must not reach last_error
+$redis{noauth} = redis_start('noauth', args => [ '--rename-command', 'AUTH', '' ]);
+target('echo', "redis://relay:$pw\@127.0.0.1:$redis{noauth}{port}", 't11', 'max_attempts => 2');
+emit('t11', 1);
+ok(wait_for('AUTH unknown: held',
+		sub { my $e = lag('echo', q{coalesce(last_error, '')}); (scalar($e =~ /Redis refused the credentials: ERR \(the rest/), $e) }),
+	'a server that does not know AUTH: held, with only its error code');
+unlike(lag('echo', 'last_error'), qr/\Q$pw\E/, '... and no password in last_error');
+sql(q{SELECT outbox.drop_target('echo')});
 
 # --- (3) TLS and plaintext mixed up: a hint ---
 target('plainbehindtls', $url{plain}, 't8', 'max_attempts => 2', 'timeout_ms => 2000');
