@@ -718,10 +718,11 @@ nats_read_credentials(const char *path, char *error, size_t size)
 		CloseTransientFile(fd);
 		return NULL;
 	}
-	text = palloc0(NATS_MAX_CREDS_FILE + 1);
-	while (n < NATS_MAX_CREDS_FILE)
+	text = palloc0(NATS_MAX_CREDS_FILE + 2);
+	/* one byte more than the most taken: a file grown since fstat is seen */
+	while (n <= NATS_MAX_CREDS_FILE)
 	{
-		ssize_t		got = read(fd, text + n, NATS_MAX_CREDS_FILE - n);
+		ssize_t		got = read(fd, text + n, NATS_MAX_CREDS_FILE + 1 - n);
 
 		if (got < 0 && errno == EINTR)
 			continue;
@@ -729,7 +730,7 @@ nats_read_credentials(const char *path, char *error, size_t size)
 		{
 			snprintf(error, size, "could not read credentials \"%s\": %s", path, strerror(errno));
 			CloseTransientFile(fd);
-			explicit_bzero(text, NATS_MAX_CREDS_FILE + 1);
+			explicit_bzero(text, NATS_MAX_CREDS_FILE + 2);
 			pfree(text);
 			return NULL;
 		}
@@ -738,6 +739,13 @@ nats_read_credentials(const char *path, char *error, size_t size)
 		n += got;
 	}
 	CloseTransientFile(fd);
+	if (n > NATS_MAX_CREDS_FILE)
+	{
+		snprintf(error, size, "credentials \"%s\" is larger than 64 kB: not a .creds file or an NKey seed", path);
+		explicit_bzero(text, NATS_MAX_CREDS_FILE + 2);
+		pfree(text);
+		return NULL;
+	}
 	text[n] = '\0';
 	return text;
 }
@@ -759,7 +767,7 @@ nats_nkey_seed_public(const char *path, char *public_key, char *error, size_t si
 	seed = nats_seed_public(text, public_key);
 	if (!seed && !nats_is_creds(text))
 		snprintf(error, size, "credentials \"%s\" is not a .creds file (a user JWT and its seed) or a user's NKey seed", path);
-	explicit_bzero(text, NATS_MAX_CREDS_FILE + 1);
+	explicit_bzero(text, NATS_MAX_CREDS_FILE + 2);
 	pfree(text);
 	return seed;
 }

@@ -1061,6 +1061,20 @@ rmq_ready(RelayTarget *t, RelayFinishedFn finished)
 	RelayRmqTarget *rt = RMQ_TARGET(t);
 	int			i;
 
+	/* a broker that blocked publishing during the handshake: they wait */
+	if (rt->blocked)
+	{
+		char		error[RELAY_MAX_ERROR_LEN + 1];
+
+		strlcpy(error, rt->blocked_why, sizeof(error));
+		for (i = 0; i < t->nlanes && t->priv != NULL; i++)
+			if (t->lanes[i].in_flight && RMQ_LANE(&t->lanes[i])->nsent == 0)
+			{
+				relay_acks_give_up(RMQ_LANE(&t->lanes[i]), RELAY_RECEIVER_FAILED, error);
+				relay_acks_lane_check(&t->lanes[i], finished);
+			}
+		return;
+	}
 	for (i = 0; i < t->nlanes && t->priv != NULL && rt->phase == RMQ_READY; i++)
 	{
 		RelayLane  *lane = &t->lanes[i];
@@ -1197,7 +1211,8 @@ rmq_next_frame(RelayRmqTarget *rt, amqp_frame_t *f, char *error, size_t size)
 		return 0;
 	len = rmq_be32(p + 3);
 	/* frames up to the size agreed; before the tune, AMQP's least */
-	if (len + 8 > (rt->phase <= RMQ_TUNE ? RMQ_FRAME_MIN : rt->frame_max))
+	/* (in 64 bits: a length near 4 GB must not wrap round to a small one) */
+	if ((uint64) len + 8 > (uint64) (rt->phase <= RMQ_TUNE ? RMQ_FRAME_MIN : rt->frame_max))
 	{
 		snprintf(error, size, "RabbitMQ at %s sent a frame of %u bytes, more than the %u agreed%s",
 				 rt->conn.peer, len, rt->phase <= RMQ_TUNE ? RMQ_FRAME_MIN : rt->frame_max,
@@ -1205,7 +1220,7 @@ rmq_next_frame(RelayRmqTarget *rt, amqp_frame_t *f, char *error, size_t size)
 				 " (does the server want TLS? its url would start with amqps://)" : "");
 		return -1;
 	}
-	if ((uint32) avail < len + 8)
+	if ((uint64) avail < (uint64) len + 8)
 		return 0;
 	if (p[7 + len] != AMQP_FRAME_END)
 	{

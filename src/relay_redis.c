@@ -875,9 +875,10 @@ redis_reply(RelayTarget *t, redisReply *r, RelayFinishedFn finished)
 				 * beginning with: 'user' 'password'"), the password among
 				 * them.
 				 */
-				snprintf(error, sizeof(error), "Redis refused the credentials: %.*s (the rest of its answer is not shown: it may echo the password)",
-						 (int) strspn(r->str ? r->str : "", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"),
-						 r->str ? r->str : "");
+				int			code = (int) strspn(r->str ? r->str : "", "ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+
+				snprintf(error, sizeof(error), "Redis refused the credentials%s%.*s (the rest of its answer is not shown: it may echo the password)",
+						 code > 0 ? ": " : "", code, r->str ? r->str : "");
 				redis_fail(t, RELAY_RECEIVER_FAILED, error, finished);
 				return false;
 			}

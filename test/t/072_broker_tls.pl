@@ -25,6 +25,7 @@ use Cwd qw(abs_path);
 use File::Basename qw(dirname);
 use IO::Socket::INET;
 use IPC::Run;
+use POSIX ();
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -329,6 +330,39 @@ for my $r (1 .. 10)
 ok($rounds_ok, '... while an HTTP target keeps delivering');
 sql(q{SELECT outbox.drop_target('mqmute')});
 close $mute;
+
+# a hostile AMQP server whose first frame claims a length near 4 GB: the
+# target is held with the reason, the relay does not read past its buffer
+my $hostile = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 100,
+	Proto => 'tcp', ReuseAddr => 1) or die "listen: $!";
+my $hostile_port = $hostile->sockport;
+my $hostile_pid = fork();
+die "fork: $!" unless defined $hostile_pid;
+if ($hostile_pid == 0)
+{
+	while (my $c = $hostile->accept)
+	{
+		my $hdr;
+		sysread($c, $hdr, 8);
+		# a method frame on channel 0 of 0xFFFFFFF8 bytes, then a few
+		syswrite($c, "\x01\x00\x00\xFF\xFF\xFF\xF8" . "\x00\x0A\x00\x0A\xCE\xCE" x 4);
+		close $c;
+	}
+	POSIX::_exit(0);
+}
+# (killed however the test ends: a child left running would hold prove)
+END { local $?; kill 'KILL', $hostile_pid if $hostile_pid; }
+close $hostile;
+rmq_target('mqhostile', "amqp://guest:guest\@127.0.0.1:$hostile_port", 'qh', 'max_attempts => 0',
+	'timeout_ms => 1000');
+emit('qh', 1);
+ok(wait_for('the hostile AMQP server: held',
+		sub { my $e = lag('mqhostile', q{coalesce(last_error, '')}); (scalar($e =~ /sent a frame of 4294967288 bytes, more than the 4096 agreed/), $e) }),
+	'a frame length near 4 GB: the target is held with the reason');
+sql(q{SELECT outbox.drop_target('mqhostile')});
+kill 'KILL', $hostile_pid;
+waitpid($hostile_pid, 0);
+$hostile_pid = undef;
 
 # --- (7) CloudEvents on Redis (structured: one field) and RabbitMQ (both modes) ---
 sql(qq{SELECT outbox.create_redis_target('rce', '$url{tls}', stream => 'ce', lanes => 1,

@@ -166,7 +166,8 @@ print $f "-----BEGIN NATS USER JWT-----\nnot a jwt\n";
 close $f;
 open($f, '>', "$dir/badcrc.nk") or die;
 my $badcrc = $seed;
-substr($badcrc, -1, 1) = substr($badcrc, -1, 1) eq 'A' ? 'B' : 'A';
+# (a character in the middle: the last one's low bits are padding)
+substr($badcrc, 20, 1) = substr($badcrc, 20, 1) eq 'A' ? 'B' : 'A';
 print $f "$badcrc\n";
 close $f;
 chmod 0644, "$dir/bad.creds", "$dir/badcrc.nk";
