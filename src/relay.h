@@ -645,7 +645,6 @@ typedef struct RelayConn
 
 extern RelayLookup *relay_lookup_start(const char *host, int port, char *error, size_t size);
 extern bool relay_lookup_running(RelayLookup *l);
-extern void relay_lookup_wait(RelayLookup *l, long ms);
 extern int	relay_lookup_allowed(RelayLookup *l, struct sockaddr_storage *addrs, socklen_t *lens,
 								 int max, char *error, size_t size);
 extern void relay_lookup_forget(RelayLookup *l);

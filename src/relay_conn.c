@@ -122,26 +122,6 @@ relay_lookup_running(RelayLookup *l)
 	return !l->is_numeric && gai_error(&l->cb) == EAI_INPROGRESS;
 }
 
-/* Wait for the lookup to end, ms milliseconds at most. */
-void
-relay_lookup_wait(RelayLookup *l, long ms)
-{
-	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), Max(ms, 0));
-
-	while (relay_lookup_running(l))
-	{
-		const struct gaicb *one[1] = {&l->cb};
-		long		left = (long) ((until - GetCurrentTimestamp()) / 1000);
-		struct timespec ts;
-
-		if (left <= 0)
-			break;
-		ts.tv_sec = left / 1000;
-		ts.tv_nsec = (left % 1000) * 1000000L;
-		(void) gai_suspend(one, 1, &ts);
-	}
-}
-
 /*
  * Once ended: the addresses the destination rules allow, at most max of
  * them, into addrs and lens.  Returns how many, with error saying why

@@ -95,8 +95,15 @@
  * batch_size) from which it publishes through libnats' write buffer.
  */
 #define NATS_BUFFERED_MIN_IN_FLIGHT 64
-/* Longest the relay waits for the servers' host names when it connects. */
-#define NATS_LOOKUP_WAIT_MS	50
+/* A connection's first attempt takes at most this long a server. */
+#define NATS_CONNECT_MAX_MS	10000
+/*
+ * Most connections being made at once (each on a thread, which a target
+ * dropped or changed meanwhile does not stop); more wait for them.
+ */
+#define NATS_MAX_DIALS		64
+/* How often the relay looks at host-name lookups while one runs. */
+#define NATS_LOOKUP_POLL_MS	10
 /* How often acknowledgements are collected while requests are in flight. */
 #define NATS_ACK_POLL_MS	1
 /* JetStream's error code for a message above the stream's max_msg_size. */
@@ -144,24 +151,30 @@ static TimestampTz replies_dropped_warned = 0;	/* told then */
 static int	wake_pipe[2] = {-1, -1};
 static bool nats_opened = false;
 static uint64 next_conn_serial = 1;
-static int	requests_in_flight = 0;
+static int	requests_in_flight = 0;	/* parked ones too */
+static int	dials_running = 0;	/* NatsDial threads not ended; under
+								 * events_lock */
 
-/* A target's connection (RelayTarget.priv). */
+struct NatsDial;
+
+/*
+ * A target's connection (RelayTarget.priv): made, or being made (its
+ * names being resolved, or dial's thread connecting), for url, files and
+ * destinations.
+ */
 typedef struct RelayNatsTarget
 {
 	natsConnection *nc;
 	natsSubscription *sub;
+	struct NatsDial *dial;		/* the connection being made, or NULL */
 	uint64		serial;			/* events name the connection by this */
 	char		inbox[64];		/* reply subjects start with it */
-	char	   *url;			/* the url it was made for */
+	char	   *url;			/* the url it is for, or NULL */
+	char	   *files;			/* the TLS and credentials files it is for */
 	uint64		destinations;	/* outbox_destinations_generation then */
-	char		refused[256];	/* every address refused: why, or "" */
+	char		refused[256];	/* why it could not be made, or "" */
 	RelayLookup *lookups[NATS_MAX_SERVERS];	/* host names being resolved */
 	int			nlookups;
-	char	   *lookups_url;	/* the url they are for (in the target's
-								 * context), or NULL */
-	char	   *files;			/* the TLS and credentials files the
-								 * connection was made with, or NULL */
 	StringInfoData subject;		/* reused: a message's subject */
 	StringInfoData reply;		/* reused: its reply subject */
 	StringInfoData value;		/* reused: a structured CloudEvent */
@@ -825,10 +838,16 @@ relay_nats_start(void)
 	return relay_wake_pipe(wake_pipe);
 }
 
-/* Close a target's connection (no callback runs for it afterwards). */
+static void nats_dial_forget(RelayNatsTarget *nt);
+
+/*
+ * Close a target's connection (no callback runs for it afterwards), or
+ * give up the one being made.
+ */
 static void
 nats_disconnect(RelayNatsTarget *nt)
 {
+	nats_dial_forget(nt);
 	if (nt->sub != NULL)
 	{
 		natsSubscription_Destroy(nt->sub);
@@ -845,6 +864,7 @@ static void
 relay_nats_stop(void)
 {
 	ListCell   *lc;
+	int			running;
 
 	foreach(lc, relay_targets)
 	{
@@ -853,7 +873,15 @@ relay_nats_stop(void)
 		if (t->kind == RELAY_NATS && t->priv != NULL)
 			nats_disconnect(NATS_TARGET(t));
 	}
-	if (nats_opened)
+	/*
+	 * A connection still being made has its thread inside libnats, which
+	 * closing the library would pull from under it: the process's exit
+	 * ends them both then.
+	 */
+	pthread_mutex_lock(&events_lock);
+	running = dials_running;
+	pthread_mutex_unlock(&events_lock);
+	if (nats_opened && running == 0)
 		nats_CloseAndWait(2000);
 	nats_opened = false;
 	/*
@@ -888,9 +916,6 @@ nats_lookups_forget(RelayNatsTarget *nt)
 	for (i = 0; i < nt->nlookups; i++)
 		relay_lookup_forget(nt->lookups[i]);
 	nt->nlookups = 0;
-	if (nt->lookups_url)
-		pfree(nt->lookups_url);
-	nt->lookups_url = NULL;
 }
 
 /*
@@ -921,7 +946,6 @@ nats_lookups_start(RelayTarget *t, RelayNatsTarget *nt)
 		}
 		nt->lookups[nt->nlookups++] = l;
 	}
-	nt->lookups_url = MemoryContextStrdup(t->cxt, t->url);
 	return NULL;
 }
 
@@ -1059,95 +1083,141 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 }
 
 /*
- * Make the target's connection if it has none, or one made for another url
- * or under other destination rules.  It connects in the background (libnats
- * retries), so this does not wait for the server.  Returns false, with
- * *why, when no address may be dialled.
+ * A connection being made.  natsConnection_Connect() makes its first
+ * attempt before it returns (for up to the connection's timeout, and
+ * once for each server), so it runs on a thread of its own, started with
+ * every signal blocked, which then subscribes the inbox and wakes the
+ * relay through the pipe.  The relay and that thread share the struct
+ * under events_lock; the last of them frees it: the relay once it took
+ * what was made, the thread when the relay gave the connection up meanwhile
+ * (the target dropped or changed).
  */
-static bool
-nats_connect(RelayTarget *t, const char **why)
+typedef struct NatsDial
+{
+	natsOptions *opts;			/* the thread's, which destroys them */
+	char		filter[80];		/* the inbox subscribed: <inbox>.> */
+	uint64		serial;			/* the connection's */
+	/* the thread's work, once done */
+	natsConnection *nc;
+	natsSubscription *sub;
+	natsStatus	status;
+	/* under events_lock */
+	bool		done;
+	bool		abandoned;
+} NatsDial;
+
+/* The thread of a NatsDial: libnats calls only. */
+static void *
+nats_dial_main(void *arg)
+{
+	NatsDial   *d = (NatsDial *) arg;
+	natsConnection *nc = NULL;
+	natsSubscription *sub = NULL;
+	natsStatus	s;
+	bool		abandoned;
+
+	/* Failing, it goes on trying in the background (RetryOnFailedConnect). */
+	s = natsConnection_Connect(&nc, d->opts);
+	if (s == NATS_NOT_YET_CONNECTED)
+		s = NATS_OK;
+	if (s == NATS_OK)
+		s = natsConnection_Subscribe(&sub, nc, d->filter, nats_reply_cb,
+									 (void *) (uintptr_t) d->serial);
+	if (s == NATS_OK)
+		s = natsSubscription_SetPendingLimits(sub, 1000000, 256 * 1024 * 1024);
+	natsOptions_Destroy(d->opts);
+	d->opts = NULL;
+
+	pthread_mutex_lock(&events_lock);
+	abandoned = d->abandoned;
+	if (!abandoned)
+	{
+		d->nc = nc;
+		d->sub = sub;
+		d->status = s;
+		d->done = true;
+	}
+	dials_running--;
+	pthread_mutex_unlock(&events_lock);
+	/* d is the relay's from here unless abandoned */
+	if (abandoned)
+	{
+		if (sub != NULL)
+			natsSubscription_Destroy(sub);
+		if (nc != NULL)
+			natsConnection_Destroy(nc);
+		free(d);
+	}
+	else
+	{
+		char		c = 1;
+
+		if (write(wake_pipe[1], &c, 1) < 0)
+			return NULL;		/* a full pipe has woken the relay */
+	}
+	return NULL;
+}
+
+/* Give up the connection being made, if any (its thread may go on). */
+static void
+nats_dial_forget(RelayNatsTarget *nt)
+{
+	NatsDial   *d = nt->dial;
+	bool		done;
+
+	if (d == NULL)
+		return;
+	nt->dial = NULL;
+	pthread_mutex_lock(&events_lock);
+	done = d->done;
+	if (!done)
+		d->abandoned = true;
+	pthread_mutex_unlock(&events_lock);
+	if (done)
+	{
+		if (d->sub != NULL)
+			natsSubscription_Destroy(d->sub);
+		if (d->nc != NULL)
+			natsConnection_Destroy(d->nc);
+		free(d);
+	}
+}
+
+/*
+ * Start making the connection to the given servers (the options of
+ * relay_nats_connect()'s).  Returns why it could not be started, or NULL.
+ */
+static const char *
+nats_dial_start(RelayTarget *t, char **servers, int n)
 {
 	RelayNatsTarget *nt = NATS_TARGET(t);
-	char	   *servers[NATS_MAX_SERVERS];
-	int			n;
 	natsOptions *opts = NULL;
 	natsStatus	s;
-	MemoryContext oldcxt;
-	MemoryContext tmpcxt;
-
-	char	   *files = nats_files(t);
-	char		auth_error[RELAY_MAX_ERROR_LEN + 1];
+	NatsDial   *d;
+	natsInbox  *inbox = NULL;
+	pthread_attr_t attr;
+	pthread_t	thread;
+	int			rc;
+	int			running;
 	const char *bad_auth;
 
-	if (nt->nc != NULL && nt->destinations == outbox_destinations_generation &&
-		strcmp(nt->url, t->url) == 0 && nt->files != NULL && strcmp(nt->files, files) == 0)
+	pthread_mutex_lock(&events_lock);
+	running = dials_running;
+	pthread_mutex_unlock(&events_lock);
+	if (running >= NATS_MAX_DIALS)
 	{
-		pfree(files);
-		return true;
+		snprintf(nt->refused, sizeof(nt->refused),
+				 "%d connections to NATS servers are being made already (some for targets since dropped or changed); this one waits for them to end",
+				 running);
+		return nt->refused;
 	}
-	tmpcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox NATS connect",
-								   ALLOCSET_SMALL_SIZES);
-	/* The servers' addresses first, resolved without waiting here. */
-	if (nt->nlookups == 0 || nt->lookups_url == NULL || strcmp(nt->lookups_url, t->url) != 0 ||
-		nt->destinations != outbox_destinations_generation)
-	{
-		const char *bad;
-
-		oldcxt = MemoryContextSwitchTo(tmpcxt);
-		bad = nats_lookups_start(t, nt);
-		MemoryContextSwitchTo(oldcxt);
-		nt->destinations = outbox_destinations_generation;
-		if (bad != NULL)
-		{
-			snprintf(nt->refused, sizeof(nt->refused), "could not resolve the servers: %s", bad);
-			MemoryContextDelete(tmpcxt);
-			*why = nt->refused;
-			return false;
-		}
-	}
-	nats_disconnect(nt);
 	if (!nats_opened)
 	{
 		NATS_NO_SIGNALS(s = nats_Open(-1));
 		if (s != NATS_OK)
-		{
-			MemoryContextDelete(tmpcxt);
-			*why = "could not initialise libnats";
-			return false;
-		}
+			return "could not initialise libnats";
 		nats_opened = true;
 	}
-	/* Addresses and local names take microseconds: wait that long at most. */
-	{
-		TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														NATS_LOOKUP_WAIT_MS);
-		int			i;
-
-		for (i = 0; i < nt->nlookups; i++)
-			relay_lookup_wait(nt->lookups[i], (long) ((until - GetCurrentTimestamp()) / 1000));
-	}
-	oldcxt = MemoryContextSwitchTo(tmpcxt);
-	n = nats_allowed_servers(nt, servers);
-	MemoryContextSwitchTo(oldcxt);
-	if (n <= 0)
-	{
-		MemoryContextDelete(tmpcxt);
-		/* Nothing usable came back: the next attempt looks the names up again. */
-		if (n == 0)
-			nats_lookups_forget(nt);
-		*why = n < 0 ? "resolving the NATS servers' host names" : nt->refused;
-		return false;
-	}
-	/* Resolved: the next connection (a reconnect) resolves anew. */
-	oldcxt = MemoryContextSwitchTo(t->cxt);
-	if (nt->url)
-		pfree(nt->url);
-	nt->url = pstrdup(t->url);
-	if (nt->files)
-		pfree(nt->files);
-	nt->files = pstrdup(files);
-	MemoryContextSwitchTo(oldcxt);
-	pfree(files);
 	nt->serial = next_conn_serial++;
 
 	s = natsOptions_Create(&opts);
@@ -1155,9 +1225,14 @@ nats_connect(RelayTarget *t, const char **why)
 		s = natsOptions_SetServers(opts, (const char **) servers, n);
 	if (s == NATS_OK)
 		s = natsOptions_SetIgnoreDiscoveredServers(opts, true);
-	bad_auth = s == NATS_OK ? nats_auth_options(t, opts, auth_error, sizeof(auth_error)) : NULL;
+	bad_auth = s == NATS_OK ? nats_auth_options(t, opts, nt->refused, sizeof(nt->refused)) : NULL;
 	if (bad_auth != NULL)
-		s = NATS_INVALID_ARG;	/* no connection: reported below */
+	{
+		if (bad_auth != nt->refused)
+			strlcpy(nt->refused, bad_auth, sizeof(nt->refused));
+		natsOptions_Destroy(opts);
+		return nt->refused;
+	}
 	/*
 	 * A target that can have many messages waiting for acknowledgements
 	 * publishes through libnats' write buffer, which its flusher thread
@@ -1174,7 +1249,7 @@ nats_connect(RelayTarget *t, const char **why)
 	if (s == NATS_OK)
 		s = natsOptions_SetName(opts, "outbox relay");
 	if (s == NATS_OK)
-		s = natsOptions_SetTimeout(opts, Min(t->timeout_ms, 10000));
+		s = natsOptions_SetTimeout(opts, Min(t->timeout_ms, NATS_CONNECT_MAX_MS));
 	if (s == NATS_OK)
 		s = natsOptions_SetMaxReconnect(opts, -1);
 	if (s == NATS_OK)
@@ -1191,48 +1266,161 @@ nats_connect(RelayTarget *t, const char **why)
 		s = natsOptions_SetRetryOnFailedConnect(opts, true, nats_connected_cb,
 												(void *) (uintptr_t) nt->serial);
 	if (s == NATS_OK)
-	{
-		NATS_NO_SIGNALS(s = natsConnection_Connect(&nt->nc, opts));
-		if (s == NATS_NOT_YET_CONNECTED)
-			s = NATS_OK;
-	}
-	if (s == NATS_OK)
-	{
-		natsInbox  *inbox = NULL;
-		char		filter[80];
-
 		s = natsInbox_Create(&inbox);
-		if (s == NATS_OK)
-		{
-			strlcpy(nt->inbox, inbox, sizeof(nt->inbox));
-			natsInbox_Destroy(inbox);
-			snprintf(filter, sizeof(filter), "%s.>", nt->inbox);
-			NATS_NO_SIGNALS(s = natsConnection_Subscribe(&nt->sub, nt->nc, filter, nats_reply_cb,
-														 (void *) (uintptr_t) nt->serial));
-		}
-		if (s == NATS_OK)
-			s = natsSubscription_SetPendingLimits(nt->sub, 1000000, 256 * 1024 * 1024);
-	}
-	if (opts)
-		natsOptions_Destroy(opts);
-	MemoryContextDelete(tmpcxt);
-	nats_lookups_forget(nt);
-	if (bad_auth != NULL)
-	{
-		strlcpy(nt->refused, bad_auth, sizeof(nt->refused));
-		nats_disconnect(nt);
-		*why = nt->refused;
-		return false;
-	}
 	if (s != NATS_OK)
 	{
+		if (opts)
+			natsOptions_Destroy(opts);
 		snprintf(nt->refused, sizeof(nt->refused), "could not set up the NATS connection: %s",
 				 natsStatus_GetText(s));
-		nats_disconnect(nt);
-		*why = nt->refused;
-		return false;
+		return nt->refused;
 	}
-	return true;
+	strlcpy(nt->inbox, inbox, sizeof(nt->inbox));
+	natsInbox_Destroy(inbox);
+
+	d = calloc(1, sizeof(NatsDial));
+	if (d == NULL)
+	{
+		natsOptions_Destroy(opts);
+		return "out of memory";
+	}
+	d->opts = opts;
+	d->serial = nt->serial;
+	snprintf(d->filter, sizeof(d->filter), "%s.>", nt->inbox);
+
+	pthread_mutex_lock(&events_lock);
+	dials_running++;
+	pthread_mutex_unlock(&events_lock);
+	rc = pthread_attr_init(&attr);
+	if (rc == 0)
+	{
+		rc = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		/* its threads, and libnats' it starts, take no signal */
+		if (rc == 0)
+			NATS_NO_SIGNALS(rc = pthread_create(&thread, &attr, nats_dial_main, d));
+		pthread_attr_destroy(&attr);
+	}
+	if (rc != 0)
+	{
+		pthread_mutex_lock(&events_lock);
+		dials_running--;
+		pthread_mutex_unlock(&events_lock);
+		natsOptions_Destroy(opts);
+		free(d);
+		snprintf(nt->refused, sizeof(nt->refused), "could not start a thread to connect to NATS: %s",
+				 strerror(rc));
+		return nt->refused;
+	}
+	nt->dial = d;
+	return NULL;
+}
+
+/* Where the target's connection is (nats_connect()). */
+typedef enum NatsConnState
+{
+	NATS_CONN_READY,			/* made (libnats may be reconnecting it) */
+	NATS_CONN_WAIT,				/* being made: the relay is woken */
+	NATS_CONN_FAILED			/* cannot be made now: why */
+} NatsConnState;
+
+/*
+ * Move the target's connection on, without waiting: resolve the servers'
+ * names (relay_conn.c's lookups, polled), keep the addresses the
+ * destination rules allow, and make the connection on a thread
+ * (nats_dial_start()); one made for another url, other files or other
+ * destination rules is given up first.  Returns READY, WAIT while a lookup
+ * or the thread runs, or FAILED with *why; a failure starts over at the
+ * next call.
+ */
+static NatsConnState
+nats_connect(RelayTarget *t, const char **why)
+{
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	char	   *servers[NATS_MAX_SERVERS];
+	int			n;
+	int			i;
+	MemoryContext oldcxt;
+	MemoryContext tmpcxt;
+	char	   *files = nats_files(t);
+	const char *bad;
+
+	*why = NULL;
+	if (nt->url == NULL || strcmp(nt->url, t->url) != 0 || nt->files == NULL ||
+		strcmp(nt->files, files) != 0 || nt->destinations != outbox_destinations_generation)
+	{
+		/* other settings: what was made or started for the old ones goes */
+		nats_disconnect(nt);
+		nats_lookups_forget(nt);
+		oldcxt = MemoryContextSwitchTo(t->cxt);
+		if (nt->url)
+			pfree(nt->url);
+		nt->url = pstrdup(t->url);
+		if (nt->files)
+			pfree(nt->files);
+		nt->files = pstrdup(files);
+		MemoryContextSwitchTo(oldcxt);
+		nt->destinations = outbox_destinations_generation;
+	}
+	pfree(files);
+	if (nt->nc != NULL)
+		return NATS_CONN_READY;
+	if (nt->dial != NULL)
+	{
+		NatsDial   *d = nt->dial;
+		bool		done;
+
+		pthread_mutex_lock(&events_lock);
+		done = d->done;
+		pthread_mutex_unlock(&events_lock);
+		if (!done)
+			return NATS_CONN_WAIT;
+		nt->dial = NULL;
+		nt->nc = d->nc;
+		nt->sub = d->sub;
+		if (d->status != NATS_OK)
+		{
+			snprintf(nt->refused, sizeof(nt->refused), "could not set up the NATS connection: %s",
+					 natsStatus_GetText(d->status));
+			free(d);
+			nats_disconnect(nt);
+			*why = nt->refused;
+			return NATS_CONN_FAILED;
+		}
+		free(d);
+		return NATS_CONN_READY;
+	}
+
+	/* The servers' addresses first: an address comes back at once. */
+	tmpcxt = AllocSetContextCreate(CurrentMemoryContext, "outbox NATS connect",
+								   ALLOCSET_SMALL_SIZES);
+	oldcxt = MemoryContextSwitchTo(tmpcxt);
+	if (nt->nlookups == 0 && (bad = nats_lookups_start(t, nt)) != NULL)
+	{
+		MemoryContextSwitchTo(oldcxt);
+		snprintf(nt->refused, sizeof(nt->refused), "could not resolve the servers: %s", bad);
+		MemoryContextDelete(tmpcxt);
+		*why = nt->refused;
+		return NATS_CONN_FAILED;
+	}
+	for (i = 0; i < nt->nlookups; i++)
+		if (relay_lookup_running(nt->lookups[i]))
+		{
+			MemoryContextSwitchTo(oldcxt);
+			MemoryContextDelete(tmpcxt);
+			return NATS_CONN_WAIT;
+		}
+	n = nats_allowed_servers(nt, servers);
+	/* used: a connection made later (a failure's) resolves anew */
+	nats_lookups_forget(nt);
+	bad = n > 0 ? nats_dial_start(t, servers, n) : nt->refused;
+	MemoryContextSwitchTo(oldcxt);
+	MemoryContextDelete(tmpcxt);
+	if (bad != NULL)
+	{
+		*why = bad;
+		return NATS_CONN_FAILED;
+	}
+	return NATS_CONN_WAIT;
 }
 
 static void
@@ -1356,51 +1544,91 @@ nats_header(natsMsg *msg, const char *name, const char *value, char *bad, const 
  * with its own reply subject.  Returns false, with *failed set, when not
  * one could be published.
  */
+/*
+ * Why the target's connection is not up (libnats reconnecting it), in
+ * nt->refused.
+ */
+static const char *
+nats_not_connected(RelayTarget *t)
+{
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	const char *last = NULL;
+	char	   *c;
+
+	(void) natsConnection_GetLastError(nt->nc, &last);
+	snprintf(nt->refused, sizeof(nt->refused), "not connected to the NATS server%s%s%s",
+			 last && *last ? ": " : "", last && *last ? last : "",
+			 last && strstr(last, "No server available") ?
+			 (t->url[strspn(t->url, " ")] == 't' ?
+			  " (down, or it refused the login, or the TLS handshake failed: a certificate the relay does not accept, or one it wants of the relay; libnats tells them apart no better)" :
+			  " (down, or it refused the login: libnats tells them apart no better)") : "");
+	/* printable ASCII only: the server's words may be in it */
+	for (c = nt->refused; *c; c++)
+		if ((unsigned char) *c < 0x20 || (unsigned char) *c >= 0x7f)
+			*c = '?';
+	return nt->refused;
+}
+
+static bool nats_publish(RelayLane *lane);
+
+/*
+ * Start the lane's request.  While the target's connection is being made
+ * the request is parked: in flight with nothing sent (RelayAcks.nsent 0)
+ * until relay_nats_drive() publishes it, or gives it up at its deadline.
+ */
 static bool
 relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
-	RelayNatsTarget *nt = NATS_TARGET(t);
 	RelayAcks  *nl = NATS_LANE(lane);
-	RelayMessage *m;
 	const char *why = NULL;
-	char		number[32];
-	int			i;
+	NatsConnState state;
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
 	memset(failed, 0, sizeof(*failed));
 	relay_test_fault("send", lane->head->topic);
 
-	if (!nats_connect(t, &why))
+	state = nats_connect(t, &why);
+	if (state == NATS_CONN_FAILED)
 	{
 		failed->kind = RELAY_RECEIVER_FAILED;
 		failed->error = why;
 		return false;
 	}
-	if (natsConnection_Status(nt->nc) != NATS_CONN_STATUS_CONNECTED)
-	{
-		const char *last = NULL;
-
-		char	   *c;
-
-		(void) natsConnection_GetLastError(nt->nc, &last);
-		snprintf(nt->refused, sizeof(nt->refused), "not connected to the NATS server%s%s%s",
-				 last && *last ? ": " : "", last && *last ? last : "",
-				 last && strstr(last, "No server available") ?
-				 (t->url[strspn(t->url, " ")] == 't' ?
-				  " (down, or it refused the login, or the TLS handshake failed: a certificate the relay does not accept, or one it wants of the relay; libnats tells them apart no better)" :
-				  " (down, or it refused the login: libnats tells them apart no better)") : "");
-		/* printable ASCII only: the server's words may be in it */
-		for (c = nt->refused; *c; c++)
-			if ((unsigned char) *c < 0x20 || (unsigned char) *c >= 0x7f)
-				*c = '?';
-		failed->kind = RELAY_RECEIVER_FAILED;
-		failed->error = nt->refused;
-		return false;
-	}
-
 	relay_acks_begin(nl, lane->cut_n, t->cxt);
 	lane->nbatch = lane->cut_n;
+	if (state == NATS_CONN_READY && !nats_publish(lane))
+	{
+		failed->kind = nl->bad_kind;
+		failed->error = nl->bad_error;
+		return false;
+	}
+	nl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
+	lane->in_flight = true;
+	requests_in_flight++;
+	return true;
+}
+
+/*
+ * Publish the lane's request, begun in nl, on the target's connection.
+ * Returns whether any message was published; the first that was not is
+ * marked bad in nl.
+ */
+static bool
+nats_publish(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	RelayAcks  *nl = NATS_LANE(lane);
+	RelayMessage *m;
+	char		number[32];
+	int			i;
+
+	if (natsConnection_Status(nt->nc) != NATS_CONN_STATUS_CONNECTED)
+	{
+		relay_acks_bad(nl, 0, RELAY_RECEIVER_FAILED, nats_not_connected(t));
+		return false;
+	}
 
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
 	{
@@ -1541,16 +1769,7 @@ relay_nats_send(RelayLane *lane, RelayOutcome *failed)
 		initStringInfo(&nt->value);
 		MemoryContextSwitchTo(oldcxt);
 	}
-	if (nl->nsent == 0)
-	{
-		failed->kind = nl->bad_kind;
-		failed->error = nl->bad_error;
-		return false;
-	}
-	nl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
-	lane->in_flight = true;
-	requests_in_flight++;
-	return true;
+	return nl->nsent > 0;
 }
 
 /* Read an integer member "name":N of a small JSON text, or -1. */
@@ -1635,6 +1854,39 @@ nats_lane_check(RelayLane *lane, RelayFinishedFn finished)
 	lane->in_flight = false;
 	requests_in_flight--;
 	finished(lane, &outcome);
+}
+
+/*
+ * The target's connection being made has moved on (its names resolved,
+ * its thread done): publish the parked requests once it is made, or give
+ * them up (the target held) when it could not be.
+ */
+static void
+nats_unpark(RelayTarget *t, RelayFinishedFn finished)
+{
+	const char *why = NULL;
+	NatsConnState state = nats_connect(t, &why);
+	TimestampTz now = GetCurrentTimestamp();
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+	int			i;
+
+	if (state == NATS_CONN_WAIT)
+		return;
+	if (why != NULL)
+		strlcpy(error, why, sizeof(error));
+	for (i = 0; i < t->nlanes && t->priv != NULL; i++)
+	{
+		RelayLane  *lane = &t->lanes[i];
+		RelayAcks  *nl = NATS_LANE(lane);
+
+		if (!lane->in_flight || nl->nsent > 0 || relay_acks_decided(nl))
+			continue;
+		if (state == NATS_CONN_FAILED)
+			relay_acks_give_up(nl, RELAY_RECEIVER_FAILED, error);
+		else if (nats_publish(lane))
+			nl->deadline = TimestampTzPlusMilliseconds(now, t->timeout_ms);
+		nats_lane_check(lane, finished);
+	}
 }
 
 static RelayTarget *
@@ -1898,7 +2150,7 @@ relay_nats_drive(RelayFinishedFn finished)
 		ev = next;
 	}
 
-	/* Then requests past their time. */
+	/* Then requests parked while a connection is made, and those past their time. */
 	if (requests_in_flight == 0)
 		return;
 	foreach(lc, relay_targets)
@@ -1906,9 +2158,11 @@ relay_nats_drive(RelayFinishedFn finished)
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
 
-		if (t->kind != RELAY_NATS)
+		if (t->kind != RELAY_NATS || t->priv == NULL)
 			continue;
-		for (i = 0; i < t->nlanes; i++)
+		if (NATS_TARGET(t)->dial != NULL || NATS_TARGET(t)->nlookups > 0)
+			nats_unpark(t, finished);
+		for (i = 0; i < t->nlanes && t->priv != NULL; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
 			RelayAcks  *nl = NATS_LANE(lane);
@@ -1917,7 +2171,21 @@ relay_nats_drive(RelayFinishedFn finished)
 				continue;
 			if (now == 0)
 				now = GetCurrentTimestamp();
-			if (now >= nl->deadline)
+			if (now >= nl->deadline && nl->nsent == 0)
+			{
+				char		error[RELAY_MAX_ERROR_LEN + 1];
+
+				/* parked: the connection is not made in time */
+				if (NATS_TARGET(t)->nlookups > 0)
+					snprintf(error, sizeof(error), "could not resolve the NATS servers' host names within %d ms",
+							 t->timeout_ms);
+				else
+					snprintf(error, sizeof(error), "no connection to the NATS server within %d ms (does it accept the connection, and answer the %shandshake?)",
+							 t->timeout_ms, t->url[strspn(t->url, " ")] == 't' ? "TLS and NATS " : "NATS ");
+				relay_acks_give_up(nl, RELAY_RECEIVER_FAILED, error);
+				nats_lane_check(lane, finished);
+			}
+			else if (now >= nl->deadline)
 			{
 				char		error[RELAY_MAX_ERROR_LEN + 1];
 				RelayMessage *m = lane->head;
@@ -1952,14 +2220,42 @@ relay_nats_drive(RelayFinishedFn finished)
 }
 
 /*
- * Milliseconds the loop may sleep: while requests are in flight, 1, as
+ * Milliseconds the loop may sleep: while requests are on the wire, 1, as
  * their acknowledgements are collected without a wake-up (a callback
- * would cost a thread hand-off per acknowledgement); else no limit.
+ * would cost a thread hand-off per acknowledgement); while requests are
+ * parked only, until the first deadline, or NATS_LOOKUP_POLL_MS while a
+ * host name is being resolved (a connection made wakes the relay);
+ * else no limit.
  */
 static long
 relay_nats_timeout(void)
 {
-	return requests_in_flight > 0 ? NATS_ACK_POLL_MS : -1;
+	ListCell   *lc;
+	int			parked = 0;
+	bool		resolving = false;
+	long		ms;
+
+	if (requests_in_flight == 0)
+		return -1;
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+		int			i;
+
+		if (t->kind != RELAY_NATS || t->priv == NULL)
+			continue;
+		if (NATS_TARGET(t)->nlookups > 0)
+			resolving = true;
+		for (i = 0; i < t->nlanes; i++)
+			if (t->lanes[i].in_flight && NATS_LANE(&t->lanes[i])->nsent == 0)
+				parked++;
+	}
+	if (requests_in_flight > parked)
+		return NATS_ACK_POLL_MS;
+	ms = relay_acks_next_deadline_ms(RELAY_NATS);
+	if (resolving && (ms < 0 || ms > NATS_LOOKUP_POLL_MS))
+		ms = NATS_LOOKUP_POLL_MS;
+	return ms;
 }
 
 /* The options of a NATS target row read (relay_config.c). */

@@ -10,11 +10,16 @@
 #  - credentials files refused at create and alter: missing, not a
 #    .creds file or a seed, a seed with a bad checksum; a .creds file is
 #    taken (and, against a server that does not know its JWT, held);
+#  - a server that accepts TCP and never answers: while the relay's
+#    connection waits in the handshake, an HTTP target delivers (the
+#    connection is made on a thread, not the relay's); then held;
 #  - no password, token or seed in outbox.lag or the server log.
 use strict;
 use warnings;
 use Cwd qw(abs_path);
 use File::Basename qw(dirname);
+use IO::Select;
+use IO::Socket::INET;
 use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -228,7 +233,51 @@ nats_tls_client($ca);
 	delivered('tls:// with a token', 8, 5);
 }
 
-# --- (6) nothing secret shown ---
+# --- (6) a server that accepts TCP and never answers: the relay goes on ---
+my $sink = start_sink('http', '--status', '200');
+sql(qq{SELECT outbox.create_http_target('web', '$sink->{url}/web', lanes => 1);
+	SELECT outbox.subscribe('web', 'w');});
+my $mute = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 100,
+	Proto => 'tcp', ReuseAddr => 1, Blocking => 0) or die "listen: $!";
+target('mute', 'tls://localhost:' . $mute->sockport, 9, 'max_attempts => 0',
+	'timeout_ms => 10000', "ca_file => '$ca'");
+emit('t9', 3);
+my $conn;
+ok(wait_for('the relay connects to the mute server', sub { $conn = $mute->accept; (defined $conn, 'no connection yet') }),
+	'a server that accepts TCP and never answers: the relay connects');
+my $accepted = time;
+# the server never sends its INFO: the connection waits in the handshake
+# (up to timeout_ms); meanwhile the HTTP target delivers, message by message
+my $rounds_ok = 1;
+for my $r (1 .. 5)
+{
+	emit('w', 1);
+	$rounds_ok &&= wait_for("HTTP message $r delivered",
+		sub { my $n = () = sink_path_records($sink, '/web'); ($n >= $r, "$n delivered") });
+}
+ok($rounds_ok, '... while an HTTP target delivers, message by message');
+note(sprintf('HTTP delivered %.3f s after the relay connected to the mute server', time - $accepted));
+my $ended = 0;
+if (IO::Select->new($conn)->can_read(0))
+{
+	my $got = sysread($conn, my $buf, 4096);
+	$ended = defined($got) && $got == 0;
+}
+my $mute_error = lag('mute', q{coalesce(last_error, '')});
+ok(!$ended && $mute_error eq '',
+	'... all of it while the NATS connection was still in its handshake (it is made on a thread of its own)')
+  or diag("the relay's connection ended: $ended; last_error: $mute_error");
+is(lag('mute', q{format('%s/%s', pending, dead_letters)}), '3/0', '... its messages wait');
+# the server goes: the attempt fails, the target is held
+close $conn;
+close $mute;
+ok(wait_for('the mute target held',
+		sub { my $e = lag('mute', q{coalesce(last_error, '')}); (scalar($e =~ /not connected to the NATS server|no connection to the NATS server/), $e) }),
+	'... and once the server is gone, the target is held with why');
+is(lag('mute', q{format('%s/%s', pending, dead_letters)}), '3/0', '... nothing dead-lettered');
+sql(q{SELECT outbox.drop_target('mute')});
+
+# --- (7) nothing secret shown ---
 my $shown = sql(q{SELECT string_agg(row_to_json(l)::text, ' ') FROM outbox.lag l});
 unlike($shown, qr/\Q$pw\E|\Q$token\E|\Q$seed\E|\Q$seed2\E/, 'no password, token or seed in outbox.lag');
 my @entries = split /^(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)/m, slurp_file($node->logfile);
