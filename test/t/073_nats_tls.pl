@@ -10,6 +10,10 @@
 #  - credentials files refused at create and alter: missing, not a
 #    .creds file or a seed, a seed with a bad checksum; a .creds file is
 #    taken (and, against a server that does not know its JWT, held);
+#  - operator mode (accounts and user JWTs made for the test with
+#    @nats-io/jwt, test/nats/creds.js): a user's .creds file logs in; a
+#    revoked user, a user of an account the server does not know and an
+#    expired user's JWT are held, then fixed live;
 #  - a server that accepts TCP and never answers: while the relay's
 #    connection waits in the handshake, an HTTP target delivers (the
 #    connection is made on a thread, not the relay's); then held;
@@ -233,7 +237,40 @@ nats_tls_client($ca);
 	delivered('tls:// with a token', 8, 5);
 }
 
-# --- (6) a server that accepts TCP and never answers: the relay goes on ---
+# --- (6) operator mode: user JWTs in .creds files ---
+my $opdir = "$dir/operator";
+mkdir $opdir;
+{
+	my ($out, $err);
+	IPC::Run::run([ 'node', abs_path(dirname(__FILE__) . '/../nats/creds.js'), $opdir ],
+		'>', \$out, '2>', \$err) or die "creds.js: $err";
+}
+my $opsrv = nats_start('operator', tls => 1, config => $tls_conf
+	  . qq{operator: "$opdir/operator.jwt"\n} . slurp_file("$opdir/resolver.conf"));
+nats_tls_client($ca, undef, undef, "$opdir/relay.creds");
+{
+	local $admin = "tls://localhost:$opsrv->{port}";
+	nats_tool($admin, 'create', "S$_", "s$_.>") for 10 .. 13;
+	my $opurl = "tls://localhost:$opsrv->{port}";
+	target('op', $opurl, 10, "ca_file => '$ca'", "credentials => '$opdir/relay.creds'");
+	emit('t10', 10);
+	delivered('operator mode: a user\'s .creds file', 10, 10);
+	my $n = 11;
+	for my $case ([ 'revoked', 'a user the account revoked' ],
+		[ 'stranger', 'a user of an account the server does not know' ],
+		[ 'expired', 'a user whose JWT has expired' ])
+	{
+		my ($who, $what) = @$case;
+		target("op$who", $opurl, $n, 'max_attempts => 2', "ca_file => '$ca'",
+			"credentials => '$opdir/$who.creds'");
+		emit("t$n", 3);
+		held_then_fixed("operator mode, $what", "op$who", $n, qr/[Aa]uthoriz|refused the login/,
+			"SELECT outbox.alter_target('op$who', credentials => '$opdir/relay.creds')");
+		$n++;
+	}
+}
+
+# --- (7) a server that accepts TCP and never answers: the relay goes on ---
 my $sink = start_sink('http', '--status', '200');
 sql(qq{SELECT outbox.create_http_target('web', '$sink->{url}/web', lanes => 1);
 	SELECT outbox.subscribe('web', 'w');});
@@ -277,11 +314,12 @@ ok(wait_for('the mute target held',
 is(lag('mute', q{format('%s/%s', pending, dead_letters)}), '3/0', '... nothing dead-lettered');
 sql(q{SELECT outbox.drop_target('mute')});
 
-# --- (7) nothing secret shown ---
+# --- (8) nothing secret shown ---
 my $shown = sql(q{SELECT string_agg(row_to_json(l)::text, ' ') FROM outbox.lag l});
-unlike($shown, qr/\Q$pw\E|\Q$token\E|\Q$seed\E|\Q$seed2\E/, 'no password, token or seed in outbox.lag');
+my ($opseed) = slurp_file("$opdir/relay.creds") =~ /\b(SU[A-Z2-7]{50,})/;
+unlike($shown, qr/\Q$pw\E|\Q$token\E|\Q$seed\E|\Q$seed2\E|\Q$opseed\E/, 'no password, token or seed in outbox.lag');
 my @entries = split /^(?=\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)/m, slurp_file($node->logfile);
-my @leaks = grep { /\Q$pw\E|\Q$token\E|\Q$seed\E|\Q$seed2\E/ && !/^[^\n]*\] [^\n]*(LOG|ERROR):  statement: / } @entries;
+my @leaks = grep { /\Q$pw\E|\Q$token\E|\Q$seed\E|\Q$seed2\E|\Q$opseed\E/ && !/^[^\n]*\] [^\n]*(LOG|ERROR):  statement: / } @entries;
 is(scalar(@leaks), 0, 'none in the server log, but in the statements logged') or diag(@leaks);
 is(sql('SELECT count(*) FROM outbox.dead_letters'), '0', 'nothing was dead-lettered');
 relay_no_crash($node);
