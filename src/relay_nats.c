@@ -13,8 +13,10 @@
  * two messages of a key, so no message of a key is stored before an earlier
  * one that is to be sent again.
  *
- * Threads.  libnats runs its own threads (a reader and a reconnecter per
- * connection, timers, a subscription's deliverer).  They never run
+ * Threads.  libnats runs its own threads (a reader and a flusher per
+ * connection, timers, a subscription's deliverer); the relay makes and
+ * closes connections on threads of its own (NatsDial), as libnats blocks
+ * through them, and lets libnats not reconnect.  They never run
  * PostgreSQL code.  The acknowledgements arrive on the target's inbox
  * subscription, whose callback (nats_reply_cb(), on libnats' thread) copies
  * what the relay reads of each (its subject, up to NATS_MAX_ACK bytes of
@@ -102,6 +104,8 @@
  * dropped or changed meanwhile does not stop); more wait for them.
  */
 #define NATS_MAX_DIALS		64
+/* Longest the relay's exit waits for connections being made or closed. */
+#define NATS_STOP_WAIT_S	2
 /* How often the relay looks at host-name lookups while one runs. */
 #define NATS_LOOKUP_POLL_MS	10
 /* How often acknowledgements are collected while requests are in flight. */
@@ -152,8 +156,9 @@ static int	wake_pipe[2] = {-1, -1};
 static bool nats_opened = false;
 static uint64 next_conn_serial = 1;
 static int	requests_in_flight = 0;	/* parked ones too */
-static int	dials_running = 0;	/* NatsDial threads not ended; under
-								 * events_lock */
+static int	dials_running = 0;	/* NatsDial and closing threads not
+								 * ended; under events_lock */
+static pthread_cond_t dials_ended = PTHREAD_COND_INITIALIZER;
 
 struct NatsDial;
 
@@ -167,7 +172,9 @@ typedef struct RelayNatsTarget
 	natsConnection *nc;
 	natsSubscription *sub;
 	struct NatsDial *dial;		/* the connection being made, or NULL */
-	uint64		serial;			/* events name the connection by this */
+	bool		lost;			/* nc (or the one being made) was lost */
+	uint64		serial;			/* events name the connection by this, or
+								 * 0 for none */
 	char		inbox[64];		/* reply subjects start with it */
 	char	   *url;			/* the url it is for, or NULL */
 	char	   *files;			/* the TLS and credentials files it is for */
@@ -306,16 +313,14 @@ nats_reply_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *clo
 	pthread_mutex_unlock(&events_lock);
 }
 
+/*
+ * The connection was lost, or closed (libnats does not reconnect: the
+ * relay makes a new connection, on a thread of its own).
+ */
 static void
 nats_disconnected_cb(natsConnection *nc, void *closure)
 {
 	nats_push_event(NATS_EVENT_DISCONNECTED, (uint64) (uintptr_t) closure);
-}
-
-/* Connected after a failed first attempt: a held target probes at its time. */
-static void
-nats_connected_cb(natsConnection *nc, void *closure)
-{
 }
 
 /*---- checks, for the SQL functions and for rows read ----*/
@@ -839,25 +844,23 @@ relay_nats_start(void)
 }
 
 static void nats_dial_forget(RelayNatsTarget *nt);
+static void nats_dispose(natsConnection *nc, natsSubscription *sub);
 
 /*
- * Close a target's connection (no callback runs for it afterwards), or
- * give up the one being made.
+ * Close a target's connection (on a thread: closing takes libnats' lock of
+ * it, which a write to a server that reads nothing may hold), or give up
+ * the one being made.  What comes of it afterwards names no target.
  */
 static void
 nats_disconnect(RelayNatsTarget *nt)
 {
 	nats_dial_forget(nt);
-	if (nt->sub != NULL)
-	{
-		natsSubscription_Destroy(nt->sub);
-		nt->sub = NULL;
-	}
-	if (nt->nc != NULL)
-	{
-		natsConnection_Destroy(nt->nc);
-		nt->nc = NULL;
-	}
+	if (nt->nc != NULL || nt->sub != NULL)
+		nats_dispose(nt->nc, nt->sub);
+	nt->nc = NULL;
+	nt->sub = NULL;
+	nt->serial = 0;
+	nt->lost = false;
 }
 
 static void
@@ -874,11 +877,22 @@ relay_nats_stop(void)
 			nats_disconnect(NATS_TARGET(t));
 	}
 	/*
-	 * A connection still being made has its thread inside libnats, which
-	 * closing the library would pull from under it: the process's exit
-	 * ends them both then.
+	 * Connections being made or closed have their threads inside libnats
+	 * (and OpenSSL), which closing the library, or the process's exit
+	 * handlers, would pull from under them: wait for them, a while (a
+	 * connection being made to a server that does not answer takes up to
+	 * its timeout).  Those still running then are ended by the exit.
 	 */
 	pthread_mutex_lock(&events_lock);
+	{
+		struct timespec until;
+
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += NATS_STOP_WAIT_S;
+		while (dials_running > 0 &&
+			   pthread_cond_timedwait(&dials_ended, &events_lock, &until) == 0)
+			;
+	}
 	running = dials_running;
 	pthread_mutex_unlock(&events_lock);
 	if (nats_opened && running == 0)
@@ -1101,10 +1115,13 @@ typedef struct NatsDial
 	natsConnection *nc;
 	natsSubscription *sub;
 	natsStatus	status;
+	char		error[RELAY_MAX_ERROR_LEN + 1];	/* libnats' words, if failed */
 	/* under events_lock */
 	bool		done;
 	bool		abandoned;
 } NatsDial;
+
+static void nats_thread_ended(void);
 
 /* The thread of a NatsDial: libnats calls only. */
 static void *
@@ -1116,15 +1133,21 @@ nats_dial_main(void *arg)
 	natsStatus	s;
 	bool		abandoned;
 
-	/* Failing, it goes on trying in the background (RetryOnFailedConnect). */
+	char		error[RELAY_MAX_ERROR_LEN + 1] = "";
+
+	/* One attempt (each server in turn); a failure's reason is kept. */
 	s = natsConnection_Connect(&nc, d->opts);
-	if (s == NATS_NOT_YET_CONNECTED)
-		s = NATS_OK;
 	if (s == NATS_OK)
 		s = natsConnection_Subscribe(&sub, nc, d->filter, nats_reply_cb,
 									 (void *) (uintptr_t) d->serial);
 	if (s == NATS_OK)
 		s = natsSubscription_SetPendingLimits(sub, 1000000, 256 * 1024 * 1024);
+	if (s != NATS_OK)
+	{
+		const char *last = nats_GetLastError(NULL);
+
+		snprintf(error, sizeof(error), "%s", last && *last ? last : natsStatus_GetText(s));
+	}
 	natsOptions_Destroy(d->opts);
 	d->opts = NULL;
 
@@ -1135,9 +1158,9 @@ nats_dial_main(void *arg)
 		d->nc = nc;
 		d->sub = sub;
 		d->status = s;
+		memcpy(d->error, error, sizeof(error));
 		d->done = true;
 	}
-	dials_running--;
 	pthread_mutex_unlock(&events_lock);
 	/* d is the relay's from here unless abandoned */
 	if (abandoned)
@@ -1152,10 +1175,93 @@ nats_dial_main(void *arg)
 	{
 		char		c = 1;
 
+		/* (a full pipe has woken the relay already) */
 		if (write(wake_pipe[1], &c, 1) < 0)
-			return NULL;		/* a full pipe has woken the relay */
+			c = 0;
 	}
+	nats_thread_ended();
 	return NULL;
+}
+
+/* A thread of the NATS connections ends (the last thing it does). */
+static void
+nats_thread_ended(void)
+{
+	pthread_mutex_lock(&events_lock);
+	dials_running--;
+	pthread_cond_broadcast(&dials_ended);
+	pthread_mutex_unlock(&events_lock);
+}
+
+/* Start a detached thread that takes no signal; false if none could be. */
+static bool
+nats_thread_start(void *(*main) (void *), void *arg, char *error, size_t size)
+{
+	pthread_attr_t attr;
+	pthread_t	thread;
+	int			rc;
+
+	pthread_mutex_lock(&events_lock);
+	dials_running++;
+	pthread_mutex_unlock(&events_lock);
+	rc = pthread_attr_init(&attr);
+	if (rc == 0)
+	{
+		rc = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		/* its threads, and libnats' it starts, take no signal */
+		if (rc == 0)
+			NATS_NO_SIGNALS(rc = pthread_create(&thread, &attr, main, arg));
+		pthread_attr_destroy(&attr);
+	}
+	if (rc != 0)
+	{
+		nats_thread_ended();
+		if (error != NULL)
+			snprintf(error, size, "could not start a thread: %s", strerror(rc));
+		return false;
+	}
+	return true;
+}
+
+/* What a closing thread closes. */
+typedef struct NatsClosing
+{
+	natsConnection *nc;
+	natsSubscription *sub;
+} NatsClosing;
+
+static void *
+nats_close_main(void *arg)
+{
+	NatsClosing *c = (NatsClosing *) arg;
+
+	if (c->sub != NULL)
+		natsSubscription_Destroy(c->sub);
+	if (c->nc != NULL)
+		natsConnection_Destroy(c->nc);
+	free(c);
+	nats_thread_ended();
+	return NULL;
+}
+
+/* Close and free a connection and its subscription, on a thread if one can be had. */
+static void
+nats_dispose(natsConnection *nc, natsSubscription *sub)
+{
+	NatsClosing *c = malloc(sizeof(NatsClosing));
+
+	if (c != NULL)
+	{
+		c->nc = nc;
+		c->sub = sub;
+		if (nats_thread_start(nats_close_main, c, NULL, 0))
+			return;
+		free(c);
+	}
+	if (sub != NULL)
+		natsSubscription_Destroy(sub);
+	if (nc != NULL)
+		natsConnection_Destroy(nc);
 }
 
 /* Give up the connection being made, if any (its thread may go on). */
@@ -1175,10 +1281,8 @@ nats_dial_forget(RelayNatsTarget *nt)
 	pthread_mutex_unlock(&events_lock);
 	if (done)
 	{
-		if (d->sub != NULL)
-			natsSubscription_Destroy(d->sub);
-		if (d->nc != NULL)
-			natsConnection_Destroy(d->nc);
+		if (d->nc != NULL || d->sub != NULL)
+			nats_dispose(d->nc, d->sub);
 		free(d);
 	}
 }
@@ -1195,9 +1299,6 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 	natsStatus	s;
 	NatsDial   *d;
 	natsInbox  *inbox = NULL;
-	pthread_attr_t attr;
-	pthread_t	thread;
-	int			rc;
 	int			running;
 	const char *bad_auth;
 
@@ -1250,10 +1351,19 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 		s = natsOptions_SetName(opts, "outbox relay");
 	if (s == NATS_OK)
 		s = natsOptions_SetTimeout(opts, Min(t->timeout_ms, NATS_CONNECT_MAX_MS));
+	/*
+	 * No reconnecting by libnats: its reconnecting thread holds the
+	 * connection's lock through each attempt's handshake (up to the
+	 * timeout), which any call of the relay's on the connection would wait
+	 * for.  A connection lost is told (nats_disconnected_cb()) and made
+	 * anew by the relay, on a thread, as the first one.  Writes have a
+	 * deadline, so a server that stops reading loses the connection instead
+	 * of stopping a publish.
+	 */
 	if (s == NATS_OK)
-		s = natsOptions_SetMaxReconnect(opts, -1);
+		s = natsOptions_SetAllowReconnect(opts, false);
 	if (s == NATS_OK)
-		s = natsOptions_SetReconnectWait(opts, 200);
+		s = natsOptions_SetWriteDeadline(opts, Min(t->timeout_ms, NATS_CONNECT_MAX_MS));
 	if (s == NATS_OK)
 		s = natsOptions_SetPingInterval(opts, 5000);
 	if (s == NATS_OK)
@@ -1261,10 +1371,9 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 	if (s == NATS_OK)
 		s = natsOptions_SetDisconnectedCB(opts, nats_disconnected_cb,
 										  (void *) (uintptr_t) nt->serial);
-	/* Connect in the background, retrying, and keep at it. */
 	if (s == NATS_OK)
-		s = natsOptions_SetRetryOnFailedConnect(opts, true, nats_connected_cb,
-												(void *) (uintptr_t) nt->serial);
+		s = natsOptions_SetClosedCB(opts, nats_disconnected_cb,
+									(void *) (uintptr_t) nt->serial);
 	if (s == NATS_OK)
 		s = natsInbox_Create(&inbox);
 	if (s != NATS_OK)
@@ -1288,37 +1397,49 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 	d->serial = nt->serial;
 	snprintf(d->filter, sizeof(d->filter), "%s.>", nt->inbox);
 
-	pthread_mutex_lock(&events_lock);
-	dials_running++;
-	pthread_mutex_unlock(&events_lock);
-	rc = pthread_attr_init(&attr);
-	if (rc == 0)
+	if (!nats_thread_start(nats_dial_main, d, nt->refused, sizeof(nt->refused)))
 	{
-		rc = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		/* its threads, and libnats' it starts, take no signal */
-		if (rc == 0)
-			NATS_NO_SIGNALS(rc = pthread_create(&thread, &attr, nats_dial_main, d));
-		pthread_attr_destroy(&attr);
-	}
-	if (rc != 0)
-	{
-		pthread_mutex_lock(&events_lock);
-		dials_running--;
-		pthread_mutex_unlock(&events_lock);
 		natsOptions_Destroy(opts);
 		free(d);
-		snprintf(nt->refused, sizeof(nt->refused), "could not start a thread to connect to NATS: %s",
-				 strerror(rc));
 		return nt->refused;
 	}
 	nt->dial = d;
+	nt->lost = false;
 	return NULL;
+}
+
+/*
+ * Why the target's connection could not be made, from libnats' words
+ * (printable ASCII only: the server's words may be in them), in
+ * nt->refused.
+ */
+static void
+nats_failed_text(RelayTarget *t, const char *libnats)
+{
+	RelayNatsTarget *nt = NATS_TARGET(t);
+	bool		tls = t->url[strspn(t->url, " ")] == 't';
+	const char *hint = "";
+	char	   *c;
+
+	/* libnats puts where in its code first: "(conn.c:733): " */
+	if (libnats[0] == '(' && (c = strstr(libnats, "): ")) != NULL && c - libnats < 40)
+		libnats = c + 3;
+	if (strstr(libnats, "No server available") != NULL)
+		hint = tls ? " (down, or it did not answer, or the TLS handshake failed)" :
+			" (down, or it did not answer)";
+	else if (strstr(libnats, "Expected 'PONG', got ''") != NULL)
+		hint = tls ? " (the server closed the connection in the handshake: does it want a client certificate?)" :
+			" (the server closed the connection in the handshake)";
+	snprintf(nt->refused, sizeof(nt->refused), "could not connect to the NATS server: %s%s", libnats, hint);
+	for (c = nt->refused; *c; c++)
+		if ((unsigned char) *c < 0x20 || (unsigned char) *c >= 0x7f)
+			*c = '?';
 }
 
 /* Where the target's connection is (nats_connect()). */
 typedef enum NatsConnState
 {
-	NATS_CONN_READY,			/* made (libnats may be reconnecting it) */
+	NATS_CONN_READY,			/* made, not lost */
 	NATS_CONN_WAIT,				/* being made: the relay is woken */
 	NATS_CONN_FAILED			/* cannot be made now: why */
 } NatsConnState;
@@ -1362,8 +1483,10 @@ nats_connect(RelayTarget *t, const char **why)
 		nt->destinations = outbox_destinations_generation;
 	}
 	pfree(files);
-	if (nt->nc != NULL)
+	if (nt->nc != NULL && !nt->lost)
 		return NATS_CONN_READY;
+	if (nt->nc != NULL)
+		nats_disconnect(nt);	/* lost: made anew below */
 	if (nt->dial != NULL)
 	{
 		NatsDial   *d = nt->dial;
@@ -1377,10 +1500,10 @@ nats_connect(RelayTarget *t, const char **why)
 		nt->dial = NULL;
 		nt->nc = d->nc;
 		nt->sub = d->sub;
-		if (d->status != NATS_OK)
+		if (d->status != NATS_OK || nt->lost)
 		{
-			snprintf(nt->refused, sizeof(nt->refused), "could not set up the NATS connection: %s",
-					 natsStatus_GetText(d->status));
+			nats_failed_text(t, d->status != NATS_OK ? d->error :
+							 "the connection was lost as soon as it was made");
 			free(d);
 			nats_disconnect(nt);
 			*why = nt->refused;
@@ -1544,31 +1667,6 @@ nats_header(natsMsg *msg, const char *name, const char *value, char *bad, const 
  * with its own reply subject.  Returns false, with *failed set, when not
  * one could be published.
  */
-/*
- * Why the target's connection is not up (libnats reconnecting it), in
- * nt->refused.
- */
-static const char *
-nats_not_connected(RelayTarget *t)
-{
-	RelayNatsTarget *nt = NATS_TARGET(t);
-	const char *last = NULL;
-	char	   *c;
-
-	(void) natsConnection_GetLastError(nt->nc, &last);
-	snprintf(nt->refused, sizeof(nt->refused), "not connected to the NATS server%s%s%s",
-			 last && *last ? ": " : "", last && *last ? last : "",
-			 last && strstr(last, "No server available") ?
-			 (t->url[strspn(t->url, " ")] == 't' ?
-			  " (down, or it refused the login, or the TLS handshake failed: a certificate the relay does not accept, or one it wants of the relay; libnats tells them apart no better)" :
-			  " (down, or it refused the login: libnats tells them apart no better)") : "");
-	/* printable ASCII only: the server's words may be in it */
-	for (c = nt->refused; *c; c++)
-		if ((unsigned char) *c < 0x20 || (unsigned char) *c >= 0x7f)
-			*c = '?';
-	return nt->refused;
-}
-
 static bool nats_publish(RelayLane *lane);
 
 /*
@@ -1624,11 +1722,6 @@ nats_publish(RelayLane *lane)
 	char		number[32];
 	int			i;
 
-	if (natsConnection_Status(nt->nc) != NATS_CONN_STATUS_CONNECTED)
-	{
-		relay_acks_bad(nl, 0, RELAY_RECEIVER_FAILED, nats_not_connected(t));
-		return false;
-	}
 
 	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
 	{
@@ -1856,24 +1949,73 @@ nats_lane_check(RelayLane *lane, RelayFinishedFn finished)
 	finished(lane, &outcome);
 }
 
+/* The target's requests parked: in flight, nothing sent (relay_nats_send()). */
+static int
+nats_parked(RelayTarget *t)
+{
+	int			n = 0;
+	int			i;
+
+	for (i = 0; i < t->nlanes; i++)
+		if (t->lanes[i].in_flight && NATS_LANE(&t->lanes[i])->nsent == 0)
+			n++;
+	return n;
+}
+
 /*
- * The target's connection being made has moved on (its names resolved,
- * its thread done): publish the parked requests once it is made, or give
- * them up (the target held) when it could not be.
+ * nats_connect() in an error guard: false while the connection is still
+ * being made; else its state, with why in error when FAILED (an error
+ * thrown is a failure).
+ */
+static bool
+nats_guarded_connect(RelayTarget *t, NatsConnState *state, char *error, size_t size)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	volatile NatsConnState st = NATS_CONN_FAILED;
+
+	PG_TRY();
+	{
+		const char *why = NULL;
+
+		st = nats_connect(t, &why);
+		if (why != NULL)
+			strlcpy(error, why, size);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		strlcpy(error, edata->message, size);
+		FreeErrorData(edata);
+		st = NATS_CONN_FAILED;
+	}
+	PG_END_TRY();
+	*state = st;
+	return st != NATS_CONN_WAIT;
+}
+
+/*
+ * Once the target's connection has moved on (its names resolved, its
+ * thread done), publish the parked requests if it is made, or give them
+ * up (the target held) when it could not be.
  */
 static void
 nats_unpark(RelayTarget *t, RelayFinishedFn finished)
 {
-	const char *why = NULL;
-	NatsConnState state = nats_connect(t, &why);
+	NatsConnState state;
 	TimestampTz now = GetCurrentTimestamp();
 	char		error[RELAY_MAX_ERROR_LEN + 1];
 	int			i;
 
-	if (state == NATS_CONN_WAIT)
+	/*
+	 * What send() did inside relay_lane_start()'s error guard is done
+	 * here: an error (memory) is the requests' outcome, not the relay's.
+	 */
+	if (!nats_guarded_connect(t, &state, error, sizeof(error)))
 		return;
-	if (why != NULL)
-		strlcpy(error, why, sizeof(error));
 	for (i = 0; i < t->nlanes && t->priv != NULL; i++)
 	{
 		RelayLane  *lane = &t->lanes[i];
@@ -1883,8 +2025,37 @@ nats_unpark(RelayTarget *t, RelayFinishedFn finished)
 			continue;
 		if (state == NATS_CONN_FAILED)
 			relay_acks_give_up(nl, RELAY_RECEIVER_FAILED, error);
-		else if (nats_publish(lane))
-			nl->deadline = TimestampTzPlusMilliseconds(now, t->timeout_ms);
+		else
+		{
+			MemoryContext cxt = CurrentMemoryContext;
+			char	   *volatile thrown = NULL;
+			volatile bool published = false;
+
+			PG_TRY();
+			{
+				published = nats_publish(lane);
+			}
+			PG_CATCH();
+			{
+				ErrorData  *edata;
+
+				MemoryContextSwitchTo(cxt);
+				edata = CopyErrorData();
+				FlushErrorState();
+				thrown = pstrdup(edata->message);
+				FreeErrorData(edata);
+			}
+			PG_END_TRY();
+			if (thrown != NULL)
+			{
+				/* the head message alone is retried, then dead-lettered */
+				lane->nbatch = 1;
+				relay_acks_give_up(nl, RELAY_RETRY, thrown);
+				pfree(thrown);
+			}
+			else if (published)
+				nl->deadline = TimestampTzPlusMilliseconds(now, t->timeout_ms);
+		}
 		nats_lane_check(lane, finished);
 	}
 }
@@ -2137,8 +2308,14 @@ relay_nats_drive(RelayFinishedFn finished)
 		RelayTarget *t = nats_target_of(ev->conn);
 		int			i;
 
-		for (i = 0; t != NULL && i < t->nlanes; i++)
-			if (t->lanes[i].in_flight)
+		/*
+		 * Made anew at the next request (nats_connect()); parked requests
+		 * sent nothing on it, and wait for that.
+		 */
+		if (t != NULL)
+			NATS_TARGET(t)->lost = true;
+		for (i = 0; t != NULL && t->priv != NULL && i < t->nlanes; i++)
+			if (t->lanes[i].in_flight && NATS_LANE(&t->lanes[i])->nsent > 0)
 			{
 				RelayAcks  *nl = NATS_LANE(&t->lanes[i]);
 
@@ -2160,7 +2337,11 @@ relay_nats_drive(RelayFinishedFn finished)
 
 		if (t->kind != RELAY_NATS || t->priv == NULL)
 			continue;
-		if (NATS_TARGET(t)->dial != NULL || NATS_TARGET(t)->nlookups > 0)
+		/*
+		 * (Whatever made the connection: a send may have taken it from
+		 * its thread since, and published its own request then.)
+		 */
+		if (nats_parked(t) > 0)
 			nats_unpark(t, finished);
 		for (i = 0; i < t->nlanes && t->priv != NULL; i++)
 		{
@@ -2240,15 +2421,12 @@ relay_nats_timeout(void)
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
-		int			i;
 
 		if (t->kind != RELAY_NATS || t->priv == NULL)
 			continue;
 		if (NATS_TARGET(t)->nlookups > 0)
 			resolving = true;
-		for (i = 0; i < t->nlanes; i++)
-			if (t->lanes[i].in_flight && NATS_LANE(&t->lanes[i])->nsent == 0)
-				parked++;
+		parked += nats_parked(t);
 	}
 	if (requests_in_flight > parked)
 		return NATS_ACK_POLL_MS;

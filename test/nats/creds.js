@@ -14,6 +14,9 @@ const jwt = require(path.join(__dirname, '..', 'verify', 'node_modules', '@nats-
 
 async function main() {
   const dir = process.argv[2];
+  if (!dir || !fs.statSync(dir).isDirectory()) {
+    throw new Error('usage: node creds.js DIR (an existing directory)');
+  }
   const op = jwt.createOperator();
   const sys = jwt.createAccount();
   const app = jwt.createAccount();
@@ -27,7 +30,8 @@ async function main() {
   const appJwt = await jwt.encodeAccount('APP', app, {
     limits: { mem_storage: -1, disk_storage: -1, streams: -1, consumer: -1,
       subs: -1, data: -1, payload: -1, imports: -1, exports: -1, wildcards: true, conn: -1, leaf: -1 },
-    revocations: { [users.revoked.getPublicKey()]: now + 1 },
+    // (a user's JWTs issued before this time are revoked: all of them)
+    revocations: { [users.revoked.getPublicKey()]: now + 86400 },
   }, { signer: op });
   fs.writeFileSync(path.join(dir, 'operator.jwt'), operator + '\n');
   fs.writeFileSync(path.join(dir, 'resolver.conf'),

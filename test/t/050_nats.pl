@@ -14,6 +14,9 @@
 #  - pause/resume, alter_target (subject), replay (the stream takes the
 #    replayed messages as duplicates within its window);
 #  - outbox.denied_destinations refuses the server's address at connect;
+#  - a backlog released into a new 64-lane target, four times: requests
+#    sent while its connection is being made (on a thread of its own) are
+#    all published once it is made; none waits for its timeout;
 #  - bad arguments are refused with their reasons.
 use strict;
 use warnings;
@@ -243,6 +246,33 @@ is(nats_count($url, 'ORDERS'), $before, 'nothing was published');
 $node->safe_psql('postgres', q{ALTER SYSTEM RESET outbox.denied_destinations});
 $node->reload;
 ok(wait_until(sub { nats_count($url, 'ORDERS') == $before + 10 }), 'allowed again: delivered');
+
+# --- new connections, many lanes waiting for them ---
+# Each round a fresh target (so a fresh connection, made on a thread while
+# its lanes' requests wait) takes a backlog released at once; a request
+# still waiting once the connection is made would sit until timeout_ms
+# (20 s) and count a retry.
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('js')});
+nats_tool($url, 'create', 'MANY', 'many.>');
+for my $round (1 .. 4)
+{
+	$node->safe_psql('postgres', qq{
+		SELECT outbox.create_nats_target('many$round', '$url', subject => 'many.{topic}',
+			lanes => 64, batch_size => 500, timeout_ms => 20000, max_attempts => 0);
+		SELECT outbox.pause_target('many$round');
+		SELECT outbox.subscribe('many$round', 'm');
+		SELECT count(outbox_emit('m', jsonb_build_object('n', g), 'k' || (g % 1000)))
+		  FROM generate_series(1, 10000) g;
+		SELECT outbox.resume_target('many$round');});
+	ok(wait_until(sub { nats_count($url, 'MANY') >= 10000 * $round }),
+		"round $round: the backlog reaches the stream");
+	is($node->safe_psql('postgres',
+			qq{SELECT format('%s retries, errors: %s', retries, coalesce(last_error, 'none')) FROM outbox.stats s
+			   JOIN outbox.lag l USING (target) WHERE target = 'many$round'}),
+		'0 retries, errors: none',
+		"round $round: every request waiting for the new connection was published once it was made");
+	$node->safe_psql('postgres', qq{SELECT outbox.drop_target('many$round')});
+}
 
 relay_no_crash($node, $pid);
 $node->stop;
