@@ -4,13 +4,20 @@
  *	  TLS of the socket transports' connections (relay_conn.c), with
  *	  OpenSSL.  All OpenSSL use of the connections is here.
  *
- * A connection that asks for TLS gets a context of its own when it is
- * made, so a target's files changed by alter_target() are read by its next
- * connection: TLS 1.2 or later, the peer's chain verified against the
+ * A connection that asks for TLS gets its session from a context made for
+ * the target's files: TLS 1.2 or later, the peer's chain verified against the
  * target's ca_file (or the system's store when it has none), the host name
  * (or address) of the url checked against the certificate, SNI for a name,
  * and the target's client certificate and key when it has them.  There is
  * no way to turn verification off, as for HTTP targets.
+ *
+ * Contexts are kept (TLS_CACHE_SIZE, the least recently used one
+ * replaced): making one costs about a millisecond of the relay's thread
+ * (OpenSSL 3's context, the files parsed), which a target whose server
+ * never answers would pay at every attempt.  One is used again only for
+ * the same files, unchanged on disk (device, inode, size and modification
+ * time, looked at with stat() at each connection), so files named anew by
+ * alter_target() or replaced in place are read by the next connection.
  *
  * Everything is non-blocking: the handshake, reads and writes say when
  * they want the socket readable or writable, and the relay's loop waits
@@ -23,6 +30,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -51,20 +59,154 @@ tls_reason(char *out, size_t size, const char *what)
 	ERR_clear_error();
 }
 
-/*
- * A TLS session on the connected socket fd, for host (a name or an
- * address).  Returns NULL with error when the files cannot be used.
- */
-void *
-relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, size_t size)
+/* Contexts kept. */
+#define TLS_CACHE_SIZE	16
+
+/* What a file was when a context read it (all zero: none, or missing). */
+typedef struct TlsFileId
+{
+	dev_t		dev;
+	ino_t		ino;
+	off_t		size;
+	struct timespec mtime;
+} TlsFileId;
+
+/* A context kept, for the files named (malloc'd copies; NULL: none). */
+typedef struct TlsCached
 {
 	SSL_CTX    *ctx;
-	SSL		   *ssl = NULL;
-	char		why[160];
-	unsigned char addr[16];
-	bool		is_addr;
+	char	   *names[3];		/* ca_file (NULL: the system's store),
+								 * client_cert, client_key */
+	TlsFileId	ids[3];			/* ca_file's: the system store's file then */
+	uint64		used;			/* when last used, in uses */
+} TlsCached;
 
-	ERR_clear_error();
+static TlsCached tls_cache[TLS_CACHE_SIZE];
+static uint64 tls_uses = 0;
+
+static void
+tls_file_id(const char *path, TlsFileId *id)
+{
+	struct stat st;
+
+	memset(id, 0, sizeof(*id));
+	if (path == NULL || stat(path, &st) != 0)
+		return;
+	id->dev = st.st_dev;
+	id->ino = st.st_ino;
+	id->size = st.st_size;
+	id->mtime = st.st_mtim;
+}
+
+/* The files a context for tls reads, and what they are on disk now. */
+static void
+tls_files_now(const RelayConnTls *tls, const char **names, TlsFileId *ids)
+{
+	names[0] = tls->ca_file;
+	names[1] = tls->client_cert;
+	names[2] = tls->client_key;
+	tls_file_id(tls->ca_file ? tls->ca_file : X509_get_default_cert_file(), &ids[0]);
+	tls_file_id(tls->client_cert, &ids[1]);
+	tls_file_id(tls->client_key, &ids[2]);
+}
+
+static bool
+tls_same_name(const char *a, const char *b)
+{
+	return (a == NULL) == (b == NULL) && (a == NULL || strcmp(a, b) == 0);
+}
+
+/* The kept context for these files as they are now, or NULL. */
+static SSL_CTX *
+tls_cache_get(const char **names, const TlsFileId *ids)
+{
+	int			i,
+				k;
+
+	for (i = 0; i < TLS_CACHE_SIZE; i++)
+	{
+		TlsCached  *c = &tls_cache[i];
+
+		if (c->ctx == NULL)
+			continue;
+		for (k = 0; k < 3; k++)
+			if (!tls_same_name(c->names[k], names[k]) ||
+				memcmp(&c->ids[k], &ids[k], sizeof(TlsFileId)) != 0)
+				break;
+		if (k == 3)
+		{
+			c->used = ++tls_uses;
+			return c->ctx;
+		}
+	}
+	return NULL;
+}
+
+static void
+tls_cache_drop(TlsCached *c)
+{
+	int			k;
+
+	if (c->ctx != NULL)
+		SSL_CTX_free(c->ctx);
+	for (k = 0; k < 3; k++)
+		free(c->names[k]);
+	memset(c, 0, sizeof(*c));
+}
+
+/*
+ * Keep ctx (a reference of its own) for these files, in place of a context
+ * for the same names (files since changed) or of the least recently used
+ * one.  Nothing is kept when memory is short.
+ */
+static void
+tls_cache_put(SSL_CTX *ctx, const char **names, const TlsFileId *ids)
+{
+	TlsCached  *victim = &tls_cache[0];
+	int			i,
+				k;
+
+	for (i = 0; i < TLS_CACHE_SIZE; i++)
+	{
+		TlsCached  *c = &tls_cache[i];
+
+		for (k = 0; k < 3 && c->ctx != NULL; k++)
+			if (!tls_same_name(c->names[k], names[k]))
+				break;
+		if (c->ctx == NULL || k == 3)
+		{
+			victim = c;
+			break;
+		}
+		if (c->used < victim->used)
+			victim = c;
+	}
+	tls_cache_drop(victim);
+	for (k = 0; k < 3; k++)
+	{
+		if (names[k] != NULL && (victim->names[k] = strdup(names[k])) == NULL)
+		{
+			tls_cache_drop(victim);
+			return;
+		}
+		victim->ids[k] = ids[k];
+	}
+	if (SSL_CTX_up_ref(ctx) != 1)
+	{
+		tls_cache_drop(victim);
+		return;
+	}
+	victim->ctx = ctx;
+	victim->used = ++tls_uses;
+}
+
+/* A new context for the files of tls, or NULL with error. */
+static SSL_CTX *
+tls_ctx_new(const RelayConnTls *tls, char *error, size_t size)
+{
+	SSL_CTX    *ctx;
+	char		why[160];
+
 	ctx = SSL_CTX_new(TLS_client_method());
 	if (ctx == NULL)
 	{
@@ -113,6 +255,42 @@ relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, si
 			snprintf(error, size, "client_key does not match client_cert");
 			goto fail;
 		}
+	}
+	return ctx;
+
+fail:
+	SSL_CTX_free(ctx);
+	return NULL;
+}
+
+/*
+ * A TLS session on the connected socket fd, for host (a name or an
+ * address).  Returns NULL with error when the files cannot be used.
+ */
+void *
+relay_tls_new(int fd, const char *host, const RelayConnTls *tls, char *error, size_t size)
+{
+	SSL_CTX    *ctx;
+	SSL		   *ssl = NULL;
+	unsigned char addr[16];
+	bool		is_addr;
+	const char *names[3];
+	TlsFileId	ids[3];
+
+	ERR_clear_error();
+	tls_files_now(tls, names, ids);
+	ctx = tls_cache_get(names, ids);
+	if (ctx != NULL)
+		SSL_CTX_up_ref(ctx);	/* this call's reference, as a new one has */
+	else
+	{
+		ctx = tls_ctx_new(tls, error, size);
+		if (ctx == NULL)
+		{
+			ERR_clear_error();
+			return NULL;
+		}
+		tls_cache_put(ctx, names, ids);
 	}
 	ssl = SSL_new(ctx);
 	if (ssl == NULL || SSL_set_fd(ssl, fd) != 1)

@@ -7,7 +7,9 @@
 #    (alter_target, no restart): the system's store for a private CA, an
 #    unrelated CA, a certificate for another host name, an expired one, a
 #    server that wants a client certificate and gets none (then
-#    client_cert / client_key), a wrong password;
+#    client_cert / client_key), a wrong password; an unrelated CA in a
+#    ca_file then rewritten in place (no alter_target: TLS contexts are
+#    kept only for files unchanged on disk);
 #  - a server whose AUTH is renamed away (its error echoes the arguments):
 #    held with the error code only, no password in last_error;
 #  - a plaintext server behind rediss:// and a TLS server behind redis://
@@ -23,6 +25,7 @@ use strict;
 use warnings;
 use Cwd qw(abs_path);
 use File::Basename qw(dirname);
+use File::Copy qw(copy);
 use IO::Socket::INET;
 use IPC::Run;
 use POSIX ();
@@ -141,7 +144,7 @@ sub held_then_fixed
 	is(lag($name, q{format('%s/%s', pending, dead_letters)}), '3/0',
 		"$what: the messages wait, none dead-lettered");
 	is_deeply(seqs($server, $topic), [], "$what: nothing reached the server");
-	sql($fix);
+	ref $fix eq 'CODE' ? $fix->() : sql($fix);
 	ok(wait_for("$what: delivered once fixed",
 			sub { my $s = seqs($dest, $topic); (@$s == 3, scalar(@$s) . ' in the stream') }),
 		"$what: delivered once fixed, without a restart");
@@ -167,6 +170,24 @@ target('wrongca', $url{tls}, 't3', 'max_attempts => 2', "ca_file => '$other_ca'"
 emit('t3', 3);
 held_then_fixed('an unrelated CA', 'wrongca', 'tls', 't3',
 	qr/certificate .*not accepted/, "SELECT outbox.alter_target('wrongca', ca_file => '$ca')");
+
+# a ca_file rewritten in place (the same name, the same inode): the next
+# connection reads it (the relay keeps TLS contexts only for files unchanged)
+copy($other_ca, "$dir/swap-ca.pem") or die "copy: $!";
+chmod 0644, "$dir/swap-ca.pem";
+target('swapca', $url{tls}, 't12', 'max_attempts => 2', "ca_file => '$dir/swap-ca.pem'");
+emit('t12', 3);
+held_then_fixed('a ca_file rewritten in place', 'swapca', 'tls', 't12',
+	qr/certificate .*not accepted/,
+	sub {
+		open(my $in, '<', $ca) or die "$ca: $!";
+		my $pem = do { local $/; <$in> };
+		close $in;
+		open(my $out, '+<', "$dir/swap-ca.pem") or die "swap-ca.pem: $!";
+		truncate($out, 0);
+		print $out $pem;
+		close $out;
+	});
 
 target('elsewhere', $url{elsewhere}, 't4', 'max_attempts => 2', "ca_file => '$ca'");
 emit('t4', 3);
