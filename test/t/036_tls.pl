@@ -67,7 +67,7 @@ my %url = map { $_ => "https://127.0.0.1:$sink{$_}{port}" } keys %sink;
 sub handshake_failures
 {
 	my ($name) = @_;
-	my $log = "$PostgreSQL::Test::Utils::log_path/sink_$name.log";
+	my $log = $sink{$name}{log};
 	return () unless -e $log;
 	return (slurp_file($log) =~ /^tls handshake failed #\d+: (.*)$/mg);
 }

@@ -9,7 +9,7 @@ use warnings;
 
 use Cwd qw(abs_path);
 use Exporter 'import';
-use File::Basename qw(dirname);
+use File::Basename qw(basename dirname);
 use File::Path qw(rmtree);
 use Encode ();
 use HTTP::Tiny;
@@ -349,20 +349,22 @@ END
 }
 
 # Start the sink; @args are extra command line arguments.  Returns a hash:
-# name, port, url (http://127.0.0.1:port), record (file), harness.
+# name, port, url (http://127.0.0.1:port), record (file), log, harness.
 sub start_sink
 {
 	my ($name, @args) = @_;
 	my $dir = $PostgreSQL::Test::Utils::log_path;
-	my $record = "$dir/sink_$name.jsonl";
-	my $port_file = "$dir/sink_$name.port";
+	# (files of their own: test files running at once share log_path)
+	my $base = "$dir/sink_" . basename($0, '.pl') . "_$name";
+	my $record = "$base.jsonl";
+	my $port_file = "$base.port";
 	unlink $record, $port_file;
 	my $h = IPC::Run::start(
 		[
 			'python3', $sink_script, '--port-file', $port_file,
 			'--record', $record, @args
 		],
-		'<', \undef, '>>', "$dir/sink_$name.log", '2>>', "$dir/sink_$name.log");
+		'<', \undef, '>>', "$base.log", '2>>', "$base.log");
 	# --port given means a fixed port (the caller passed it)
 	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	until (-s $port_file)
@@ -377,6 +379,7 @@ sub start_sink
 		port => $port,
 		url => "http://127.0.0.1:$port",
 		record => $record,
+		log => "$base.log",
 		harness => $h,
 		http => HTTP::Tiny->new(timeout => $PostgreSQL::Test::Utils::timeout_default),
 	};
