@@ -212,14 +212,15 @@ print(json.dumps(d))' "$@"; }
 record() { jmerge "$@" >>"$RESULTS"; }
 
 # A throwaway CA and a server certificate for 127.0.0.1 (TLS benchmarks):
-# $1/ca.pem, $1/server.pem, $1/server.key, readable by the server's user.
+# $1/ca.pem, $1/server.pem, $1/server.key, readable by the server's user;
+# $2: the certificate's subjectAltName (default IP:127.0.0.1).
 bench_tls_certs() {
-	local d=$1 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+	local d=$1 san=${2:-IP:127.0.0.1} ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
 	mkdir -p "$d"
 	openssl req -x509 "${ec[@]}" -days 2 -keyout "$d/ca.key" -out "$d/ca.pem" -subj /CN=bench-ca \
 		-addext basicConstraints=critical,CA:true -addext keyUsage=critical,keyCertSign >/dev/null 2>&1
 	openssl req "${ec[@]}" -keyout "$d/server.key" -out "$d/server.csr" -subj /CN=127.0.0.1 >/dev/null 2>&1
-	printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$d/server.ext"
+	printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$san" >"$d/server.ext"
 	openssl x509 -req -in "$d/server.csr" -CA "$d/ca.pem" -CAkey "$d/ca.key" -CAcreateserial -days 2 \
 		-extfile "$d/server.ext" -out "$d/server.pem" >/dev/null 2>&1
 	chmod 755 "$d"

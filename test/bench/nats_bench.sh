@@ -49,6 +49,11 @@
 # the machine had busy, are recorded with every run.  The resume call's own
 # duration (resume_target counts the pending messages before it commits)
 # is reported next to the rate, as is the time to the first stored message.
+#   relay_tls, bare_tls  (TLS=1) the same runs, the first CONFIGS entry for
+#           the relay, against a second nats-server that wants TLS
+#           (NATS_PORT + 1, a throwaway CA; tls://localhost with ca_file for
+#           the relay, the CA for the bare publisher and the poller):
+#           relay_tls/bare_tls (goal >= 0.80) and relay_tls/relay reported
 #   profile  (PERF=1) after the rounds, one more relay run of the first
 #            CONFIGS entry under perf record --call-graph dwarf of the relay
 #            worker (not timed: perf slows it), reported by thread and symbol.
@@ -60,7 +65,7 @@
 #                                to compare in one run
 #   POLL_MS=50                   the poll of the stream's message count
 #   DRAIN_TIMEOUT=300            seconds a run may take
-#   PERF=0 KEEP=0
+#   PERF=0 KEEP=0 TLS=0
 #   REV=                         build this git revision instead of the
 #                                working tree (e.g. REV=HEAD: committed code only)
 #   INSTALL=0                    1: also install the build system-wide
@@ -86,6 +91,7 @@ CONFIGS=${CONFIGS:-"$BATCH:$LANES"}
 POLL_MS=${POLL_MS:-50}
 DRAIN_TIMEOUT=${DRAIN_TIMEOUT:-300}
 PERF=${PERF:-0}
+TLS=${TLS:-0}
 KEEP=${KEEP:-0}
 OUT=${OUT:-}
 REV=${REV:-}
@@ -112,8 +118,11 @@ if [ "$PERF" = 1 ]; then BENCH_PACKAGES+=(linux-perf); fi
 nats_pid=
 poll_pid=
 perf_pid=
+tls_pid=
 bench_on_exit() {
 	[ -n "$perf_pid" ] && kill "$perf_pid" 2>/dev/null
+	[ -n "$tls_pid" ] && kill -KILL "$tls_pid" 2>/dev/null
+	nats_pid=${plain_pid:-$nats_pid}
 	[ -n "$poll_pid" ] && kill "$poll_pid" 2>/dev/null
 	if [ -n "$nats_pid" ]; then
 		kill -TERM "$nats_pid" 2>/dev/null
@@ -151,6 +160,7 @@ int
 main(int argc, char **argv)
 {
 	natsConnection *nc = NULL;
+	natsOptions *opts = NULL;
 	jsCtx	   *js = NULL;
 	natsStatus	s;
 	jsErrCode	jerr = 0;
@@ -164,7 +174,11 @@ main(int argc, char **argv)
 	}
 	want = strtoull(argv[3], NULL, 10);
 	poll_ns = atoll(argv[4]) * 1000000;
-	if ((s = natsConnection_ConnectTo(&nc, argv[1])) != NATS_OK ||
+	if ((s = natsOptions_Create(&opts)) != NATS_OK ||
+		(s = natsOptions_SetURL(opts, argv[1])) != NATS_OK ||
+		(getenv("OUTBOX_NATS_CA") &&
+		 (s = natsOptions_LoadCATrustedCertificates(opts, getenv("OUTBOX_NATS_CA"))) != NATS_OK) ||
+		(s = natsConnection_Connect(&nc, opts)) != NATS_OK ||
 		(s = natsConnection_JetStream(&js, nc, NULL)) != NATS_OK)
 	{
 		fprintf(stderr, "nats_poll: connect: %s\n", natsStatus_GetText(s));
@@ -207,6 +221,30 @@ nats_pid=$!
 for _ in $(seq 100); do grep -q 'Server is ready' "$work/nats.log" 2>/dev/null && break; sleep 0.1; done
 grep -q 'Server is ready' "$work/nats.log" 2>/dev/null || { echo "nats-server did not start:" >&2; cat "$work/nats.log" >&2; exit 1; }
 log "nats-server $(nats-server --version 2>&1 | awk '{print $NF}') on $NATS_URL (pid $nats_pid), store $work/nats"
+PLAIN_URL=$NATS_URL
+plain_pid=$nats_pid
+if [ "$TLS" = 1 ]; then
+	# a second server that wants TLS; the runs over TLS switch to it (use_tls)
+	bench_tls_certs "$work/tls" DNS:localhost,IP:127.0.0.1
+	TLS_URL=tls://localhost:$((NATS_PORT + 1))
+	mkdir -p "$work/nats_tls"
+	printf 'tls {\n  cert_file: "%s"\n  key_file: "%s"\n}\n' "$work/tls/server.pem" "$work/tls/server.key" >"$work/nats_tls.conf"
+	nats-server -a 127.0.0.1 -p $((NATS_PORT + 1)) -js -sd "$work/nats_tls" -n bench_tls -c "$work/nats_tls.conf" -l "$work/nats_tls.log" &
+	tls_pid=$!
+	for _ in $(seq 100); do grep -q 'Server is ready' "$work/nats_tls.log" 2>/dev/null && break; sleep 0.1; done
+	grep -q 'Server is ready' "$work/nats_tls.log" 2>/dev/null || { echo "nats-server (TLS) did not start:" >&2; cat "$work/nats_tls.log" >&2; exit 1; }
+	log "nats-server with TLS on $TLS_URL (pid $tls_pid)"
+fi
+# use_tls 1|0: the runs that follow go to the TLS server or the plain one
+use_tls() {
+	if [ "$1" = 1 ]; then
+		NATS_URL=$TLS_URL nats_pid=$tls_pid
+		export OUTBOX_NATS_CA=$work/tls/ca.pem
+	else
+		NATS_URL=$PLAIN_URL nats_pid=$plain_pid
+		unset OUTBOX_NATS_CA
+	fi
+}
 nats() { "$work/outbox_nats" "$@"; }
 
 # ---- database ------------------------------------------------------------------------
@@ -248,9 +286,10 @@ HZ=$(getconf CLK_TCK)
 # Drop every target, empty the outbox, make a fresh paused target and emit
 # the backlog into it.
 prepare_backlog() {	# name batch_size lanes
-	local name=$1 bs=$2 lanes=$3 i lo hi per cnt
+	local name=$1 bs=$2 lanes=$3 i lo hi per cnt tls=
+	[ "$NATS_URL" = "${TLS_URL:-}" ] && tls=", ca_file => '$work/tls/ca.pem'"
 	sql -c "SELECT count(outbox.drop_target(name)) FROM outbox.targets" -c "TRUNCATE outbox.messages" >/dev/null
-	sql -c "SELECT outbox.create_nats_target('$name', '$NATS_URL', subject => 'bench.{topic}', batch_size => $bs, lanes => $lanes)" \
+	sql -c "SELECT outbox.create_nats_target('$name', '$NATS_URL', subject => 'bench.{topic}', batch_size => $bs, lanes => $lanes$tls)" \
 		-c "SELECT outbox.pause_target('$name')" \
 		-c "SELECT outbox.subscribe('$name', '*')" >/dev/null
 	per=$(((N + XACTS - 1) / XACTS))
@@ -291,8 +330,9 @@ check_relay() {	# name label
 }
 
 # One timed relay run; records a JSON line.
-run_relay() {	# batch_size lanes round
-	local bs=$1 lanes=$2 r=$3 name="nats_b$1_l$2_r$3" label="b$1_l$2" wpid tl
+run_relay() {	# batch_size lanes round [tls]
+	local bs=$1 lanes=$2 r=$3 name="nats_b$1_l$2_r$3" label="b$1_l$2" wpid tl tls=False
+	[ "${4:-}" = tls ] && { tls=True label+=_tls name+=_tls; }
 	fresh_stream
 	prepare_backlog "$name" "$bs" "$lanes"
 	wpid=$(worker_pid)
@@ -334,7 +374,7 @@ run_relay() {	# batch_size lanes round
 	    threads[name] = threads.get(name, 0) + (v - th0.get(k, 0)) / hz
 	mb0, mt0 = map(int, "$m0".split()); mb1, mt1 = map(int, "$m1".split())
 	cv0, cn0 = map(int, "$cs0".split()); cv1, cn1 = map(int, "$cs1".split())
-	print(json.dumps({"kind": "relay", "ctxsw_voluntary": cv1 - cv0, "ctxsw_involuntary": cn1 - cn0, "batch": $bs, "lanes": $lanes, "round": $r, "label": "$label",
+	print(json.dumps({"kind": "relay", "tls": $tls, "ctxsw_voluntary": cv1 - cv0, "ctxsw_involuntary": cn1 - cn0, "batch": $bs, "lanes": $lanes, "round": $r, "label": "$label",
 	    "busy_before": $BUSY, "worker_pid": $wpid, "seconds": secs, "rate": n / secs if secs else 0,
 	    "resume_ms": (t1 - t0) / 1e6, "first_ms": (first - t0) / 1e6 if first else None,
 	    "rate_10_90": 0.8 * n / ((b - a) / 1e9) if a and b and b > a else None,
@@ -350,9 +390,10 @@ run_relay() {	# batch_size lanes round
 }
 
 # One bare publisher run; records a JSON line.
-run_bare() {	# round [all]
+run_bare() {	# round [all|tls]
 	local r=$1 all=${2:-} kind=bare out rate n0 n1 m0 m1 cnt tm
-	[ -n "$all" ] && kind=bare_all
+	[ "$all" = all ] && kind=bare_all
+	[ "$all" = tls ] && { kind=bare_tls all=all; }
 	fresh_stream
 	wait_quiet "$kind round $r"
 	n0=$(ticks_of "$nats_pid") m0=$(machine_ticks)
@@ -389,6 +430,8 @@ for _ in $(seq 150); do worker0=$(worker_pid); [ -n "$worker0" ] && break; sleep
 # Entries of a round: every CONFIGS entry and the bare publisher (both
 # header sets), rotated.
 read -r -a plan <<<"$CONFIGS bare bare_all"
+# over TLS: the first CONFIGS entry and the publisher with the relay's headers
+[ "$TLS" = 1 ] && plan+=("tls:${CONFIGS%% *}" bare_tls)
 np=${#plan[@]}
 log "plan: $RUNS rounds of: relay runs of $N messages ($KEYS keys) for batch_size:lanes = $CONFIGS; the bare publisher, with two headers and with all the relay's"
 for ((r = 1; r <= RUNS; r++)); do
@@ -399,6 +442,11 @@ for ((r = 1; r <= RUNS; r++)); do
 			run_bare "$r"
 		elif [ "$c" = bare_all ]; then
 			run_bare "$r" all
+		elif [ "$c" = bare_tls ]; then
+			use_tls 1; run_bare "$r" tls; use_tls 0
+		elif [ "${c%%:*}" = tls ]; then
+			c=${c#tls:}
+			use_tls 1; run_relay "${c%%:*}" "${c##*:}" "$r" tls; use_tls 0
 		else
 			run_relay "${c%%:*}" "${c##*:}" "$r"
 		fi
@@ -499,7 +547,7 @@ best = None
 summary = []
 for c in "$CONFIGS".split():
     bs, lanes = (int(x) for x in c.split(":"))
-    rs = sorted((r for r in res if r["kind"] == "relay" and r["batch"] == bs and r["lanes"] == lanes), key=lambda r: r["round"])
+    rs = sorted((r for r in res if r["kind"] == "relay" and not r.get("tls") and r["batch"] == bs and r["lanes"] == lanes), key=lambda r: r["round"])
     if not rs: continue
     for r in rs:
         b = bare.get(r["round"])
@@ -534,6 +582,19 @@ for c, m, rat, mr, rs in summary:
     print(f"{'  relay / bare with five headers (medians)':44} {m / bare_all_med:12.2f}   >= 0.80    {goal(m / bare_all_med >= 0.8)}")
 if len(summary) > 1:
     print(f"best relay setting (batch_size:lanes): {best[0]} at {best[1]:.0f} msg/s")
+rt = [r for r in res if r["kind"] == "relay" and r.get("tls")]
+bt = [r for r in res if r["kind"] == "bare_tls"]
+if rt and bt:
+    c0 = "$CONFIGS".split()[0]
+    rtm, btm = med(r["rate"] for r in rt), med(r["rate"] for r in bt)
+    plain = next(s for s in summary if s[0] == c0)
+    print()
+    print(f"over TLS ({c0}; runs: relay " + " ".join(f"{r['rate']:.0f}" for r in sorted(rt, key=lambda r: r["round"])) +
+          ", bare " + " ".join(f"{r['rate']:.0f}" for r in sorted(bt, key=lambda r: r["round"])) + ")")
+    print(f"{'relay over TLS msg/s':44} {rtm:12.0f}   relay CPU {med(r['worker_cpu_s'] for r in rt) / $N * 1e6:.2f} us/msg")
+    print(f"{'bare publisher over TLS (five headers) msg/s':44} {btm:12.0f}   publisher CPU {med(r['publisher_cpu_s'] for r in bt) / $N * 1e6:.2f} us/msg")
+    print(f"{'  relay_tls / bare_tls':44} {rtm / btm:12.2f}   >= 0.80    {goal(rtm / btm >= 0.8)}")
+    print(f"{'  relay_tls / relay (plaintext)':44} {rtm / plain[1]:12.2f}")
 print()
 print("ANOMALIES:\n  " + anom.replace("\n", "\n  ") if anom else "sanity: every relay run stored exactly N in the stream, N delivered, no dead letters, no lane errors, lag pending 0; the relay worker kept its pid")
 print(slog.rstrip())

@@ -14,12 +14,13 @@
 # (relay_bench_tool.py latency), p50/p90/p99.  Two kinds of run, alternating
 # over RUNS rounds (the order rotates):
 #   plain   the HTTP target alone;
-#   stuck   beside it, a rediss:// target and an amqp:// target, each with
-#           messages waiting (topic stuck), pointed at a listener that
-#           accepts TCP and never answers (a Python socket that never
+#   stuck   beside it, a rediss://, an amqp:// and a NATS tls:// target,
+#           each with messages waiting (topic stuck), pointed at a listener
+#           that accepts TCP and never answers (a Python socket that never
 #           reads), timeout_ms 200: their connections are made again and
-#           again and each waits its whole timeout in a TLS or AMQP
-#           handshake, all through the run.
+#           again and each waits its whole timeout in a TLS, AMQP or NATS
+#           handshake, all through the run (NATS: libnats' first attempt
+#           on the relay's connecting thread, then its own reconnects).
 # Reported: medians over the rounds of each kind's p99 (and p50), and
 # stuck - plain (goal: p99 at most +1 ms).
 #
@@ -102,11 +103,13 @@ run() {	# kind round
 	if [ "$kind" = stuck ]; then
 		sql -c "SELECT outbox.create_redis_target('stuck_redis', 'rediss://127.0.0.1:$MUTE_PORT', lanes => 1, timeout_ms => 200, max_attempts => 0, ca_file => '$work/tls/ca.pem')" \
 			-c "SELECT outbox.create_rabbitmq_target('stuck_amqp', 'amqp://guest:guest@127.0.0.1:$MUTE_PORT', lanes => 1, timeout_ms => 200, max_attempts => 0)" \
+			-c "SELECT outbox.create_nats_target('stuck_nats', 'tls://localhost:$MUTE_PORT', subject => 'stuck.{topic}', lanes => 1, timeout_ms => 200, max_attempts => 0, ca_file => '$work/tls/ca.pem')" \
 			-c "SELECT outbox.subscribe('stuck_redis', 'stuck')" -c "SELECT outbox.subscribe('stuck_amqp', 'stuck')" \
+			-c "SELECT outbox.subscribe('stuck_nats', 'stuck')" \
 			-c "SELECT count(outbox_emit('stuck', '{}', 'k' || g)) FROM generate_series(1, 10) g" >/dev/null
-		# both are trying by now
+		# all three are trying by now
 		for _ in $(seq 100); do
-			[ "$(sql -c "SELECT count(*) FROM outbox.lag WHERE target LIKE 'stuck%' AND last_error IS NOT NULL")" = 2 ] && break
+			[ "$(sql -c "SELECT count(*) FROM outbox.lag WHERE target LIKE 'stuck%' AND last_error IS NOT NULL")" = 3 ] && break
 			sleep 0.1
 		done
 	fi
