@@ -417,12 +417,26 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 {
 	RelayTarget *t = lane->target;
 
+	bool		counts;
+
 	relay_lane_set_error(lane, status, error);
 	t->stats.retries++;
-	t->hold_attempts++;
-	if (t->hold_attempts == 1)
+
+	/*
+	 * An attempt counts toward the backoff when it is the target's first
+	 * failure or its probe's: requests of other lanes on the wire when the
+	 * receiver went (a lost connection fails them all at once) tell nothing
+	 * new, and counting each would send the backoff to its longest after
+	 * a moment's outage.
+	 */
+	counts = t->hold_attempts == 0 || lane->index == t->probe_lane;
+	if (counts)
+	{
+		t->hold_attempts++;
+		t->probe_lane = lane->index;
+	}
+	if (t->hold_attempts == 1 && counts)
 		t->failing_since = GetCurrentTimestamp();
-	t->probe_lane = lane->index;
 	/* Nothing is dropped: the target keeps its messages until resumed. */
 	if (t->disable_reason == NULL && t->state == 'a' && relay_schema_operations)
 	{
@@ -446,13 +460,14 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 							 t->name)));
 		}
 	}
-	t->held_until =
-		TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-									relay_backoff_ms(t->hold_attempts, retry_after_s));
+	if (counts)
+		t->held_until =
+			TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+										relay_backoff_ms(t->hold_attempts, retry_after_s));
 	lane->next_attempt = t->held_until;
 	lane->retry_nbatch = lane->nbatch;
 	lane->nbatch = 0;
-	if (t->hold_attempts == 1)
+	if (t->hold_attempts == 1 && counts)
 		ereport(LOG,
 				(errmsg("outbox relay holds target \"%s\": %s", t->name, error),
 				 errdetail("Nothing is dead-lettered; delivery resumes in order when the receiver accepts requests again.")));

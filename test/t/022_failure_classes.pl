@@ -105,6 +105,27 @@ ok( $node->poll_query_until(
 		'5'),
 	'422: each message is a dead letter after one attempt, and the lane moves on');
 
+# --- many lanes refused at once: one failed attempt, not one a lane ---
+# Eight requests on the wire when the receiver turns them all away (a
+# lost connection to a broker fails every lane the same way) tell one
+# thing: the target is held with one attempt counted, so its backoff does
+# not start at its longest.
+sink_control($sink, { path => '/many', status => 404, hold => JSON::PP::true });
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_http_target('many', '$url/many', lanes => 8, max_attempts => 0);
+	SELECT outbox.subscribe('many', 'many');
+	SELECT count(outbox_emit('many', '{}', 'k' || g)) FROM generate_series(1, 64) g;});
+ok(wait_for('eight requests held at the receiver',
+		sub { my $n = $node->safe_psql('postgres', q{SELECT in_flight FROM outbox.stats WHERE target = 'many'}); ($n eq '8', $n) }),
+	'eight lanes have a request on the wire');
+sink_control($sink, { path => '/many', hold => JSON::PP::false });
+ok(wait_for('the eight refusals taken',
+		sub { my $r = $node->safe_psql('postgres', q{SELECT retries FROM outbox.stats WHERE target = 'many'}); ($r >= 8, "retries $r") }),
+	'... all refused (404)');
+# (each later probe adds one to both)
+is($node->safe_psql('postgres', q{SELECT retries - failed_attempts FROM outbox.stats WHERE target = 'many'}), '7',
+	'... held with one failed attempt counted for the eight, not eight');
+
 relay_no_crash($node);
 stop_sink($sink);
 $node->stop;
