@@ -74,7 +74,7 @@
 #define NATS_MAX_SUBJECT	1024
 /* Longest acknowledgement read; a longer one is not understood. */
 #define NATS_MAX_ACK		4096
-/* Most events waiting for the relay; more are dropped (they repeat). */
+/* Most events waiting for the relay; more are dropped (a publish then finds the connection closed). */
 #define NATS_MAX_EVENTS		10000
 /*
  * Most replies (and their bytes) waiting for the relay; more are dropped,
@@ -104,6 +104,8 @@
  * dropped or changed meanwhile does not stop); more wait for them.
  */
 #define NATS_MAX_DIALS		64
+/* Shortest deadline of a write to a NATS server. */
+#define NATS_WRITE_MIN_MS	1000
 /* Longest the relay's exit waits for connections being made or closed. */
 #define NATS_STOP_WAIT_S	2
 /* How often the relay looks at host-name lookups while one runs. */
@@ -324,6 +326,20 @@ nats_disconnected_cb(natsConnection *nc, void *closure)
 }
 
 /*---- checks, for the SQL functions and for rows read ----*/
+
+/*
+ * The TLS options of a connection, set on its NatsDial's thread (libnats
+ * makes its OpenSSL context there: with the system's store, tens of
+ * milliseconds): malloc'd copies, or NULL.
+ */
+typedef struct NatsTlsPlan
+{
+	bool		on;
+	char	   *ca_file;
+	char	   *cert;
+	char	   *key;
+	char	   *host;			/* the name the certificate must have */
+} NatsTlsPlan;
 
 /* What a NATS url says beyond its servers (palloc'd strings, or NULL). */
 typedef struct NatsUrlAuth
@@ -1014,8 +1030,21 @@ nats_files(RelayTarget *t)
  * file or an NKey seed file (credentials).  Returns why they cannot be
  * used, or NULL.
  */
+static char *
+nats_strdup_or_null(const char *s, bool *failed)
+{
+	char	   *copy;
+
+	if (s == NULL)
+		return NULL;
+	copy = strdup(s);
+	if (copy == NULL)
+		*failed = true;
+	return copy;
+}
+
 static const char *
-nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
+nats_auth_options(RelayTarget *t, natsOptions *opts, NatsTlsPlan *tls, char *error, size_t size)
 {
 	char	   *hosts[NATS_MAX_SERVERS];
 	int			ports[NATS_MAX_SERVERS];
@@ -1029,14 +1058,9 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 		return "the url is not usable";
 	if (a.tls)
 	{
-		what = "TLS";
-		s = natsOptions_SetSecure(opts, true);
-		if (s == NATS_OK && t->ca_file != NULL)
-		{
-			what = "ca_file";
-			s = natsOptions_LoadCATrustedCertificates(opts, t->ca_file);
-		}
-		if (s == NATS_OK && (t->client_cert != NULL || t->ca_file != NULL))
+		bool		failed = false;
+
+		if (t->client_cert != NULL || t->ca_file != NULL)
 		{
 			RelayConnTls files = {true, t->ca_file, t->client_cert, t->client_key};
 
@@ -1044,17 +1068,14 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 			if (!relay_tls_files_load(&files, error, size))
 				bad = error;
 		}
-		if (s == NATS_OK && bad == NULL && t->client_cert != NULL)
-		{
-			what = "client_cert or client_key";
-			s = natsOptions_LoadCertificatesChain(opts, t->client_cert,
-												  t->client_key ? t->client_key : t->client_cert);
-		}
-		if (s == NATS_OK)
-		{
-			what = "the host name to check";
-			s = natsOptions_SetExpectedHostname(opts, hosts[0]);
-		}
+		/* set on the connection's thread (nats_dial_tls()) */
+		tls->on = true;
+		tls->ca_file = nats_strdup_or_null(t->ca_file, &failed);
+		tls->cert = nats_strdup_or_null(t->client_cert, &failed);
+		tls->key = nats_strdup_or_null(t->client_key ? t->client_key : t->client_cert, &failed);
+		tls->host = nats_strdup_or_null(hosts[0], &failed);
+		if (failed && bad == NULL)
+			bad = "out of memory";
 	}
 	if (s == NATS_OK && bad == NULL && a.user != NULL)
 	{
@@ -1109,6 +1130,7 @@ nats_auth_options(RelayTarget *t, natsOptions *opts, char *error, size_t size)
 typedef struct NatsDial
 {
 	natsOptions *opts;			/* the thread's, which destroys them */
+	NatsTlsPlan tls;			/* the thread's, which frees it */
 	char		filter[80];		/* the inbox subscribed: <inbox>.> */
 	uint64		serial;			/* the connection's */
 	/* the thread's work, once done */
@@ -1123,6 +1145,44 @@ typedef struct NatsDial
 
 static void nats_thread_ended(void);
 
+static void
+nats_tls_plan_free(NatsTlsPlan *tls)
+{
+	free(tls->ca_file);
+	free(tls->cert);
+	free(tls->key);
+	free(tls->host);
+	memset(tls, 0, sizeof(*tls));
+}
+
+/* The TLS options of the plan, on the connection's thread; *what names the one refused. */
+static natsStatus
+nats_dial_tls(natsOptions *opts, const NatsTlsPlan *tls, const char **what)
+{
+	natsStatus	s = NATS_OK;
+
+	if (!tls->on)
+		return NATS_OK;
+	*what = "TLS";
+	s = natsOptions_SetSecure(opts, true);
+	if (s == NATS_OK && tls->ca_file != NULL)
+	{
+		*what = "ca_file";
+		s = natsOptions_LoadCATrustedCertificates(opts, tls->ca_file);
+	}
+	if (s == NATS_OK && tls->cert != NULL)
+	{
+		*what = "client_cert or client_key";
+		s = natsOptions_LoadCertificatesChain(opts, tls->cert, tls->key);
+	}
+	if (s == NATS_OK)
+	{
+		*what = "the host name to check";
+		s = natsOptions_SetExpectedHostname(opts, tls->host);
+	}
+	return s;
+}
+
 /* The thread of a NatsDial: libnats calls only. */
 static void *
 nats_dial_main(void *arg)
@@ -1134,15 +1194,26 @@ nats_dial_main(void *arg)
 	bool		abandoned;
 
 	char		error[RELAY_MAX_ERROR_LEN + 1] = "";
+	const char *what = NULL;
 
+	s = nats_dial_tls(d->opts, &d->tls, &what);
+	nats_tls_plan_free(&d->tls);
+	if (s != NATS_OK)
+	{
+		const char *last = nats_GetLastError(NULL);
+
+		snprintf(error, sizeof(error), "libnats refused %s: %s", what,
+				 last && *last ? last : natsStatus_GetText(s));
+	}
 	/* One attempt (each server in turn); a failure's reason is kept. */
-	s = natsConnection_Connect(&nc, d->opts);
+	else
+		s = natsConnection_Connect(&nc, d->opts);
 	if (s == NATS_OK)
 		s = natsConnection_Subscribe(&sub, nc, d->filter, nats_reply_cb,
 									 (void *) (uintptr_t) d->serial);
 	if (s == NATS_OK)
 		s = natsSubscription_SetPendingLimits(sub, 1000000, 256 * 1024 * 1024);
-	if (s != NATS_OK)
+	if (s != NATS_OK && error[0] == '\0')
 	{
 		const char *last = nats_GetLastError(NULL);
 
@@ -1301,7 +1372,9 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 	natsInbox  *inbox = NULL;
 	int			running;
 	const char *bad_auth;
+	NatsTlsPlan tls;
 
+	memset(&tls, 0, sizeof(tls));
 	pthread_mutex_lock(&events_lock);
 	running = dials_running;
 	pthread_mutex_unlock(&events_lock);
@@ -1326,12 +1399,13 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 		s = natsOptions_SetServers(opts, (const char **) servers, n);
 	if (s == NATS_OK)
 		s = natsOptions_SetIgnoreDiscoveredServers(opts, true);
-	bad_auth = s == NATS_OK ? nats_auth_options(t, opts, nt->refused, sizeof(nt->refused)) : NULL;
+	bad_auth = s == NATS_OK ? nats_auth_options(t, opts, &tls, nt->refused, sizeof(nt->refused)) : NULL;
 	if (bad_auth != NULL)
 	{
 		if (bad_auth != nt->refused)
 			strlcpy(nt->refused, bad_auth, sizeof(nt->refused));
 		natsOptions_Destroy(opts);
+		nats_tls_plan_free(&tls);
 		return nt->refused;
 	}
 	/*
@@ -1357,13 +1431,15 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 	 * timeout), which any call of the relay's on the connection would wait
 	 * for.  A connection lost is told (nats_disconnected_cb()) and made
 	 * anew by the relay, on a thread, as the first one.  Writes have a
-	 * deadline, so a server that stops reading loses the connection instead
-	 * of stopping a publish.
+	 * deadline (at least NATS_WRITE_MIN_MS: a server slow to read for a
+	 * moment keeps the connection), so a server that stops reading holds a
+	 * publish that long at most, once, and loses the connection.
 	 */
 	if (s == NATS_OK)
 		s = natsOptions_SetAllowReconnect(opts, false);
 	if (s == NATS_OK)
-		s = natsOptions_SetWriteDeadline(opts, Min(t->timeout_ms, NATS_CONNECT_MAX_MS));
+		s = natsOptions_SetWriteDeadline(opts, Min(Max(t->timeout_ms, NATS_WRITE_MIN_MS),
+													NATS_CONNECT_MAX_MS));
 	if (s == NATS_OK)
 		s = natsOptions_SetPingInterval(opts, 5000);
 	if (s == NATS_OK)
@@ -1380,6 +1456,7 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 	{
 		if (opts)
 			natsOptions_Destroy(opts);
+		nats_tls_plan_free(&tls);
 		snprintf(nt->refused, sizeof(nt->refused), "could not set up the NATS connection: %s",
 				 natsStatus_GetText(s));
 		return nt->refused;
@@ -1391,15 +1468,18 @@ nats_dial_start(RelayTarget *t, char **servers, int n)
 	if (d == NULL)
 	{
 		natsOptions_Destroy(opts);
+		nats_tls_plan_free(&tls);
 		return "out of memory";
 	}
 	d->opts = opts;
+	d->tls = tls;
 	d->serial = nt->serial;
 	snprintf(d->filter, sizeof(d->filter), "%s.>", nt->inbox);
 
 	if (!nats_thread_start(nats_dial_main, d, nt->refused, sizeof(nt->refused)))
 	{
 		natsOptions_Destroy(opts);
+		nats_tls_plan_free(&d->tls);
 		free(d);
 		return nt->refused;
 	}
@@ -1475,9 +1555,11 @@ nats_connect(RelayTarget *t, const char **why)
 		oldcxt = MemoryContextSwitchTo(t->cxt);
 		if (nt->url)
 			pfree(nt->url);
-		nt->url = pstrdup(t->url);
+		nt->url = NULL;			/* (pstrdup may throw) */
 		if (nt->files)
 			pfree(nt->files);
+		nt->files = NULL;
+		nt->url = pstrdup(t->url);
 		nt->files = pstrdup(files);
 		MemoryContextSwitchTo(oldcxt);
 		nt->destinations = outbox_destinations_generation;
@@ -1500,17 +1582,19 @@ nats_connect(RelayTarget *t, const char **why)
 		nt->dial = NULL;
 		nt->nc = d->nc;
 		nt->sub = d->sub;
-		if (d->status != NATS_OK || nt->lost)
+		if (d->status != NATS_OK)
 		{
-			nats_failed_text(t, d->status != NATS_OK ? d->error :
-							 "the connection was lost as soon as it was made");
+			nats_failed_text(t, d->error);
 			free(d);
 			nats_disconnect(nt);
 			*why = nt->refused;
 			return NATS_CONN_FAILED;
 		}
 		free(d);
-		return NATS_CONN_READY;
+		if (!nt->lost)
+			return NATS_CONN_READY;
+		/* made, and lost before it was taken: made anew below */
+		nats_disconnect(nt);
 	}
 
 	/* The servers' addresses first: an address comes back at once. */
@@ -1846,6 +1930,9 @@ nats_publish(RelayLane *lane)
 			char		error[RELAY_MAX_ERROR_LEN + 1];
 
 			snprintf(error, sizeof(error), "could not publish to NATS: %s", natsStatus_GetText(s));
+			/* closed without its event (the queue was full): made anew */
+			if (natsConnection_IsClosed(nt->nc))
+				nt->lost = true;
 			/* Too large for the server: the message's fault, not the target's. */
 			relay_acks_bad(nl, i, s == NATS_MAX_PAYLOAD ? RELAY_REJECTED :
 						  i == 0 ? RELAY_RECEIVER_FAILED : RELAY_RETRY, error);
