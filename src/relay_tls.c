@@ -15,9 +15,12 @@
  * replaced): making one costs about a millisecond of the relay's thread
  * (OpenSSL 3's context, the files parsed), which a target whose server
  * never answers would pay at every attempt.  One is used again only for
- * the same files, unchanged on disk (device, inode, size and modification
- * time, looked at with stat() at each connection), so files named anew by
- * alter_target() or replaced in place are read by the next connection.
+ * the same files, unchanged on disk (device, inode, size, modification and
+ * change times, looked at with stat() at each connection), so files named
+ * anew by alter_target() or replaced in place are read by the next
+ * connection.  (The system's store is keyed by its bundle file; its
+ * directory of hashed certificates is read as certificates are looked
+ * for, whatever the cache.)
  *
  * Everything is non-blocking: the handshake, reads and writes say when
  * they want the socket readable or writable, and the relay's loop waits
@@ -69,6 +72,8 @@ typedef struct TlsFileId
 	ino_t		ino;
 	off_t		size;
 	struct timespec mtime;
+	struct timespec ctime;		/* (no one can set it: a copy that kept
+								 * the modification time still changes it) */
 } TlsFileId;
 
 /* A context kept, for the files named (malloc'd copies; NULL: none). */
@@ -96,6 +101,7 @@ tls_file_id(const char *path, TlsFileId *id)
 	id->ino = st.st_ino;
 	id->size = st.st_size;
 	id->mtime = st.st_mtim;
+	id->ctime = st.st_ctim;
 }
 
 /* The files a context for tls reads, and what they are on disk now. */
@@ -105,7 +111,15 @@ tls_files_now(const RelayConnTls *tls, const char **names, TlsFileId *ids)
 	names[0] = tls->ca_file;
 	names[1] = tls->client_cert;
 	names[2] = tls->client_key;
-	tls_file_id(tls->ca_file ? tls->ca_file : X509_get_default_cert_file(), &ids[0]);
+	if (tls->ca_file != NULL)
+		tls_file_id(tls->ca_file, &ids[0]);
+	else
+	{
+		/* the system's store: the file OpenSSL reads, as it finds it */
+		const char *env = getenv(X509_get_default_cert_file_env());
+
+		tls_file_id(env != NULL ? env : X509_get_default_cert_file(), &ids[0]);
+	}
 	tls_file_id(tls->client_cert, &ids[1]);
 	tls_file_id(tls->client_key, &ids[2]);
 }
