@@ -8,8 +8,9 @@
 #    wants a client certificate (then client_cert / client_key);
 #  - a token server: token@ in the url;
 #  - credentials files refused at create and alter: missing, not a
-#    .creds file or a seed, a seed with a bad checksum; a .creds file is
-#    taken (and, against a server that does not know its JWT, held);
+#    .creds file or a seed, a seed with a bad checksum, unreadable; a
+#    .creds file is taken (and, against a server that does not know its
+#    JWT, held);
 #  - operator mode (accounts and user JWTs made for the test with
 #    @nats-io/jwt, test/nats/creds.js): a user's .creds file logs in; a
 #    revoked user, a user of an account the server does not know and an
@@ -180,9 +181,15 @@ substr($badcrc, 20, 1) = substr($badcrc, 20, 1) eq 'A' ? 'B' : 'A';
 print $f "$badcrc\n";
 close $f;
 chmod 0644, "$dir/bad.creds", "$dir/badcrc.nk";
+# a good seed the server cannot read
+open($f, '>', "$dir/unreadable.nk") or die;
+print $f "$seed\n";
+close $f;
+chmod 0000, "$dir/unreadable.nk";
 for my $case ([ "$dir/missing.creds", qr/^58P01|^22023/, 'a missing file' ],
 	[ "$dir/bad.creds", qr/^22023/, 'a file that is neither .creds nor a seed' ],
 	[ "$dir/badcrc.nk", qr/^22023/, 'a seed with a bad checksum' ],
+	[ "$dir/unreadable.nk", qr/^22023/, 'a file the server cannot read' ],
 	[ 'relative.creds', qr/^22023/, 'a relative path' ])
 {
 	my ($path, $want, $what) = @$case;
@@ -192,6 +199,11 @@ for my $case ([ "$dir/missing.creds", qr/^58P01|^22023/, 'a missing file' ],
 	unlike($err, qr/\Q$seed\E|\Q$badcrc\E/, "... and the error shows nothing of the file");
 	($state, $msg) = sql_error("SELECT outbox.alter_target('nk', credentials => '$path')");
 	like("$state $msg", $want, "credentials: $what is refused at alter ($state)");
+}
+{
+	my (undef, undef, $err) = sql_error("SELECT outbox.check_nats_credentials('$dir/unreadable.nk')");
+	like($err, qr/DETAIL:\s+Could not open credentials "[^"]*unreadable\.nk": Permission denied/,
+		'credentials: an unreadable file is refused with why');
 }
 my ($state) = sql_error("SELECT outbox.create_redis_target('c', 'redis://127.0.0.1', credentials => '$seed_file')");
 ok($state ne '', "credentials only go with NATS targets ($state)");
