@@ -93,11 +93,17 @@ sub emit
 	sql("SELECT count(outbox_emit('$topic', jsonb_build_object('b', $b, 'n', g), 'k')) FROM generate_series(1, $n) g");
 }
 sub ids { return [ split /\n/, sql("SELECT id FROM outbox.messages WHERE topic = '$_[0]' ORDER BY id") ]; }
+# The outbox seqs in a stream, in order.  The tool's login fails now and
+# then (nats-server logged an authentication error for the test's own
+# good .creds once, in CI on 16): it is tried until it answers.
 sub seqs
 {
 	my ($stream) = @_;
-	my $m = eval { nats_dump($admin, $stream) } // [];
-	return [ map { $_->{oseq} } @$m ];
+	my $m = eval { nats_dump($admin, $stream) };
+	wait_for("the stream $stream read",
+		sub { $m = eval { nats_dump($admin, $stream) }; (defined $m, $@ || 'no answer') })
+	  unless defined $m;
+	return [ map { $_->{oseq} } @{ $m // [] } ];
 }
 
 sub target
@@ -111,9 +117,10 @@ sub target
 sub delivered
 {
 	my ($what, $n, $want) = @_;
-	ok(wait_for("$what: $want in S$n", sub { my $s = seqs("S$n"); (@$s == $want, scalar(@$s)) }),
+	my $s = [];
+	ok(wait_for("$what: $want in S$n", sub { $s = seqs("S$n"); (@$s == $want, scalar(@$s)) }),
 		"$what: delivered");
-	is_deeply(seqs("S$n"), ids("t$n"), "$what: each once, in order");
+	is_deeply($s, ids("t$n"), "$what: each once, in order");
 }
 
 sub held_then_fixed
