@@ -301,3 +301,38 @@ outbox_check_text_sql(PG_FUNCTION_ARGS)
 					  psprintf("outbox %s", outbox_text_kind_name(k)));
 	PG_RETURN_VOID();
 }
+
+/*
+ * The host of a broker URL or list at *p: a bracketed IPv6 address, or a
+ * run of ASCII letters, digits, '.', '-' and '_' (what a name or an IPv4
+ * address may hold).  Sets [*host, *host_end) to it without brackets and
+ * moves *p past it.  Returns why there is none (missing says how the caller
+ * names that), or NULL.  Whether the text is a valid name or address is for
+ * the caller, or for the lookup.
+ */
+const char *
+outbox_scan_host(const char **p, const char **host, const char **host_end, const char *missing)
+{
+	const char *s = *p;
+
+	if (*s == '[')
+	{
+		*host = ++s;
+		while (*s && *s != ']')
+			s++;
+		if (*s != ']')
+			return "an IPv6 address lacks its ']'";
+		*host_end = s++;
+	}
+	else
+	{
+		*host = s;
+		while (*s && (outbox_ascii_alnum((unsigned char) *s) || *s == '.' || *s == '-' || *s == '_'))
+			s++;
+		*host_end = s;
+	}
+	*p = s;
+	if (*host_end == *host || *host_end - *host > 253)
+		return missing;
+	return NULL;
+}

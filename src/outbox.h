@@ -293,6 +293,9 @@ outbox_ascii_alnum(unsigned char c)
 	return outbox_ascii_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
+extern const char *outbox_scan_host(const char **p, const char **host, const char **host_end,
+									const char *missing);
+
 /* destinations.c: where requests may go */
 extern char *outbox_denied_destinations;
 extern char *outbox_allowed_destinations;

@@ -200,7 +200,11 @@ typedef struct RelayTransport
 								 * key, so that no later message of a key is
 								 * acknowledged ahead of an earlier one that
 								 * is to be sent again */
-	/* At relay start: a descriptor the loop waits on, or -1; at exit. */
+	/*
+	 * At relay start: a descriptor the loop waits on, or -1; at exit.  A
+	 * transport on relay_conn.c without them has its epoll set's
+	 * (relay_conn_set_start(), relay_conn_stop()).
+	 */
 	int			(*start) (void);
 	void		(*stop) (void);
 	/*
@@ -245,6 +249,8 @@ typedef struct RelayTransport
 	RelayOutcomeKind (*conn_expired) (struct RelayTarget *t, char *error, size_t size);
 	/* close the connection and forget what it carried */
 	void		(*conn_close) (struct RelayTarget *t);
+	/* start one when there is none; false, with its error, if it cannot be */
+	bool		(*conn_connect) (struct RelayTarget *t);
 } RelayTransport;
 
 extern const RelayTransport relay_http_transport;
@@ -537,6 +543,7 @@ extern void relay_acks_begin(RelayAcks *a, int n, MemoryContext cxt);
 extern void relay_acks_bad(RelayAcks *a, int pos, RelayOutcomeKind kind, const char *error);
 extern bool relay_acks_waits(RelayAcks *a, uint32 request, int pos);
 extern bool relay_acks_decided(RelayAcks *a);
+extern void relay_ring_grow(void **ring, int *max, int *head, size_t size, MemoryContext cxt);
 extern void relay_acks_give_up(RelayAcks *a, RelayOutcomeKind kind, const char *error);
 extern void relay_acks_outcome(RelayAcks *a, RelayOutcome *outcome);
 extern void relay_acks_lane_init(RelayLane *lane);
@@ -655,6 +662,8 @@ extern void relay_conn_init(RelayConn *c, RelayConnSet *set, const char *what,
 							const char *tls_scheme, MemoryContext cxt);
 extern bool relay_conn_stale(RelayConn *c, struct RelayTarget *t);
 extern bool relay_conn_send_begin(const RelayTransport *tr, RelayLane *lane, RelayOutcome *failed);
+extern bool relay_conn_send_end(RelayLane *lane, bool tried, RelayOutcome *failed);
+extern void relay_conn_stop(const RelayTransport *tr);
 extern bool relay_conn_open(RelayConn *c, struct RelayTarget *t, const char *host, int port);
 extern void relay_buffer_reset(StringInfo buf, MemoryContext cxt, int keep);
 extern RelayConnStep relay_conn_step(RelayConn *c, uint32 events);
@@ -663,7 +672,10 @@ extern void relay_conn_timeout_text(RelayConn *c, int ms, char *out, size_t size
 extern void relay_conn_flush(RelayConn *c);
 extern void relay_conn_close(RelayConn *c);
 
-/* A transport on relay_conn.c: its targets' priv begins with their RelayConn. */
+/*
+ * A transport on relay_conn.c: its targets' priv begins with their
+ * RelayConn, its lanes' priv is their RelayAcks.
+ */
 #define RELAY_CONN(t)	((RelayConn *) (t)->priv)
 
 extern void relay_conn_drive(const RelayTransport *tr, RelayFinishedFn finished);

@@ -194,6 +194,27 @@ relay_wake_pipe(int fds[2])
 	return fds[0];
 }
 
+/*
+ * A full ring of elements of the given size (*max of them, the first at
+ * *head) made twice as large, at least 64, in cxt: its elements moved to
+ * the front in order (*head 0).
+ */
+void
+relay_ring_grow(void **ring, int *max, int *head, size_t size, MemoryContext cxt)
+{
+	int			n = Max(64, *max * 2);
+	char	   *grown = MemoryContextAlloc(cxt, n * size);
+	int			i;
+
+	for (i = 0; i < *max; i++)
+		memcpy(grown + i * size, (char *) *ring + ((*head + i) % *max) * size, size);
+	if (*ring)
+		pfree(*ring);
+	*ring = grown;
+	*head = 0;
+	*max = n;
+}
+
 /* A lane's acknowledgements (RelayLane.priv), for lane_init. */
 void
 relay_acks_lane_init(RelayLane *lane)

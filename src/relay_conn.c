@@ -356,6 +356,9 @@ relay_conn_stale(RelayConn *c, RelayTarget *t)
  * for other settings, or broken with nothing on it, is closed
  * (tr->conn_close) to be made anew; false, with *failed, while requests of
  * other lanes are on such a one (relay_conn_drive() ends them first).
+ * Then the connection is started when there is none (tr->conn_connect;
+ * false, with *failed, when it cannot be), and the lane's acknowledgements
+ * (its priv) are begun for its next cut_n messages.
  */
 bool
 relay_conn_send_begin(const RelayTransport *tr, RelayLane *lane, RelayOutcome *failed)
@@ -367,8 +370,8 @@ relay_conn_send_begin(const RelayTransport *tr, RelayLane *lane, RelayOutcome *f
 	memset(failed, 0, sizeof(*failed));
 	relay_test_fault("send", lane->head->topic);
 	if (c->state == RELAY_CONN_NONE)
-		return true;
-	if (relay_conn_stale(c, t))
+		 /* made below */ ;
+	else if (relay_conn_stale(c, t))
 	{
 		if (relay_target_in_flight(t) > 0)
 		{
@@ -380,7 +383,57 @@ relay_conn_send_begin(const RelayTransport *tr, RelayLane *lane, RelayOutcome *f
 	}
 	else if (c->broken && relay_target_in_flight(t) == 0)
 		tr->conn_close(t);
+	if (!tr->conn_connect(t))
+	{
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = c->error;
+		return false;
+	}
+	relay_acks_begin((RelayAcks *) lane->priv, lane->cut_n, t->cxt);
+	lane->nbatch = lane->cut_n;
 	return true;
+}
+
+/*
+ * The end of a send(): the request is in flight, its deadline set and its
+ * bytes on their way; or, when it was tried (not left to wait for the
+ * connection) and not one message could be sent, false with *failed.
+ */
+bool
+relay_conn_send_end(RelayLane *lane, bool tried, RelayOutcome *failed)
+{
+	RelayAcks  *a = (RelayAcks *) lane->priv;
+	RelayTarget *t = lane->target;
+
+	if (tried && a->nsent == 0)
+	{
+		failed->kind = a->bad_kind;
+		failed->error = a->bad_error;
+		return false;
+	}
+	a->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
+	lane->in_flight = true;
+	relay_conn_flush(RELAY_CONN(t));
+	return true;
+}
+
+/*
+ * A transport's stop(): the connections of its targets closed
+ * (tr->conn_close), and its epoll set.
+ */
+void
+relay_conn_stop(const RelayTransport *tr)
+{
+	ListCell   *lc;
+
+	foreach(lc, relay_targets)
+	{
+		RelayTarget *t = (RelayTarget *) lfirst(lc);
+
+		if (t->transport == tr && t->priv != NULL)
+			tr->conn_close(t);
+	}
+	relay_conn_set_stop(tr->conn_set);
 }
 
 /* The target's url, rules and TLS settings, for the next connection. */

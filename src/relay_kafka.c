@@ -158,25 +158,15 @@ relay_kafka_check_brokers(const char *brokers)
 	for (;;)
 	{
 		const char *h;
+		const char *hend;
+		const char *bad;
 		long		port;
 		char	   *end;
 
 		while (*p == ' ')
 			p++;
-		h = p;
-		if (*p == '[')
-		{
-			while (*p && *p != ']')
-				p++;
-			if (*p != ']')
-				return "an IPv6 address lacks its ']'";
-			p++;
-		}
-		else
-			while (*p && (outbox_ascii_alnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
-				p++;
-		if (p == h || p - h > 255)
-			return "a broker has no host, or one that is too long";
+		if ((bad = outbox_scan_host(&p, &h, &hend, "a broker has no host, or one that is too long")) != NULL)
+			return bad;
 		if (*p != ':' || !outbox_ascii_digit((unsigned char) p[1]))
 			return "each broker must be host:port (no scheme, no user information)";
 		port = strtol(p + 1, &end, 10);
@@ -789,39 +779,31 @@ kafka_connect(RelayTarget *t, const char **why)
 }
 
 static void
-relay_kafka_lane_init(RelayLane *lane)
+relay_kafka_target_init(RelayTarget *t)
 {
-	RelayTarget *t = lane->target;
+	RelayKafkaTarget *kt = MemoryContextAllocZero(t->cxt, sizeof(RelayKafkaTarget));
+	MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
 
-	if (t->priv == NULL)
-	{
-		RelayKafkaTarget *kt = MemoryContextAllocZero(t->cxt, sizeof(RelayKafkaTarget));
-		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+	initStringInfo(&kt->topic);
+	initStringInfo(&kt->value);
+	MemoryContextSwitchTo(oldcxt);
+	t->priv = kt;
+}
 
-		initStringInfo(&kt->topic);
-		initStringInfo(&kt->value);
-		MemoryContextSwitchTo(oldcxt);
-		t->priv = kt;
-	}
-	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayAcks));
+/* After its lanes: the target's producer is dropped. */
+static void
+relay_kafka_target_release(RelayTarget *t)
+{
+	kafka_destroy(KAFKA_TARGET(t));
+	t->priv = NULL;
 }
 
 static void
 relay_kafka_lane_release(RelayLane *lane)
 {
-	RelayTarget *t = lane->target;
-
 	if (lane->in_flight)
-	{
 		requests_in_flight--;
-		lane->in_flight = false;
-	}
-	/* The last lane drops the target's producer. */
-	if (lane->index == t->nlanes - 1 && t->priv != NULL)
-	{
-		kafka_destroy(KAFKA_TARGET(t));
-		t->priv = NULL;
-	}
+	relay_acks_lane_release(lane);
 }
 
 /*
@@ -1176,7 +1158,9 @@ const RelayTransport relay_kafka_transport = {
 	.check = relay_kafka_check,
 	.start = relay_kafka_start,
 	.stop = relay_kafka_stop,
-	.lane_init = relay_kafka_lane_init,
+	.target_init = relay_kafka_target_init,
+	.target_release = relay_kafka_target_release,
+	.lane_init = relay_acks_lane_init,
 	.lane_release = relay_kafka_lane_release,
 	.send = relay_kafka_send,
 	.drive = relay_kafka_drive,

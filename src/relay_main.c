@@ -555,8 +555,14 @@ relay_worker_exit(int code, Datum arg)
 	}
 	/* Close the connections (never called from inside a library). */
 	for (i = 0; relay_transports[i] != NULL; i++)
-		if (relay_transports[i]->stop != NULL)
-			relay_transports[i]->stop();
+	{
+		const RelayTransport *tr = relay_transports[i];
+
+		if (tr->stop != NULL)
+			tr->stop();
+		else if (tr->conn_set != NULL)
+			relay_conn_stop(tr);
+	}
 }
 
 static void relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set);
@@ -643,7 +649,13 @@ outbox_worker_main(Datum main_arg)
 		/* Each transport may give a descriptor to wait on. */
 		for (i = 0; relay_transports[i] != NULL; i++)
 		{
-			int			fd = relay_transports[i]->start ? relay_transports[i]->start() : -1;
+			const RelayTransport *tr = relay_transports[i];
+			int			fd = -1;
+
+			if (tr->start != NULL)
+				fd = tr->start();
+			else if (tr->conn_set != NULL)
+				fd = relay_conn_set_start(tr->conn_set);
 
 			if (fd >= 0 && nfds < lengthof(fds))
 				fds[nfds++] = fd;

@@ -374,6 +374,7 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers, NatsUrl
 	{
 		const char *h;
 		const char *hend;
+		const char *bad;
 		long		port = 4222;
 		bool		this_tls;
 		size_t		at;
@@ -402,24 +403,8 @@ nats_parse_url(const char *url, char **hosts, int *ports, int *nservers, NatsUrl
 			userinfo_len = (int) at;
 			p += at + 1;
 		}
-		if (*p == '[')
-		{
-			h = ++p;
-			while (*p && *p != ']')
-				p++;
-			if (*p != ']')
-				return "an IPv6 address lacks its ']'";
-			hend = p++;
-		}
-		else
-		{
-			h = p;
-			while (*p && (outbox_ascii_alnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
-				p++;
-			hend = p;
-		}
-		if (hend == h || hend - h > 253)
-			return "a server URL has no host, or one that is too long";
+		if ((bad = outbox_scan_host(&p, &h, &hend, "a server URL has no host, or one that is too long")) != NULL)
+			return bad;
 		if (this_tls)
 		{
 			char		name[256];
@@ -1631,41 +1616,33 @@ nats_connect(RelayTarget *t, const char **why)
 }
 
 static void
-relay_nats_lane_init(RelayLane *lane)
+relay_nats_target_init(RelayTarget *t)
 {
-	RelayTarget *t = lane->target;
+	RelayNatsTarget *nt = MemoryContextAllocZero(t->cxt, sizeof(RelayNatsTarget));
+	MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
 
-	if (t->priv == NULL)
-	{
-		RelayNatsTarget *nt = MemoryContextAllocZero(t->cxt, sizeof(RelayNatsTarget));
-		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+	initStringInfo(&nt->subject);
+	initStringInfo(&nt->reply);
+	initStringInfo(&nt->value);
+	MemoryContextSwitchTo(oldcxt);
+	t->priv = nt;
+}
 
-		initStringInfo(&nt->subject);
-		initStringInfo(&nt->reply);
-		initStringInfo(&nt->value);
-		MemoryContextSwitchTo(oldcxt);
-		t->priv = nt;
-	}
-	lane->priv = MemoryContextAllocZero(t->cxt, sizeof(RelayAcks));
+/* After its lanes: the target's connection is closed. */
+static void
+relay_nats_target_release(RelayTarget *t)
+{
+	nats_disconnect(NATS_TARGET(t));
+	nats_lookups_forget(NATS_TARGET(t));
+	t->priv = NULL;
 }
 
 static void
 relay_nats_lane_release(RelayLane *lane)
 {
-	RelayTarget *t = lane->target;
-
 	if (lane->in_flight)
-	{
 		requests_in_flight--;
-		lane->in_flight = false;
-	}
-	/* The last lane closes the target's connection. */
-	if (lane->index == t->nlanes - 1 && t->priv != NULL)
-	{
-		nats_disconnect(NATS_TARGET(t));
-		nats_lookups_forget(NATS_TARGET(t));
-		t->priv = NULL;
-	}
+	relay_acks_lane_release(lane);
 }
 
 /*
@@ -2548,7 +2525,9 @@ const RelayTransport relay_nats_transport = {
 	.check = relay_nats_check,
 	.start = relay_nats_start,
 	.stop = relay_nats_stop,
-	.lane_init = relay_nats_lane_init,
+	.target_init = relay_nats_target_init,
+	.target_release = relay_nats_target_release,
+	.lane_init = relay_acks_lane_init,
 	.lane_release = relay_nats_lane_release,
 	.send = relay_nats_send,
 	.drive = relay_nats_drive,

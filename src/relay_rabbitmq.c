@@ -247,12 +247,6 @@ outbox_check_rabbitmq_target(PG_FUNCTION_ARGS)
 
 /*---- on the relay's thread ----*/
 
-static int
-relay_rabbitmq_start(void)
-{
-	return relay_conn_set_start(&conns);
-}
-
 /* Close the connection; what it carried is forgotten. */
 static void
 rmq_close(RelayRmqTarget *rt)
@@ -275,21 +269,6 @@ static void
 rmq_conn_close(RelayTarget *t)
 {
 	rmq_close(RMQ_TARGET(t));
-}
-
-static void
-relay_rabbitmq_stop(void)
-{
-	ListCell   *lc;
-
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->kind == RELAY_RABBITMQ && t->priv != NULL)
-			rmq_close(RMQ_TARGET(t));
-	}
-	relay_conn_set_stop(&conns);
 }
 
 /* What a connection.close or channel.close said, for last_error. */
@@ -666,19 +645,7 @@ rmq_tag(RelayTarget *t, RelayLane *lane, uint32 request, int pos, RelayMessage *
 	RmqTag	   *g;
 
 	if (rt->ntags == rt->maxtags)
-	{
-		int			size = Max(64, rt->maxtags * 2);
-		RmqTag	   *ring = MemoryContextAlloc(t->cxt, size * sizeof(RmqTag));
-		int			i;
-
-		for (i = 0; i < rt->ntags; i++)
-			ring[i] = rt->tags[(rt->tags_head + i) % rt->maxtags];
-		if (rt->tags)
-			pfree(rt->tags);
-		rt->tags = ring;
-		rt->tags_head = 0;
-		rt->maxtags = size;
-	}
+		relay_ring_grow((void **) &rt->tags, &rt->maxtags, &rt->tags_head, sizeof(RmqTag), t->cxt);
 	if (rt->ntags == 0)
 		rt->first_tag = rt->next_tag;
 	g = &rt->tags[(rt->tags_head + rt->ntags) % rt->maxtags];
@@ -979,7 +946,6 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
 	RelayRmqTarget *rt = RMQ_TARGET(t);
-	RelayAcks  *rl = RMQ_LANE(lane);
 
 	/* one made for other settings, or broken, is made anew */
 	if (!relay_conn_send_begin(&relay_rabbitmq_transport, lane, failed))
@@ -990,29 +956,9 @@ relay_rabbitmq_send(RelayLane *lane, RelayOutcome *failed)
 		failed->error = rt->blocked ? rt->blocked_why : rt->conn.broken_why;
 		return false;
 	}
-	if (!rmq_connect(t))
-	{
-		failed->kind = RELAY_RECEIVER_FAILED;
-		failed->error = rt->conn.error;
-		return false;
-	}
-
-	relay_acks_begin(rl, lane->cut_n, t->cxt);
-	lane->nbatch = lane->cut_n;
 	if (rt->phase == RMQ_READY)
-	{
 		rmq_publish(lane);
-		if (rl->nsent == 0)
-		{
-			failed->kind = rl->bad_kind;
-			failed->error = rl->bad_error;
-			return false;
-		}
-	}
-	rl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
-	lane->in_flight = true;
-	relay_conn_flush(&rt->conn);
-	return true;
+	return relay_conn_send_end(lane, rt->phase == RMQ_READY, failed);
 }
 
 /*
@@ -1536,8 +1482,6 @@ const RelayTransport relay_rabbitmq_transport = {
 	.header_lines = true,
 	.per_message = true,
 	.check = relay_rabbitmq_check,
-	.start = relay_rabbitmq_start,
-	.stop = relay_rabbitmq_stop,
 	.target_init = relay_rabbitmq_target_init,
 	.target_release = relay_rabbitmq_target_release,
 	.lane_init = relay_acks_lane_init,
@@ -1545,6 +1489,7 @@ const RelayTransport relay_rabbitmq_transport = {
 	.send = relay_rabbitmq_send,
 	.conn_set = &conns,
 	.conn_close = rmq_conn_close,
+	.conn_connect = rmq_connect,
 	.conn_read = rmq_read,
 	.conn_fail = rmq_fail_conn,
 	.conn_more = rmq_more,

@@ -264,6 +264,7 @@ redis_parse_url(const char *url, RedisUrl *u)
 	const char *at;
 	const char *h;
 	const char *hend;
+	const char *bad;
 	long		port = 6379;
 	long		db = 0;
 	char	   *user = NULL;
@@ -297,24 +298,8 @@ redis_parse_url(const char *url, RedisUrl *u)
 			user = NULL;
 		p = at + 1;
 	}
-	if (*p == '[')
-	{
-		h = ++p;
-		while (*p && *p != ']')
-			p++;
-		if (*p != ']')
-			return "an IPv6 address lacks its ']'";
-		hend = p++;
-	}
-	else
-	{
-		h = p;
-		while (*p && (outbox_ascii_alnum((unsigned char) *p) || *p == '.' || *p == '-' || *p == '_'))
-			p++;
-		hend = p;
-	}
-	if (hend == h || hend - h > 253)
-		return "it has no host, or one that is too long";
+	if ((bad = outbox_scan_host(&p, &h, &hend, "it has no host, or one that is too long")) != NULL)
+		return bad;
 	if (*p == ':')
 	{
 		char	   *end;
@@ -459,21 +444,6 @@ redis_conn_close(RelayTarget *t)
 	redis_close(REDIS_TARGET(t));
 }
 
-static void
-relay_redis_stop(void)
-{
-	ListCell   *lc;
-
-	foreach(lc, relay_targets)
-	{
-		RelayTarget *t = (RelayTarget *) lfirst(lc);
-
-		if (t->kind == RELAY_REDIS && t->priv != NULL)
-			redis_close(REDIS_TARGET(t));
-	}
-	relay_conn_set_stop(&conns);
-}
-
 /*---- RESP commands ----*/
 
 static void
@@ -509,19 +479,8 @@ redis_expect(RelayTarget *t, RedisPendingKind kind, int lane, uint32 request, in
 	RedisPending *p;
 
 	if (rt->npending == rt->maxpending)
-	{
-		int			size = Max(64, rt->maxpending * 2);
-		RedisPending *ring = MemoryContextAlloc(t->cxt, size * sizeof(RedisPending));
-		int			i;
-
-		for (i = 0; i < rt->npending; i++)
-			ring[i] = rt->pending[(rt->pending_head + i) % rt->maxpending];
-		if (rt->pending)
-			pfree(rt->pending);
-		rt->pending = ring;
-		rt->pending_head = 0;
-		rt->maxpending = size;
-	}
+		relay_ring_grow((void **) &rt->pending, &rt->maxpending, &rt->pending_head,
+						sizeof(RedisPending), t->cxt);
 	p = &rt->pending[(rt->pending_head + rt->npending) % rt->maxpending];
 	p->kind = kind;
 	p->lane = lane;
@@ -656,15 +615,6 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 	/* one made for other settings, or broken, is made anew */
 	if (!relay_conn_send_begin(&relay_redis_transport, lane, failed))
 		return false;
-	if (!redis_connect(t))
-	{
-		failed->kind = RELAY_RECEIVER_FAILED;
-		failed->error = rt->conn.error;
-		return false;
-	}
-
-	relay_acks_begin(rl, lane->cut_n, t->cxt);
-	lane->nbatch = lane->cut_n;
 	snprintf(window, sizeof(window), "%d", Max(t->dedup_window, 0));
 	snprintf(maxlen, sizeof(maxlen), INT64_FORMAT, t->maxlen);
 	/*
@@ -764,16 +714,7 @@ relay_redis_send(RelayLane *lane, RelayOutcome *failed)
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
-	if (rl->nsent == 0)
-	{
-		failed->kind = rl->bad_kind;
-		failed->error = rl->bad_error;
-		return false;
-	}
-	rl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), t->timeout_ms);
-	lane->in_flight = true;
-	relay_conn_flush(&rt->conn);
-	return true;
+	return relay_conn_send_end(lane, true, failed);
 }
 
 /* The connection is given up, and every request of the target waiting. */
@@ -1088,7 +1029,6 @@ const RelayTransport relay_redis_transport = {
 	.per_message = true,
 	.check = relay_redis_check,
 	.start = relay_redis_start,
-	.stop = relay_redis_stop,
 	.target_init = relay_redis_target_init,
 	.target_release = relay_redis_target_release,
 	.lane_init = relay_acks_lane_init,
@@ -1096,6 +1036,7 @@ const RelayTransport relay_redis_transport = {
 	.send = relay_redis_send,
 	.conn_set = &conns,
 	.conn_close = redis_conn_close,
+	.conn_connect = redis_connect,
 	.conn_read = redis_read,
 	.conn_fail = redis_fail,
 	.conn_expired = redis_expired,
