@@ -81,6 +81,13 @@ PG_CPPFLAGS = -I$(srcdir)/src $(shell $(CURL_CONFIG) --cflags) -DOUTBOX_VERSION=
 PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 	-Wno-missing-field-initializers -Wshadow=compatible-local \
 	$(if $(WERROR),-Werror)
+# Only what PostgreSQL looks up is exported (test/check-symbols.sh): hidden
+# visibility by default, PGDLLEXPORT marking the rest.  PGXS does this from
+# PostgreSQL 16 on (CFLAGS_SL_MODULE); 15's c.h leaves PGDLLEXPORT empty
+# unless it is defined before, as here (16's defines it the same way).
+PG_CFLAGS += -fvisibility=hidden
+PG_CPPFLAGS += '-DPGDLLEXPORT=__attribute__((visibility("default")))'
+
 SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lhiredis -lrabbitmq -lssl -lcrypto
 
 EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip
@@ -128,11 +135,13 @@ PROVE_FLAGS = -I $(srcdir)/test/t
 
 # Static analysis of our own code (warnings in PostgreSQL's headers are not ours),
 # then the layering check on the built objects: no file calls, through any
-# chain, back into itself (test/check-layering.sh).
-lint: $(OBJS)
+# chain, back into itself (test/check-layering.sh); then the library's
+# exported symbols: only what PostgreSQL looks up (test/check-symbols.sh).
+lint: $(OBJS) $(shlib)
 	cppcheck -q --error-exitcode=1 --enable=warning,performance,portability \
 		--inline-suppr --suppress=missingIncludeSystem --suppress=toomanyconfigs \
 		--suppress='*:$(includedir_server)/*' --max-configs=1 \
 		-I$(srcdir)/src -I$(includedir_server) $(srcdir)/src/*.c
 	$(srcdir)/test/check-layering.sh src $(srcdir)/src
+	$(srcdir)/test/check-symbols.sh $(shlib) $(srcdir)/src
 endif

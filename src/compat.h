@@ -18,6 +18,25 @@
 #error "outbox needs PostgreSQL 15 or later"
 #endif
 
+/*
+ * 16 marked the SQL-callable function PGDLLEXPORT in PG_FUNCTION_INFO_V1
+ * (15 marks only its info record): the library is built with hidden
+ * visibility (Makefile), and the server must find the function by name.
+ */
+#include "fmgr.h"
+#if PG_VERSION_NUM < 160000
+#undef PG_FUNCTION_INFO_V1
+#define PG_FUNCTION_INFO_V1(funcname) \
+extern PGDLLEXPORT Datum funcname(PG_FUNCTION_ARGS); \
+extern PGDLLEXPORT const Pg_finfo_record *CppConcat(pg_finfo_, funcname) (void); \
+const Pg_finfo_record *CppConcat(pg_finfo_, funcname) (void) \
+{ \
+	static const Pg_finfo_record finfo = {1}; \
+	return &finfo; \
+} \
+extern int	no_such_variable
+#endif
+
 /* 16 moved VARSIZE and the other varlena macros into varatt.h. */
 #if PG_VERSION_NUM >= 160000
 #include "varatt.h"

@@ -37,7 +37,7 @@ PG_MODULE_MAGIC;
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
-void		_PG_init(void);
+PGDLLEXPORT void _PG_init(void);
 
 static bool
 outbox_databases_check(char **newval, void **extra, GucSource source)
