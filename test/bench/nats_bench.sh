@@ -9,6 +9,7 @@
 #   LANES=32 BATCH=500 test/bench/nats_bench.sh    # another setting
 #   CONFIGS="100:8 500:32 1000:64" test/bench/nats_bench.sh  # several, same run
 #   PERF=1 test/bench/nats_bench.sh                # and a profile of the relay
+#   TLS=1 PERF=tls test/bench/nats_bench.sh        # the profile's run over TLS
 #
 # What it measures (everything on 127.0.0.1, one machine; one nats-server
 # 2.9 with JetStream on file storage in the throwaway directory):
@@ -57,6 +58,7 @@
 #   profile  (PERF=1) after the rounds, one more relay run of the first
 #            CONFIGS entry under perf record --call-graph dwarf of the relay
 #            worker (not timed: perf slows it), reported by thread and symbol.
+#            PERF=tls (with TLS=1): that run goes to the TLS server.
 #
 # Settings (environment):
 #   RUNS=3 N=100000 KEYS=1000 XACTS=4 (transactions the backlog is emitted in)
@@ -96,6 +98,10 @@ KEEP=${KEEP:-0}
 OUT=${OUT:-}
 REV=${REV:-}
 INSTALL=${INSTALL:-0}
+if [ "$PERF" = tls ] && [ "$TLS" != 1 ]; then
+	echo "PERF=tls needs TLS=1" >&2
+	exit 2
+fi
 PORT=${PORT:-54343}
 NATS_PORT=${NATS_PORT:-14243}
 NGINX_PORT=			# no nginx
@@ -114,7 +120,7 @@ repo=$(cd "$here/../.." && pwd)
 
 BENCH_NAME=nats-bench
 BENCH_PACKAGES=(gcc libnats-dev nats-server)
-if [ "$PERF" = 1 ]; then BENCH_PACKAGES+=(linux-perf); fi
+if [ "$PERF" != 0 ]; then BENCH_PACKAGES+=(linux-perf); fi
 nats_pid=
 poll_pid=
 perf_pid=
@@ -454,14 +460,16 @@ for ((r = 1; r <= RUNS; r++)); do
 done
 
 # ---- profile ------------------------------------------------------------------------------
-if [ "$PERF" = 1 ]; then
+if [ "$PERF" != 0 ]; then
+	[ "$PERF" = tls ] && use_tls 1
 	if ! perf record -q -o "$work/perf-probe.data" -- true >/dev/null 2>&1; then
 		echo "perf record does not work here; skipping the profile" >"$work/out/perf.txt"
 	else
 		c=${CONFIGS%% *}
 		bs=${c%%:*} lanes=${c##*:}
 		name=nats_perf
-		log "profile: relay run of $N, batch_size $bs, $lanes lanes, under perf record --call-graph dwarf (not timed)"
+		[ "$PERF" = tls ] && name=nats_perf_tls
+		log "profile ($NATS_URL): relay run of $N, batch_size $bs, $lanes lanes, under perf record --call-graph dwarf (not timed)"
 		fresh_stream
 		prepare_backlog "$name" "$bs" "$lanes"
 		wpid=$(worker_pid)
