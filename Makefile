@@ -86,6 +86,9 @@ PG_CFLAGS = -Wextra -Wno-unused-parameter -Wno-sign-compare \
 # PostgreSQL 16 on (CFLAGS_SL_MODULE); 15's c.h leaves PGDLLEXPORT empty
 # unless it is defined before, as here (16's defines it the same way).
 PG_CFLAGS += -fvisibility=hidden
+# The test build (test/run-tests.sh): the hooks of outbox.test_fault,
+# which the product leaves out (src/base.h).
+PG_CPPFLAGS += $(if $(OUTBOX_TEST_FAULTS),-DOUTBOX_TEST_FAULTS)
 PG_CPPFLAGS += '-DPGDLLEXPORT=__attribute__((visibility("default")))'
 
 SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lhiredis -lrabbitmq -lssl -lcrypto

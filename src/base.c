@@ -56,13 +56,38 @@ int			outbox_retry_base_delay = 500;
 int			outbox_retry_max_delay = 300000;
 int			outbox_relay_memory = 64 * 1024;	/* kB */
 int			outbox_retention = 3600;	/* seconds */
-char	   *outbox_test_fault = NULL;
 int			outbox_max_receives = 5;
 int			outbox_max_queues = 16;
 int			outbox_queue_window = 4096;
 
 /* Whether _PG_init ran from shared_preload_libraries. */
 bool		outbox_preloaded = false;
+
+#ifdef OUTBOX_TEST_FAULTS
+char	   *outbox_test_fault = NULL;
+
+/* Whether outbox.test_fault names this point (a test build only). */
+bool
+outbox_fault(const char *point)
+{
+	return outbox_test_fault != NULL && strcmp(outbox_test_fault, point) == 0;
+}
+
+void
+outbox_test_fault_define_guc(void)
+{
+	DefineCustomStringVariable("outbox.test_fault",
+							   "Test build only: make a part of outbox fail or stand still at a named point.",
+							   "'read:TOPIC' fails building a message of TOPIC, 'send:TOPIC' starting its request; "
+							   "capture_pause, capture_small_parts, capture_slow_handoff, capture_* crash points and "
+							   "commit_delay are the others.",
+							   &outbox_test_fault,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_NOT_IN_SAMPLE | GUC_NO_SHOW_ALL,
+							   NULL, NULL, NULL);
+}
+#endif
 
 /* Set by the queues when the library is preloaded (outbox_queue_init). */
 OutboxWakeReceivers outbox_receivers_wake = NULL;

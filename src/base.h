@@ -46,13 +46,27 @@ extern int	outbox_retry_base_delay;
 extern int	outbox_retry_max_delay;
 extern int	outbox_relay_memory;
 extern int	outbox_retention;
-extern char *outbox_test_fault;
 extern int	outbox_max_receives;
 extern int	outbox_max_queues;
 extern int	outbox_queue_window;
 
 /* Whether _PG_init ran from shared_preload_libraries. */
 extern bool outbox_preloaded;
+
+/*
+ * Test hooks: points where the suite makes a part fail or stand still,
+ * named by the setting outbox.test_fault.  Only a test build has them
+ * (make OUTBOX_TEST_FAULTS=1, as test/run-tests.sh builds): in the
+ * product, the setting does not exist and outbox_fault() is false, so the
+ * compiler drops every hook.
+ */
+#ifdef OUTBOX_TEST_FAULTS
+extern char *outbox_test_fault;
+extern bool outbox_fault(const char *point);
+extern void outbox_test_fault_define_guc(void);
+#else
+#define outbox_fault(point)	false
+#endif
 
 /*---- the database check ----*/
 extern void outbox_check_database(const char *what);

@@ -2121,7 +2121,7 @@ capture_check_copies(void)
 static void
 capture_fault(const char *point)
 {
-	if (outbox_test_fault != NULL && strcmp(outbox_test_fault, point) == 0)
+	if (outbox_fault(point))
 	{
 		ereport(LOG, (errmsg("outbox capture: test fault \"%s\"", point)));
 		kill(MyProcPid, SIGKILL);
@@ -2215,7 +2215,7 @@ outbox_capture_main(Datum main_arg)
 							  LSN_FORMAT_ARGS(end_lsn)),
 					 wakes_seen);
 
-	if (outbox_test_fault != NULL && strcmp(outbox_test_fault, "capture_small_parts") == 0)
+	if (outbox_fault("capture_small_parts"))
 		capture_part_messages = 100;
 	dec = MemoryContextAllocZero(TopMemoryContext, sizeof(CaptureDecoding));
 	dec->collect_cxt = AllocSetContextCreate(TopMemoryContext, "outbox capture messages",
@@ -2314,7 +2314,7 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 		}
 
 		/* Test only: stand still, holding the slot (outbox.test_fault). */
-		if (outbox_test_fault != NULL && strcmp(outbox_test_fault, "capture_pause") == 0)
+		if (outbox_fault("capture_pause"))
 		{
 			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 							 CAPTURE_MAX_NAP_MS, PG_WAIT_EXTENSION);
@@ -2387,15 +2387,13 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			bool		had_messages = dec->nmsgs > 0;
 
 			/* Test only: a hand-off that comes late (outbox.test_fault). */
-			if (had_messages && outbox_test_fault != NULL &&
-				strcmp(outbox_test_fault, "capture_slow_handoff") == 0)
+			if (had_messages && outbox_fault("capture_slow_handoff"))
 			{
 				int			waited;
 
 				/* until the setting changes, at most a minute */
 				ereport(LOG, (errmsg("outbox capture: test fault \"capture_slow_handoff\"")));
-				for (waited = 0; waited < 600 && outbox_test_fault != NULL &&
-					 strcmp(outbox_test_fault, "capture_slow_handoff") == 0; waited++)
+				for (waited = 0; waited < 600 && outbox_fault("capture_slow_handoff"); waited++)
 				{
 					(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 									 100, PG_WAIT_EXTENSION);

@@ -114,7 +114,11 @@ typedef struct OutboxBufferReader
 } OutboxBufferReader;
 
 static void outbox_buffer_close_spill(void);
+#ifdef OUTBOX_TEST_FAULTS
 static void outbox_test_commit_delay(void);
+#else
+#define outbox_test_commit_delay()	((void) 0)
+#endif
 static void outbox_xact_callback(XactEvent event, void *arg);
 static void outbox_subxact_callback(SubXactEvent event,
 									SubTransactionId mySubid,
@@ -621,6 +625,7 @@ outbox_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	}
 }
 
+#ifdef OUTBOX_TEST_FAULTS
 /*
  * Test only (outbox.test_fault = 'commit_delay'): wait in the COMMIT
  * callback of a target change, after it became visible and before the
@@ -633,11 +638,12 @@ outbox_test_commit_delay(void)
 {
 	int			i;
 
-	if (outbox_test_fault == NULL || strcmp(outbox_test_fault, "commit_delay") != 0)
+	if (!outbox_fault("commit_delay"))
 		return;
 	for (i = 0; i < 600 && access("outbox_test_commit_release", F_OK) != 0; i++)
 		pg_usleep(100000L);
 }
+#endif
 
 /*
  * Remember that this transaction changed the target configuration, so the

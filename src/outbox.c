@@ -167,14 +167,9 @@ _PG_init(void)
 							GUC_UNIT_S,
 							NULL, NULL, NULL);
 
-	DefineCustomStringVariable("outbox.test_fault",
-							   "Test only: make the relay fail while preparing messages of a topic.",
-							   "'read:TOPIC' fails building such a message, 'send:TOPIC' starting its request.",
-							   &outbox_test_fault,
-							   "",
-							   PGC_SIGHUP,
-							   GUC_NOT_IN_SAMPLE | GUC_NO_SHOW_ALL,
-							   NULL, NULL, NULL);
+#ifdef OUTBOX_TEST_FAULTS
+	outbox_test_fault_define_guc();
+#endif
 
 	outbox_destinations_define_gucs();
 	outbox_standby_define_gucs();

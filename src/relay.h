@@ -504,6 +504,7 @@ extern void relay_resize_target(RelayTarget *t);
  * 'send:TOPIC'): raise an error while preparing a message of TOPIC, to show
  * that an unexpected error stops neither the relay nor other targets.
  */
+#ifdef OUTBOX_TEST_FAULTS
 static inline void
 relay_test_fault(const char *where, const char *topic)
 {
@@ -514,6 +515,9 @@ relay_test_fault(const char *where, const char *topic)
 		outbox_test_fault[n] == ':' && strcmp(outbox_test_fault + n + 1, topic) == 0)
 		elog(ERROR, "outbox: injected fault while preparing a message of topic \"%s\"", topic);
 }
+#else
+#define relay_test_fault(where, topic)	((void) 0)
+#endif
 
 /*---- relay_main.c ----*/
 extern void relay_publish_stats(TimestampTz now, const char *state, bool force);

@@ -13,7 +13,8 @@
 # Makefile's -fvisibility=hidden): a global of ours must not collide with
 # another library's symbol of the same name in the server's symbol space.
 # Fails, naming them, on any other symbol the library defines in its dynamic
-# symbol table, and on an expected one it lacks.  Run by `make lint`.
+# symbol table, and on an expected one it lacks; and on a library with the
+# test hooks (unless OUTBOX_TEST_FAULTS is set).  Run by `make lint`.
 set -euo pipefail
 lib=${1:-outbox.so}
 srcdir=${2:-src}
@@ -30,6 +31,12 @@ expected=$( {
 # own section markers.
 exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWiu]$/ { print $3 }' |
 	grep -v -E '^(_init|_fini|_edata|_end|__bss_start)$' | sort -u)
+
+# A product build has no test hooks (src/base.h): make lint builds one.
+if [ "${OUTBOX_TEST_FAULTS:-}" = "" ] && grep -a -q -E 'outbox\.test_fault|injected fault' "$lib"; then
+	echo "check-symbols: $lib has the test hooks of outbox.test_fault: a product build must not (rebuild without OUTBOX_TEST_FAULTS)" >&2
+	exit 1
+fi
 
 extra=$(comm -13 <(echo "$expected") <(echo "$exported"))
 missing=$(comm -23 <(echo "$expected") <(echo "$exported"))

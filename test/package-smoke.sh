@@ -37,6 +37,11 @@ for f in "$pkglibdir/outbox.so" "$sharedir/extension/outbox.control" \
 	"$sharedir/extension/outbox--0.2.sql" "$sharedir/extension/outbox--0.1--0.2.sql"; do
 	[ -f "$f" ] || fail "$f is not installed"
 done
+# The product carries no test hooks (src/base.h): not the setting that
+# names them, nor their messages.
+if grep -a -q -E 'outbox\.test_fault|injected fault' "$pkglibdir/outbox.so"; then
+	fail "$pkglibdir/outbox.so is a test build (it has outbox.test_fault's hooks)"
+fi
 if [ -n "$deb" ]; then
 	dpkg-query -W -f='${Status}\n' "$deb" | grep -q "install ok installed" ||
 		fail "package $deb is not installed"
