@@ -131,7 +131,7 @@ deb:
 ifneq ($(PGXS),)
 include $(PGXS)
 
-$(OBJS): src/base.h src/outbox.h src/compat.h src/relay.h src/queue.h
+$(OBJS): $(wildcard $(srcdir)/src/*.h)
 
 # Set after PGXS, whose Makefile.global empties it.
 PROVE_FLAGS = -I $(srcdir)/test/t

@@ -2250,12 +2250,12 @@ BEGIN
 				  HINT = 'Pass mode => ''trigger'' or mode => ''wal''.';
 	END IF;
 	IF mode = 'wal' THEN
-		IF current_setting('wal_level') <> 'logical' THEN
+		IF current_setting('wal_level') NOT IN ('logical', CASE WHEN current_setting('effective_wal_level', true) IS NOT NULL THEN 'replica' ELSE 'logical' END) THEN	-- 19 on: replica (the slot made below turns decoding on)
 			RAISE EXCEPTION 'capture mode "wal" needs wal_level = logical'
 				USING ERRCODE = 'object_not_in_prerequisite_state',
 					  DETAIL = format('wal_level is %s: the WAL does not carry the changes of rows.',
 									  current_setting('wal_level')),
-					  HINT = 'ALTER SYSTEM SET wal_level = logical and restart the server, or capture with mode => ''trigger''.';
+					  HINT = 'ALTER SYSTEM SET wal_level = logical (replica from PostgreSQL 19 on) and restart the server, or capture with mode => ''trigger''.';
 		END IF;
 		libs := current_setting('output_plugin_libraries', true);
 		IF libs IS NOT NULL AND libs !~ '(^|,)\s*("outbox"|outbox)\s*(,|$)' THEN
@@ -2540,7 +2540,7 @@ BEGIN
 					   WHERE slot_name = slot AND wal_status = 'lost') THEN
 			RAISE EXCEPTION 'the WAL capture is lost'
 				USING ERRCODE = 'object_not_in_prerequisite_state',
-					  DETAIL = 'Its replication slot was invalidated: the WAL it needed was removed.',
+					  DETAIL = 'Its replication slot was invalidated (outbox.captures says why).',
 					  HINT = 'outbox.uncapture() every WAL capture (the worker then drops the slot), then capture the tables again with snapshot => true.';
 		END IF;
 		-- Writers wait until the capture commits, so that a snapshot
@@ -2677,7 +2677,14 @@ SELECT ct.tbl AS table_name,
 			   || ' (after a failover or a restore from a backup the capture slot is not here):'
 			   || ' capture the tables again with a snapshot'
 		   WHEN ct.mode = 'wal' AND s.wal_status = 'lost' THEN
-			   'replication slot "' || outbox.capture_slot_name() || '" was invalidated: the WAL it needed was removed (max_slot_wal_keep_size)'
+			   'replication slot "' || outbox.capture_slot_name() || '" was invalidated: ' ||
+			   -- invalidation_reason: 17 on (to_jsonb: the column may not exist)
+			   CASE pg_catalog.to_jsonb(s) ->> 'invalidation_reason'
+				   WHEN 'idle_timeout' THEN 'it was idle longer than idle_replication_slot_timeout'
+				   WHEN 'wal_level_insufficient' THEN 'wal_level became too low for logical decoding'
+				   WHEN 'rows_removed' THEN 'rows it needed were removed (a conflict with recovery)'
+				   ELSE 'the WAL it needed was removed (max_slot_wal_keep_size)'
+			   END
 		   WHEN ct.mode = 'wal' THEN w.last_error
 		   WHEN tg.missing > 0 OR tg.disabled > 0 THEN 'changes are not captured: trigger ' || tg.broken
 	   END AS last_error,

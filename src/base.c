@@ -79,7 +79,7 @@ outbox_test_fault_define_guc(void)
 	DefineCustomStringVariable("outbox.test_fault",
 							   "Test build only: make a part of outbox fail or stand still at a named point.",
 							   "'read:TOPIC' fails building a message of TOPIC, 'send:TOPIC' starting its request; "
-							   "capture_pause, capture_small_parts, capture_slow_handoff, capture_* crash points and "
+							   "capture_pause, capture_off, capture_small_parts, capture_slow_handoff, capture_* crash points and "
 							   "commit_delay are the others.",
 							   &outbox_test_fault,
 							   "",

@@ -271,7 +271,7 @@ outbox_capture_wanted(Oid dboid, int index, Latch *launcher_latch)
 	bool		wanted;
 	bool		look = false;
 
-	if (capture_array == NULL || wal_level < WAL_LEVEL_LOGICAL)
+	if (capture_array == NULL || wal_level < OUTBOX_CAPTURE_WAL_LEVEL)
 		return false;
 	/* the slot must still be dboid's, or its entry is another's */
 	if (!outbox_db_info(index, &info) || info.dboid != dboid)
@@ -1250,12 +1250,6 @@ capture_txn_strings(void)
 	outbox_format_commit_time(dec->txn_commit_time, dec->txn_time);
 }
 
-#if PG_VERSION_NUM >= 170000
-#define CAPTURE_TUPLE(t) (t)
-#else
-#define CAPTURE_TUPLE(t) ((t) ? &(t)->tuple : NULL)
-#endif
-
 /*
  * Make one change a message, or skip it with a warning when it cannot
  * become one: an error raised by a value (its output function, JSON that
@@ -1362,8 +1356,8 @@ capture_change_cb(LogicalDecodingContext *ctx, ReorderBufferTXN *txn,
 	r = capture_wal_rel(relation);
 	if (!r->captured)
 		return;
-	oldtup = CAPTURE_TUPLE(change->data.tp.oldtuple);
-	newtup = CAPTURE_TUPLE(change->data.tp.newtuple);
+	oldtup = outbox_change_tuple(change->data.tp.oldtuple);
+	newtup = outbox_change_tuple(change->data.tp.newtuple);
 	switch (change->action)
 	{
 		case REORDER_BUFFER_CHANGE_INSERT:
@@ -1885,6 +1879,30 @@ capture_extension_dropped(const char *error, uint64 wakes_seen)
 	capture_exit_idle(wakes_seen);
 }
 
+/* Why the slot was invalidated, in words, for last_error. */
+static const char *
+capture_invalidation_text(ReplicationSlot *slot)
+{
+#ifdef OUTBOX_HAVE_SLOT_INVALIDATION_CAUSE
+	switch (slot->data.invalidated)
+	{
+		case RS_INVAL_WAL_REMOVED:
+			break;
+		case RS_INVAL_HORIZON:
+			return "rows it needed were removed (a conflict with recovery)";
+		case RS_INVAL_WAL_LEVEL:
+			return "wal_level became too low for logical decoding";
+#ifdef OUTBOX_HAVE_IDLE_SLOT_TIMEOUT
+		case RS_INVAL_IDLE_TIMEOUT:
+			return "it was idle longer than idle_replication_slot_timeout";
+#endif
+		default:
+			return "for a reason this version of outbox does not know";
+	}
+#endif
+	return "the WAL it needed was removed (max_slot_wal_keep_size)";
+}
+
 static void
 capture_lost(const char *why, uint64 wakes_seen)
 {
@@ -2099,7 +2117,7 @@ capture_check_copies(void)
 	else if (state == COPY_UNSUPPORTED)
 	{
 		ereport(WARNING,
-				(errmsg("WAL capture cannot follow a failover on PostgreSQL %d", PG_VERSION_NUM / 10000),
+				(errmsg("WAL capture cannot follow a failover on PostgreSQL %s", PG_MAJORVERSION),
 				 errdetail("Standbys keep copies of logical replication slots from PostgreSQL 17 on; outbox.standby_slots is set, but after a failover the capture slot is not on the promoted server."),
 				 errhint("After a failover, capture the tables again with a snapshot: outbox.uncapture(), then outbox.capture(..., mode => 'wal', snapshot => true).")));
 	}
@@ -2170,18 +2188,27 @@ outbox_capture_main(Datum main_arg)
 		capture_exit_idle(wakes_seen);
 	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done, wakes_seen))
 		proc_exit(1);			/* a capture came and went meanwhile: again */
+	/* Test only: stand still without the slot, left idle (outbox.test_fault). */
+	while (outbox_fault("capture_off"))
+	{
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 100, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+	}
 	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
 	if (slot == NULL)
 		capture_lost(psprintf("replication slot \"%s\" does not exist", CAPTURE_SLOT), wakes_seen);
-#if PG_VERSION_NUM >= 180000
-	ReplicationSlotAcquire(CAPTURE_SLOT, true, false);
-#else
-	ReplicationSlotAcquire(CAPTURE_SLOT, true);
-#endif
+	outbox_slot_acquire(CAPTURE_SLOT);
 	slot = MyReplicationSlot;
 	if (outbox_slot_invalidated(slot))
-		capture_lost(psprintf("replication slot \"%s\" was invalidated (max_slot_wal_keep_size)",
-							  CAPTURE_SLOT),
+		capture_lost(psprintf("replication slot \"%s\" was invalidated: %s",
+							  CAPTURE_SLOT, capture_invalidation_text(slot)),
 					 wakes_seen);
 #ifdef OUTBOX_HAVE_FAILOVER_SLOTS
 	/* a slot made before failover slots were used: made one (as ALTER would) */

@@ -3,8 +3,9 @@
  * compat.h
  *	  Version shims, so the rest of the code reads like PostgreSQL 15's.
  *
- * Supported, built and tested: PostgreSQL 15 and 18.  16 and 17 are covered
- * by the same guards.  Each shim names the release that changed the API it
+ * Supported, built and tested: PostgreSQL 15, 16, 17 and 18; what 19
+ * changes is written from its documentation (there is no 19 server here to
+ * test against).  Each shim names the release that changed the API it
  * covers, and why it matters here.  Nothing outside this file tests
  * PG_VERSION_NUM.
  *
@@ -116,13 +117,49 @@ typedef char outbox_b64_byte;
 	pg_database_ownercheck((dboid), (roleid))
 #endif
 
-/* 16 records why a replication slot was invalidated (15: only when). */
+/*
+ * 16 records why a replication slot was invalidated (15: only when, and
+ * only max_slot_wal_keep_size invalidates one there).
+ */
 #if PG_VERSION_NUM >= 160000
+#define OUTBOX_HAVE_SLOT_INVALIDATION_CAUSE 1
 #define outbox_slot_invalidated(slot)	((slot)->data.invalidated != RS_INVAL_NONE)
 #else
 #define outbox_slot_invalidated(slot) \
 	((slot)->data.invalidated_at != InvalidXLogRecPtr && \
 	 (slot)->data.restart_lsn == InvalidXLogRecPtr)
+#endif
+
+/* 18 invalidates a slot idle longer than idle_replication_slot_timeout. */
+#if PG_VERSION_NUM >= 180000
+#define OUTBOX_HAVE_IDLE_SLOT_TIMEOUT 1
+#endif
+
+/* 18 adds error_if_invalid to ReplicationSlotAcquire: we look ourselves. */
+#if PG_VERSION_NUM >= 180000
+#define outbox_slot_acquire(name)	ReplicationSlotAcquire((name), true, false)
+#else
+#define outbox_slot_acquire(name)	ReplicationSlotAcquire((name), true)
+#endif
+
+/*
+ * 19 turns logical decoding on when the first logical slot is made on a
+ * server with wal_level = replica (effective_wal_level), and off when the
+ * last is dropped or invalidated: there, WAL capture needs replica (its
+ * slot, made by outbox.capture(), turns decoding on); before, logical.
+ * Written from 19's documentation: no 19 server was at hand to test it.
+ */
+#if PG_VERSION_NUM >= 190000
+#define OUTBOX_CAPTURE_WAL_LEVEL	WAL_LEVEL_REPLICA
+#else
+#define OUTBOX_CAPTURE_WAL_LEVEL	WAL_LEVEL_LOGICAL
+#endif
+
+/* 17 passes a decoded change's tuples as HeapTuple (16: ReorderBufferTupleBuf). */
+#if PG_VERSION_NUM >= 170000
+#define outbox_change_tuple(t)	(t)
+#else
+#define outbox_change_tuple(t)	((t) ? &(t)->tuple : NULL)
 #endif
 
 /* 17 has failover slots, which standbys with sync_replication_slots copy. */

@@ -11,10 +11,16 @@
 #  - no heading repeats within a file (README.md, CHANGELOG.md, docs/*.md);
 #  - every relative link of those files names a file that exists and, with
 #    "#anchor", a heading of that file (GitHub's anchors);
-#  - README.md is at most 300 lines.
+#  - README.md is at most 300 lines;
+#  - every target kind the SQL knows (outbox.targets' kind check) is in
+#    the drawings of docs/internals.md (its file relay_KIND.c; queue:
+#    queue_receive.c), and its create function (outbox.create_KIND_target;
+#    queue: outbox.create_queue) is in docs/brokers.md or
+#    docs/sql-reference.md.
 #
 # The check itself is shown to fail on a copy of the docs with one
-# function's heading removed, a heading repeated and a link broken.
+# function's heading removed, a heading repeated, a link broken and a
+# target kind taken out of the internals drawing.
 use strict;
 use warnings;
 use File::Basename qw(dirname basename);
@@ -50,11 +56,16 @@ SELECT c.oid::regclass FROM pg_class c
  ORDER BY 1});
 my @settings = split /\n/, $node->safe_psql('postgres',
 	q{SELECT name FROM pg_settings WHERE name LIKE 'outbox.%' ORDER BY 1});
+my $kind_check = $node->safe_psql('postgres',
+	q{SELECT pg_get_constraintdef(oid) FROM pg_constraint
+	   WHERE conrelid = 'outbox.targets'::regclass AND conname = 'targets_kind_check'});
+my @kinds = $kind_check =~ /'([a-z]+)'/g;
 $node->stop;
 
 cmp_ok(scalar(@functions), '>', 40, 'the extension has its functions (' . scalar(@functions) . ')');
 cmp_ok(scalar(@views), '>=', 4, 'and its views (' . join(', ', @views) . ')');
 cmp_ok(scalar(@settings), '>', 10, 'and its settings (' . scalar(@settings) . ')');
+cmp_ok(scalar(@kinds), '>=', 7, 'and its target kinds (' . join(', ', @kinds) . ')');
 
 # Headings of a Markdown file (outside fenced code), and its lines.
 sub read_md
@@ -184,6 +195,21 @@ sub problems
 	}
 	push @p, "README.md has $md{\"$dir/README.md\"}{lines} lines (at most 300)"
 	  if $md{"$dir/README.md"} && $md{"$dir/README.md"}{lines} > 300;
+	# Each target kind in the internals drawings and with its create
+	# function in brokers.md or sql-reference.md.
+	my $internals = -f "$dir/docs/internals.md" ? slurp_file("$dir/docs/internals.md") : '';
+	my $drawings = join("\n", $internals =~ /^```text\n(.*?)^```/msg);
+	my $reference = join("\n", map { -f $_ ? slurp_file($_) : '' }
+		  "$dir/docs/brokers.md", "$dir/docs/sql-reference.md");
+	for my $k (@kinds)
+	{
+		my $file = $k eq 'queue' ? 'queue_receive.c' : "relay_$k.c";
+		my $create = $k eq 'queue' ? 'outbox.create_queue(' : "outbox.create_${k}_target(";
+		push @p, "target kind $k: $file is not in the drawings of docs/internals.md"
+		  unless index($drawings, $file) >= 0;
+		push @p, "target kind $k: $create is not in docs/brokers.md or docs/sql-reference.md"
+		  unless index($reference, $create) >= 0;
+	}
 	return @p;
 }
 
@@ -206,10 +232,19 @@ copy("$root/README.md", "$copy/README.md");
 	open(my $fh, '>', $f) or die;
 	print $fh $text;
 	close $fh;
+	# The drawings no longer name relay_redis.c.
+	$f = "$copy/docs/internals.md";
+	$text = slurp_file($f);
+	$text =~ s/relay_redis\.c/relay_somewhere.c/g;
+	open($fh, '>', $f) or die;
+	print $fh $text;
+	close $fh;
 }
 my @bad = problems($copy);
 ok((grep { /function outbox\.receive is described 0 times/ } @bad), 'a function with no heading is found');
 ok((grep { /heading "Repeated" repeats/ } @bad), 'a repeated heading is found');
 ok((grep { /link to nowhere\.md#here: no such file/ } @bad), 'a broken link is found');
+ok((grep { /target kind redis: relay_redis\.c is not in the drawings/ } @bad),
+	'a target kind missing from the internals drawings is found');
 
 done_testing();
