@@ -18,7 +18,7 @@ OBJS = \
 	src/base.o \
 	src/capture.o \
 	src/capture_json.o \
-	src/capture_wal.o \
+	src/capture_slot.o src/capture_decode.o src/capture_plugin.o src/capture_worker.o \
 	src/chars.o \
 	src/destinations.o \
 	src/emit.o \

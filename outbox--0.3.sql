@@ -2116,7 +2116,7 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.captured_tables', '');
 ALTER TABLE outbox.captured_tables SET (user_catalog_table = true);
 
 -- The WAL capture's offset, written by the capture worker in the same
--- transaction as the messages it covers (src/capture_wal.c): every source
+-- transaction as the messages it covers (src/capture_worker.c): every source
 -- transaction whose commit record begins below end_lsn is handed off, and
 -- the first parts_done parts of the one committed at part_commit_lsn.  Not
 -- dumped: its positions belong to this cluster's WAL.
@@ -2491,7 +2491,7 @@ BEGIN
 		-- this capture had committed when the change was made.  The lock
 		-- keeps the capture worker from dropping a slot it found unused
 		-- while this capture commits (capture_drop_slot_if_unused in
-		-- src/capture_wal.c, which takes it exclusive).
+		-- src/capture_worker.c, which takes it exclusive).
 		PERFORM pg_advisory_xact_lock_shared(7386912245760017);
 		IF NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = slot) THEN
 			IF (SELECT count(*) FROM pg_replication_slots) >= current_setting('max_replication_slots')::int THEN

@@ -505,7 +505,7 @@ capture_router_headers(HeapTuple row, TupleDesc desc, const CaptureOutboxColumns
  * A row of a captured outbox table as its message: its topic, key, payload
  * and headers, checked as outbox_emit() checks its arguments.  For both
  * modes: the trigger lets the error fail the insert, the WAL worker skips
- * the row (capture_wal.c).  source names the table in the errors.
+ * the row (capture_decode.c).  source names the table in the errors.
  */
 void
 outbox_capture_outbox_row(HeapTuple row, TupleDesc desc,

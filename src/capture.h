@@ -2,7 +2,9 @@
  *
  * capture.h
  *	  Declarations shared by the files of change capture: capture.c (the
- *	  trigger), capture_wal.c (the WAL miner) and capture_json.c (rows as
+ *	  trigger), the WAL miner (capture_wal.h: capture_slot.c,
+ *	  capture_plugin.c, capture_decode.c, capture_worker.c) and
+ *	  capture_json.c (rows as
  *	  JSON, the same for both).
  *
  *-------------------------------------------------------------------------

@@ -2,7 +2,7 @@
  *
  * capture_json.c
  *	  A captured row as a JSON object and its key as text: the same for the
- *	  trigger (capture.c) and the WAL miner (capture_wal.c).
+ *	  trigger (capture.c) and the WAL miner (capture_decode.c).
  *
  * The rules are to_jsonb()'s, made independent of the writer's TimeZone and of
  * user-defined code:

@@ -32,6 +32,7 @@
 #include "utils/timestamp.h"
 
 #include "outbox.h"
+#include "subscription.h"
 
 /* Whether a path is a predicate (a boolean at its top), evaluated as @@. */
 bool

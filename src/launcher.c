@@ -127,7 +127,7 @@ outbox_register_launcher(void)
 /*
  * Start a dynamic worker running function of this library in database db:
  * the relay (outbox_worker_main, relay_main.c) or the capture worker
- * (outbox_capture_main, capture_wal.c); NULL if no slot is free.  Its
+ * (outbox_capture_main, capture_worker.c); NULL if no slot is free.  Its
  * argument is the database's oid, bgw_extra its name.  The launcher is
  * notified of its exit and starts it again itself.
  */

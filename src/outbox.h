@@ -70,7 +70,7 @@ extern void outbox_register_launcher(void);
 /*---- databases.c: DROP DATABASE and RENAME with workers connected ----*/
 extern void outbox_databases_init(void);
 
-/*---- capture_wal.c: the capture worker, started by the launcher ----*/
+/*---- capture_slot.c: WAL capture's state, for the launcher and _PG_init ----*/
 struct Latch;
 extern Size outbox_capture_shmem_size(void);
 extern void outbox_capture_shmem_init(void);
@@ -205,13 +205,6 @@ extern void outbox_stats_latency(OutboxTargetStats *s, double ms, TimestampTz no
 extern void outbox_stats_publish(const OutboxWorkerStatus *worker,
 								 const OutboxTargetStats *targets, int ntargets);
 extern uint64 outbox_stats_reset_generation(void);
-
-/*
- * The subscriptions query's filter column: (to_jsonb(s) ->> 'filter') reads
- * NULL from a 0.2 schema, which has no such column.
- */
-#define OUTBOX_SUBSCRIPTION_FILTER_SQL \
-	"(pg_catalog.to_jsonb(s) OPERATOR(pg_catalog.->>) 'filter')::pg_catalog.jsonpath"
 
 /*---- trace.c: W3C Trace Context of the emitting transaction ----*/
 #define OUTBOX_TRACEPARENT_LEN	55	/* "00-" 32 "-" 16 "-" 2 */
@@ -356,76 +349,6 @@ extern void outbox_writer_store(OutboxWriter *writer, int64 first_id,
 								int64 count, OutboxNextMessage next,
 								void *next_state);
 extern void outbox_writer_end(OutboxWriter *writer);
-
-/*
- * A subscription of a target (outbox.subscriptions): messages above
- * start_id whose topic is pattern, or starts with its first prefix_len
- * bytes when it ends in '*'.  Matched by the relay and by queues alike.
- */
-struct JsonPath;
-
-typedef struct OutboxSubscription
-{
-	char	   *pattern;		/* topic, prefix* or * */
-	int			prefix_len;		/* bytes before '*', -1 for an exact topic */
-	int64		start_id;		/* only ids above this */
-	struct JsonPath *filter;	/* jsonpath over the message's document, or
-								 * NULL (filter.c) */
-	bool		filter_predicate;	/* evaluated as @@ rather than @? */
-} OutboxSubscription;
-
-/* prefix_len of a pattern. */
-static inline int
-outbox_pattern_prefix_len(const char *pattern)
-{
-	size_t		len = strlen(pattern);
-
-	return (len > 0 && pattern[len - 1] == '*') ? (int) len - 1 : -1;
-}
-
-/* Whether subscription s takes topic (its filter aside). */
-static inline bool
-outbox_subscription_matches(const OutboxSubscription *s, const char *topic, int64 id)
-{
-	if (id <= s->start_id)
-		return false;
-	if (s->prefix_len < 0)
-		return strcmp(topic, s->pattern) == 0;
-	return strncmp(topic, s->pattern, s->prefix_len) == 0;
-}
-
-/*
- * Whether a subscription takes topic: 0 none, 1 one without a filter, 2
- * only ones with a filter (outbox_subscriptions_select decides).
- */
-static inline int
-outbox_subscriptions_route(const OutboxSubscription *subs, int nsubs,
-						   const char *topic, int64 id)
-{
-	int			i;
-	int			route = 0;
-
-	for (i = 0; i < nsubs; i++)
-		if (outbox_subscription_matches(&subs[i], topic, id))
-		{
-			if (subs[i].filter == NULL)
-				return 1;
-			route = 2;
-		}
-	return route;
-}
-
-/* filter.c */
-extern bool outbox_filter_is_predicate(struct JsonPath *path);
-extern Jsonb *outbox_filter_doc(const char *topic, const char *key, Jsonb *headers,
-								Jsonb *payload);
-extern bool outbox_filter_match(const OutboxSubscription *s, Jsonb *doc);
-extern void outbox_subscription_set_filter(OutboxSubscription *s, Datum d, bool isnull,
-										   MemoryContext cxt);
-extern bool outbox_subscriptions_select(const OutboxSubscription *subs, int nsubs,
-										const char *topic, int64 id,
-										Jsonb *(*make_doc) (void *arg), void *arg,
-										bool *filtered);
 
 /*---- queues received from in SQL transactions (the rest: queue.h) ----*/
 /* queue_shmem.c */

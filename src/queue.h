@@ -39,6 +39,7 @@
 #include "storage/lwlock.h"
 
 #include "outbox.h"
+#include "subscription.h"
 
 /* Entry states */
 #define QE_FREE		0

@@ -43,6 +43,7 @@
 #include "utils/uuid.h"
 
 #include "outbox.h"
+#include "subscription.h"
 
 #define RELAY_UUID_LEN		36
 

@@ -16,7 +16,7 @@
  * set a trace and wrote something, in a database with a WAL capture slot,
  * writes them into its own WAL as a transactional logical message, which
  * the capture worker decodes with the transaction's changes
- * (capture_wal.c).  A transaction that sets no trace pays one test of a
+ * (capture_slot.c, capture_plugin.c).  A transaction that sets no trace pays one test of a
  * string at commit and nothing else.
  *
  * Values are checked against the W3C grammar wherever they come from (the
