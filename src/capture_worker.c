@@ -469,6 +469,33 @@ capture_same_extension(void)
 	return relid == capture_dec->captured_tables;
 }
 
+/*
+ * Test only (outbox.test_fault): while the setting names point, stand still
+ * (answering signals and reloads), for at most max_secs seconds (0: no
+ * limit).
+ */
+static void
+capture_fault_wait(const char *point, int max_secs)
+{
+	int			waited;
+
+	if (!outbox_fault(point))
+		return;
+	ereport(LOG, (errmsg("outbox capture: test fault \"%s\"", point)));
+	for (waited = 0; (max_secs == 0 || waited < max_secs * 10) && outbox_fault(point); waited++)
+	{
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 100, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+	}
+}
+
 /* Test only (outbox.test_fault): die as a crash would, at a named point. */
 static void
 capture_fault(const char *point)
@@ -523,18 +550,7 @@ outbox_capture_main(Datum main_arg)
 	if (!capture_read_offset(&end_lsn, &part_lsn, &parts_done, wakes_seen))
 		proc_exit(1);			/* a capture came and went meanwhile: again */
 	/* Test only: stand still without the slot, left idle (outbox.test_fault). */
-	while (outbox_fault("capture_off"))
-	{
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 100, PG_WAIT_EXTENSION);
-		ResetLatch(MyLatch);
-		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-		}
-	}
+	capture_fault_wait("capture_off", 0);
 	slot = SearchNamedReplicationSlot(CAPTURE_SLOT, true);
 	if (slot == NULL)
 		capture_lost(psprintf("replication slot \"%s\" does not exist", CAPTURE_SLOT), wakes_seen);
@@ -748,25 +764,8 @@ capture_loop(LogicalDecodingContext **ctxp, XLogRecPtr end_lsn,
 			bool		had_messages = capture_dec->nmsgs > 0;
 
 			/* Test only: a hand-off that comes late (outbox.test_fault). */
-			if (had_messages && outbox_fault("capture_slow_handoff"))
-			{
-				int			waited;
-
-				/* until the setting changes, at most a minute */
-				ereport(LOG, (errmsg("outbox capture: test fault \"capture_slow_handoff\"")));
-				for (waited = 0; waited < 600 && outbox_fault("capture_slow_handoff"); waited++)
-				{
-					(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-									 100, PG_WAIT_EXTENSION);
-					ResetLatch(MyLatch);
-					CHECK_FOR_INTERRUPTS();
-					if (ConfigReloadPending)
-					{
-						ConfigReloadPending = false;
-						ProcessConfigFile(PGC_SIGHUP);
-					}
-				}
-			}
+			if (had_messages)
+				capture_fault_wait("capture_slow_handoff", 60);
 			capture_handoff(new_end, InvalidXLogRecPtr, 0, wakes_seen);
 			/*
 			 * The offset's own commit is WAL too, and so are the
