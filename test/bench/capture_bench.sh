@@ -119,6 +119,10 @@ WAIT_FOR=${WAIT_FOR-"relay_bench.sh|emit_bench.sh|queue_bench.sh"}
 NGINX_PORT=${NGINX_PORT:-18091}	# the receiver of the WAL latency run
 BENCH_NAME=capture-bench
 BENCH_PACKAGES=(gnuplot-nox)
+# The hand-off runs stop the capture worker with outbox.test_fault
+# (capture_pause), which only the test build has: this benchmark measures
+# that build (its hooks cost one string compare where they are).
+BENCH_MAKE_ARGS=OUTBOX_TEST_FAULTS=1
 BENCH_CONF="listen_addresses = ''
 wal_level = logical
 max_replication_slots = 4

@@ -104,10 +104,12 @@ bench_setup() {
 			--exclude=tmp_check --exclude=tmp_check_regress -cf - . | tar -C "$work/src" -xf -
 	fi
 	log "building outbox ($build_rev)"
-	make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" >/dev/null
-	make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" DESTDIR="$work/inst" install >/dev/null
+	# BENCH_MAKE_ARGS: e.g. OUTBOX_TEST_FAULTS=1, the test build, for a
+	# benchmark that uses outbox.test_fault (capture_bench.sh)
+	make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" ${BENCH_MAKE_ARGS:-} >/dev/null
+	make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" ${BENCH_MAKE_ARGS:-} DESTDIR="$work/inst" install >/dev/null
 	if [ "$INSTALL" = 1 ]; then
-		make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" install >/dev/null
+		make -s -C "$work/src" PG_CONFIG="$PG_CONFIG" ${BENCH_MAKE_ARGS:-} install >/dev/null
 	fi
 	build_md5=$(md5sum <"$work/src/outbox.so" | cut -c1-12)
 
