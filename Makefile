@@ -89,11 +89,16 @@ PG_CFLAGS += -fvisibility=hidden
 # The test build (test/run-tests.sh): the hooks of outbox.test_fault,
 # which the product leaves out (src/base.h).
 PG_CPPFLAGS += $(if $(OUTBOX_TEST_FAULTS),-DOUTBOX_TEST_FAULTS)
+# Which build the objects are, in a stamp written when it changes:
+# switching rebuilds them (a missing-file rule would not: PGXS makes every
+# target .SECONDARY).
+OUTBOX_BUILD_KIND := $(if $(OUTBOX_TEST_FAULTS),test,product)
+$(shell mkdir -p src && { echo $(OUTBOX_BUILD_KIND) | cmp -s - src/.build-kind || echo $(OUTBOX_BUILD_KIND) > src/.build-kind; })
 PG_CPPFLAGS += '-DPGDLLEXPORT=__attribute__((visibility("default")))'
 
 SHLIB_LINK = $(shell $(CURL_CONFIG) --libs) -lnats -lrdkafka -lhiredis -lrabbitmq -lssl -lcrypto
 
-EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip
+EXTRA_CLEAN = tmp_check_regress test-output outbox-*.zip src/.build-kind
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -131,7 +136,7 @@ deb:
 ifneq ($(PGXS),)
 include $(PGXS)
 
-$(OBJS): $(wildcard $(srcdir)/src/*.h)
+$(OBJS): $(wildcard $(srcdir)/src/*.h) src/.build-kind
 
 # Set after PGXS, whose Makefile.global empties it.
 PROVE_FLAGS = -I $(srcdir)/test/t
@@ -139,7 +144,9 @@ PROVE_FLAGS = -I $(srcdir)/test/t
 # Static analysis of our own code (warnings in PostgreSQL's headers are not ours),
 # then the layering check on the built objects: no file calls, through any
 # chain, back into itself (test/check-layering.sh); then the library's
-# exported symbols: only what PostgreSQL looks up (test/check-symbols.sh).
+# exported symbols: only what PostgreSQL looks up (test/check-symbols.sh);
+# and the full install script: each object made once, in its final shape
+# (test/check-schema-script.sh).
 lint: $(OBJS) $(shlib)
 	cppcheck -q --error-exitcode=1 --enable=warning,performance,portability \
 		--inline-suppr --suppress=missingIncludeSystem --suppress=toomanyconfigs \

@@ -4,12 +4,13 @@
 #   test/check-symbols.sh [LIBRARY [SRCDIR]]
 #
 # LIBRARY is the built module (default: outbox.so), SRCDIR its sources
-# (default: src).  What PostgreSQL looks up by name: the magic block
+# (default: src); the SQL scripts are SRCDIR/../outbox--*.sql.  What PostgreSQL looks up by name: the magic block
 # (Pg_magic_func), _PG_init, the logical decoding output plugin's
 # _PG_output_plugin_init, the background workers' entry points (what
 # launcher.c and outbox.c name in bgw_function_name), and each SQL-callable
 # function with its info record (PG_FUNCTION_INFO_V1(f) makes f and
-# pg_finfo_f).  Everything else is built with hidden visibility (the
+# pg_finfo_f), and every C function an install or update script names
+# (AS 'MODULE_PATHNAME', 'f').  Everything else is built with hidden visibility (the
 # Makefile's -fvisibility=hidden): a global of ours must not collide with
 # another library's symbol of the same name in the server's symbol space.
 # Fails, naming them, on any other symbol the library defines in its dynamic
@@ -26,13 +27,17 @@ expected=$( {
 	grep -ho '"outbox_[a-z_]*_main"' "$srcdir"/*.c | tr -d '"'
 	grep -ho '^PG_FUNCTION_INFO_V1([A-Za-z0-9_]*)' "$srcdir"/*.c |
 		sed 's/PG_FUNCTION_INFO_V1(\(.*\))/\1\npg_finfo_\1/'
+	# what the SQL scripts call, old versions' too (an update runs them)
+	grep -ho "'MODULE_PATHNAME', *'[A-Za-z0-9_]*'" "$srcdir"/../outbox--*.sql |
+		sed "s/.*, *'\(.*\)'/\1\npg_finfo_\1/"
 } | sort -u)
 # Defined (not U), global or weak, functions and data; not the linker's
 # own section markers.
 exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWiu]$/ { print $3 }' |
 	grep -v -E '^(_init|_fini|_edata|_end|__bss_start)$' | sort -u)
 
-# A product build has no test hooks (src/base.h): make lint builds one.
+# A product build has no test hooks (src/base.h): what make builds without
+# OUTBOX_TEST_FAULTS (the Makefile rebuilds when that changes).
 if [ "${OUTBOX_TEST_FAULTS:-}" = "" ] && grep -a -q -E 'outbox\.test_fault|injected fault' "$lib"; then
 	echo "check-symbols: $lib has the test hooks of outbox.test_fault: a product build must not (rebuild without OUTBOX_TEST_FAULTS)" >&2
 	exit 1

@@ -72,6 +72,9 @@ ok_wait('the capture is lost', sub {
 like(q1('SELECT last_error FROM outbox.captures'),
 	qr/replication slot "[^"]+" was invalidated: it was idle longer than idle_replication_slot_timeout/,
 	'last_error names idle_replication_slot_timeout, not max_slot_wal_keep_size');
+like(q1('SELECT last_error FROM outbox.capture_status()'),
+	qr/replication slot "[^"]+" was invalidated: it was idle longer than idle_replication_slot_timeout/,
+	'and so does the worker\'s own (outbox.capture_status())');
 is(q1(q{SELECT count(*) FROM outbox.messages WHERE topic LIKE '%items%'}), '1',
 	'nothing is captured from an invalidated slot');
 
