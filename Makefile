@@ -154,4 +154,5 @@ lint: $(OBJS) $(shlib)
 		-I$(srcdir)/src -I$(includedir_server) $(srcdir)/src/*.c
 	$(srcdir)/test/check-layering.sh src $(srcdir)/src
 	$(srcdir)/test/check-symbols.sh $(shlib) $(srcdir)/src
+	$(srcdir)/test/check-schema-script.sh
 endif

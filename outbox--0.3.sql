@@ -9,8 +9,9 @@ CREATE SCHEMA outbox;
 REVOKE ALL ON SCHEMA outbox FROM PUBLIC;
 
 ---------------------------------------------------------------------------
--- Messages and their ids.  Ids follow commit order and never go
--- backwards (I6).
+-- Messages and their ids.
+-- Ids follow commit order and never go back; a message exists if and only
+-- if its transaction commits (src/emit.c, src/storage.c).
 ---------------------------------------------------------------------------
 
 -- Messages, one row each, written only by the extension at commit.  The id
@@ -29,6 +30,7 @@ CREATE TABLE outbox.messages (
 );
 COMMENT ON TABLE outbox.messages IS 'messages of committed transactions, by commit-ordered id';
 REVOKE ALL ON TABLE outbox.messages FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages', '');
 
 -- The durable high-water mark of message ids: the highest id ever removed
 -- from outbox.messages, and a time before which every removed message was
@@ -45,6 +47,7 @@ COMMENT ON COLUMN outbox.state.removed_before IS
 	'every message removed so far was emitted before this time';
 REVOKE ALL ON TABLE outbox.state FROM PUBLIC;
 INSERT INTO outbox.state DEFAULT VALUES;
+SELECT pg_catalog.pg_extension_config_dump('outbox.state', '');
 
 -- The durable id mark: at or above every message id ever handed out.  The
 -- commit sequence moves it ahead in chunks with setval() (non-transactional
@@ -54,9 +57,6 @@ INSERT INTO outbox.state DEFAULT VALUES;
 CREATE SEQUENCE outbox.id_mark AS bigint MINVALUE 0 START 0 NO CYCLE;
 COMMENT ON SEQUENCE outbox.id_mark IS 'at or above every message id handed out; maintained by the library';
 REVOKE ALL ON SEQUENCE outbox.id_mark FROM PUBLIC;
-
-SELECT pg_catalog.pg_extension_config_dump('outbox.messages', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.state', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.id_mark', '');
 
 -- Messages never change once stored: they may already have been delivered.
@@ -73,7 +73,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.messages_guard() FROM PUBLIC;
-
 CREATE TRIGGER messages_guard
 	BEFORE UPDATE ON outbox.messages
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.messages_guard();
@@ -91,6 +90,7 @@ AS 'MODULE_PATHNAME', 'outbox_advance_sequence'
 LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
 REVOKE ALL ON FUNCTION outbox.advance_sequence(bigint) FROM PUBLIC;
 
+-- Rows inserted directly: the sequence continues above the highest.
 CREATE FUNCTION outbox.note_inserted_ids()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -108,7 +108,13 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.note_inserted_ids() FROM PUBLIC;
+CREATE TRIGGER messages_high_water_insert
+	AFTER INSERT ON outbox.messages
+	REFERENCING NEW TABLE AS inserted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_inserted_ids();
+ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_insert;
 
+-- Rows deleted: the highest id removed is recorded in outbox.state.
 CREATE FUNCTION outbox.note_deleted_ids()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -122,6 +128,11 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.note_deleted_ids() FROM PUBLIC;
+CREATE TRIGGER messages_high_water_delete
+	AFTER DELETE ON outbox.messages
+	REFERENCING OLD TABLE AS deleted_messages
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_deleted_ids();
+ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_delete;
 
 -- TRUNCATE (retention empties chunks that way) records the highest id
 -- removed, and a time before which every removed message was emitted: when
@@ -156,20 +167,9 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION outbox.note_truncated_ids() FROM PUBLIC;
-
-CREATE TRIGGER messages_high_water_insert
-	AFTER INSERT ON outbox.messages
-	REFERENCING NEW TABLE AS inserted_messages
-	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_inserted_ids();
-CREATE TRIGGER messages_high_water_delete
-	AFTER DELETE ON outbox.messages
-	REFERENCING OLD TABLE AS deleted_messages
-	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_deleted_ids();
 CREATE TRIGGER messages_high_water_truncate
 	BEFORE TRUNCATE ON outbox.messages
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
-ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_insert;
-ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_delete;
 ALTER TABLE outbox.messages ENABLE ALWAYS TRIGGER messages_high_water_truncate;
 
 -- outbox_emit(topic, payload, key, headers): buffer a message in the
@@ -198,19 +198,9 @@ COMMENT ON FUNCTION outbox.frontier()
 REVOKE ALL ON FUNCTION outbox.frontier() FROM PUBLIC;
 
 ---------------------------------------------------------------------------
--- Retention without bloat (I8).
---
--- Messages are stored in four chunk tables, outbox.messages_1 to _4, which
--- inherit from outbox.messages: reading outbox.messages reads them all.
--- Committing transactions write into the current chunk.  The relay calls
--- outbox.retention_step() about once a second: it empties, with TRUNCATE,
--- a chunk that stopped being current at least outbox.retention ago and
--- whose every message every target has finished, and moves the current
--- chunk on to an empty one.  Nothing is deleted or updated row by row, so
--- removal costs the same for ten messages as for ten million and leaves no
--- dead rows for VACUUM.  outbox.messages itself (chunk 0) holds only rows
--- inserted into it directly; it is emptied the same way once they are
--- finished.
+-- Chunks and retention.
+-- Messages live in a few chunk tables, each emptied at once when every
+-- target has finished its messages (src/relay_retention.c).
 ---------------------------------------------------------------------------
 
 -- The tables messages are stored in: chunk 0 is outbox.messages itself,
@@ -230,6 +220,14 @@ CREATE TABLE outbox.chunks (
 CREATE UNIQUE INDEX chunks_one_current ON outbox.chunks ((true)) WHERE is_current;
 COMMENT ON TABLE outbox.chunks IS 'the tables messages are stored in, and which one is written now';
 REVOKE ALL ON TABLE outbox.chunks FROM PUBLIC;
+-- Chunk 1 is current; the others, and outbox.messages (chunk 0), count as
+-- rotated at install.
+INSERT INTO outbox.chunks (chunk, relname, is_current, current_since, rotated_at) VALUES
+	(0, 'messages', false, NULL, now()),
+	(1, 'messages_1', true, now(), NULL),
+	(2, 'messages_2', false, NULL, now()),
+	(3, 'messages_3', false, NULL, now()),
+	(4, 'messages_4', false, NULL, now());
 
 -- The chunk tables: the columns and primary key of outbox.messages, and
 -- its triggers but the one on DELETE (retention only truncates them).
@@ -248,6 +246,7 @@ CREATE TRIGGER messages_high_water_truncate
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
 ALTER TABLE outbox.messages_1 ENABLE ALWAYS TRIGGER messages_high_water_insert;
 ALTER TABLE outbox.messages_1 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages_1', '');
 
 CREATE TABLE outbox.messages_2 (CONSTRAINT messages_2_pkey PRIMARY KEY (id)) INHERITS (outbox.messages);
 COMMENT ON TABLE outbox.messages_2 IS 'chunk 2 of outbox.messages (read outbox.messages)';
@@ -264,6 +263,7 @@ CREATE TRIGGER messages_high_water_truncate
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
 ALTER TABLE outbox.messages_2 ENABLE ALWAYS TRIGGER messages_high_water_insert;
 ALTER TABLE outbox.messages_2 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages_2', '');
 
 CREATE TABLE outbox.messages_3 (CONSTRAINT messages_3_pkey PRIMARY KEY (id)) INHERITS (outbox.messages);
 COMMENT ON TABLE outbox.messages_3 IS 'chunk 3 of outbox.messages (read outbox.messages)';
@@ -280,6 +280,7 @@ CREATE TRIGGER messages_high_water_truncate
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
 ALTER TABLE outbox.messages_3 ENABLE ALWAYS TRIGGER messages_high_water_insert;
 ALTER TABLE outbox.messages_3 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
+SELECT pg_catalog.pg_extension_config_dump('outbox.messages_3', '');
 
 CREATE TABLE outbox.messages_4 (CONSTRAINT messages_4_pkey PRIMARY KEY (id)) INHERITS (outbox.messages);
 COMMENT ON TABLE outbox.messages_4 IS 'chunk 4 of outbox.messages (read outbox.messages)';
@@ -296,20 +297,7 @@ CREATE TRIGGER messages_high_water_truncate
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.note_truncated_ids();
 ALTER TABLE outbox.messages_4 ENABLE ALWAYS TRIGGER messages_high_water_insert;
 ALTER TABLE outbox.messages_4 ENABLE ALWAYS TRIGGER messages_high_water_truncate;
-
-SELECT pg_catalog.pg_extension_config_dump('outbox.messages_1', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.messages_2', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.messages_3', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.messages_4', '');
-
--- Chunk 1 is current; the others, and outbox.messages (chunk 0), count as
--- rotated at install.
-INSERT INTO outbox.chunks (chunk, relname, is_current, current_since, rotated_at) VALUES
-	(0, 'messages', false, NULL, now()),
-	(1, 'messages_1', true, now(), NULL),
-	(2, 'messages_2', false, NULL, now()),
-	(3, 'messages_3', false, NULL, now()),
-	(4, 'messages_4', false, NULL, now());
 
 -- One step of retention, run by the relay about once a second: empty every
 -- chunk that may be emptied, then move the current chunk on when it is due.
@@ -408,23 +396,28 @@ $$;
 REVOKE ALL ON FUNCTION outbox.retention_step(interval) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
--- The relay: targets, subscriptions, progress, dead letters.
+-- Targets, subscriptions, progress, dead letters.
+-- What the relay delivers to, and how far it has come.
 ---------------------------------------------------------------------------
 
--- Where messages go: HTTP endpoints, NOTIFY channels and queues (see
--- "Queues" below).  Changed only through the functions below, which wake
--- the relay worker when their transaction commits.  The constraints hold
--- the limits of the target functions, so the relay can trust the rows (it
--- checks them again as it loads them, and skips a bad one with a WARNING
--- shown in outbox.lag).
+-- Where messages go: HTTP endpoints, NOTIFY channels, queues (see
+-- "Queues" below), NATS JetStream (src/relay_nats.c), Kafka
+-- (src/relay_kafka.c), Redis Streams (src/relay_redis.c) and RabbitMQ
+-- (src/relay_rabbitmq.c).  Changed only through the functions below, which
+-- wake the relay worker when their transaction commits.  The constraints
+-- hold the limits of the target functions, so the relay can trust the rows
+-- (it checks them again as it loads them, and skips a bad one with a
+-- WARNING shown in outbox.lag).
 CREATE TABLE outbox.targets (
 	id			int			GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 	name		text		NOT NULL UNIQUE,
-	kind		text		NOT NULL CHECK (kind IN ('http', 'notify', 'queue')),
-	url			text,
+	kind		text		NOT NULL
+		CONSTRAINT targets_kind_check
+		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq')),
+	url			text,		-- HTTP, NATS, Redis, RabbitMQ; Kafka: the bootstrap list
 	headers		jsonb		NOT NULL DEFAULT '{}',
 	secret		text,
-	channel		text,
+	channel		text,		-- NOTIFY
 	batch_size	int			NOT NULL DEFAULT 1,
 	lanes		int			NOT NULL DEFAULT 1,
 	ordering	text		NOT NULL DEFAULT 'key' CHECK (ordering IN ('key', 'strict')),
@@ -444,28 +437,74 @@ CREATE TABLE outbox.targets (
 		CONSTRAINT targets_pending_lanes_check CHECK (pending_lanes BETWEEN 1 AND 256),
 	pending_ordering text
 		CONSTRAINT targets_pending_ordering_check CHECK (pending_ordering IN ('key', 'strict')),
-	-- security: signing keys that rotate, TLS files, NOTIFY without payload
+	-- security: signing keys that rotate, TLS files (HTTP and the brokers
+	-- on a TLS url), NOTIFY without payload
 	previous_secret text
 		CONSTRAINT targets_previous_secret_check
 		CHECK (previous_secret IS NULL OR (previous_secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$' AND secret IS NOT NULL)),
 	ca_file		text
-		CONSTRAINT targets_ca_file_check CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind = 'http')),
+		CONSTRAINT targets_ca_file_check
+		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats'))),
 	client_cert	text
-		CONSTRAINT targets_client_cert_check CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind = 'http')),
+		CONSTRAINT targets_client_cert_check
+		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats'))),
 	client_key	text
 		CONSTRAINT targets_client_key_check CHECK (client_key IS NULL OR (client_key ~ '^/' AND client_cert IS NOT NULL)),
 	envelope_only boolean	NOT NULL DEFAULT false,
-	CHECK ((kind = 'http') = (url IS NOT NULL)),
-	CHECK ((kind = 'notify') = (channel IS NOT NULL))
+	-- brokers
+	subject		text		-- NATS: the subject template
+		CONSTRAINT targets_subject_check CHECK ((kind = 'nats') = (subject IS NOT NULL)),
+	topic		text		-- Kafka: the topic template
+		CONSTRAINT targets_topic_check CHECK ((kind = 'kafka') = (topic IS NOT NULL)),
+	properties	jsonb		-- Kafka: librdkafka settings
+		CONSTRAINT targets_properties_check
+		CHECK (properties IS NULL OR (kind = 'kafka' AND jsonb_typeof(properties) = 'object')),
+	-- the format consumers parse: CloudEvents 1.0, and its source attribute
+	format		text		NOT NULL DEFAULT 'outbox'
+		CONSTRAINT targets_format_check
+		CHECK (format IN ('outbox', 'cloudevents', 'cloudevents-structured')),
+	ce_source	text
+		CONSTRAINT targets_ce_source_check
+		CHECK (ce_source IS NULL OR (octet_length(ce_source) BETWEEN 1 AND 1024
+									 AND ce_source !~ '[[:cntrl:][:space:]]')),
+	stream		text		-- Redis: the stream's key template
+		CONSTRAINT targets_stream_check
+		CHECK ((kind = 'redis') = (stream IS NOT NULL) AND octet_length(stream) BETWEEN 1 AND 1024),
+	maxlen		bigint		-- Redis: approximate MAXLEN, NULL none
+		CONSTRAINT targets_maxlen_check
+		CHECK (maxlen IS NULL OR (kind = 'redis' AND maxlen >= 1)),
+	dedup_window int		-- Redis: seconds a de-dup mark lives, 0 none
+		CONSTRAINT targets_dedup_window_check
+		CHECK ((kind = 'redis') = (dedup_window IS NOT NULL) AND dedup_window BETWEEN 0 AND 2592000),
+	exchange	text		-- RabbitMQ: the exchange ('' the default)
+		CONSTRAINT targets_exchange_check
+		CHECK ((kind = 'rabbitmq') = (exchange IS NOT NULL) AND octet_length(exchange) <= 255),
+	routing_key	text		-- RabbitMQ: the routing key template
+		CONSTRAINT targets_routing_key_check
+		CHECK ((kind = 'rabbitmq') = (routing_key IS NOT NULL) AND octet_length(routing_key) <= 255),
+	credentials	text		-- NATS: a .creds or NKey seed file
+		CONSTRAINT targets_credentials_check CHECK (credentials IS NULL OR (credentials ~ '^/' AND kind = 'nats')),
+	-- a destination filled in from a message's topic or key that the
+	-- broker does not take (no stream or binding covers it, no such Kafka
+	-- topic) is the message's own failure: its lane retries it, the rest
+	-- of the target goes on, and after unroutable_after from its first
+	-- refusal it is a dead letter (NULL: it is retried for ever)
+	unroutable_after interval DEFAULT interval '10 minutes'
+		CHECK (unroutable_after > interval '0'),
+	CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq')) = (url IS NOT NULL)),
+	CONSTRAINT targets_check1 CHECK ((kind = 'notify') = (channel IS NOT NULL)),
+	CONSTRAINT targets_lanes_check
+		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq') OR lanes = 1))
 );
--- The limits of the target functions on each option.  They are NOT VALID
+-- The limits of the target functions on these options are NOT VALID
 -- because the update from 0.1 adds them so (a row written there by hand
 -- must not make the update fail; the relay skips it), and a direct install
--- must give the same catalog.  On a new table it changes nothing: every
+-- must give the same catalog.  CREATE TABLE cannot make a constraint NOT
+-- VALID: this is the one ALTER TABLE of a table this script creates, with
+-- the ENABLE ALWAYS of triggers.  On a new table it changes nothing: every
 -- row written is checked.
 ALTER TABLE outbox.targets
 	ADD CONSTRAINT targets_batch_size_check CHECK (batch_size BETWEEN 1 AND 1000) NOT VALID,
-	ADD CONSTRAINT targets_lanes_check CHECK (lanes BETWEEN 1 AND 256 AND (kind = 'http' OR lanes = 1)) NOT VALID,
 	ADD CONSTRAINT targets_max_attempts_check CHECK (max_attempts BETWEEN 0 AND 1000000) NOT VALID,
 	ADD CONSTRAINT targets_timeout_ms_check CHECK (timeout_ms BETWEEN 10 AND 3600000) NOT VALID,
 	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$') NOT VALID,
@@ -481,25 +520,51 @@ COMMENT ON COLUMN outbox.targets.previous_secret IS
 	'the key being rotated out (outbox.rotate_secret): requests carry its signature too';
 COMMENT ON COLUMN outbox.targets.envelope_only IS
 	'NOTIFY: send the envelope without payload and headers; listeners read the message from a table';
+SELECT pg_catalog.pg_extension_config_dump('outbox.targets', '');
+-- A dump keeps the target id sequence, so targets created after a restore
+-- get new ids.
+SELECT pg_catalog.pg_extension_config_dump('outbox.targets_id_seq', '');
+COMMENT ON COLUMN outbox.targets.credentials IS
+	'NATS: a .creds file (a user JWT and its NKey seed) or an NKey seed file the relay logs in with';
+COMMENT ON COLUMN outbox.targets.stream IS
+	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in';
+COMMENT ON COLUMN outbox.targets.maxlen IS
+	'Redis: the stream is trimmed to about this many entries (XADD MAXLEN ~), NULL for never';
+COMMENT ON COLUMN outbox.targets.dedup_window IS
+	'Redis: seconds the mark of an appended message id lives; a message sent again within it is not appended again (0: no marks)';
+COMMENT ON COLUMN outbox.targets.exchange IS
+	'RabbitMQ: the exchange each message is published to ('''' is the default exchange, which routes to the queue the routing key names)';
+COMMENT ON COLUMN outbox.targets.routing_key IS
+	'RabbitMQ: the routing key, {topic} and {key} filled in';
+COMMENT ON COLUMN outbox.targets.unroutable_after IS
+	'how long a message whose filled-in destination the broker does not take is retried before it is a dead letter (NULL: for ever)';
 
 -- Which topics a target receives.  pattern is a topic, a prefix ending in
 -- "*" (orders.*), or "*".  Messages with ids at or below start_id (the
--- frontier when the subscription was made) are not delivered under it.
+-- frontier when the subscription was made) are not delivered under it;
+-- filter, a jsonpath over the message's document, narrows it further.
 CREATE TABLE outbox.subscriptions (
 	target_id	int		NOT NULL REFERENCES outbox.targets (id) ON DELETE CASCADE,
 	pattern		text	NOT NULL,
 	start_id	bigint	NOT NULL,
+	filter		jsonpath,
 	PRIMARY KEY (target_id, pattern)
 );
 COMMENT ON TABLE outbox.subscriptions IS 'topics (exact, prefix.* or *) each target receives';
 REVOKE ALL ON TABLE outbox.subscriptions FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('outbox.subscriptions', '');
+COMMENT ON COLUMN outbox.subscriptions.filter IS
+	'jsonpath over {"topic", "key", "headers", "payload"} a message must match, or NULL';
 
 -- Delivery progress, one row per target and lane.  Every message of the
 -- lane with an id at or below done_id was delivered or dead-lettered.
 -- Stable batch ids: a batch of fewer than batch_size messages is recorded
 -- (batch_end) before it is sent, so that after a restart it is cut the
 -- same way (same members, same webhook-id).  Full batches are cut the
--- same way anyway.
+-- same way anyway.  failing_id: the message a lane's last_error is about,
+-- while it fails (written by the relay); set_aside_id and
+-- set_aside_reason: a request of outbox.set_aside(), cleared by the relay
+-- once it acted on it.
 CREATE TABLE outbox.progress (
 	target_id	int		NOT NULL REFERENCES outbox.targets (id) ON DELETE CASCADE,
 	lane		int		NOT NULL,
@@ -513,6 +578,9 @@ CREATE TABLE outbox.progress (
 	last_error_at timestamptz,
 	batch_end	bigint,
 	generation	int		NOT NULL DEFAULT 0,
+	failing_id	bigint,
+	set_aside_id bigint,
+	set_aside_reason text,
 	PRIMARY KEY (target_id, lane)
 );
 COMMENT ON TABLE outbox.progress IS 'per target and lane: everything at or below done_id is finished';
@@ -521,6 +589,11 @@ COMMENT ON COLUMN outbox.progress.batch_end IS
 	'last id of the batch in flight when it was cut short of batch_size; ignored once done_id passes it';
 COMMENT ON COLUMN outbox.progress.generation IS
 	'bumped by outbox.replay(): the relay reloads the lane, and drops its own older writes';
+SELECT pg_catalog.pg_extension_config_dump('outbox.progress', '');
+COMMENT ON COLUMN outbox.progress.failing_id IS
+	'the message the lane''s last_error is about, while the lane retries it';
+COMMENT ON COLUMN outbox.progress.set_aside_id IS
+	'asked by outbox.set_aside(): the relay makes this message a dead letter if it is still the lane''s failing head';
 
 -- Messages a target gave up on, with what is needed to deliver them again
 -- (outbox.retry_dead_letters) after their message was removed.
@@ -544,18 +617,12 @@ COMMENT ON TABLE outbox.dead_letters IS 'messages a target rejected or that ran 
 REVOKE ALL ON TABLE outbox.dead_letters FROM PUBLIC;
 COMMENT ON COLUMN outbox.dead_letters.retry_requested_at IS
 	'set by outbox.retry_dead_letters(): the relay delivers it again, then removes it';
-
-SELECT pg_catalog.pg_extension_config_dump('outbox.targets', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.subscriptions', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.progress', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.dead_letters', '');
 
--- A dump keeps the target id sequence, so targets created after a restore
--- get new ids.
-SELECT pg_catalog.pg_extension_config_dump('outbox.targets_id_seq', '');
-
 ---------------------------------------------------------------------------
--- The relay's functions: targets and subscriptions.
+-- Checks of target options.
+-- Shared by the functions that create and alter targets; those in C are
+-- the relay's own checks of every row it loads.
 ---------------------------------------------------------------------------
 
 -- Tell the relay worker, when this transaction commits, to reload targets.
@@ -601,6 +668,7 @@ BEGIN
 	END IF;
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.check_target_name(text) FROM PUBLIC;
 
 -- Header values travel raw in HTTP request headers: printable ASCII only.
 CREATE FUNCTION outbox.check_headers(headers jsonb)
@@ -644,6 +712,172 @@ BEGIN
 	END LOOP;
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.check_headers(jsonb) FROM PUBLIC;
+
+-- Raise invalid_parameter_value when value holds a character its kind
+-- (topic, pattern, key, header_value, channel) does not allow.
+CREATE FUNCTION outbox.check_text(value text, kind text, what text DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_text_sql'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_text(text, text, text) FROM PUBLIC;
+
+-- Refuse a URL libcurl would read differently from how it is written, or
+-- whose host (literal, or resolved now) outbox.denied_destinations or
+-- outbox.allowed_destinations refuse.  The relay checks again at every
+-- connect, on the address it dials.
+CREATE FUNCTION outbox.check_destination(url text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_destination'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_destination(text) FROM PUBLIC;
+
+-- Signing keys: whsec_ (HMAC-SHA256, "v1,") or whsk_ (ed25519, "v1a,").
+CREATE FUNCTION outbox.signing_public_key(secret text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_signing_public_key'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION outbox.signing_public_key(text) IS
+	'the whpk_ public key of a whsk_ signing key, for receivers of v1a signatures';
+REVOKE ALL ON FUNCTION outbox.signing_public_key(text) FROM PUBLIC;
+
+-- A new signing key: whsec_ (HMAC) or whsk_ (Ed25519).
+CREATE FUNCTION outbox.generate_secret(kind text DEFAULT 'hmac')
+RETURNS text
+AS 'MODULE_PATHNAME', 'outbox_generate_secret'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+COMMENT ON FUNCTION outbox.generate_secret(text) IS
+	'a new random signing key: ''hmac'' (whsec_) or ''ed25519'' (whsk_)';
+REVOKE ALL ON FUNCTION outbox.generate_secret(text) FROM PUBLIC;
+
+-- A signing key as a target's secret (or previous_secret) takes it: a
+-- whsk_ ed25519 key, or a whsec_ key of 16 to 64 bytes.  NULL is none.
+CREATE FUNCTION outbox.check_secret(secret text, what text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	key_bytes bytea;
+BEGIN
+	IF secret IS NULL THEN
+		RETURN;
+	END IF;
+	IF secret ~ '^whsk_' THEN
+		BEGIN
+			PERFORM outbox.signing_public_key(secret);
+		EXCEPTION WHEN invalid_parameter_value THEN
+			RAISE EXCEPTION 'invalid webhook signing key in %', what
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'A whsk_ key is base64 of a 32-byte ed25519 seed (or of the seed and its public key).',
+					  HINT = 'Generate one with: SELECT outbox.generate_secret(''ed25519'').';
+		END;
+		RETURN;
+	END IF;
+	BEGIN
+		IF secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
+			RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
+		END IF;
+		key_bytes := decode(substr(secret, 7), 'base64');
+	EXCEPTION WHEN others THEN
+		RAISE EXCEPTION 'invalid webhook secret in %', what
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64, or "whsk_" for an ed25519 key.',
+				  HINT = 'Generate one with: SELECT outbox.generate_secret().';
+	END;
+	IF length(key_bytes) < 16 OR length(key_bytes) > 64 THEN
+		RAISE EXCEPTION 'webhook secret must decode to 16 to 64 bytes, not %', length(key_bytes)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use 24 to 64 random bytes, as the Standard Webhooks spec recommends: SELECT outbox.generate_secret().';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_secret(text, text) FROM PUBLIC;
+
+-- TLS files are read by the server: only a role that may read server files
+-- names them, and they must exist and be readable now (by the server's
+-- operating system user: outbox.check_server_file).
+CREATE FUNCTION outbox.check_server_file(path text, what text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'outbox_check_server_file'
+LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
+REVOKE ALL ON FUNCTION outbox.check_server_file(text, text) FROM PUBLIC;
+
+-- TLS files go with a URL that asks for TLS: https:// for HTTP targets,
+-- rediss:// for Redis targets, amqps:// for RabbitMQ targets, tls:// for
+-- NATS targets.  Only superusers and members of pg_read_server_files name
+-- them, or a NATS target's credentials: the relay reads them as the
+-- server.
+CREATE FUNCTION outbox.check_tls_files(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	f record;
+	scheme text := CASE t.kind WHEN 'http' THEN 'https://' WHEN 'redis' THEN 'rediss://'
+								WHEN 'rabbitmq' THEN 'amqps://' WHEN 'nats' THEN 'tls://' END;
+BEGIN
+	IF t.credentials IS NOT NULL THEN
+		IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+			RAISE EXCEPTION 'permission denied to name the credentials file of a target'
+				USING ERRCODE = 'insufficient_privilege',
+					  DETAIL = 'The relay reads credentials as the server.',
+					  HINT = 'Only superusers and members of pg_read_server_files may set it.';
+		END IF;
+		PERFORM outbox.check_server_file(t.credentials, 'credentials');
+		PERFORM outbox.check_nats_credentials(t.credentials);
+	END IF;
+	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
+		RETURN;
+	END IF;
+	IF scheme IS NULL THEN
+		RAISE EXCEPTION 'a % target has no TLS files', t.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ and NATS targets.';
+	END IF;
+	IF lower(left(ltrim(t.url), length(scheme))) <> scheme THEN
+		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = format('Give the target a URL that starts with %s to verify its server with them.', scheme);
+	END IF;
+	IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+		RAISE EXCEPTION 'permission denied to name TLS files of a target'
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'The relay reads ca_file, client_cert and client_key as the server.',
+				  HINT = 'Only superusers and members of pg_read_server_files may set them.';
+	END IF;
+	IF t.client_key IS NOT NULL AND t.client_cert IS NULL THEN
+		RAISE EXCEPTION 'client_key needs client_cert'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
+									('client_key', t.client_key)) v(opt, path)
+			 WHERE path IS NOT NULL LOOP
+		PERFORM outbox.check_server_file(f.path, f.opt);
+	END LOOP;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_tls_files(outbox.targets) FROM PUBLIC;
+
+-- A subscription or topic grant pattern: a topic, a prefix followed by
+-- "*", or "*", with the characters of topics.
+CREATE FUNCTION outbox.check_topic_pattern(pattern text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF pattern IS NULL OR pattern = '' OR octet_length(pattern) > 255 THEN
+		RAISE EXCEPTION 'invalid topic pattern %', quote_nullable(pattern)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A pattern is a topic, a prefix followed by "*" (such as ''orders.*''), or ''*''.',
+				  HINT = 'Topics have 1 to 255 bytes and no white space.';
+	END IF;
+	PERFORM outbox.check_text(pattern, 'pattern');
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_topic_pattern(text) FROM PUBLIC;
 
 -- Checks of the options every target has.
 CREATE FUNCTION outbox.check_target_options(t outbox.targets)
@@ -663,6 +897,7 @@ BEGIN
 	END IF;
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.check_target_options(outbox.targets) FROM PUBLIC;
 
 -- The checks of an HTTP target's options, shared by create_http_target and
 -- alter_target.
@@ -716,11 +951,162 @@ BEGIN
 	PERFORM outbox.check_tls_files(t);
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.check_http_target(outbox.targets) FROM PUBLIC;
 
--- Store a validated target and its progress rows, which start at the
--- frontier; wake the relay at commit.  Only a duplicate name is "already
--- exists"; any other unique violation (a restored target id, say) is
--- reported as it is.
+-- The checks of a NATS target's url and subject template (in C, as the
+-- relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_nats_target(url text, subject text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_nats_target';
+REVOKE ALL ON FUNCTION outbox.check_nats_target(text, text) FROM PUBLIC;
+
+-- The checks of a Kafka target's bootstrap list, topic template and
+-- properties (in C, as the relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_kafka_target(brokers text, topic text, properties jsonb)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_kafka_target';
+REVOKE ALL ON FUNCTION outbox.check_kafka_target(text, text, jsonb) FROM PUBLIC;
+
+-- Whether a file is a NATS .creds file or a user's NKey seed (in C: the
+-- relay reads it so).
+CREATE FUNCTION outbox.check_nats_credentials(path text)
+RETURNS void
+LANGUAGE C STRICT
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_nats_credentials';
+REVOKE ALL ON FUNCTION outbox.check_nats_credentials(text) FROM PUBLIC;
+
+-- The checks of a Redis target's url and stream template (in C, as the
+-- relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_redis_target(url text, stream text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_redis_target';
+REVOKE ALL ON FUNCTION outbox.check_redis_target(text, text) FROM PUBLIC;
+
+-- The checks of a RabbitMQ target's url, exchange and routing key
+-- template (in C, as the relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_rabbitmq_target(url text, exchange text, routing_key text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_rabbitmq_target';
+REVOKE ALL ON FUNCTION outbox.check_rabbitmq_target(text, text, text) FROM PUBLIC;
+
+-- The checks of a broker target's options (NATS, Kafka, Redis or
+-- RabbitMQ), shared by the create functions and alter_target.
+CREATE FUNCTION outbox.check_broker_options(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.kind = 'nats' THEN
+		PERFORM outbox.check_nats_target(t.url, t.subject);
+	ELSIF t.kind = 'rabbitmq' THEN
+		PERFORM outbox.check_rabbitmq_target(t.url, t.exchange, t.routing_key);
+	ELSIF t.kind = 'redis' THEN
+		PERFORM outbox.check_redis_target(t.url, t.stream);
+		IF t.maxlen IS NOT NULL AND t.maxlen < 1 THEN
+			RAISE EXCEPTION 'maxlen must be at least 1, not %', t.maxlen
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'It is about how many entries the stream keeps (XADD MAXLEN ~); pass NULL (or 0 to alter_target) to never trim.';
+		END IF;
+		IF t.dedup_window IS NULL OR t.dedup_window < 0 OR t.dedup_window > 2592000 THEN
+			RAISE EXCEPTION 'dedup_window must be between 0 and 2592000 seconds (30 days), not %', coalesce(t.dedup_window::text, 'NULL')
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'It is how long a message sent again is still recognised and not appended twice; 0 appends without marks.';
+		END IF;
+	ELSE
+		PERFORM outbox.check_kafka_target(t.url, t.topic, t.properties);
+	END IF;
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'It is how many messages of different keys a lane has waiting for their acknowledgements.';
+	END IF;
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.';
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_tls_files(t);
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_broker_options(outbox.targets) FROM PUBLIC;
+
+-- The format options of a target: which kinds take which format, and a
+-- source the CloudEvents attribute can carry.  CloudEvents go to HTTP, NATS,
+-- Kafka and RabbitMQ targets, and, in structured mode (the event in one
+-- field), to Redis targets.
+CREATE FUNCTION outbox.check_format(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.format IS NULL OR t.format NOT IN ('outbox', 'cloudevents', 'cloudevents-structured') THEN
+		RAISE EXCEPTION 'unknown target format %', quote_nullable(t.format)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A target sends ''outbox'' (its own shape), ''cloudevents'' (CloudEvents 1.0, binary content mode) or ''cloudevents-structured'' (CloudEvents 1.0, structured content mode).',
+				  HINT = 'Pass format => ''cloudevents'' for CloudEvents consumers.';
+	END IF;
+	IF t.format = 'cloudevents' AND t.kind = 'redis' THEN
+		RAISE EXCEPTION 'a Redis target sends CloudEvents in structured mode only'
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents has no Redis binding: the event goes whole, as JSON, in the stream entry''s field cloudevent.',
+				  HINT = 'Pass format => ''cloudevents-structured''.';
+	END IF;
+	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis') THEN
+		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ and Redis targets; NOTIFY sends outbox envelopes only.',
+				  HINT = 'Use another kind of target for CloudEvents consumers.';
+	END IF;
+	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
+		RAISE EXCEPTION 'source is the CloudEvents source attribute, and the target sends format ''outbox'''
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass format => ''cloudevents'' as well, or leave source out (source => '''' removes it).';
+	END IF;
+	IF t.ce_source IS NOT NULL AND (t.ce_source = '' OR octet_length(t.ce_source) > 1024
+									OR t.ce_source ~ '[[:cntrl:][:space:]]') THEN
+		RAISE EXCEPTION 'invalid CloudEvents source %', quote_literal(left(t.ce_source, 100))
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A source is a URI-reference of 1 to 1024 bytes without white space or control characters.',
+				  HINT = 'Use a URI such as ''https://shop.example.com/orders'' or ''/shop/orders''.';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_format(outbox.targets) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Creating targets and subscribing them.
+-- One create function per kind of target; all of them insert through
+-- outbox.add_target().
+---------------------------------------------------------------------------
+
+-- Store a validated target (every kind's columns) and its progress rows,
+-- which start at the frontier; wake the relay at commit.  Only a duplicate
+-- name is "already exists"; any other unique violation (a restored target
+-- id, say) is reported as it is.
 CREATE FUNCTION outbox.add_target(target outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -733,12 +1119,17 @@ BEGIN
 	BEGIN
 		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
 									ordering, max_attempts, timeout_ms, ca_file, client_cert,
-									client_key, envelope_only)
+									client_key, envelope_only, subject, topic, properties,
+									format, ce_source, stream, maxlen, dedup_window,
+									exchange, routing_key, credentials)
 		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
 				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
 				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
 				target.ca_file, target.client_cert, target.client_key,
-				coalesce(target.envelope_only, false))
+				coalesce(target.envelope_only, false), target.subject, target.topic,
+				target.properties, coalesce(target.format, 'outbox'), target.ce_source,
+				target.stream, target.maxlen, target.dedup_window,
+				target.exchange, target.routing_key, target.credentials)
 		RETURNING id INTO new_id;
 	EXCEPTION WHEN unique_violation THEN
 		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -754,11 +1145,14 @@ BEGIN
 	PERFORM outbox.config_changed();
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.add_target(outbox.targets) FROM PUBLIC;
 
 -- A target that receives messages as HTTP POST requests (webhooks),
 -- signed when it has a secret; the TLS files (ca_file, client_cert,
--- client_key) are for https:// URLs.  outbox.check_http_target checks the
--- options.
+-- client_key) are for https:// URLs; format 'cloudevents' sends CloudEvents
+-- (binary content mode, a batch as a CloudEvents batch),
+-- 'cloudevents-structured' structured content mode; source is their
+-- source attribute.
 CREATE FUNCTION outbox.create_http_target(
 	name		 text,
 	url			 text,
@@ -771,7 +1165,9 @@ CREATE FUNCTION outbox.create_http_target(
 	timeout_ms	 int	DEFAULT 10000,
 	ca_file		 text	DEFAULT NULL,
 	client_cert	 text	DEFAULT NULL,
-	client_key	 text	DEFAULT NULL)
+	client_key	 text	DEFAULT NULL,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -793,15 +1189,19 @@ BEGIN
 	t.ca_file := ca_file;
 	t.client_cert := client_cert;
 	t.client_key := client_key;
+	t.format := format;
+	t.ce_source := source;
 	PERFORM outbox.check_http_target(t);
+	PERFORM outbox.check_format(t);
 	IF ordering = 'strict' THEN
 		t.lanes := 1;
 	END IF;
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text) IS
+COMMENT ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text, text, text) IS
 	'create a target that receives messages as HTTP POST requests (webhooks)';
+REVOKE ALL ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
 
 -- A target that receives messages as NOTIFY on a channel.  It may send the
 -- envelope only (no payload, no headers): every role that can connect may
@@ -834,6 +1234,211 @@ END
 $$;
 COMMENT ON FUNCTION outbox.create_notify_target(text, text, boolean) IS
 	'create a target that receives messages as NOTIFY on a channel';
+REVOKE ALL ON FUNCTION outbox.create_notify_target(text, text, boolean) FROM PUBLIC;
+
+-- A target that publishes messages into NATS JetStream streams.
+CREATE FUNCTION outbox.create_nats_target(
+	name		 text,
+	url			 text,
+	subject		 text	DEFAULT '{topic}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL,
+	credentials	 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'nats';
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
+	t.credentials := credentials;
+	t.url := url;
+	t.subject := subject;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+	UPDATE outbox.targets x SET subject = t.subject WHERE x.name = t.name;
+END
+$$;
+COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text, text, text, text, text) IS
+	'create a target that publishes messages into NATS JetStream, each acknowledged by its stream';
+REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text, text, text, text, text) FROM PUBLIC;
+
+-- A target that produces messages into Kafka topics, with an idempotent
+-- producer.
+CREATE FUNCTION outbox.create_kafka_target(
+	name		 text,
+	brokers		 text,
+	topic		 text	DEFAULT '{topic}',
+	properties	 jsonb	DEFAULT '{}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 30000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'kafka';
+	t.url := brokers;
+	t.topic := topic;
+	t.properties := coalesce(properties, '{}');
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int, text, text) IS
+	'create a target that produces messages into Kafka topics, with an idempotent producer';
+REVOKE ALL ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int, text, text) FROM PUBLIC;
+
+-- A target that appends messages to Redis streams, each once within the
+-- de-duplication window.
+CREATE FUNCTION outbox.create_redis_target(
+	name		 text,
+	url			 text,
+	stream		 text	DEFAULT '{topic}',
+	maxlen		 bigint	DEFAULT NULL,
+	dedup_window int	DEFAULT 600,
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'redis';
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
+	t.url := url;
+	t.stream := stream;
+	t.maxlen := maxlen;
+	t.dedup_window := dedup_window;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text, text, text) IS
+	'create a target that appends messages to Redis streams, each once within a de-duplication window';
+REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
+
+-- A target that publishes messages to a RabbitMQ exchange, each
+-- confirmed by the broker.
+CREATE FUNCTION outbox.create_rabbitmq_target(
+	name		 text,
+	url			 text,
+	exchange	 text	DEFAULT '',
+	routing_key	 text	DEFAULT '{topic}',
+	batch_size	 int	DEFAULT 100,
+	lanes		 int	DEFAULT 8,
+	ordering	 text	DEFAULT 'key',
+	max_attempts int	DEFAULT 10,
+	timeout_ms	 int	DEFAULT 10000,
+	format		 text	DEFAULT 'outbox',
+	source		 text	DEFAULT NULL,
+	ca_file		 text	DEFAULT NULL,
+	client_cert	 text	DEFAULT NULL,
+	client_key	 text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'rabbitmq';
+	t.ca_file := ca_file;
+	t.client_cert := client_cert;
+	t.client_key := client_key;
+	t.url := url;
+	t.exchange := exchange;
+	t.routing_key := routing_key;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	PERFORM outbox.check_broker_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text, text, text) IS
+	'create a target that publishes messages to a RabbitMQ exchange, each confirmed by the broker';
+REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
 
 -- The id of a target, or undefined_object.
 CREATE FUNCTION outbox.target_id(name text)
@@ -853,28 +1458,61 @@ BEGIN
 	RETURN found_id;
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.target_id(text) FROM PUBLIC;
 
--- Deliver the topics a pattern matches to a target, from the frontier on.
--- Patterns are checked by character, with the rules of topics
--- (outbox.check_topic_pattern).
-CREATE FUNCTION outbox.subscribe(target text, topic text)
+-- Deliver the topics of a pattern to a target (or queue): an exact topic,
+-- a prefix ending in '*', or '*'.  With a filter (a jsonpath over the
+-- document {"topic", "key", "headers", "payload"}), only the messages it
+-- selects: a predicate ('$.payload.total > 100') when true, another path
+-- when it yields an item.  Subscribing again to the same pattern sets the
+-- filter (NULL removes it) for the messages read after this commits.
+CREATE FUNCTION outbox.subscribe(target text, topic text, filter text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	tid int := outbox.target_id(target);
+	path jsonpath;
+	inserted boolean;
 BEGIN
 	PERFORM outbox.check_topic_pattern(topic);
-	INSERT INTO outbox.subscriptions (target_id, pattern, start_id)
-	VALUES (tid, topic, outbox.frontier())
-	ON CONFLICT DO NOTHING;
+	IF filter IS NOT NULL THEN
+		BEGIN
+			path := filter::jsonpath;
+		EXCEPTION WHEN syntax_error OR invalid_text_representation OR invalid_regular_expression
+					   OR invalid_parameter_value THEN
+			RAISE EXCEPTION 'invalid filter for target "%"', target
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = SQLERRM,
+					  HINT = 'A filter is a jsonpath over {"topic", "key", "headers", "payload"}, for example ''$.payload.total > 100'' or ''$.headers."x-tenant" == "acme"''.';
+		END;
+		-- A variable would need a value the relay does not have.
+		IF pg_catalog.regexp_replace(path::text, '"(\\.|[^"\\])*"', 'S', 'g') ~ '\$S' THEN
+			RAISE EXCEPTION 'invalid filter for target "%"', target
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'The filter uses a variable ($name); filters have none.',
+					  HINT = 'Write the value into the path, for example ''$.payload.total > 100''.';
+		END IF;
+	END IF;
+	-- One statement, so that concurrent subscribes neither fail nor lose a filter.
+	INSERT INTO outbox.subscriptions AS s (target_id, pattern, start_id, filter)
+	VALUES (tid, topic, outbox.frontier(), path)
+	ON CONFLICT (target_id, pattern) DO UPDATE SET filter = EXCLUDED.filter
+	 WHERE s.filter::text IS DISTINCT FROM EXCLUDED.filter::text
+	RETURNING s.xmax = 0 INTO inserted;
 	IF NOT FOUND THEN
 		RAISE NOTICE 'target "%" is already subscribed to "%"', target, topic;
+	ELSIF NOT inserted THEN
+		RAISE NOTICE 'target "%" is already subscribed to "%": its filter is now %', target, topic,
+			coalesce(quote_literal(path::text), 'none');
 	END IF;
 	PERFORM outbox.config_changed();
 END
 $$;
+COMMENT ON FUNCTION outbox.subscribe(text, text, text) IS
+	'deliver the topics of a pattern to a target, optionally only the messages a jsonpath filter selects';
+REVOKE ALL ON FUNCTION outbox.subscribe(text, text, text) FROM PUBLIC;
 
 -- Stop delivering the topics of a pattern to a target.
 CREATE FUNCTION outbox.unsubscribe(target text, topic text)
@@ -892,6 +1530,7 @@ BEGIN
 	PERFORM outbox.config_changed();
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.unsubscribe(text, text) FROM PUBLIC;
 
 -- Drop a target with its subscriptions and progress, and a queue with its
 -- grants and receipts.
@@ -908,22 +1547,12 @@ BEGIN
 	PERFORM outbox.config_changed();
 END
 $$;
-
-REVOKE ALL ON FUNCTION outbox.check_target_name(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.check_headers(jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.check_target_options(outbox.targets) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.check_http_target(outbox.targets) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.add_target(outbox.targets) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.create_notify_target(text, text, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.target_id(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.subscribe(text, text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.unsubscribe(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.drop_target(text) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
--- Operating targets: states, pause/resume, disable, rate limits, replay,
--- dead letters delivered again.
+-- Operating targets.
+-- Pause and resume, dead letters, replay, changing options, rotating
+-- signing keys.
 ---------------------------------------------------------------------------
 
 -- Target names are checked by the admin functions: each raises
@@ -953,7 +1582,9 @@ END
 $$;
 COMMENT ON FUNCTION outbox.pause_target(text) IS
 	'stop delivering to a target; messages keep accumulating; returns the messages pending';
+REVOKE ALL ON FUNCTION outbox.pause_target(text) FROM PUBLIC;
 
+-- Deliver to a paused or disabled target again.
 CREATE FUNCTION outbox.resume_target(name text)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -976,6 +1607,7 @@ END
 $$;
 COMMENT ON FUNCTION outbox.resume_target(text) IS
 	'deliver again to a paused or disabled target, from where it stopped; returns the messages pending';
+REVOKE ALL ON FUNCTION outbox.resume_target(text) FROM PUBLIC;
 
 -- The ids of one (id) or all of a target's dead letters; an id the target
 -- has no dead letter with is an error.
@@ -997,6 +1629,7 @@ BEGIN
 					AND (dead_letter_ids.id IS NULL OR d.id = dead_letter_ids.id);
 END
 $$;
+REVOKE ALL ON FUNCTION outbox.dead_letter_ids(text, bigint) FROM PUBLIC;
 
 -- Deliver dead letters again: the relay delivers each one whose
 -- retry_requested_at is set, then removes it.  A queue's dead letters are
@@ -1036,6 +1669,7 @@ END
 $$;
 COMMENT ON FUNCTION outbox.retry_dead_letters(text, bigint) IS
 	'deliver one (id) or all of a target''s dead letters again, in id order; returns how many';
+REVOKE ALL ON FUNCTION outbox.retry_dead_letters(text, bigint) FROM PUBLIC;
 
 -- Remove dead letters without delivering them.
 CREATE FUNCTION outbox.discard_dead_letters(target text, id bigint DEFAULT NULL)
@@ -1056,6 +1690,83 @@ END
 $$;
 COMMENT ON FUNCTION outbox.discard_dead_letters(text, bigint) IS
 	'remove one (id) or all of a target''s dead letters; returns how many';
+REVOKE ALL ON FUNCTION outbox.discard_dead_letters(text, bigint) FROM PUBLIC;
+
+-- Set a failing message aside as a dead letter: the one the relay retries
+-- at the head of one of the target's lanes (id picks one when several
+-- lanes fail), with the reason given.  Returns its id.  The relay acts at
+-- its next turn, if the message is still failing then; the rest of its key
+-- and lane go on.  Any kind of target but a queue.
+CREATE FUNCTION outbox.set_aside(target text, reason text DEFAULT NULL, id bigint DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(set_aside.target);
+	k text;
+	failing bigint[];
+	chosen bigint;
+BEGIN
+	IF length(reason) > 1000 THEN
+		RAISE EXCEPTION 'reason is too long (% characters)', length(reason)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A reason is kept with the dead letter: at most 1000 characters.';
+	END IF;
+	IF reason ~ '[[:cntrl:]]' THEN
+		RAISE EXCEPTION 'reason contains a control character'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A reason is kept with the dead letter and written to the server log.',
+				  HINT = 'Give the reason as one line of printable text.';
+	END IF;
+	-- (no lock: the UPDATE below checks the row again, and a lock here
+	-- would take the relay's tables in the other order from its writes)
+	SELECT t.kind INTO k FROM outbox.targets t WHERE t.id = tid;
+	IF k = 'queue' THEN
+		RAISE EXCEPTION 'target "%" is a queue', set_aside.target
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'No relay delivers a queue''s messages: its receivers take them.',
+				  HINT = 'A receiver gives a message up with outbox.nack(); see outbox.queue_dead_letters.';
+	END IF;
+	SELECT array_agg(p.failing_id ORDER BY p.failing_id) INTO failing
+	  FROM outbox.progress p WHERE p.target_id = tid AND p.failing_id IS NOT NULL;
+	IF set_aside.id IS NOT NULL THEN
+		IF NOT set_aside.id = ANY (coalesce(failing, '{}')) THEN
+			RAISE EXCEPTION 'message % is not failing on target "%"', set_aside.id, set_aside.target
+				USING ERRCODE = 'no_data_found',
+					  DETAIL = CASE WHEN failing IS NULL THEN 'No message of the target is failing.'
+									ELSE format('Failing: %s.', array_to_string(failing, ', ')) END,
+					  HINT = 'Only a message the relay retries at the head of a lane can be set aside (outbox.progress.failing_id).';
+		END IF;
+		chosen := set_aside.id;
+	ELSIF failing IS NULL THEN
+		RAISE EXCEPTION 'no message of target "%" is failing', set_aside.target
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'outbox.status shows each target''s last error; a message is set aside while the relay retries it.';
+	ELSIF cardinality(failing) > 1 THEN
+		RAISE EXCEPTION 'target "%" has % failing messages', set_aside.target, cardinality(failing)
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = format('Failing: %s.', array_to_string(failing, ', ')),
+				  HINT = 'Pass id => one of them.';
+	ELSE
+		chosen := failing[1];
+	END IF;
+	UPDATE outbox.progress p
+	   SET set_aside_id = chosen,
+		   set_aside_reason = 'set aside by ' || session_user || coalesce(': ' || reason, '')
+	 WHERE p.target_id = tid AND p.failing_id = chosen;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'message % is not failing on target "%" any more', chosen, set_aside.target
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = 'The relay delivered it, or set it aside, meanwhile.';
+	END IF;
+	PERFORM outbox.config_changed();
+	RETURN chosen;
+END
+$$;
+COMMENT ON FUNCTION outbox.set_aside(text, text, bigint) IS
+	'set a failing message of a target aside as a dead letter; returns its id';
+REVOKE ALL ON FUNCTION outbox.set_aside(text, text, bigint) FROM PUBLIC;
 
 -- Deliver the retained messages from from_id on to one target again (same
 -- ids, same webhook-id); lanes already behind from_id stay where they are.
@@ -1120,9 +1831,6 @@ BEGIN
 	RETURN n;
 END
 $$;
-COMMENT ON FUNCTION outbox.replay(text, bigint) IS
-	'deliver a target''s retained messages again from an id; returns how many it had finished';
-
 -- Replay from the first retained message emitted at or after a time.
 CREATE FUNCTION outbox.replay(target text, since timestamptz)
 RETURNS bigint
@@ -1157,15 +1865,28 @@ BEGIN
 	RETURN outbox.replay(target, first_id);
 END
 $$;
+COMMENT ON FUNCTION outbox.replay(text, bigint) IS
+	'deliver a target''s retained messages again from an id; returns how many it had finished';
 COMMENT ON FUNCTION outbox.replay(text, timestamptz) IS
 	'deliver a target''s retained messages again from those emitted at or after a time';
+REVOKE ALL ON FUNCTION outbox.replay(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.replay(text, timestamptz) FROM PUBLIC;
 
 -- Change a target's options; NULL leaves an option as it is.  secret => ''
 -- removes the secret, max_rate => 0 removes the rate limit, disable_after
--- => interval '0' never disables.  Takes effect without a restart: the
--- next request uses the new URL, headers, secret, batch size, timeout and
--- rate; new lanes or ordering once the target's lanes are idle (the relay
--- stops reading for it, delivers what it holds, then redistributes keys).
+-- => interval '0' never disables, source => '' removes the CloudEvents
+-- source (the default is used).  Takes effect without a restart: the next
+-- request uses the new URL, headers, secret, batch size, timeout and rate;
+-- new lanes or ordering once the target's lanes are idle (the relay stops
+-- reading for it, delivers what it holds, then redistributes keys).  A NATS
+-- target takes url, subject, batch_size, lanes, ordering, max_attempts,
+-- timeout_ms, max_rate and disable_after; a Kafka target the same with topic
+-- and properties instead of subject (url is its brokers); a Redis target
+-- url, stream, maxlen (maxlen => 0 never trims), dedup_window and the
+-- common ones; a RabbitMQ target the same with exchange and routing_key
+-- instead of stream, maxlen and dedup_window.  unroutable_after (NATS,
+-- Kafka and RabbitMQ targets): how long a message whose filled-in
+-- destination the broker does not take is retried, interval '0' for ever.
 -- Returns the number of options changed.
 CREATE FUNCTION outbox.alter_target(
 	name		  text,
@@ -1182,7 +1903,19 @@ CREATE FUNCTION outbox.alter_target(
 	ca_file		  text		DEFAULT NULL,
 	client_cert	  text		DEFAULT NULL,
 	client_key	  text		DEFAULT NULL,
-	envelope_only boolean	DEFAULT NULL)
+	envelope_only boolean	DEFAULT NULL,
+	subject		  text		DEFAULT NULL,
+	topic		  text		DEFAULT NULL,
+	properties	  jsonb		DEFAULT NULL,
+	format		  text		DEFAULT NULL,
+	source		  text		DEFAULT NULL,
+	stream		  text		DEFAULT NULL,
+	maxlen		  bigint	DEFAULT NULL,
+	dedup_window  int		DEFAULT NULL,
+	exchange	  text		DEFAULT NULL,
+	routing_key	  text		DEFAULT NULL,
+	unroutable_after interval DEFAULT NULL,
+	credentials	  text		DEFAULT NULL)
 RETURNS int
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1195,13 +1928,58 @@ DECLARE
 BEGIN
 	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
 	t := old;
-	IF old.kind <> 'http' AND (url IS NOT NULL OR headers IS NOT NULL OR secret IS NOT NULL
-							   OR batch_size IS NOT NULL OR lanes IS NOT NULL OR ordering IS NOT NULL
-							   OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL OR ca_file IS NOT NULL
-							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
+	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq') AND (url IS NOT NULL OR batch_size IS NOT NULL
+													  OR lanes IS NOT NULL OR ordering IS NOT NULL
+													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP targets have a URL, headers, a secret, batches, lanes, a timeout, a rate or TLS files.';
+				  DETAIL = 'Only HTTP, NATS, Kafka, Redis and RabbitMQ targets have a URL (brokers), batches, lanes, a timeout or a rate.';
+	END IF;
+	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets have headers and a secret.';
+	END IF;
+	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
+																  OR client_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP, Redis, RabbitMQ and NATS targets have TLS files.';
+	END IF;
+	IF old.kind <> 'nats' AND credentials IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a credentials file.';
+	END IF;
+	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a subject.';
+	END IF;
+	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Kafka targets have a topic and properties.';
+	END IF;
+	IF old.kind <> 'redis' AND (stream IS NOT NULL OR maxlen IS NOT NULL OR dedup_window IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Redis targets have a stream, maxlen and dedup_window.';
+	END IF;
+	IF old.kind <> 'rabbitmq' AND (exchange IS NOT NULL OR routing_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only RabbitMQ targets have an exchange and a routing key.';
+	END IF;
+	IF old.kind NOT IN ('nats', 'kafka', 'rabbitmq') AND unroutable_after IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS, Kafka and RabbitMQ targets fill in a destination the broker may not take (unroutable_after).';
+	END IF;
+	IF unroutable_after < interval '0' THEN
+		RAISE EXCEPTION 'unroutable_after must not be negative'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass interval ''0'' to retry such a message for ever.';
 	END IF;
 	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -1223,14 +2001,30 @@ BEGIN
 	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
 	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
 	t.envelope_only := coalesce(envelope_only, old.envelope_only);
+	t.subject := coalesce(subject, old.subject);
+	t.topic := coalesce(topic, old.topic);
+	t.properties := coalesce(properties, old.properties);
+	t.format := coalesce(format, old.format);
+	t.ce_source := CASE WHEN source = '' THEN NULL ELSE coalesce(source, old.ce_source) END;
+	t.stream := coalesce(stream, old.stream);
+	t.maxlen := CASE WHEN maxlen = 0 THEN NULL ELSE coalesce(maxlen, old.maxlen) END;
+	t.dedup_window := coalesce(dedup_window, old.dedup_window);
+	t.exchange := coalesce(exchange, old.exchange);
+	t.routing_key := coalesce(routing_key, old.routing_key);
+	t.unroutable_after := CASE WHEN unroutable_after = interval '0' THEN NULL
+							   ELSE coalesce(unroutable_after, old.unroutable_after) END;
+	t.credentials := CASE WHEN credentials = '' THEN NULL ELSE coalesce(credentials, old.credentials) END;
 	IF t.secret IS NULL THEN
 		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
 	END IF;
 	IF old.kind = 'http' THEN
 		PERFORM outbox.check_http_target(t);
+	ELSIF old.kind IN ('nats', 'kafka', 'redis', 'rabbitmq') THEN
+		PERFORM outbox.check_broker_options(t);
 	ELSE
 		PERFORM outbox.check_target_options(t);
 	END IF;
+	PERFORM outbox.check_format(t);
 	IF t.ordering = 'strict' THEN
 		IF lanes IS NOT NULL AND lanes <> 1 THEN
 			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
@@ -1251,14 +2045,30 @@ BEGIN
 		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
 		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
 		+ (t.client_key IS DISTINCT FROM old.client_key)::int
-		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int;
+		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
+		+ (t.subject IS DISTINCT FROM old.subject)::int
+		+ (t.topic IS DISTINCT FROM old.topic)::int
+		+ (t.properties IS DISTINCT FROM old.properties)::int
+		+ (t.format IS DISTINCT FROM old.format)::int
+		+ (t.ce_source IS DISTINCT FROM old.ce_source)::int
+		+ (t.stream IS DISTINCT FROM old.stream)::int
+		+ (t.maxlen IS DISTINCT FROM old.maxlen)::int
+		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int
+		+ (t.exchange IS DISTINCT FROM old.exchange)::int
+		+ (t.routing_key IS DISTINCT FROM old.routing_key)::int
+		+ (t.unroutable_after IS DISTINCT FROM old.unroutable_after)::int
+		+ (t.credentials IS DISTINCT FROM old.credentials)::int;
 
 	UPDATE outbox.targets x
 	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
 		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
 		   disable_after = t.disable_after, previous_secret = t.previous_secret,
 		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
-		   envelope_only = t.envelope_only,
+		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
+		   properties = t.properties, format = t.format, ce_source = t.ce_source,
+		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
+		   exchange = t.exchange, routing_key = t.routing_key,
+		   unroutable_after = t.unroutable_after, credentials = t.credentials,
 		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
 		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
 	 WHERE x.id = tid;
@@ -1266,164 +2076,9 @@ BEGIN
 	RETURN n;
 END
 $$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean) IS
+COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) IS
 	'change a target''s options without a restart; returns how many changed';
-
-REVOKE ALL ON FUNCTION outbox.pause_target(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.resume_target(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.dead_letter_ids(text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.retry_dead_letters(text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.discard_dead_letters(text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.replay(text, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.replay(text, timestamptz) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean) FROM PUBLIC;
-
----------------------------------------------------------------------------
--- Security (README, "Security"): where requests may go, text checked
--- character by character, signing keys that rotate, TLS files, per-topic
--- emit rights.
----------------------------------------------------------------------------
-
--- Raise invalid_parameter_value when value holds a character its kind
--- (topic, pattern, key, header_value, channel) does not allow.
-CREATE FUNCTION outbox.check_text(value text, kind text, what text DEFAULT NULL)
-RETURNS void
-AS 'MODULE_PATHNAME', 'outbox_check_text_sql'
-LANGUAGE C IMMUTABLE PARALLEL SAFE;
-REVOKE ALL ON FUNCTION outbox.check_text(text, text, text) FROM PUBLIC;
-
--- Refuse a URL libcurl would read differently from how it is written, or
--- whose host (literal, or resolved now) outbox.denied_destinations or
--- outbox.allowed_destinations refuse.  The relay checks again at every
--- connect, on the address it dials.
-CREATE FUNCTION outbox.check_destination(url text)
-RETURNS void
-AS 'MODULE_PATHNAME', 'outbox_check_destination'
-LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
-REVOKE ALL ON FUNCTION outbox.check_destination(text) FROM PUBLIC;
-
--- Signing keys: whsec_ (HMAC-SHA256, "v1,") or whsk_ (ed25519, "v1a,").
-CREATE FUNCTION outbox.signing_public_key(secret text)
-RETURNS text
-AS 'MODULE_PATHNAME', 'outbox_signing_public_key'
-LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-COMMENT ON FUNCTION outbox.signing_public_key(text) IS
-	'the whpk_ public key of a whsk_ signing key, for receivers of v1a signatures';
-
-CREATE FUNCTION outbox.generate_secret(kind text DEFAULT 'hmac')
-RETURNS text
-AS 'MODULE_PATHNAME', 'outbox_generate_secret'
-LANGUAGE C VOLATILE PARALLEL SAFE;
-COMMENT ON FUNCTION outbox.generate_secret(text) IS
-	'a new random signing key: ''hmac'' (whsec_) or ''ed25519'' (whsk_)';
-REVOKE ALL ON FUNCTION outbox.generate_secret(text) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox.signing_public_key(text) FROM PUBLIC;
-
--- A signing key as a target's secret (or previous_secret) takes it: a
--- whsk_ ed25519 key, or a whsec_ key of 16 to 64 bytes.  NULL is none.
-CREATE FUNCTION outbox.check_secret(secret text, what text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	key_bytes bytea;
-BEGIN
-	IF secret IS NULL THEN
-		RETURN;
-	END IF;
-	IF secret ~ '^whsk_' THEN
-		BEGIN
-			PERFORM outbox.signing_public_key(secret);
-		EXCEPTION WHEN invalid_parameter_value THEN
-			RAISE EXCEPTION 'invalid webhook signing key in %', what
-				USING ERRCODE = 'invalid_parameter_value',
-					  DETAIL = 'A whsk_ key is base64 of a 32-byte ed25519 seed (or of the seed and its public key).',
-					  HINT = 'Generate one with: SELECT outbox.generate_secret(''ed25519'').';
-		END;
-		RETURN;
-	END IF;
-	BEGIN
-		IF secret !~ '^whsec_[A-Za-z0-9+/]+={0,2}$' THEN
-			RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value';
-		END IF;
-		key_bytes := decode(substr(secret, 7), 'base64');
-	EXCEPTION WHEN others THEN
-		RAISE EXCEPTION 'invalid webhook secret in %', what
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'Secrets follow the Standard Webhooks format: "whsec_" followed by base64, or "whsk_" for an ed25519 key.',
-				  HINT = 'Generate one with: SELECT outbox.generate_secret().';
-	END;
-	IF length(key_bytes) < 16 OR length(key_bytes) > 64 THEN
-		RAISE EXCEPTION 'webhook secret must decode to 16 to 64 bytes, not %', length(key_bytes)
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'Use 24 to 64 random bytes, as the Standard Webhooks spec recommends: SELECT outbox.generate_secret().';
-	END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION outbox.check_secret(text, text) FROM PUBLIC;
-
--- TLS files are read by the server: only a role that may read server files
--- names them, and they must exist and be readable now (by the server's
--- operating system user: outbox.check_server_file).
-CREATE FUNCTION outbox.check_server_file(path text, what text)
-RETURNS void
-AS 'MODULE_PATHNAME', 'outbox_check_server_file'
-LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
-REVOKE ALL ON FUNCTION outbox.check_server_file(text, text) FROM PUBLIC;
-
-CREATE FUNCTION outbox.check_tls_files(t outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	f record;
-BEGIN
-	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
-		RETURN;
-	END IF;
-	IF t.url !~* '^https://' THEN
-		RAISE EXCEPTION 'TLS files need an https:// URL'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
-		RAISE EXCEPTION 'permission denied to name TLS files of a target'
-			USING ERRCODE = 'insufficient_privilege',
-				  DETAIL = 'The relay reads ca_file, client_cert and client_key as the server.',
-				  HINT = 'Only superusers and members of pg_read_server_files may set them.';
-	END IF;
-	IF t.client_key IS NOT NULL AND t.client_cert IS NULL THEN
-		RAISE EXCEPTION 'client_key needs client_cert'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
-									('client_key', t.client_key)) v(opt, path)
-			 WHERE path IS NOT NULL LOOP
-		PERFORM outbox.check_server_file(f.path, f.opt);
-	END LOOP;
-END
-$$;
-REVOKE ALL ON FUNCTION outbox.check_tls_files(outbox.targets) FROM PUBLIC;
-
--- A subscription or topic grant pattern: a topic, a prefix followed by
--- "*", or "*", with the characters of topics.
-CREATE FUNCTION outbox.check_topic_pattern(pattern text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF pattern IS NULL OR pattern = '' OR octet_length(pattern) > 255 THEN
-		RAISE EXCEPTION 'invalid topic pattern %', quote_nullable(pattern)
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A pattern is a topic, a prefix followed by "*" (such as ''orders.*''), or ''*''.',
-				  HINT = 'Topics have 1 to 255 bytes and no white space.';
-	END IF;
-	PERFORM outbox.check_text(pattern, 'pattern');
-END
-$$;
-REVOKE ALL ON FUNCTION outbox.check_topic_pattern(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) FROM PUBLIC;
 
 -- Rotate a target's signing key: the current one becomes the previous one,
 -- and requests carry both signatures (space-separated, as Standard Webhooks
@@ -1459,6 +2114,7 @@ END
 $$;
 COMMENT ON FUNCTION outbox.rotate_secret(text, text) IS
 	'give a target a new signing key; requests carry the old and the new signature until finish_secret_rotation';
+REVOKE ALL ON FUNCTION outbox.rotate_secret(text, text) FROM PUBLIC;
 
 -- Stop signing a target's requests with its previous key; false when it
 -- had none.
@@ -1480,8 +2136,13 @@ END
 $$;
 COMMENT ON FUNCTION outbox.finish_secret_rotation(text) IS
 	'stop signing a target''s requests with its previous key';
-REVOKE ALL ON FUNCTION outbox.rotate_secret(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.finish_secret_rotation(text) FROM PUBLIC;
+
+---------------------------------------------------------------------------
+-- Per-topic emit rights.
+-- With outbox.check_topic_grants on, a role that is not a superuser emits
+-- only topics it was granted (src/topic_grants.c).
+---------------------------------------------------------------------------
 
 -- Per-topic emit rights, checked by outbox_emit() when
 -- outbox.check_topic_grants is on (superusers are not checked).
@@ -1518,7 +2179,6 @@ REVOKE ALL ON FUNCTION outbox.topic_grants_trigger() FROM PUBLIC;
 CREATE TRIGGER topic_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON outbox.topic_grants
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.topic_grants_trigger();
 
-
 -- Grant and take back emit rights; each returns whether it changed the
 -- grants.
 CREATE FUNCTION outbox.grant_topic(role regrole, pattern text)
@@ -1542,7 +2202,9 @@ END
 $$;
 COMMENT ON FUNCTION outbox.grant_topic(regrole, text) IS
 	'let a role emit to the topics a pattern matches (when outbox.check_topic_grants is on)';
+REVOKE ALL ON FUNCTION outbox.grant_topic(regrole, text) FROM PUBLIC;
 
+-- Take back outbox.grant_topic().
 CREATE FUNCTION outbox.revoke_topic(role regrole, pattern text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -1558,12 +2220,12 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION outbox.revoke_topic(regrole, text) IS 'take back a grant of outbox.grant_topic';
-REVOKE ALL ON FUNCTION outbox.grant_topic(regrole, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.revoke_topic(regrole, text) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
--- Queues: targets received from by SQL clients inside their own
--- transactions (outbox.receive).  See src/queue.c.
+-- Queues.
+-- Targets of kind 'queue' are received from inside the consumer's own
+-- transaction (outbox.receive(), src/queue_*.c).
 ---------------------------------------------------------------------------
 
 -- One row per receiving transaction that committed: the queue messages it
@@ -1700,6 +2362,8 @@ RETURNS void
 AS 'MODULE_PATHNAME', 'outbox_queue_grants_changed'
 LANGUAGE C VOLATILE;
 REVOKE ALL ON FUNCTION outbox.queue_grants_changed() FROM PUBLIC;
+
+-- Its trigger: every change of outbox.queue_grants calls it.
 CREATE FUNCTION outbox.queue_grants_trigger()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -1713,7 +2377,6 @@ $$;
 REVOKE ALL ON FUNCTION outbox.queue_grants_trigger() FROM PUBLIC;
 CREATE TRIGGER queue_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
 	ON outbox.queue_grants FOR EACH STATEMENT EXECUTE FUNCTION outbox.queue_grants_trigger();
-
 
 -- Per queue, from shared memory: its window, the messages held by
 -- receiving transactions and by whom, and what happened to its messages
@@ -1729,8 +2392,9 @@ LANGUAGE C VOLATILE;
 REVOKE ALL ON FUNCTION outbox.queue_stats() FROM PUBLIC;
 
 ---------------------------------------------------------------------------
--- Monitoring: pending messages, delivery statistics (in shared memory),
--- the relay's status, the views over them, Prometheus metrics.
+-- Monitoring.
+-- What the relays, targets and queues are doing, for people (views) and
+-- for Prometheus (outbox.metrics()); the role outbox_monitor reads them.
 ---------------------------------------------------------------------------
 
 -- Messages of a target committed but not yet delivered or dead-lettered,
@@ -1824,6 +2488,14 @@ LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
 COMMENT ON FUNCTION outbox.reset_stats() IS 'start the counters and latencies of outbox.stats afresh';
 REVOKE ALL ON FUNCTION outbox.reset_stats() FROM PUBLIC;
 
+-- Per target, the messages its subscriptions' filters turned away (since
+-- the relay started or outbox.reset_stats()).
+CREATE FUNCTION outbox.target_filtered(OUT target_id int, OUT filtered bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_target_filtered'
+LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
+REVOKE ALL ON FUNCTION outbox.target_filtered() FROM PUBLIC;
+
 -- One row per target: how far behind it is, what went wrong last, its
 -- state, and for queues the messages held by open transactions and how
 -- many sessions hold them (0 for other targets).
@@ -1872,9 +2544,10 @@ REVOKE ALL ON outbox.lag FROM PUBLIC;
 CREATE VIEW outbox.stats AS
 SELECT t.name AS target, s.state, s.messages, s.requests, s.bytes, s.retries, s.dead_letters,
 	   s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.window_messages, s.in_flight, s.failed_attempts,
-	   s.last_success_at, s.reset_at
+	   s.last_success_at, s.reset_at, coalesce(f.filtered, 0) AS filtered
   FROM outbox.target_stats() s
-  JOIN outbox.targets t ON t.id = s.target_id;
+  JOIN outbox.targets t ON t.id = s.target_id
+  LEFT JOIN outbox.target_filtered() f ON f.target_id = s.target_id;
 COMMENT ON VIEW outbox.stats IS 'per target: messages, requests, bytes, retries, dead letters, latency percentiles';
 REVOKE ALL ON outbox.stats FROM PUBLIC;
 
@@ -1891,6 +2564,7 @@ COMMENT ON FUNCTION outbox.standby_status() IS
 	'each slot of outbox.standby_slots: state, flushed position, bytes behind the newest commit';
 REVOKE ALL ON FUNCTION outbox.standby_status() FROM PUBLIC;
 
+-- The relay of this database: its process, state and positions.
 CREATE VIEW outbox.worker AS
 SELECT w.pid, w.state, w.started_at, w.last_wakeup, w.read_position, w.frontier,
 	   w.frontier_held_by_pid,
@@ -1940,6 +2614,27 @@ SELECT t.name AS queue,
 COMMENT ON VIEW outbox.queues IS 'per queue: pending, held by receiving transactions, received, rolled back';
 REVOKE ALL ON outbox.queues FROM PUBLIC;
 
+-- From shared memory: each database that has an outbox slot (see
+-- outbox.max_databases), its relay and why none runs.
+CREATE FUNCTION outbox.relay_status(OUT datid oid, OUT database text, OUT pid int,
+								   OUT state text, OUT started_at timestamptz,
+								   OUT last_error text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_relays'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION outbox.relay_status() IS
+	'the relay of every database with the extension: pid, state, start, last error';
+REVOKE ALL ON FUNCTION outbox.relay_status() FROM PUBLIC;
+
+-- The relays of every database with the extension.
+CREATE VIEW outbox.relays AS
+SELECT datid, database, pid, state, started_at, last_error
+  FROM outbox.relay_status()
+ ORDER BY database;
+COMMENT ON VIEW outbox.relays IS
+	'the relay of every database with the extension (superusers: it names every database)';
+REVOKE ALL ON outbox.relays FROM PUBLIC;
+
 -- The figures above in the Prometheus text exposition format (version
 -- 0.0.4), with a "target" label; scrape it with any SQL exporter (README).
 -- Reads what outbox.lag, outbox.stats and outbox.worker read, as their
@@ -1973,8 +2668,11 @@ WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
 		(15, 'outbox_frontier_id', 'gauge', 'Highest message id below which no message can still appear.'),
 		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.'),
 		(17, 'outbox_standby_slot_up', 'gauge', '1 when the slot of outbox.standby_slots has its standby connected.'),
-		(18, 'outbox_standby_behind_bytes', 'gauge', 'WAL from what the slot''s standby flushed to the newest commit that emitted messages.')),
+		(18, 'outbox_standby_behind_bytes', 'gauge', 'WAL from what the slot''s standby flushed to the newest commit that emitted messages.'),
+		(19, 'outbox_filtered_messages_total', 'counter', 'Messages of subscribed topics the subscriptions'' filters turned away.')),
 	 sb AS MATERIALIZED (SELECT * FROM outbox.standby_status()),
+	 fl AS MATERIALIZED (SELECT t.name AS target, f.filtered
+						   FROM outbox.target_filtered() f JOIN outbox.targets t ON t.id = f.target_id),
 	 lab AS MATERIALIZED (SELECT target,
 					'{target="' || replace(replace(replace(target, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' AS open
 			   FROM (SELECT target FROM l UNION SELECT target FROM s) x),
@@ -2034,7 +2732,10 @@ WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
 			   || (sb.state = 'streaming')::int FROM sb
 		UNION ALL
 		SELECT 18, sb.slot_name, 0, 'outbox_standby_behind_bytes{slot="' || sb.slot_name || '"} '
-			   || sb.behind_bytes FROM sb WHERE sb.behind_bytes IS NOT NULL)
+			   || sb.behind_bytes FROM sb WHERE sb.behind_bytes IS NOT NULL
+		UNION ALL
+		SELECT 19, fl.target, 0, 'outbox_filtered_messages_total' || b.open || '} ' || fl.filtered
+		  FROM fl JOIN lab b USING (target))
 SELECT string_agg(block, '' ORDER BY ord)
   FROM (SELECT f.ord,
 			   '# HELP ' || f.name || ' ' || f.help || E'\n# TYPE ' || f.name || ' ' || f.type || E'\n'
@@ -2044,10 +2745,6 @@ SELECT string_agg(block, '' ORDER BY ord)
 $$;
 COMMENT ON FUNCTION outbox.metrics() IS 'outbox figures in the Prometheus text exposition format';
 REVOKE ALL ON FUNCTION outbox.metrics() FROM PUBLIC;
-
----------------------------------------------------------------------------
--- The monitoring role.
----------------------------------------------------------------------------
 
 -- A read-only monitoring role: figures and states, no URLs, headers,
 -- secrets or payloads (roles are shared by the cluster's databases: it is
@@ -2079,16 +2776,20 @@ GRANT SELECT (id, name) ON outbox.targets TO outbox_monitor;	-- to join target_s
 GRANT EXECUTE ON FUNCTION outbox.metrics(), outbox.target_pending(int), outbox.target_stats(),
 	outbox.worker_status(), outbox.queue_stats() TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION outbox.standby_status() TO outbox_monitor;
-
+GRANT EXECUTE ON FUNCTION outbox.target_filtered() TO outbox_monitor;
 
 ---------------------------------------------------------------------------
--- Change capture: the changes of a table become messages.
+-- Change capture.
+-- A table's changes become messages: by a trigger, or by the capture
+-- worker decoding the WAL (src/capture.c, src/capture_*.c).
 ---------------------------------------------------------------------------
 
 -- The captured tables.  In trigger mode outbox.capture_trigger(), installed
 -- on the table by outbox.capture(), carries the same settings in its
 -- arguments; this table is what outbox.captures shows and uncapture()
 -- removes.  A dropped table's row goes with it (outbox.captures_dropped).
+-- The capture worker reads it while decoding, as of each change: a user
+-- catalog table.
 CREATE TABLE outbox.captured_tables (
 	tbl				regclass	PRIMARY KEY,
 	mode			text		NOT NULL CHECK (mode IN ('trigger', 'wal')),
@@ -2108,12 +2809,10 @@ CREATE TABLE outbox.captured_tables (
 	topic_prefix	text,		-- 'debezium': the source block's name
 	CHECK ((topic IS NULL) <> (topic_column IS NULL)),
 	CHECK ((format = 'debezium') = (topic_prefix IS NOT NULL))
-);
+) WITH (user_catalog_table = true);
 COMMENT ON TABLE outbox.captured_tables IS 'tables whose changes become messages (outbox.capture)';
 REVOKE ALL ON TABLE outbox.captured_tables FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('outbox.captured_tables', '');
--- The capture worker reads it while decoding, as of each change.
-ALTER TABLE outbox.captured_tables SET (user_catalog_table = true);
 
 -- The WAL capture's offset, written by the capture worker in the same
 -- transaction as the messages it covers (src/capture_worker.c): every source
@@ -2155,7 +2854,10 @@ RETURNS record
 AS 'MODULE_PATHNAME', 'outbox_capture_status'
 LANGUAGE C STABLE;
 REVOKE ALL ON FUNCTION outbox.capture_status() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.capture_status() TO outbox_monitor;
 
+-- The trigger of trigger captures (src/capture.c): its arguments carry the
+-- capture's settings.
 CREATE FUNCTION outbox.capture_trigger()
 RETURNS trigger
 AS 'MODULE_PATHNAME', 'outbox_capture_trigger'
@@ -2716,1628 +3418,11 @@ SELECT ct.tbl AS table_name,
   LEFT JOIN LATERAL outbox.capture_status() w ON ct.mode = 'wal';
 REVOKE ALL ON outbox.captures FROM PUBLIC;
 GRANT SELECT ON outbox.captures TO outbox_monitor;
-GRANT EXECUTE ON FUNCTION outbox.capture_status() TO outbox_monitor;
 
 ---------------------------------------------------------------------------
--- Broker targets: NATS JetStream (src/relay_nats.c), each message
--- published with Nats-Msg-Id = its id and waited for its JetStream
--- acknowledgement; Kafka (src/relay_kafka.c), an idempotent producer.  A
--- Kafka target's url is its bootstrap list.
+-- The end.
 ---------------------------------------------------------------------------
-ALTER TABLE outbox.targets
-	ADD COLUMN subject text,			-- NATS: the subject template
-	ADD COLUMN topic text,				-- Kafka: the topic template
-	ADD COLUMN properties jsonb;		-- Kafka: librdkafka settings
-ALTER TABLE outbox.targets DROP CONSTRAINT targets_kind_check,
-	ADD CONSTRAINT targets_kind_check CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka'));
-ALTER TABLE outbox.targets DROP CONSTRAINT targets_check,
-	ADD CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka')) = (url IS NOT NULL));
-ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
-	ADD CONSTRAINT targets_lanes_check
-		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka') OR lanes = 1)),
-	ADD CONSTRAINT targets_subject_check CHECK ((kind = 'nats') = (subject IS NOT NULL)),
-	ADD CONSTRAINT targets_topic_check CHECK ((kind = 'kafka') = (topic IS NOT NULL)),
-	ADD CONSTRAINT targets_properties_check
-		CHECK (properties IS NULL OR (kind = 'kafka' AND jsonb_typeof(properties) = 'object'));
-
--- The checks of a NATS target's url and subject template (in C, as the
--- relay makes them of every row it reads).
-CREATE FUNCTION outbox.check_nats_target(url text, subject text)
-RETURNS void
-LANGUAGE C IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_check_nats_target';
-REVOKE ALL ON FUNCTION outbox.check_nats_target(text, text) FROM PUBLIC;
-
--- The checks of a Kafka target's bootstrap list, topic template and
--- properties (in C, as the relay makes them of every row it reads).
-CREATE FUNCTION outbox.check_kafka_target(brokers text, topic text, properties jsonb)
-RETURNS void
-LANGUAGE C IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_check_kafka_target';
-REVOKE ALL ON FUNCTION outbox.check_kafka_target(text, text, jsonb) FROM PUBLIC;
-
--- The checks of a broker target's options (NATS or Kafka), shared by the
--- create functions and alter_target.
-CREATE FUNCTION outbox.check_broker_options(t outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF t.kind = 'nats' THEN
-		PERFORM outbox.check_nats_target(t.url, t.subject);
-	ELSE
-		PERFORM outbox.check_kafka_target(t.url, t.topic, t.properties);
-	END IF;
-	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
-		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'It is how many messages of different keys a lane has waiting for their acknowledgements.';
-	END IF;
-	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
-		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.';
-	END IF;
-	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
-		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM outbox.check_target_options(t);
-	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
-		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
-		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION outbox.check_broker_options(outbox.targets) FROM PUBLIC;
-
--- add_target stores the subject, topic and properties too.
-CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	new_id int;
-	violated text;
-BEGIN
-	BEGIN
-		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
-									ordering, max_attempts, timeout_ms, ca_file, client_cert,
-									client_key, envelope_only, subject, topic, properties)
-		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
-				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
-				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
-				target.ca_file, target.client_cert, target.client_key,
-				coalesce(target.envelope_only, false), target.subject, target.topic,
-				target.properties)
-		RETURNING id INTO new_id;
-	EXCEPTION WHEN unique_violation THEN
-		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-		IF violated IS DISTINCT FROM 'targets_name_key' THEN
-			RAISE;
-		END IF;
-		RAISE EXCEPTION 'outbox target "%" already exists', target.name
-			USING ERRCODE = 'duplicate_object',
-				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
-	END;
-	INSERT INTO outbox.progress (target_id, lane, done_id)
-	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
-	PERFORM outbox.config_changed();
-END
-$$;
-
--- A target that publishes messages into NATS JetStream streams.
-CREATE FUNCTION outbox.create_nats_target(
-	name		 text,
-	url			 text,
-	subject		 text	DEFAULT '{topic}',
-	batch_size	 int	DEFAULT 100,
-	lanes		 int	DEFAULT 8,
-	ordering	 text	DEFAULT 'key',
-	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t outbox.targets;
-BEGIN
-	PERFORM outbox.check_target_name(name);
-	t.name := name;
-	t.kind := 'nats';
-	t.url := url;
-	t.subject := subject;
-	t.batch_size := batch_size;
-	t.lanes := lanes;
-	t.ordering := ordering;
-	t.max_attempts := max_attempts;
-	t.timeout_ms := timeout_ms;
-	PERFORM outbox.check_broker_options(t);
-	IF ordering = 'strict' THEN
-		t.lanes := 1;
-	END IF;
-	PERFORM outbox.add_target(t);
-	UPDATE outbox.targets x SET subject = t.subject WHERE x.name = t.name;
-END
-$$;
-COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int) IS
-	'create a target that publishes messages into NATS JetStream, each acknowledged by its stream';
-REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int) FROM PUBLIC;
-
--- A target that produces messages into Kafka topics, with an idempotent
--- producer.
-CREATE FUNCTION outbox.create_kafka_target(
-	name		 text,
-	brokers		 text,
-	topic		 text	DEFAULT '{topic}',
-	properties	 jsonb	DEFAULT '{}',
-	batch_size	 int	DEFAULT 100,
-	lanes		 int	DEFAULT 8,
-	ordering	 text	DEFAULT 'key',
-	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 30000)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t outbox.targets;
-BEGIN
-	PERFORM outbox.check_target_name(name);
-	t.name := name;
-	t.kind := 'kafka';
-	t.url := brokers;
-	t.topic := topic;
-	t.properties := coalesce(properties, '{}');
-	t.batch_size := batch_size;
-	t.lanes := lanes;
-	t.ordering := ordering;
-	t.max_attempts := max_attempts;
-	t.timeout_ms := timeout_ms;
-	PERFORM outbox.check_broker_options(t);
-	IF ordering = 'strict' THEN
-		t.lanes := 1;
-	END IF;
-	PERFORM outbox.add_target(t);
-END
-$$;
-COMMENT ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int) IS
-	'create a target that produces messages into Kafka topics, with an idempotent producer';
-REVOKE ALL ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int) FROM PUBLIC;
-
-DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean);
--- Change a target's options; NULL leaves an option as it is.  secret => ''
--- removes the secret, max_rate => 0 removes the rate limit, disable_after
--- => interval '0' never disables.  Takes effect without a restart: the
--- next request uses the new URL, headers, secret, batch size, timeout and
--- rate; new lanes or ordering once the target's lanes are idle (the relay
--- stops reading for it, delivers what it holds, then redistributes keys).
--- A NATS target takes url, subject, batch_size, lanes, ordering,
--- max_attempts, timeout_ms, max_rate and disable_after; a Kafka target the
--- same with topic and properties instead of subject (url is its brokers).  Returns the number
--- of options changed.
-CREATE FUNCTION outbox.alter_target(
-	name		  text,
-	url			  text		DEFAULT NULL,
-	headers		  jsonb		DEFAULT NULL,
-	secret		  text		DEFAULT NULL,
-	batch_size	  int		DEFAULT NULL,
-	lanes		  int		DEFAULT NULL,
-	ordering	  text		DEFAULT NULL,
-	max_attempts  int		DEFAULT NULL,
-	timeout_ms	  int		DEFAULT NULL,
-	max_rate	  float8	DEFAULT NULL,
-	disable_after interval	DEFAULT NULL,
-	ca_file		  text		DEFAULT NULL,
-	client_cert	  text		DEFAULT NULL,
-	client_key	  text		DEFAULT NULL,
-	envelope_only boolean	DEFAULT NULL,
-	subject		  text		DEFAULT NULL,
-	topic		  text		DEFAULT NULL,
-	properties	  jsonb		DEFAULT NULL)
-RETURNS int
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	tid int := outbox.target_id(alter_target.name);
-	old outbox.targets;
-	t outbox.targets;
-	n int := 0;
-BEGIN
-	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
-	t := old;
-	IF old.kind NOT IN ('http', 'nats', 'kafka') AND (url IS NOT NULL OR batch_size IS NOT NULL
-													  OR lanes IS NOT NULL OR ordering IS NOT NULL
-													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, NATS and Kafka targets have a URL (brokers), batches, lanes, a timeout or a rate.';
-	END IF;
-	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
-							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP targets have headers, a secret or TLS files.';
-	END IF;
-	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NATS targets have a subject.';
-	END IF;
-	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only Kafka targets have a topic and properties.';
-	END IF;
-	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
-	END IF;
-	t.url := coalesce(url, old.url);
-	t.headers := coalesce(headers, old.headers);
-	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
-	t.batch_size := coalesce(batch_size, old.batch_size);
-	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
-	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
-	t.max_attempts := coalesce(max_attempts, old.max_attempts);
-	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
-	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
-	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
-							ELSE coalesce(disable_after, old.disable_after) END;
-	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
-	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
-	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
-	t.envelope_only := coalesce(envelope_only, old.envelope_only);
-	t.subject := coalesce(subject, old.subject);
-	t.topic := coalesce(topic, old.topic);
-	t.properties := coalesce(properties, old.properties);
-	IF t.secret IS NULL THEN
-		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
-	END IF;
-	IF old.kind = 'http' THEN
-		PERFORM outbox.check_http_target(t);
-	ELSIF old.kind IN ('nats', 'kafka') THEN
-		PERFORM outbox.check_broker_options(t);
-	ELSE
-		PERFORM outbox.check_target_options(t);
-	END IF;
-	IF t.ordering = 'strict' THEN
-		IF lanes IS NOT NULL AND lanes <> 1 THEN
-			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
-				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
-		END IF;
-		t.lanes := 1;
-	END IF;
-
-	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
-		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
-		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
-		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
-		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
-		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
-		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
-		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
-		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
-		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
-		+ (t.client_key IS DISTINCT FROM old.client_key)::int
-		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
-		+ (t.subject IS DISTINCT FROM old.subject)::int
-		+ (t.topic IS DISTINCT FROM old.topic)::int
-		+ (t.properties IS DISTINCT FROM old.properties)::int;
-
-	UPDATE outbox.targets x
-	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
-		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
-		   disable_after = t.disable_after, previous_secret = t.previous_secret,
-		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
-		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
-		   properties = t.properties,
-		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
-		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
-	 WHERE x.id = tid;
-	PERFORM outbox.config_changed();
-	RETURN n;
-END
-$$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb) IS
-	'change a target''s options without a restart; returns how many changed';
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb) FROM PUBLIC;
-
----------------------------------------------------------------------------
--- One outbox per database: the relay of every database, seen from any.
----------------------------------------------------------------------------
-
--- From shared memory: each database that has an outbox slot (see
--- outbox.max_databases), its relay and why none runs.
-CREATE FUNCTION outbox.relay_status(OUT datid oid, OUT database text, OUT pid int,
-								   OUT state text, OUT started_at timestamptz,
-								   OUT last_error text)
-RETURNS SETOF record
-AS 'MODULE_PATHNAME', 'outbox_relays'
-LANGUAGE C VOLATILE;
-COMMENT ON FUNCTION outbox.relay_status() IS
-	'the relay of every database with the extension: pid, state, start, last error';
-REVOKE ALL ON FUNCTION outbox.relay_status() FROM PUBLIC;
-
-CREATE VIEW outbox.relays AS
-SELECT datid, database, pid, state, started_at, last_error
-  FROM outbox.relay_status()
- ORDER BY database;
-COMMENT ON VIEW outbox.relays IS
-	'the relay of every database with the extension (superusers: it names every database)';
-REVOKE ALL ON outbox.relays FROM PUBLIC;
-
----------------------------------------------------------------------------
--- Formats consumers parse: CloudEvents 1.0 on HTTP, NATS and Kafka
--- targets (format, and source: the event's source attribute).
----------------------------------------------------------------------------
-
-ALTER TABLE outbox.targets
-	ADD COLUMN format text NOT NULL DEFAULT 'outbox'
-		CONSTRAINT targets_format_check
-		CHECK (format IN ('outbox', 'cloudevents', 'cloudevents-structured')),
-	ADD COLUMN ce_source text
-		CONSTRAINT targets_ce_source_check
-		CHECK (ce_source IS NULL OR (octet_length(ce_source) BETWEEN 1 AND 1024
-									 AND ce_source !~ '[[:cntrl:][:space:]]'));
-
--- The format options of a target: which kinds take which format, and a
--- source the CloudEvents attribute can carry.
-CREATE FUNCTION outbox.check_format(t outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF t.format IS NULL OR t.format NOT IN ('outbox', 'cloudevents', 'cloudevents-structured') THEN
-		RAISE EXCEPTION 'unknown target format %', quote_nullable(t.format)
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A target sends ''outbox'' (its own shape), ''cloudevents'' (CloudEvents 1.0, binary content mode) or ''cloudevents-structured'' (CloudEvents 1.0, structured content mode).',
-				  HINT = 'Pass format => ''cloudevents'' for CloudEvents consumers.';
-	END IF;
-	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka') THEN
-		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
-			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'CloudEvents go to HTTP, NATS and Kafka targets; NOTIFY sends outbox envelopes only.',
-				  HINT = 'Use an HTTP, NATS or Kafka target for CloudEvents consumers.';
-	END IF;
-	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
-		RAISE EXCEPTION 'source is the CloudEvents source attribute, and the target sends format ''outbox'''
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'Pass format => ''cloudevents'' as well, or leave source out (source => '''' removes it).';
-	END IF;
-	IF t.ce_source IS NOT NULL AND (t.ce_source = '' OR octet_length(t.ce_source) > 1024
-									OR t.ce_source ~ '[[:cntrl:][:space:]]') THEN
-		RAISE EXCEPTION 'invalid CloudEvents source %', quote_literal(left(t.ce_source, 100))
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A source is a URI-reference of 1 to 1024 bytes without white space or control characters.',
-				  HINT = 'Use a URI such as ''https://shop.example.com/orders'' or ''/shop/orders''.';
-	END IF;
-END
-$$;
-REVOKE ALL ON FUNCTION outbox.check_format(outbox.targets) FROM PUBLIC;
-
--- add_target stores the format and source too.
-CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	new_id int;
-	violated text;
-BEGIN
-	BEGIN
-		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
-									ordering, max_attempts, timeout_ms, ca_file, client_cert,
-									client_key, envelope_only, subject, topic, properties,
-									format, ce_source)
-		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
-				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
-				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
-				target.ca_file, target.client_cert, target.client_key,
-				coalesce(target.envelope_only, false), target.subject, target.topic,
-				target.properties, coalesce(target.format, 'outbox'), target.ce_source)
-		RETURNING id INTO new_id;
-	EXCEPTION WHEN unique_violation THEN
-		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-		IF violated IS DISTINCT FROM 'targets_name_key' THEN
-			RAISE;
-		END IF;
-		RAISE EXCEPTION 'outbox target "%" already exists', target.name
-			USING ERRCODE = 'duplicate_object',
-				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
-	END;
-	INSERT INTO outbox.progress (target_id, lane, done_id)
-	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
-	PERFORM outbox.config_changed();
-END
-$$;
-
-DROP FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text);
--- A target that receives messages as HTTP POST requests (webhooks),
--- signed when it has a secret; the TLS files (ca_file, client_cert,
--- client_key) are for https:// URLs; format 'cloudevents' sends CloudEvents
--- (binary content mode, a batch as a CloudEvents batch),
--- 'cloudevents-structured' structured content mode; source is their
--- source attribute.
-CREATE FUNCTION outbox.create_http_target(
-	name		 text,
-	url			 text,
-	headers		 jsonb	DEFAULT '{}',
-	secret		 text	DEFAULT NULL,
-	batch_size	 int	DEFAULT 1,
-	lanes		 int	DEFAULT 8,
-	ordering	 text	DEFAULT 'key',
-	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000,
-	ca_file		 text	DEFAULT NULL,
-	client_cert	 text	DEFAULT NULL,
-	client_key	 text	DEFAULT NULL,
-	format		 text	DEFAULT 'outbox',
-	source		 text	DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t outbox.targets;
-BEGIN
-	PERFORM outbox.check_target_name(name);
-	t.name := name;
-	t.kind := 'http';
-	t.url := url;
-	t.headers := headers;
-	t.secret := secret;
-	t.batch_size := batch_size;
-	t.lanes := lanes;
-	t.ordering := ordering;
-	t.max_attempts := max_attempts;
-	t.timeout_ms := timeout_ms;
-	t.ca_file := ca_file;
-	t.client_cert := client_cert;
-	t.client_key := client_key;
-	t.format := format;
-	t.ce_source := source;
-	PERFORM outbox.check_http_target(t);
-	PERFORM outbox.check_format(t);
-	IF ordering = 'strict' THEN
-		t.lanes := 1;
-	END IF;
-	PERFORM outbox.add_target(t);
-END
-$$;
-COMMENT ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text, text, text) IS
-	'create a target that receives messages as HTTP POST requests (webhooks)';
-REVOKE ALL ON FUNCTION outbox.create_http_target(text, text, jsonb, text, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
-
-DROP FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int);
--- A target that publishes messages into NATS JetStream streams.
-CREATE FUNCTION outbox.create_nats_target(
-	name		 text,
-	url			 text,
-	subject		 text	DEFAULT '{topic}',
-	batch_size	 int	DEFAULT 100,
-	lanes		 int	DEFAULT 8,
-	ordering	 text	DEFAULT 'key',
-	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000,
-	format		 text	DEFAULT 'outbox',
-	source		 text	DEFAULT NULL,
-	ca_file		 text	DEFAULT NULL,
-	client_cert	 text	DEFAULT NULL,
-	client_key	 text	DEFAULT NULL,
-	credentials	 text	DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t outbox.targets;
-BEGIN
-	PERFORM outbox.check_target_name(name);
-	t.name := name;
-	t.kind := 'nats';
-	t.ca_file := ca_file;
-	t.client_cert := client_cert;
-	t.client_key := client_key;
-	t.credentials := credentials;
-	t.url := url;
-	t.subject := subject;
-	t.batch_size := batch_size;
-	t.lanes := lanes;
-	t.ordering := ordering;
-	t.max_attempts := max_attempts;
-	t.timeout_ms := timeout_ms;
-	t.format := format;
-	t.ce_source := source;
-	PERFORM outbox.check_broker_options(t);
-	PERFORM outbox.check_format(t);
-	IF ordering = 'strict' THEN
-		t.lanes := 1;
-	END IF;
-	PERFORM outbox.add_target(t);
-	UPDATE outbox.targets x SET subject = t.subject WHERE x.name = t.name;
-END
-$$;
-COMMENT ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text, text, text, text, text) IS
-	'create a target that publishes messages into NATS JetStream, each acknowledged by its stream';
-REVOKE ALL ON FUNCTION outbox.create_nats_target(text, text, text, int, int, text, int, int, text, text, text, text, text, text) FROM PUBLIC;
-
-DROP FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int);
--- A target that produces messages into Kafka topics, with an idempotent
--- producer.
-CREATE FUNCTION outbox.create_kafka_target(
-	name		 text,
-	brokers		 text,
-	topic		 text	DEFAULT '{topic}',
-	properties	 jsonb	DEFAULT '{}',
-	batch_size	 int	DEFAULT 100,
-	lanes		 int	DEFAULT 8,
-	ordering	 text	DEFAULT 'key',
-	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 30000,
-	format		 text	DEFAULT 'outbox',
-	source		 text	DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t outbox.targets;
-BEGIN
-	PERFORM outbox.check_target_name(name);
-	t.name := name;
-	t.kind := 'kafka';
-	t.url := brokers;
-	t.topic := topic;
-	t.properties := coalesce(properties, '{}');
-	t.batch_size := batch_size;
-	t.lanes := lanes;
-	t.ordering := ordering;
-	t.max_attempts := max_attempts;
-	t.timeout_ms := timeout_ms;
-	t.format := format;
-	t.ce_source := source;
-	PERFORM outbox.check_broker_options(t);
-	PERFORM outbox.check_format(t);
-	IF ordering = 'strict' THEN
-		t.lanes := 1;
-	END IF;
-	PERFORM outbox.add_target(t);
-END
-$$;
-COMMENT ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int, text, text) IS
-	'create a target that produces messages into Kafka topics, with an idempotent producer';
-REVOKE ALL ON FUNCTION outbox.create_kafka_target(text, text, text, jsonb, int, int, text, int, int, text, text) FROM PUBLIC;
-
-DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb);
--- Change a target's options; NULL leaves an option as it is (see the
--- previous definition); format and source as at create, source => ''
--- removes the source (the default is used).
-CREATE FUNCTION outbox.alter_target(
-	name		  text,
-	url			  text		DEFAULT NULL,
-	headers		  jsonb		DEFAULT NULL,
-	secret		  text		DEFAULT NULL,
-	batch_size	  int		DEFAULT NULL,
-	lanes		  int		DEFAULT NULL,
-	ordering	  text		DEFAULT NULL,
-	max_attempts  int		DEFAULT NULL,
-	timeout_ms	  int		DEFAULT NULL,
-	max_rate	  float8	DEFAULT NULL,
-	disable_after interval	DEFAULT NULL,
-	ca_file		  text		DEFAULT NULL,
-	client_cert	  text		DEFAULT NULL,
-	client_key	  text		DEFAULT NULL,
-	envelope_only boolean	DEFAULT NULL,
-	subject		  text		DEFAULT NULL,
-	topic		  text		DEFAULT NULL,
-	properties	  jsonb		DEFAULT NULL,
-	format		  text		DEFAULT NULL,
-	source		  text		DEFAULT NULL)
-RETURNS int
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	tid int := outbox.target_id(alter_target.name);
-	old outbox.targets;
-	t outbox.targets;
-	n int := 0;
-BEGIN
-	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
-	t := old;
-	IF old.kind NOT IN ('http', 'nats', 'kafka') AND (url IS NOT NULL OR batch_size IS NOT NULL
-													  OR lanes IS NOT NULL OR ordering IS NOT NULL
-													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, NATS and Kafka targets have a URL (brokers), batches, lanes, a timeout or a rate.';
-	END IF;
-	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL OR ca_file IS NOT NULL
-							   OR client_cert IS NOT NULL OR client_key IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP targets have headers, a secret or TLS files.';
-	END IF;
-	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NATS targets have a subject.';
-	END IF;
-	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only Kafka targets have a topic and properties.';
-	END IF;
-	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
-	END IF;
-	t.url := coalesce(url, old.url);
-	t.headers := coalesce(headers, old.headers);
-	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
-	t.batch_size := coalesce(batch_size, old.batch_size);
-	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
-	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
-	t.max_attempts := coalesce(max_attempts, old.max_attempts);
-	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
-	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
-	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
-							ELSE coalesce(disable_after, old.disable_after) END;
-	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
-	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
-	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
-	t.envelope_only := coalesce(envelope_only, old.envelope_only);
-	t.subject := coalesce(subject, old.subject);
-	t.topic := coalesce(topic, old.topic);
-	t.properties := coalesce(properties, old.properties);
-	t.format := coalesce(format, old.format);
-	t.ce_source := CASE WHEN source = '' THEN NULL ELSE coalesce(source, old.ce_source) END;
-	IF t.secret IS NULL THEN
-		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
-	END IF;
-	IF old.kind = 'http' THEN
-		PERFORM outbox.check_http_target(t);
-	ELSIF old.kind IN ('nats', 'kafka') THEN
-		PERFORM outbox.check_broker_options(t);
-	ELSE
-		PERFORM outbox.check_target_options(t);
-	END IF;
-	PERFORM outbox.check_format(t);
-	IF t.ordering = 'strict' THEN
-		IF lanes IS NOT NULL AND lanes <> 1 THEN
-			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
-				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
-		END IF;
-		t.lanes := 1;
-	END IF;
-
-	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
-		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
-		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
-		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
-		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
-		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
-		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
-		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
-		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
-		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
-		+ (t.client_key IS DISTINCT FROM old.client_key)::int
-		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
-		+ (t.subject IS DISTINCT FROM old.subject)::int
-		+ (t.topic IS DISTINCT FROM old.topic)::int
-		+ (t.properties IS DISTINCT FROM old.properties)::int
-		+ (t.format IS DISTINCT FROM old.format)::int
-		+ (t.ce_source IS DISTINCT FROM old.ce_source)::int;
-
-	UPDATE outbox.targets x
-	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
-		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
-		   disable_after = t.disable_after, previous_secret = t.previous_secret,
-		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
-		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
-		   properties = t.properties, format = t.format, ce_source = t.ce_source,
-		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
-		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
-	 WHERE x.id = tid;
-	PERFORM outbox.config_changed();
-	RETURN n;
-END
-$$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text) IS
-	'change a target''s options without a restart; returns how many changed';
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text) FROM PUBLIC;
-
----------------------------------------------------------------------------
--- Per-subscription filters: a jsonpath over the message's document.
----------------------------------------------------------------------------
-
-ALTER TABLE outbox.subscriptions ADD COLUMN filter jsonpath;
-COMMENT ON COLUMN outbox.subscriptions.filter IS
-	'jsonpath over {"topic", "key", "headers", "payload"} a message must match, or NULL';
-
-DROP FUNCTION outbox.subscribe(text, text);
--- Deliver the topics of a pattern to a target (or queue): an exact topic,
--- a prefix ending in '*', or '*'.  With a filter (a jsonpath over the
--- document {"topic", "key", "headers", "payload"}), only the messages it
--- selects: a predicate ('$.payload.total > 100') when true, another path
--- when it yields an item.  Subscribing again to the same pattern sets the
--- filter (NULL removes it) for the messages read after this commits.
-CREATE FUNCTION outbox.subscribe(target text, topic text, filter text DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	tid int := outbox.target_id(target);
-	path jsonpath;
-	inserted boolean;
-BEGIN
-	PERFORM outbox.check_topic_pattern(topic);
-	IF filter IS NOT NULL THEN
-		BEGIN
-			path := filter::jsonpath;
-		EXCEPTION WHEN syntax_error OR invalid_text_representation OR invalid_regular_expression
-					   OR invalid_parameter_value THEN
-			RAISE EXCEPTION 'invalid filter for target "%"', target
-				USING ERRCODE = 'invalid_parameter_value',
-					  DETAIL = SQLERRM,
-					  HINT = 'A filter is a jsonpath over {"topic", "key", "headers", "payload"}, for example ''$.payload.total > 100'' or ''$.headers."x-tenant" == "acme"''.';
-		END;
-		-- A variable would need a value the relay does not have.
-		IF pg_catalog.regexp_replace(path::text, '"(\\.|[^"\\])*"', 'S', 'g') ~ '\$S' THEN
-			RAISE EXCEPTION 'invalid filter for target "%"', target
-				USING ERRCODE = 'invalid_parameter_value',
-					  DETAIL = 'The filter uses a variable ($name); filters have none.',
-					  HINT = 'Write the value into the path, for example ''$.payload.total > 100''.';
-		END IF;
-	END IF;
-	-- One statement, so that concurrent subscribes neither fail nor lose a filter.
-	INSERT INTO outbox.subscriptions AS s (target_id, pattern, start_id, filter)
-	VALUES (tid, topic, outbox.frontier(), path)
-	ON CONFLICT (target_id, pattern) DO UPDATE SET filter = EXCLUDED.filter
-	 WHERE s.filter::text IS DISTINCT FROM EXCLUDED.filter::text
-	RETURNING s.xmax = 0 INTO inserted;
-	IF NOT FOUND THEN
-		RAISE NOTICE 'target "%" is already subscribed to "%"', target, topic;
-	ELSIF NOT inserted THEN
-		RAISE NOTICE 'target "%" is already subscribed to "%": its filter is now %', target, topic,
-			coalesce(quote_literal(path::text), 'none');
-	END IF;
-	PERFORM outbox.config_changed();
-END
-$$;
-COMMENT ON FUNCTION outbox.subscribe(text, text, text) IS
-	'deliver the topics of a pattern to a target, optionally only the messages a jsonpath filter selects';
-REVOKE ALL ON FUNCTION outbox.subscribe(text, text, text) FROM PUBLIC;
-
--- Per target, the messages its subscriptions' filters turned away (since
--- the relay started or outbox.reset_stats()).
-CREATE FUNCTION outbox.target_filtered(OUT target_id int, OUT filtered bigint)
-RETURNS SETOF record
-AS 'MODULE_PATHNAME', 'outbox_target_filtered'
-LANGUAGE C VOLATILE STRICT PARALLEL RESTRICTED;
-REVOKE ALL ON FUNCTION outbox.target_filtered() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION outbox.target_filtered() TO outbox_monitor;
-
-CREATE OR REPLACE VIEW outbox.stats AS
-SELECT t.name AS target, s.state, s.messages, s.requests, s.bytes, s.retries, s.dead_letters,
-	   s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.window_messages, s.in_flight, s.failed_attempts,
-	   s.last_success_at, s.reset_at, coalesce(f.filtered, 0) AS filtered
-  FROM outbox.target_stats() s
-  JOIN outbox.targets t ON t.id = s.target_id
-  LEFT JOIN outbox.target_filtered() f ON f.target_id = s.target_id;
-
-CREATE OR REPLACE FUNCTION outbox.metrics()
-RETURNS text
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-WITH l AS MATERIALIZED (SELECT * FROM outbox.lag),
-	 s AS MATERIALIZED (SELECT t.name AS target, st.*
-						  FROM outbox.target_stats() st JOIN outbox.targets t ON t.id = st.target_id),
-	 w AS MATERIALIZED (SELECT * FROM outbox.worker_status()),
-	 fam (ord, name, type, help) AS (VALUES
-		(1, 'outbox_pending_messages', 'gauge', 'Messages committed and not yet delivered or dead-lettered.'),
-		(2, 'outbox_oldest_pending_age_seconds', 'gauge', 'Age of the oldest pending message (0 when none).'),
-		(3, 'outbox_dead_letters', 'gauge', 'Dead letters kept in outbox.dead_letters.'),
-		(4, 'outbox_target_state', 'gauge', '1 for the state the target is in.'),
-		(5, 'outbox_in_flight_requests', 'gauge', 'Requests on the wire.'),
-		(6, 'outbox_failed_attempts', 'gauge', 'Failed attempts of the messages now being retried.'),
-		(7, 'outbox_last_success_timestamp_seconds', 'gauge', 'When the target last acknowledged a request.'),
-		(8, 'outbox_delivered_messages_total', 'counter', 'Messages acknowledged by the target.'),
-		(9, 'outbox_requests_total', 'counter', 'Requests sent to the target.'),
-		(10, 'outbox_request_bytes_total', 'counter', 'Bytes of request bodies sent to the target.'),
-		(11, 'outbox_retries_total', 'counter', 'Failed attempts that were tried again.'),
-		(12, 'outbox_dead_lettered_messages_total', 'counter', 'Messages the relay gave up on.'),
-		(13, 'outbox_delivery_latency_seconds', 'histogram', 'From outbox_emit() to acknowledgement, per message.'),
-		(14, 'outbox_relay_up', 'gauge', '1 when the relay is running.'),
-		(15, 'outbox_frontier_id', 'gauge', 'Highest message id below which no message can still appear.'),
-		(16, 'outbox_relay_read_position_id', 'gauge', 'Every target has read up to this id.'),
-		(17, 'outbox_standby_slot_up', 'gauge', '1 when the slot of outbox.standby_slots has its standby connected.'),
-		(18, 'outbox_standby_behind_bytes', 'gauge', 'WAL from what the slot''s standby flushed to the newest commit that emitted messages.'),
-		(19, 'outbox_filtered_messages_total', 'counter', 'Messages of subscribed topics the subscriptions'' filters turned away.')),
-	 sb AS MATERIALIZED (SELECT * FROM outbox.standby_status()),
-	 fl AS MATERIALIZED (SELECT t.name AS target, f.filtered
-						   FROM outbox.target_filtered() f JOIN outbox.targets t ON t.id = f.target_id),
-	 lab AS MATERIALIZED (SELECT target,
-					'{target="' || replace(replace(replace(target, '\', '\\'), '"', '\"'), E'\n', '\n') || '"' AS open
-			   FROM (SELECT target FROM l UNION SELECT target FROM s) x),
-	 samples (ord, k1, k2, line) AS MATERIALIZED (
-		SELECT 1, l.target, 0, 'outbox_pending_messages' || b.open || '} ' || l.pending FROM l JOIN lab b USING (target)
-		UNION ALL
-		SELECT 2, l.target, 0, 'outbox_oldest_pending_age_seconds' || b.open || '} '
-			   || coalesce(extract(epoch FROM l.lag)::float8, 0) FROM l JOIN lab b USING (target)
-		UNION ALL
-		SELECT 3, l.target, 0, 'outbox_dead_letters' || b.open || '} ' || l.dead_letters FROM l JOIN lab b USING (target)
-		UNION ALL
-		SELECT 4, l.target, k.n, 'outbox_target_state' || b.open || ',state="' || k.state || '"} '
-			   || (l.state = k.state)::int
-		  FROM l JOIN lab b USING (target)
-		 CROSS JOIN unnest(ARRAY['idle', 'delivering', 'retrying', 'failing', 'paused', 'disabled',
-							   'waiting for standby'])
-				   WITH ORDINALITY k (state, n)
-		UNION ALL
-		SELECT 5, l.target, 0, 'outbox_in_flight_requests' || b.open || '} ' || l.in_flight FROM l JOIN lab b USING (target)
-		UNION ALL
-		SELECT 6, l.target, 0, 'outbox_failed_attempts' || b.open || '} ' || l.failed_attempts FROM l JOIN lab b USING (target)
-		UNION ALL
-		SELECT 7, l.target, 0, 'outbox_last_success_timestamp_seconds' || b.open || '} '
-			   || extract(epoch FROM l.last_success_at)::float8
-		  FROM l JOIN lab b USING (target) WHERE l.last_success_at IS NOT NULL
-		UNION ALL
-		SELECT 8, s.target, 0, 'outbox_delivered_messages_total' || b.open || '} ' || s.messages FROM s JOIN lab b USING (target)
-		UNION ALL
-		SELECT 9, s.target, 0, 'outbox_requests_total' || b.open || '} ' || s.requests FROM s JOIN lab b USING (target)
-		UNION ALL
-		SELECT 10, s.target, 0, 'outbox_request_bytes_total' || b.open || '} ' || s.bytes FROM s JOIN lab b USING (target)
-		UNION ALL
-		SELECT 11, s.target, 0, 'outbox_retries_total' || b.open || '} ' || s.retries FROM s JOIN lab b USING (target)
-		UNION ALL
-		SELECT 12, s.target, 0, 'outbox_dead_lettered_messages_total' || b.open || '} ' || s.dead_letters
-		  FROM s JOIN lab b USING (target)
-		UNION ALL
-		SELECT 13, s.target, h.n::int, 'outbox_delivery_latency_seconds_bucket' || b.open || ',le="'
-			   || CASE WHEN h.le = 'Infinity' THEN '+Inf' ELSE (h.le / 1000)::text END || '"} '
-			   || sum(h.c) OVER (PARTITION BY s.target ORDER BY h.n)
-		  FROM s JOIN lab b USING (target)
-		 CROSS JOIN unnest(s.latency_le_ms, s.latency_buckets) WITH ORDINALITY h (le, c, n)
-		UNION ALL
-		SELECT 13, s.target, 1000, 'outbox_delivery_latency_seconds_sum' || b.open || '} ' || s.latency_sum_ms / 1000
-		  FROM s JOIN lab b USING (target)
-		UNION ALL
-		SELECT 13, s.target, 1001, 'outbox_delivery_latency_seconds_count' || b.open || '} ' || s.latency_count
-		  FROM s JOIN lab b USING (target)
-		UNION ALL
-		SELECT 14, '', 0, 'outbox_relay_up ' || (w.pid IS NOT NULL)::int FROM w
-		UNION ALL
-		SELECT 15, '', 0, 'outbox_frontier_id ' || w.frontier FROM w WHERE w.frontier IS NOT NULL
-		UNION ALL
-		SELECT 16, '', 0, 'outbox_relay_read_position_id ' || w.read_position FROM w WHERE w.read_position IS NOT NULL
-		UNION ALL
-		SELECT 17, sb.slot_name, 0, 'outbox_standby_slot_up{slot="' || sb.slot_name || '"} '
-			   || (sb.state = 'streaming')::int FROM sb
-		UNION ALL
-		SELECT 18, sb.slot_name, 0, 'outbox_standby_behind_bytes{slot="' || sb.slot_name || '"} '
-			   || sb.behind_bytes FROM sb WHERE sb.behind_bytes IS NOT NULL
-		UNION ALL
-		SELECT 19, fl.target, 0, 'outbox_filtered_messages_total' || b.open || '} ' || fl.filtered
-		  FROM fl JOIN lab b USING (target))
-SELECT string_agg(block, '' ORDER BY ord)
-  FROM (SELECT f.ord,
-			   '# HELP ' || f.name || ' ' || f.help || E'\n# TYPE ' || f.name || ' ' || f.type || E'\n'
-			   || coalesce(string_agg(x.line || E'\n', '' ORDER BY x.k1, x.k2), '') AS block
-		  FROM fam f LEFT JOIN samples x ON x.ord = f.ord
-		 GROUP BY f.ord, f.name, f.type, f.help) blocks
-$$;
-
-
 -- A relay waiting for CREATE EXTENSION starts delivering when this commits
 -- (only where the library is preloaded: outbox.database exists then).
 SELECT outbox.config_changed()
  WHERE pg_catalog.current_setting('outbox.database', true) IS NOT NULL;
-
----------------------------------------------------------------------------
--- Redis Streams targets (src/relay_redis.c): each message appended to a
--- stream with XADD, together with a de-duplication mark of its id, in one
--- script run on the server, so a message sent again within the window is
--- not appended twice.  RabbitMQ targets (src/relay_rabbitmq.c): each
--- message published with AMQP 0-9-1 on a channel in confirm mode,
--- persistent and mandatory, and waited for the broker's confirm.
----------------------------------------------------------------------------
-ALTER TABLE outbox.targets
-	ADD COLUMN stream text,				-- Redis: the stream's key template
-	ADD COLUMN maxlen bigint,			-- Redis: approximate MAXLEN, NULL none
-	ADD COLUMN dedup_window int,		-- Redis: seconds a de-dup mark lives, 0 none
-	ADD COLUMN exchange text,			-- RabbitMQ: the exchange ('' the default)
-	ADD COLUMN routing_key text;		-- RabbitMQ: the routing key template
-ALTER TABLE outbox.targets DROP CONSTRAINT targets_kind_check,
-	ADD CONSTRAINT targets_kind_check
-		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq'));
-ALTER TABLE outbox.targets DROP CONSTRAINT targets_check,
-	ADD CONSTRAINT targets_check
-		CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq')) = (url IS NOT NULL));
-ALTER TABLE outbox.targets DROP CONSTRAINT targets_lanes_check,
-	ADD CONSTRAINT targets_lanes_check
-		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq') OR lanes = 1)),
-	ADD CONSTRAINT targets_stream_check
-		CHECK ((kind = 'redis') = (stream IS NOT NULL) AND octet_length(stream) BETWEEN 1 AND 1024),
-	ADD CONSTRAINT targets_maxlen_check
-		CHECK (maxlen IS NULL OR (kind = 'redis' AND maxlen >= 1)),
-	ADD CONSTRAINT targets_dedup_window_check
-		CHECK ((kind = 'redis') = (dedup_window IS NOT NULL) AND dedup_window BETWEEN 0 AND 2592000),
-	ADD CONSTRAINT targets_exchange_check
-		CHECK ((kind = 'rabbitmq') = (exchange IS NOT NULL) AND octet_length(exchange) <= 255),
-	ADD CONSTRAINT targets_routing_key_check
-		CHECK ((kind = 'rabbitmq') = (routing_key IS NOT NULL) AND octet_length(routing_key) <= 255);
--- Redis, RabbitMQ and NATS targets verify their servers' certificates as
--- HTTP targets do, with the same TLS files (src/relay_conn.c,
--- src/relay_tls.c; libnats for NATS); a NATS target may log in with a
--- .creds file or an NKey seed file (credentials).
-ALTER TABLE outbox.targets DROP CONSTRAINT targets_ca_file_check,
-	ADD CONSTRAINT targets_ca_file_check
-		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats'))),
-	DROP CONSTRAINT targets_client_cert_check,
-	ADD CONSTRAINT targets_client_cert_check
-		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats'))),
-	ADD COLUMN credentials text
-		CONSTRAINT targets_credentials_check CHECK (credentials IS NULL OR (credentials ~ '^/' AND kind = 'nats'));
-COMMENT ON COLUMN outbox.targets.credentials IS
-	'NATS: a .creds file (a user JWT and its NKey seed) or an NKey seed file the relay logs in with';
-
--- Whether a file is a NATS .creds file or a user's NKey seed (in C: the
--- relay reads it so).
-CREATE FUNCTION outbox.check_nats_credentials(path text)
-RETURNS void
-LANGUAGE C STRICT
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_check_nats_credentials';
-REVOKE ALL ON FUNCTION outbox.check_nats_credentials(text) FROM PUBLIC;
-COMMENT ON COLUMN outbox.targets.stream IS
-	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in';
-COMMENT ON COLUMN outbox.targets.maxlen IS
-	'Redis: the stream is trimmed to about this many entries (XADD MAXLEN ~), NULL for never';
-COMMENT ON COLUMN outbox.targets.dedup_window IS
-	'Redis: seconds the mark of an appended message id lives; a message sent again within it is not appended again (0: no marks)';
-COMMENT ON COLUMN outbox.targets.exchange IS
-	'RabbitMQ: the exchange each message is published to ('''' is the default exchange, which routes to the queue the routing key names)';
-COMMENT ON COLUMN outbox.targets.routing_key IS
-	'RabbitMQ: the routing key, {topic} and {key} filled in';
-
--- TLS files go with a URL that asks for TLS: https:// for HTTP targets,
--- rediss:// for Redis targets, amqps:// for RabbitMQ targets, tls:// for
--- NATS targets.  Only superusers and members of pg_read_server_files name
--- them, or a NATS target's credentials: the relay reads them as the
--- server.
-CREATE OR REPLACE FUNCTION outbox.check_tls_files(t outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	f record;
-	scheme text := CASE t.kind WHEN 'http' THEN 'https://' WHEN 'redis' THEN 'rediss://'
-								WHEN 'rabbitmq' THEN 'amqps://' WHEN 'nats' THEN 'tls://' END;
-BEGIN
-	IF t.credentials IS NOT NULL THEN
-		IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
-			RAISE EXCEPTION 'permission denied to name the credentials file of a target'
-				USING ERRCODE = 'insufficient_privilege',
-					  DETAIL = 'The relay reads credentials as the server.',
-					  HINT = 'Only superusers and members of pg_read_server_files may set it.';
-		END IF;
-		PERFORM outbox.check_server_file(t.credentials, 'credentials');
-		PERFORM outbox.check_nats_credentials(t.credentials);
-	END IF;
-	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
-		RETURN;
-	END IF;
-	IF scheme IS NULL THEN
-		RAISE EXCEPTION 'a % target has no TLS files', t.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ and NATS targets.';
-	END IF;
-	IF lower(left(ltrim(t.url), length(scheme))) <> scheme THEN
-		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = format('Give the target a URL that starts with %s to verify its server with them.', scheme);
-	END IF;
-	IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
-		RAISE EXCEPTION 'permission denied to name TLS files of a target'
-			USING ERRCODE = 'insufficient_privilege',
-				  DETAIL = 'The relay reads ca_file, client_cert and client_key as the server.',
-				  HINT = 'Only superusers and members of pg_read_server_files may set them.';
-	END IF;
-	IF t.client_key IS NOT NULL AND t.client_cert IS NULL THEN
-		RAISE EXCEPTION 'client_key needs client_cert'
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
-									('client_key', t.client_key)) v(opt, path)
-			 WHERE path IS NOT NULL LOOP
-		PERFORM outbox.check_server_file(f.path, f.opt);
-	END LOOP;
-END
-$$;
-
--- The checks of a Redis target's url and stream template (in C, as the
--- relay makes them of every row it reads).
-CREATE FUNCTION outbox.check_redis_target(url text, stream text)
-RETURNS void
-LANGUAGE C IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_check_redis_target';
-REVOKE ALL ON FUNCTION outbox.check_redis_target(text, text) FROM PUBLIC;
-
--- The checks of a RabbitMQ target's url, exchange and routing key
--- template (in C, as the relay makes them of every row it reads).
-CREATE FUNCTION outbox.check_rabbitmq_target(url text, exchange text, routing_key text)
-RETURNS void
-LANGUAGE C IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_check_rabbitmq_target';
-REVOKE ALL ON FUNCTION outbox.check_rabbitmq_target(text, text, text) FROM PUBLIC;
-
--- The checks of a broker target's options (NATS, Kafka, Redis or
--- RabbitMQ), shared by the create functions and alter_target.
-CREATE OR REPLACE FUNCTION outbox.check_broker_options(t outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF t.kind = 'nats' THEN
-		PERFORM outbox.check_nats_target(t.url, t.subject);
-	ELSIF t.kind = 'rabbitmq' THEN
-		PERFORM outbox.check_rabbitmq_target(t.url, t.exchange, t.routing_key);
-	ELSIF t.kind = 'redis' THEN
-		PERFORM outbox.check_redis_target(t.url, t.stream);
-		IF t.maxlen IS NOT NULL AND t.maxlen < 1 THEN
-			RAISE EXCEPTION 'maxlen must be at least 1, not %', t.maxlen
-				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'It is about how many entries the stream keeps (XADD MAXLEN ~); pass NULL (or 0 to alter_target) to never trim.';
-		END IF;
-		IF t.dedup_window IS NULL OR t.dedup_window < 0 OR t.dedup_window > 2592000 THEN
-			RAISE EXCEPTION 'dedup_window must be between 0 and 2592000 seconds (30 days), not %', coalesce(t.dedup_window::text, 'NULL')
-				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'It is how long a message sent again is still recognised and not appended twice; 0 appends without marks.';
-		END IF;
-	ELSE
-		PERFORM outbox.check_kafka_target(t.url, t.topic, t.properties);
-	END IF;
-	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
-		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'It is how many messages of different keys a lane has waiting for their acknowledgements.';
-	END IF;
-	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
-		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.';
-	END IF;
-	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
-		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM outbox.check_target_options(t);
-	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
-		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
-		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM outbox.check_tls_files(t);
-END
-$$;
-
--- CloudEvents go to HTTP, NATS, Kafka and RabbitMQ targets, and, in
--- structured mode (the event in one field), to Redis targets.
-CREATE OR REPLACE FUNCTION outbox.check_format(t outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-	IF t.format IS NULL OR t.format NOT IN ('outbox', 'cloudevents', 'cloudevents-structured') THEN
-		RAISE EXCEPTION 'unknown target format %', quote_nullable(t.format)
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A target sends ''outbox'' (its own shape), ''cloudevents'' (CloudEvents 1.0, binary content mode) or ''cloudevents-structured'' (CloudEvents 1.0, structured content mode).',
-				  HINT = 'Pass format => ''cloudevents'' for CloudEvents consumers.';
-	END IF;
-	IF t.format = 'cloudevents' AND t.kind = 'redis' THEN
-		RAISE EXCEPTION 'a Redis target sends CloudEvents in structured mode only'
-			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'CloudEvents has no Redis binding: the event goes whole, as JSON, in the stream entry''s field cloudevent.',
-				  HINT = 'Pass format => ''cloudevents-structured''.';
-	END IF;
-	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis') THEN
-		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
-			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ and Redis targets; NOTIFY sends outbox envelopes only.',
-				  HINT = 'Use another kind of target for CloudEvents consumers.';
-	END IF;
-	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
-		RAISE EXCEPTION 'source is the CloudEvents source attribute, and the target sends format ''outbox'''
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'Pass format => ''cloudevents'' as well, or leave source out (source => '''' removes it).';
-	END IF;
-	IF t.ce_source IS NOT NULL AND (t.ce_source = '' OR octet_length(t.ce_source) > 1024
-									OR t.ce_source ~ '[[:cntrl:][:space:]]') THEN
-		RAISE EXCEPTION 'invalid CloudEvents source %', quote_literal(left(t.ce_source, 100))
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A source is a URI-reference of 1 to 1024 bytes without white space or control characters.',
-				  HINT = 'Use a URI such as ''https://shop.example.com/orders'' or ''/shop/orders''.';
-	END IF;
-END
-$$;
-
--- add_target stores the stream, maxlen, dedup_window, exchange and
--- routing key too.
-CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	new_id int;
-	violated text;
-BEGIN
-	BEGIN
-		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
-									ordering, max_attempts, timeout_ms, ca_file, client_cert,
-									client_key, envelope_only, subject, topic, properties,
-									format, ce_source, stream, maxlen, dedup_window,
-									exchange, routing_key, credentials)
-		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
-				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
-				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
-				target.ca_file, target.client_cert, target.client_key,
-				coalesce(target.envelope_only, false), target.subject, target.topic,
-				target.properties, coalesce(target.format, 'outbox'), target.ce_source,
-				target.stream, target.maxlen, target.dedup_window,
-				target.exchange, target.routing_key, target.credentials)
-		RETURNING id INTO new_id;
-	EXCEPTION WHEN unique_violation THEN
-		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
-		IF violated IS DISTINCT FROM 'targets_name_key' THEN
-			RAISE;
-		END IF;
-		RAISE EXCEPTION 'outbox target "%" already exists', target.name
-			USING ERRCODE = 'duplicate_object',
-				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
-	END;
-	INSERT INTO outbox.progress (target_id, lane, done_id)
-	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
-	PERFORM outbox.config_changed();
-END
-$$;
-
--- A target that appends messages to Redis streams, each once within the
--- de-duplication window.
-CREATE FUNCTION outbox.create_redis_target(
-	name		 text,
-	url			 text,
-	stream		 text	DEFAULT '{topic}',
-	maxlen		 bigint	DEFAULT NULL,
-	dedup_window int	DEFAULT 600,
-	batch_size	 int	DEFAULT 100,
-	lanes		 int	DEFAULT 8,
-	ordering	 text	DEFAULT 'key',
-	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000,
-	format		 text	DEFAULT 'outbox',
-	source		 text	DEFAULT NULL,
-	ca_file		 text	DEFAULT NULL,
-	client_cert	 text	DEFAULT NULL,
-	client_key	 text	DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t outbox.targets;
-BEGIN
-	PERFORM outbox.check_target_name(name);
-	t.name := name;
-	t.kind := 'redis';
-	t.ca_file := ca_file;
-	t.client_cert := client_cert;
-	t.client_key := client_key;
-	t.url := url;
-	t.stream := stream;
-	t.maxlen := maxlen;
-	t.dedup_window := dedup_window;
-	t.batch_size := batch_size;
-	t.lanes := lanes;
-	t.ordering := ordering;
-	t.max_attempts := max_attempts;
-	t.timeout_ms := timeout_ms;
-	t.format := format;
-	t.ce_source := source;
-	PERFORM outbox.check_broker_options(t);
-	PERFORM outbox.check_format(t);
-	IF ordering = 'strict' THEN
-		t.lanes := 1;
-	END IF;
-	PERFORM outbox.add_target(t);
-END
-$$;
-COMMENT ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text, text, text) IS
-	'create a target that appends messages to Redis streams, each once within a de-duplication window';
-REVOKE ALL ON FUNCTION outbox.create_redis_target(text, text, text, bigint, int, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
-
--- A target that publishes messages to a RabbitMQ exchange, each
--- confirmed by the broker.
-CREATE FUNCTION outbox.create_rabbitmq_target(
-	name		 text,
-	url			 text,
-	exchange	 text	DEFAULT '',
-	routing_key	 text	DEFAULT '{topic}',
-	batch_size	 int	DEFAULT 100,
-	lanes		 int	DEFAULT 8,
-	ordering	 text	DEFAULT 'key',
-	max_attempts int	DEFAULT 10,
-	timeout_ms	 int	DEFAULT 10000,
-	format		 text	DEFAULT 'outbox',
-	source		 text	DEFAULT NULL,
-	ca_file		 text	DEFAULT NULL,
-	client_cert	 text	DEFAULT NULL,
-	client_key	 text	DEFAULT NULL)
-RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	t outbox.targets;
-BEGIN
-	PERFORM outbox.check_target_name(name);
-	t.name := name;
-	t.kind := 'rabbitmq';
-	t.ca_file := ca_file;
-	t.client_cert := client_cert;
-	t.client_key := client_key;
-	t.url := url;
-	t.exchange := exchange;
-	t.routing_key := routing_key;
-	t.batch_size := batch_size;
-	t.lanes := lanes;
-	t.ordering := ordering;
-	t.max_attempts := max_attempts;
-	t.timeout_ms := timeout_ms;
-	t.format := format;
-	t.ce_source := source;
-	PERFORM outbox.check_broker_options(t);
-	PERFORM outbox.check_format(t);
-	IF ordering = 'strict' THEN
-		t.lanes := 1;
-	END IF;
-	PERFORM outbox.add_target(t);
-END
-$$;
-COMMENT ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text, text, text) IS
-	'create a target that publishes messages to a RabbitMQ exchange, each confirmed by the broker';
-REVOKE ALL ON FUNCTION outbox.create_rabbitmq_target(text, text, text, text, int, int, text, int, int, text, text, text, text, text) FROM PUBLIC;
-
----------------------------------------------------------------------------
--- Destinations the broker does not take, and messages set aside (issue 41)
----------------------------------------------------------------------------
-
--- A destination filled in from a message's topic or key that the broker
--- does not take (no stream or binding covers the subject or routing key,
--- the cluster has no such Kafka topic) is the message's own failure: its
--- lane retries it, the rest of the target goes on, and after
--- unroutable_after from its first refusal it is a dead letter (NULL: it
--- is retried for ever).
-ALTER TABLE outbox.targets
-	ADD COLUMN unroutable_after interval DEFAULT interval '10 minutes'
-		CHECK (unroutable_after > interval '0');
-COMMENT ON COLUMN outbox.targets.unroutable_after IS
-	'how long a message whose filled-in destination the broker does not take is retried before it is a dead letter (NULL: for ever)';
-
--- failing_id: the message a lane's last_error is about, while it fails
--- (written by the relay); set_aside_id and set_aside_reason: a request of
--- outbox.set_aside(), cleared by the relay once it acted on it.
-ALTER TABLE outbox.progress
-	ADD COLUMN failing_id bigint,
-	ADD COLUMN set_aside_id bigint,
-	ADD COLUMN set_aside_reason text;
-COMMENT ON COLUMN outbox.progress.failing_id IS
-	'the message the lane''s last_error is about, while the lane retries it';
-COMMENT ON COLUMN outbox.progress.set_aside_id IS
-	'asked by outbox.set_aside(): the relay makes this message a dead letter if it is still the lane''s failing head';
-
--- Set a failing message aside as a dead letter: the one the relay retries
--- at the head of one of the target's lanes (id picks one when several
--- lanes fail), with the reason given.  Returns its id.  The relay acts at
--- its next turn, if the message is still failing then; the rest of its key
--- and lane go on.  Any kind of target but a queue.
-CREATE FUNCTION outbox.set_aside(target text, reason text DEFAULT NULL, id bigint DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	tid int := outbox.target_id(set_aside.target);
-	k text;
-	failing bigint[];
-	chosen bigint;
-BEGIN
-	IF length(reason) > 1000 THEN
-		RAISE EXCEPTION 'reason is too long (% characters)', length(reason)
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A reason is kept with the dead letter: at most 1000 characters.';
-	END IF;
-	IF reason ~ '[[:cntrl:]]' THEN
-		RAISE EXCEPTION 'reason contains a control character'
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = 'A reason is kept with the dead letter and written to the server log.',
-				  HINT = 'Give the reason as one line of printable text.';
-	END IF;
-	-- (no lock: the UPDATE below checks the row again, and a lock here
-	-- would take the relay's tables in the other order from its writes)
-	SELECT t.kind INTO k FROM outbox.targets t WHERE t.id = tid;
-	IF k = 'queue' THEN
-		RAISE EXCEPTION 'target "%" is a queue', set_aside.target
-			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'No relay delivers a queue''s messages: its receivers take them.',
-				  HINT = 'A receiver gives a message up with outbox.nack(); see outbox.queue_dead_letters.';
-	END IF;
-	SELECT array_agg(p.failing_id ORDER BY p.failing_id) INTO failing
-	  FROM outbox.progress p WHERE p.target_id = tid AND p.failing_id IS NOT NULL;
-	IF set_aside.id IS NOT NULL THEN
-		IF NOT set_aside.id = ANY (coalesce(failing, '{}')) THEN
-			RAISE EXCEPTION 'message % is not failing on target "%"', set_aside.id, set_aside.target
-				USING ERRCODE = 'no_data_found',
-					  DETAIL = CASE WHEN failing IS NULL THEN 'No message of the target is failing.'
-									ELSE format('Failing: %s.', array_to_string(failing, ', ')) END,
-					  HINT = 'Only a message the relay retries at the head of a lane can be set aside (outbox.progress.failing_id).';
-		END IF;
-		chosen := set_aside.id;
-	ELSIF failing IS NULL THEN
-		RAISE EXCEPTION 'no message of target "%" is failing', set_aside.target
-			USING ERRCODE = 'object_not_in_prerequisite_state',
-				  HINT = 'outbox.status shows each target''s last error; a message is set aside while the relay retries it.';
-	ELSIF cardinality(failing) > 1 THEN
-		RAISE EXCEPTION 'target "%" has % failing messages', set_aside.target, cardinality(failing)
-			USING ERRCODE = 'object_not_in_prerequisite_state',
-				  DETAIL = format('Failing: %s.', array_to_string(failing, ', ')),
-				  HINT = 'Pass id => one of them.';
-	ELSE
-		chosen := failing[1];
-	END IF;
-	UPDATE outbox.progress p
-	   SET set_aside_id = chosen,
-		   set_aside_reason = 'set aside by ' || session_user || coalesce(': ' || reason, '')
-	 WHERE p.target_id = tid AND p.failing_id = chosen;
-	IF NOT FOUND THEN
-		RAISE EXCEPTION 'message % is not failing on target "%" any more', chosen, set_aside.target
-			USING ERRCODE = 'object_not_in_prerequisite_state',
-				  DETAIL = 'The relay delivered it, or set it aside, meanwhile.';
-	END IF;
-	PERFORM outbox.config_changed();
-	RETURN chosen;
-END
-$$;
-COMMENT ON FUNCTION outbox.set_aside(text, text, bigint) IS
-	'set a failing message of a target aside as a dead letter; returns its id';
-REVOKE ALL ON FUNCTION outbox.set_aside(text, text, bigint) FROM PUBLIC;
-
-DROP FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text);
--- Change a target's options; NULL leaves an option as it is (see the
--- previous definitions).  A Redis target takes url, stream, maxlen
--- (maxlen => 0 never trims), dedup_window, batch_size, lanes, ordering,
--- max_attempts, timeout_ms, max_rate and disable_after; a RabbitMQ
--- target the same with exchange and routing_key instead of stream,
--- maxlen and dedup_window.  unroutable_after (NATS, Kafka and RabbitMQ
--- targets): how long a message whose filled-in destination the broker
--- does not take is retried, interval '0' for ever.
-CREATE FUNCTION outbox.alter_target(
-	name		  text,
-	url			  text		DEFAULT NULL,
-	headers		  jsonb		DEFAULT NULL,
-	secret		  text		DEFAULT NULL,
-	batch_size	  int		DEFAULT NULL,
-	lanes		  int		DEFAULT NULL,
-	ordering	  text		DEFAULT NULL,
-	max_attempts  int		DEFAULT NULL,
-	timeout_ms	  int		DEFAULT NULL,
-	max_rate	  float8	DEFAULT NULL,
-	disable_after interval	DEFAULT NULL,
-	ca_file		  text		DEFAULT NULL,
-	client_cert	  text		DEFAULT NULL,
-	client_key	  text		DEFAULT NULL,
-	envelope_only boolean	DEFAULT NULL,
-	subject		  text		DEFAULT NULL,
-	topic		  text		DEFAULT NULL,
-	properties	  jsonb		DEFAULT NULL,
-	format		  text		DEFAULT NULL,
-	source		  text		DEFAULT NULL,
-	stream		  text		DEFAULT NULL,
-	maxlen		  bigint	DEFAULT NULL,
-	dedup_window  int		DEFAULT NULL,
-	exchange	  text		DEFAULT NULL,
-	routing_key	  text		DEFAULT NULL,
-	unroutable_after interval DEFAULT NULL,
-	credentials	  text		DEFAULT NULL)
-RETURNS int
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	tid int := outbox.target_id(alter_target.name);
-	old outbox.targets;
-	t outbox.targets;
-	n int := 0;
-BEGIN
-	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
-	t := old;
-	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq') AND (url IS NOT NULL OR batch_size IS NOT NULL
-													  OR lanes IS NOT NULL OR ordering IS NOT NULL
-													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, NATS, Kafka, Redis and RabbitMQ targets have a URL (brokers), batches, lanes, a timeout or a rate.';
-	END IF;
-	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP targets have headers and a secret.';
-	END IF;
-	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
-																  OR client_key IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, Redis, RabbitMQ and NATS targets have TLS files.';
-	END IF;
-	IF old.kind <> 'nats' AND credentials IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NATS targets have a credentials file.';
-	END IF;
-	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NATS targets have a subject.';
-	END IF;
-	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only Kafka targets have a topic and properties.';
-	END IF;
-	IF old.kind <> 'redis' AND (stream IS NOT NULL OR maxlen IS NOT NULL OR dedup_window IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only Redis targets have a stream, maxlen and dedup_window.';
-	END IF;
-	IF old.kind <> 'rabbitmq' AND (exchange IS NOT NULL OR routing_key IS NOT NULL) THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only RabbitMQ targets have an exchange and a routing key.';
-	END IF;
-	IF old.kind NOT IN ('nats', 'kafka', 'rabbitmq') AND unroutable_after IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NATS, Kafka and RabbitMQ targets fill in a destination the broker may not take (unroutable_after).';
-	END IF;
-	IF unroutable_after < interval '0' THEN
-		RAISE EXCEPTION 'unroutable_after must not be negative'
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'Pass interval ''0'' to retry such a message for ever.';
-	END IF;
-	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
-		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
-			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
-	END IF;
-	t.url := coalesce(url, old.url);
-	t.headers := coalesce(headers, old.headers);
-	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
-	t.batch_size := coalesce(batch_size, old.batch_size);
-	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
-	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
-	t.max_attempts := coalesce(max_attempts, old.max_attempts);
-	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
-	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
-	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
-							ELSE coalesce(disable_after, old.disable_after) END;
-	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
-	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
-	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
-	t.envelope_only := coalesce(envelope_only, old.envelope_only);
-	t.subject := coalesce(subject, old.subject);
-	t.topic := coalesce(topic, old.topic);
-	t.properties := coalesce(properties, old.properties);
-	t.format := coalesce(format, old.format);
-	t.ce_source := CASE WHEN source = '' THEN NULL ELSE coalesce(source, old.ce_source) END;
-	t.stream := coalesce(stream, old.stream);
-	t.maxlen := CASE WHEN maxlen = 0 THEN NULL ELSE coalesce(maxlen, old.maxlen) END;
-	t.dedup_window := coalesce(dedup_window, old.dedup_window);
-	t.exchange := coalesce(exchange, old.exchange);
-	t.routing_key := coalesce(routing_key, old.routing_key);
-	t.unroutable_after := CASE WHEN unroutable_after = interval '0' THEN NULL
-							   ELSE coalesce(unroutable_after, old.unroutable_after) END;
-	t.credentials := CASE WHEN credentials = '' THEN NULL ELSE coalesce(credentials, old.credentials) END;
-	IF t.secret IS NULL THEN
-		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
-	END IF;
-	IF old.kind = 'http' THEN
-		PERFORM outbox.check_http_target(t);
-	ELSIF old.kind IN ('nats', 'kafka', 'redis', 'rabbitmq') THEN
-		PERFORM outbox.check_broker_options(t);
-	ELSE
-		PERFORM outbox.check_target_options(t);
-	END IF;
-	PERFORM outbox.check_format(t);
-	IF t.ordering = 'strict' THEN
-		IF lanes IS NOT NULL AND lanes <> 1 THEN
-			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
-				USING ERRCODE = 'invalid_parameter_value',
-					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
-		END IF;
-		t.lanes := 1;
-	END IF;
-
-	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
-		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
-		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
-		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
-		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
-		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
-		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
-		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
-		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
-		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
-		+ (t.client_key IS DISTINCT FROM old.client_key)::int
-		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
-		+ (t.subject IS DISTINCT FROM old.subject)::int
-		+ (t.topic IS DISTINCT FROM old.topic)::int
-		+ (t.properties IS DISTINCT FROM old.properties)::int
-		+ (t.format IS DISTINCT FROM old.format)::int
-		+ (t.ce_source IS DISTINCT FROM old.ce_source)::int
-		+ (t.stream IS DISTINCT FROM old.stream)::int
-		+ (t.maxlen IS DISTINCT FROM old.maxlen)::int
-		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int
-		+ (t.exchange IS DISTINCT FROM old.exchange)::int
-		+ (t.routing_key IS DISTINCT FROM old.routing_key)::int
-		+ (t.unroutable_after IS DISTINCT FROM old.unroutable_after)::int
-		+ (t.credentials IS DISTINCT FROM old.credentials)::int;
-
-	UPDATE outbox.targets x
-	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
-		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
-		   disable_after = t.disable_after, previous_secret = t.previous_secret,
-		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
-		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
-		   properties = t.properties, format = t.format, ce_source = t.ce_source,
-		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
-		   exchange = t.exchange, routing_key = t.routing_key,
-		   unroutable_after = t.unroutable_after, credentials = t.credentials,
-		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
-		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
-	 WHERE x.id = tid;
-	PERFORM outbox.config_changed();
-	RETURN n;
-END
-$$;
-COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) IS
-	'change a target''s options without a restart; returns how many changed';
-REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) FROM PUBLIC;

@@ -172,4 +172,31 @@ $node->safe_psql('postgres', q{ALTER FUNCTION outbox.target_pending(int) SET wor
 isnt($node->safe_psql('postgres', $describe), $base, 'the description sees a changed function definition');
 
 $node->stop;
+
+# The newest full script reads as one schema (test/check-schema-script.sh,
+# also run by make lint): each object made once, in its final shape.  The
+# check fails on a copy that breaks each of its rules.
+my $check = "$srcdir/test/check-schema-script.sh";
+my ($out, $err);
+ok(IPC::Run::run([ $check, "$srcdir/outbox--$default.sql" ], '>', \$out, '2>', \$err),
+	"outbox--$default.sql creates each object once, in its final shape")
+  or diag($err);
+my $script = slurp_file("$srcdir/outbox--$default.sql");
+my %broken = (
+	'a table altered after its CREATE TABLE' => "ALTER TABLE outbox.targets ADD COLUMN extra text;\n",
+	'a function defined again' =>
+	  "CREATE OR REPLACE FUNCTION outbox.frontier() RETURNS bigint LANGUAGE sql AS \$\$ SELECT 0::bigint \$\$;\n",
+	'a function dropped' => "DROP FUNCTION outbox.frontier();\n",
+	'a view made twice' => "CREATE VIEW outbox.lag AS SELECT 1;\n");
+my $dir = PostgreSQL::Test::Utils::tempdir();
+for my $what (sort keys %broken)
+{
+	my $copy = "$dir/outbox--$default.sql";
+	open(my $fh, '>', $copy) or die "$copy: $!";
+	print $fh $script, $broken{$what};
+	close $fh;
+	ok(!IPC::Run::run([ $check, $copy ], '>', \$out, '2>', \$err), "the check refuses $what")
+	  and like($err, qr/outbox--\Q$default\E\.sql:\d+:/, '... naming the line');
+}
+
 done_testing();
