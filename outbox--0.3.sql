@@ -16,7 +16,7 @@ REVOKE ALL ON SCHEMA outbox FROM PUBLIC;
 
 -- Messages, one row each, written only by the extension at commit.  The id
 -- follows commit order; the table is append-only.  The rows are stored in
--- its chunk tables, outbox.messages_1 to _4 (see "Retention" below):
+-- its chunk tables, outbox.messages_1 to _4 (see "Chunks and retention" below):
 -- reading outbox.messages reads them all.
 CREATE TABLE outbox.messages (
 	id			bigint		NOT NULL,
