@@ -110,8 +110,6 @@
 #define NATS_STOP_WAIT_S	2
 /* How often the relay looks at host-name lookups while one runs. */
 #define NATS_LOOKUP_POLL_MS	10
-/* How often acknowledgements are collected while requests are in flight. */
-#define NATS_ACK_POLL_MS	1
 /* JetStream's error code for a message above the stream's max_msg_size. */
 #define NATS_JS_ERR_MSG_SIZE	10054
 
@@ -148,6 +146,7 @@ static NatsEvent *events_head = NULL;
 static NatsEvent *events_tail = NULL;
 static int	events_count = 0;
 static NatsReply *replies_head = NULL;	/* under events_lock too */
+static bool replies_left = false;	/* the relay's: more than it took */
 static NatsReply *replies_tail = NULL;
 static int	replies_count = 0;
 static size_t replies_bytes = 0;
@@ -266,8 +265,9 @@ nats_reply_shaped(const char *subj, size_t len)
 
 /*
  * A message on a target's inbox (libnats' deliverer thread): copy what the
- * relay reads of it, queue the copy, nothing else.  The relay polls the
- * queue while it waits for acknowledgements, so there is no wake-up.
+ * relay reads of it, queue the copy, and wake the relay when the queue was
+ * empty: one wake-up for all that arrive before the relay takes them, not
+ * one per acknowledgement.
  */
 static void
 nats_reply_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
@@ -279,6 +279,7 @@ nats_reply_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *clo
 	int			copy = (data != NULL && len > 0 && len <= NATS_MAX_ACK) ? len : 0;
 	size_t		size = offsetof(NatsReply, buf) + slen + 1 + copy + 1;
 	NatsReply  *r = NULL;
+	bool		wake = false;
 
 	if (slen > 0 && slen <= NATS_MAX_REPLY_SUBJECT && nats_reply_shaped(subj, slen))
 		r = malloc(size);
@@ -308,11 +309,22 @@ nats_reply_cb(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *clo
 	if (replies_tail)
 		replies_tail->next = r;
 	else
+	{
 		replies_head = r;
+		wake = true;
+	}
 	replies_tail = r;
 	replies_count++;
 	replies_bytes += size;
 	pthread_mutex_unlock(&events_lock);
+	if (wake)
+	{
+		char		c = 1;
+
+		/* Non-blocking: a full pipe has woken the relay already. */
+		if (write(wake_pipe[1], &c, 1) < 0)
+			return;
+	}
 }
 
 /*
@@ -2304,6 +2316,8 @@ relay_nats_drive(RelayFinishedFn finished)
 
 	if (wake_pipe[0] < 0)
 		return;
+	/* before taking what woke it: what comes after wakes it again */
+	relay_wake_pipe_drain(wake_pipe[0]);
 
 	/*
 	 * First the replies libnats' deliverer queued (at most NATS_MAX_DRAIN a
@@ -2334,6 +2348,8 @@ relay_nats_drive(RelayFinishedFn finished)
 			if (replies_head == NULL)
 				replies_tail = NULL;
 		}
+		/* left for the next call, which nothing else would wake */
+		replies_left = replies_head != NULL;
 		dropped = replies_dropped;
 		pthread_mutex_unlock(&events_lock);
 		if (dropped > replies_dropped_seen &&
@@ -2360,7 +2376,6 @@ relay_nats_drive(RelayFinishedFn finished)
 	}
 
 	/* Then lost connections: what is still waiting will not be answered. */
-	relay_wake_pipe_drain(wake_pipe[0]);
 	pthread_mutex_lock(&events_lock);
 	ev = events_head;
 	events_head = events_tail = NULL;
@@ -2465,35 +2480,29 @@ relay_nats_drive(RelayFinishedFn finished)
 }
 
 /*
- * Milliseconds the loop may sleep: while requests are on the wire, 1, as
- * their acknowledgements are collected without a wake-up (a callback
- * would cost a thread hand-off per acknowledgement); while requests are
- * parked only, until the first deadline, or NATS_LOOKUP_POLL_MS while a
- * host name is being resolved (a connection made wakes the relay);
+ * Milliseconds the loop may sleep: until the first deadline of a request
+ * (acknowledgements, connections made and lost wake the relay through
+ * wake_pipe), or NATS_LOOKUP_POLL_MS while a host name is being resolved;
  * else no limit.
  */
 static long
 relay_nats_timeout(void)
 {
 	ListCell   *lc;
-	int			parked = 0;
 	bool		resolving = false;
 	long		ms;
 
+	if (replies_left)
+		return 0;
 	if (requests_in_flight == 0)
 		return -1;
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 
-		if (t->kind != RELAY_NATS || t->priv == NULL)
-			continue;
-		if (NATS_TARGET(t)->nlookups > 0)
+		if (t->kind == RELAY_NATS && t->priv != NULL && NATS_TARGET(t)->nlookups > 0)
 			resolving = true;
-		parked += nats_parked(t);
 	}
-	if (requests_in_flight > parked)
-		return NATS_ACK_POLL_MS;
 	ms = relay_acks_next_deadline_ms(RELAY_NATS);
 	if (resolving && (ms < 0 || ms > NATS_LOOKUP_POLL_MS))
 		ms = NATS_LOOKUP_POLL_MS;
