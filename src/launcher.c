@@ -106,13 +106,21 @@ static int	maxldbs = 0;
 
 /*
  * Register the launcher.  Called from _PG_init while shared_preload_libraries
- * is processed.
+ * is processed.  Not on a server pg_upgrade runs (-b): there no relay or
+ * capture worker may read or write while the schema is restored, as
+ * PostgreSQL runs no logical replication launcher there.
  */
 void
 outbox_register_launcher(void)
 {
 	BackgroundWorker worker;
 
+	if (IsBinaryUpgrade)
+	{
+		ereport(LOG,
+				(errmsg("outbox starts no relay or capture worker in binary upgrade mode")));
+		return;
+	}
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
 	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
