@@ -75,6 +75,8 @@ CREATE FUNCTION outbox.capture_status(OUT pid int, OUT state text, OUT last_erro
 RETURNS record
 AS 'MODULE_PATHNAME', 'outbox_capture_status'
 LANGUAGE C STABLE;
+COMMENT ON FUNCTION outbox.capture_status() IS
+	'this database''s capture worker: pid, state, last error, what it handed off and decoded';
 REVOKE ALL ON FUNCTION outbox.capture_status() FROM PUBLIC;
 
 CREATE FUNCTION outbox.capture_trigger()
@@ -635,6 +637,8 @@ SELECT ct.tbl AS table_name,
   LEFT JOIN pg_catalog.pg_replication_slots s ON ct.mode = 'wal' AND s.slot_name = outbox.capture_slot_name()
   LEFT JOIN outbox.capture_progress p ON ct.mode = 'wal' AND p.slot_name = outbox.capture_slot_name()
   LEFT JOIN LATERAL outbox.capture_status() w ON ct.mode = 'wal';
+COMMENT ON VIEW outbox.captures IS
+	'each captured table: mode, format, state, lag and retained WAL of a WAL capture, last error';
 REVOKE ALL ON outbox.captures FROM PUBLIC;
 GRANT SELECT ON outbox.captures TO outbox_monitor;
 GRANT EXECUTE ON FUNCTION outbox.capture_status() TO outbox_monitor;
@@ -2393,3 +2397,10 @@ $$;
 COMMENT ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) IS
 	'change a target''s options without a restart; returns how many changed';
 REVOKE ALL ON FUNCTION outbox.alter_target(text, text, jsonb, text, int, int, text, int, int, float8, interval, text, text, text, boolean, text, text, jsonb, text, text, text, bigint, int, text, text, interval, text) FROM PUBLIC;
+
+-- Comments of 0.2's objects that 0.3 changed or 0.2 lacked.
+COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams and RabbitMQ';
+COMMENT ON FUNCTION outbox.unsubscribe(text, text) IS
+	'stop delivering a pattern''s topics to a target (a NOTICE if it was not subscribed)';
+COMMENT ON FUNCTION outbox.drop_target(text) IS
+	'remove a target with its subscriptions, progress and a queue''s receipts; its dead letters stay';

@@ -198,9 +198,19 @@ COMMENT ON FUNCTION outbox.frontier()
 REVOKE ALL ON FUNCTION outbox.frontier() FROM PUBLIC;
 
 ---------------------------------------------------------------------------
--- Chunks and retention.
--- Messages live in a few chunk tables, each emptied at once when every
--- target has finished its messages (src/relay_retention.c).
+-- Chunks and retention without bloat (I8).
+--
+-- Messages are stored in four chunk tables, outbox.messages_1 to _4, which
+-- inherit from outbox.messages: reading outbox.messages reads them all.
+-- Committing transactions write into the current chunk.  The relay calls
+-- outbox.retention_step() about once a second (src/relay_retention.c): it
+-- empties, with TRUNCATE, a chunk that stopped being current at least
+-- outbox.retention ago and whose every message every target has finished,
+-- and moves the current chunk on to an empty one.  Nothing is deleted or
+-- updated row by row, so removal costs the same for ten messages as for
+-- ten million and leaves no dead rows for VACUUM.  outbox.messages itself
+-- (chunk 0) holds only rows inserted into it directly; it is emptied the
+-- same way once they are finished.
 ---------------------------------------------------------------------------
 
 -- The tables messages are stored in: chunk 0 is outbox.messages itself,
@@ -497,12 +507,12 @@ CREATE TABLE outbox.targets (
 		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq') OR lanes = 1))
 );
 -- The limits of the target functions on these options are NOT VALID
--- because the update from 0.1 adds them so (a row written there by hand
+-- because outbox--0.1--0.2.sql adds them so (a row written there by hand
 -- must not make the update fail; the relay skips it), and a direct install
--- must give the same catalog.  CREATE TABLE cannot make a constraint NOT
--- VALID: this is the one ALTER TABLE of a table this script creates, with
--- the ENABLE ALWAYS of triggers.  On a new table it changes nothing: every
--- row written is checked.
+-- must give the same catalog.  CREATE TABLE cannot say NOT VALID: apart
+-- from ENABLE ALWAYS TRIGGER, this is the script's only ALTER TABLE of a
+-- table it creates.  On a new table it changes nothing: every row written
+-- is checked.
 ALTER TABLE outbox.targets
 	ADD CONSTRAINT targets_batch_size_check CHECK (batch_size BETWEEN 1 AND 1000) NOT VALID,
 	ADD CONSTRAINT targets_max_attempts_check CHECK (max_attempts BETWEEN 0 AND 1000000) NOT VALID,
@@ -510,7 +520,7 @@ ALTER TABLE outbox.targets
 	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$') NOT VALID,
 	ADD CONSTRAINT targets_headers_check CHECK (jsonb_typeof(headers) = 'object') NOT VALID,
 	ADD CONSTRAINT targets_channel_check CHECK (channel IS NULL OR octet_length(channel) BETWEEN 1 AND 63) NOT VALID;
-COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints and NOTIFY channels';
+COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams and RabbitMQ';
 REVOKE ALL ON TABLE outbox.targets FROM PUBLIC;
 COMMENT ON COLUMN outbox.targets.state IS
 	'active; paused (by outbox.pause_target); disabled (410 Gone, or failing for disable_after)';
@@ -620,7 +630,7 @@ COMMENT ON COLUMN outbox.dead_letters.retry_requested_at IS
 SELECT pg_catalog.pg_extension_config_dump('outbox.dead_letters', '');
 
 ---------------------------------------------------------------------------
--- Checks of target options.
+-- Helpers and checks of target options.
 -- Shared by the functions that create and alter targets; those in C are
 -- the relay's own checks of every row it loads.
 ---------------------------------------------------------------------------
@@ -653,7 +663,7 @@ AS $$
 				ELSE ((hashtext(key)::bigint & 4294967295) % lanes)::int END
 $$;
 
--- Common checks of the target functions.
+-- A target name: 1 to 63 letters, digits, '_', '.' and '-'.
 CREATE FUNCTION outbox.check_target_name(name text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -732,6 +742,7 @@ AS 'MODULE_PATHNAME', 'outbox_check_destination'
 LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 REVOKE ALL ON FUNCTION outbox.check_destination(text) FROM PUBLIC;
 
+-- The whpk_ public key of a whsk_ key, for receivers of v1a signatures.
 -- Signing keys: whsec_ (HMAC-SHA256, "v1,") or whsk_ (ed25519, "v1a,").
 CREATE FUNCTION outbox.signing_public_key(secret text)
 RETURNS text
@@ -794,9 +805,10 @@ END
 $$;
 REVOKE ALL ON FUNCTION outbox.check_secret(text, text) FROM PUBLIC;
 
--- TLS files are read by the server: only a role that may read server files
--- names them, and they must exist and be readable now (by the server's
--- operating system user: outbox.check_server_file).
+-- Refuse a file the relay will read (a TLS file, NATS credentials) that
+-- the server's operating system user cannot read now: an absolute path to
+-- a non-empty regular file.  check_tls_files checks first that the role
+-- may name server files.
 CREATE FUNCTION outbox.check_server_file(path text, what text)
 RETURNS void
 AS 'MODULE_PATHNAME', 'outbox_check_server_file'
@@ -1530,6 +1542,8 @@ BEGIN
 	PERFORM outbox.config_changed();
 END
 $$;
+COMMENT ON FUNCTION outbox.unsubscribe(text, text) IS
+	'stop delivering a pattern''s topics to a target (a NOTICE if it was not subscribed)';
 REVOKE ALL ON FUNCTION outbox.unsubscribe(text, text) FROM PUBLIC;
 
 -- Drop a target with its subscriptions and progress, and a queue with its
@@ -1547,19 +1561,18 @@ BEGIN
 	PERFORM outbox.config_changed();
 END
 $$;
+COMMENT ON FUNCTION outbox.drop_target(text) IS
+	'remove a target with its subscriptions, progress and a queue''s receipts; its dead letters stay';
 REVOKE ALL ON FUNCTION outbox.drop_target(text) FROM PUBLIC;
 
 ---------------------------------------------------------------------------
 -- Operating targets.
 -- Pause and resume, dead letters, replay, changing options, rotating
--- signing keys.
+-- signing keys.  Each raises undefined_object for an unknown target
+-- (outbox.target_id).
 ---------------------------------------------------------------------------
 
--- Target names are checked by the admin functions: each raises
--- undefined_object for an unknown target (outbox.target_id).
-
--- Pause a target, and deliver again to a paused or disabled one from where
--- it stopped.  Each returns the messages pending.
+-- Pause a target; returns the messages pending.
 CREATE FUNCTION outbox.pause_target(name text)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -1584,7 +1597,8 @@ COMMENT ON FUNCTION outbox.pause_target(text) IS
 	'stop delivering to a target; messages keep accumulating; returns the messages pending';
 REVOKE ALL ON FUNCTION outbox.pause_target(text) FROM PUBLIC;
 
--- Deliver to a paused or disabled target again.
+-- Deliver to a paused or disabled target again, from where it stopped;
+-- returns the messages pending.
 CREATE FUNCTION outbox.resume_target(name text)
 RETURNS bigint
 LANGUAGE plpgsql
@@ -2144,8 +2158,7 @@ REVOKE ALL ON FUNCTION outbox.finish_secret_rotation(text) FROM PUBLIC;
 -- only topics it was granted (src/topic_grants.c).
 ---------------------------------------------------------------------------
 
--- Per-topic emit rights, checked by outbox_emit() when
--- outbox.check_topic_grants is on (superusers are not checked).
+-- The grants (superusers are not checked).
 CREATE TABLE outbox.topic_grants (
 	role		regrole	NOT NULL,
 	pattern		text	NOT NULL,
@@ -2179,8 +2192,8 @@ REVOKE ALL ON FUNCTION outbox.topic_grants_trigger() FROM PUBLIC;
 CREATE TRIGGER topic_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON outbox.topic_grants
 	FOR EACH STATEMENT EXECUTE FUNCTION outbox.topic_grants_trigger();
 
--- Grant and take back emit rights; each returns whether it changed the
--- grants.
+-- Let a role emit to a pattern's topics; returns whether the grants
+-- changed.
 CREATE FUNCTION outbox.grant_topic(role regrole, pattern text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -2204,7 +2217,7 @@ COMMENT ON FUNCTION outbox.grant_topic(regrole, text) IS
 	'let a role emit to the topics a pattern matches (when outbox.check_topic_grants is on)';
 REVOKE ALL ON FUNCTION outbox.grant_topic(regrole, text) FROM PUBLIC;
 
--- Take back outbox.grant_topic().
+-- Take back outbox.grant_topic(); returns whether the grants changed.
 CREATE FUNCTION outbox.revoke_topic(role regrole, pattern text)
 RETURNS boolean
 LANGUAGE plpgsql
@@ -2551,8 +2564,6 @@ SELECT t.name AS target, s.state, s.messages, s.requests, s.bytes, s.retries, s.
 COMMENT ON VIEW outbox.stats IS 'per target: messages, requests, bytes, retries, dead letters, latency percentiles';
 REVOKE ALL ON outbox.stats FROM PUBLIC;
 
--- The relay: what it does, where it reads, and what holds delivery or
--- retention back.
 -- Failover-safe delivery: each slot of outbox.standby_slots, how it stands,
 -- and how far its standby is behind the newest commit that emitted here.
 CREATE FUNCTION outbox.standby_status(OUT slot_name text, OUT state text,
@@ -2564,7 +2575,8 @@ COMMENT ON FUNCTION outbox.standby_status() IS
 	'each slot of outbox.standby_slots: state, flushed position, bytes behind the newest commit';
 REVOKE ALL ON FUNCTION outbox.standby_status() FROM PUBLIC;
 
--- The relay of this database: its process, state and positions.
+-- The relay of this database: what it does, where it reads, and what holds
+-- delivery or retention back.
 CREATE VIEW outbox.worker AS
 SELECT w.pid, w.state, w.started_at, w.last_wakeup, w.read_position, w.frontier,
 	   w.frontier_held_by_pid,
@@ -2853,6 +2865,8 @@ CREATE FUNCTION outbox.capture_status(OUT pid int, OUT state text, OUT last_erro
 RETURNS record
 AS 'MODULE_PATHNAME', 'outbox_capture_status'
 LANGUAGE C STABLE;
+COMMENT ON FUNCTION outbox.capture_status() IS
+	'this database''s capture worker: pid, state, last error, what it handed off and decoded';
 REVOKE ALL ON FUNCTION outbox.capture_status() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.capture_status() TO outbox_monitor;
 
@@ -3416,11 +3430,13 @@ SELECT ct.tbl AS table_name,
   LEFT JOIN pg_catalog.pg_replication_slots s ON ct.mode = 'wal' AND s.slot_name = outbox.capture_slot_name()
   LEFT JOIN outbox.capture_progress p ON ct.mode = 'wal' AND p.slot_name = outbox.capture_slot_name()
   LEFT JOIN LATERAL outbox.capture_status() w ON ct.mode = 'wal';
+COMMENT ON VIEW outbox.captures IS
+	'each captured table: mode, format, state, lag and retained WAL of a WAL capture, last error';
 REVOKE ALL ON outbox.captures FROM PUBLIC;
 GRANT SELECT ON outbox.captures TO outbox_monitor;
 
 ---------------------------------------------------------------------------
--- The end.
+-- Last: wake a relay waiting for CREATE EXTENSION.
 ---------------------------------------------------------------------------
 -- A relay waiting for CREATE EXTENSION starts delivering when this commits
 -- (only where the library is preloaded: outbox.database exists then).

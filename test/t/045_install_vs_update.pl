@@ -187,7 +187,12 @@ my %broken = (
 	'a function defined again' =>
 	  "CREATE OR REPLACE FUNCTION outbox.frontier() RETURNS bigint LANGUAGE sql AS \$\$ SELECT 0::bigint \$\$;\n",
 	'a function dropped' => "DROP FUNCTION outbox.frontier();\n",
-	'a view made twice' => "CREATE VIEW outbox.lag AS SELECT 1;\n");
+	'a view made twice' => "CREATE VIEW outbox.lag AS SELECT 1;\n",
+	'a table altered, in lower case, over two lines' => "alter table only\n  outbox.targets add column extra text;\n",
+	'an ALTER after a comment holding a dollar quote' =>
+	  "-- not a body: \$\$\nALTER TABLE outbox.targets ADD COLUMN extra text;\n",
+	'a function altered' => "ALTER FUNCTION outbox.frontier() STABLE;\n",
+	'an object commented twice' => "COMMENT ON VIEW outbox.lag IS 'again';\n");
 my $dir = PostgreSQL::Test::Utils::tempdir();
 for my $what (sort keys %broken)
 {
