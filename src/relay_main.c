@@ -742,9 +742,14 @@ relay_loop(WaitEventSet *wait_set, WaitEventSet *quiet_set)
 									 dbname)));
 				waiting_logged = true;
 				relay_publish_stats(GetCurrentTimestamp(), "waiting for CREATE EXTENSION", false);
-				/* CREATE EXTENSION wakes us when it commits. */
-				(void) WaitEventSetWait(wait_set, Min(outbox_poll_interval, 500), &event, 1,
-										PG_WAIT_EXTENSION);
+				/*
+				 * CREATE EXTENSION wakes us when it commits.  The latch
+				 * only: a transport's descriptor (a late acknowledgement)
+				 * stays readable until a drive takes it, which waits for
+				 * the extension, and would make this loop spin.
+				 */
+				(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 Min(outbox_poll_interval, 500), PG_WAIT_EXTENSION);
 				ResetLatch(MyLatch);
 				continue;
 			}
