@@ -129,6 +129,8 @@ typedef struct RelayLane
 	Size		queued_bytes;	/* their mem_size, summed */
 	int			nbatch;			/* messages at the head being sent */
 	bool		in_flight;		/* a request is on the wire */
+	RelayMessage *sent_last;	/* pipelined: the last message of the
+								 * window (nbatch > 0), or NULL */
 	int			attempts;		/* failed attempts of the head batch */
 	int			retry_nbatch;	/* size of the failed batch, to resend as is */
 	int64		overflow_id;	/* 0, or the lowest id of the lane not queued
@@ -201,6 +203,22 @@ typedef struct RelayTransport
 								 * key, so that no later message of a key is
 								 * acknowledged ahead of an earlier one that
 								 * is to be sent again */
+	bool		pipelined;		/* per_message, and the broker keeps the
+								 * order it is sent per key through its
+								 * own retries (Kafka's idempotent
+								 * producer): a request may hold several
+								 * messages of a key, and a lane sends on
+								 * while earlier requests are on the wire
+								 * (its window, nbatch messages at the
+								 * head); see I4 in docs/internals.md */
+	/*
+	 * Pipelined: whether the lane's window may take more now (nothing in
+	 * it failed); and sending more failed (send returned false or raised
+	 * an error): the first message not sent fails so, and the window's
+	 * outcome follows once the rest of it has come back.
+	 */
+	bool		(*extends) (RelayLane *lane);
+	void		(*window_fail) (RelayLane *lane, const RelayOutcome *failed);
 	/*
 	 * At relay start: a descriptor the loop waits on, or -1; at exit.  A
 	 * transport on relay_conn.c without them has its epoll set's
@@ -425,6 +443,8 @@ extern int64 relay_lane_done_position(RelayLane *lane);
 extern void relay_lane_set_error(RelayLane *lane, int status, const char *error);
 extern int64 relay_backoff_ms(int attempts, int retry_after_s);
 extern void relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome);
+extern void relay_lane_delivered_head(RelayLane *lane, int n);
+extern int	relay_lane_window_cap(RelayTarget *t);
 extern bool relay_lane_may_send(RelayLane *lane, TimestampTz now);
 extern bool relay_target_stopped(RelayTarget *t);
 extern bool relay_target_may_send(RelayTarget *t, TimestampTz now, long *wait_ms);

@@ -10,12 +10,24 @@
  * client would pick.  Each record: key = the message's key, value = its
  * payload, headers = its headers plus webhook-id, outbox-seq,
  * outbox-topic and outbox-key, on the topic the target's template names.
- * A request (relay_lane_cut_keys) never holds two messages of a key, so a
- * message that fails for good (its message.timeout.ms, = timeout_ms,
- * passed, say) is sent again before any later message of its key is
- * produced: per key, the first copy of each message in the partition is in
- * commit order.  A message sent again may be there twice, with the same
- * webhook-id.
+ *
+ * Pipelined (I4 in docs/internals.md).  A lane does not wait for a
+ * request's reports before it produces the next: every message of a key
+ * goes to one partition, and the idempotent producer keeps a partition's
+ * order through its retries, so the lane has a window of messages on the
+ * wire, each with a sequence number in its msg_opaque.  Messages never
+ * time out in librdkafka (message.timeout.ms 0: retried until delivered),
+ * so what a producer stores of a partition is always a prefix of what it
+ * was given; the relay keeps the deadline itself (timeout_ms from a
+ * message's produce to its report) and, past it, gives the producer up
+ * and makes it anew.  The window's delivered head is popped as reports
+ * come.  When a message fails (refused, a fatal error, given up), the lane
+ * produces nothing more until every report of its window is in; then that
+ * message's outcome is the lane's, the messages after it that were
+ * acknowledged are delivered unless an earlier message of their key was
+ * not, and the rest is produced again, in order, under the same ids: per
+ * key, the first copy of each message in the partition is in commit
+ * order, and a copy carries its message's webhook-id.
  *
  * Threads.  librdkafka's threads block every signal and never run
  * PostgreSQL code: delivery reports, errors and logs (log.queue) wait on
@@ -113,7 +125,6 @@ typedef struct RelayKafkaTarget
 	char	   *brokers;		/* the bootstrap list it was made for */
 	char	   *properties;		/* and the properties (their JSON text) */
 	uint64		destinations;	/* outbox_destinations_generation then */
-	int			timeout_ms;		/* message.timeout.ms it was made with */
 	bool		filled_topic;	/* made for a topic filled in from messages
 								 * (allow.auto.create.topics=false) */
 	bool		broken;			/* a fatal error: make it anew */
@@ -130,16 +141,46 @@ typedef struct RelayKafkaTarget
 	StringInfoData value;		/* reused: a structured CloudEvent */
 } RelayKafkaTarget;
 
-/* A lane's request in flight: RelayLane.priv is its RelayAcks. */
+/* Where a message of a lane's window stands. */
+#define KW_WAITING	0
+#define KW_ACKED	1
+#define KW_FAILED	2
+
+/*
+ * A lane's window (RelayLane.priv): the messages on the wire, numbered
+ * from 0 in each window (seq), the first of them the lane's head.
+ */
+typedef struct KafkaWindow
+{
+	uint32		generation;		/* a report of an earlier window is ignored */
+	uint64		base;			/* seq of the lane's head */
+	uint64		next;			/* seq of the next message produced */
+	int			cap;			/* slots of the rings (a power of 2) */
+	uint8	   *state;			/* KW_*, by seq & (cap - 1) */
+	TimestampTz *sent_at;		/* when it was produced */
+	bool		bad;			/* a message failed: nothing more is sent */
+	uint64		bad_seq;		/* the first of them */
+	RelayOutcomeKind bad_kind;
+	char		bad_error[RELAY_MAX_ERROR_LEN + 1];
+	bool		given_up;		/* what is still awaited is not waited for */
+	RelayOutcomeKind given_up_kind;
+	char		given_up_error[RELAY_MAX_ERROR_LEN + 1];
+	bool	   *acked;			/* the outcome's, by position */
+	int			maxacked;
+} KafkaWindow;
 
 #define KAFKA_TARGET(t)	((RelayKafkaTarget *) (t)->priv)
-#define KAFKA_LANE(lane)	((RelayAcks *) (lane)->priv)
+#define KAFKA_WINDOW(lane)	((KafkaWindow *) (lane)->priv)
 
-/* msg_opaque: lane (9 bits), request (32 bits), position (16 bits). */
-#define KAFKA_OPAQUE(lane, request, pos) \
-	((void *) (uintptr_t) (((uint64) (lane) << 48) | ((uint64) (request) << 16) | (uint64) (pos)))
+/* msg_opaque: lane (9 bits), window generation (15 bits), seq (40 bits). */
+#define KAFKA_SEQ_BITS	40
+#define KAFKA_GEN_MASK	0x7fff
+#define KAFKA_OPAQUE(lane, generation, seq) \
+	((void *) (uintptr_t) (((uint64) (lane) << 55) | \
+						   ((uint64) ((generation) & KAFKA_GEN_MASK) << KAFKA_SEQ_BITS) | \
+						   (uint64) (seq)))
 
-StaticAssertDecl(sizeof(void *) >= 8, "msg_opaque packs 57 bits into a pointer");
+StaticAssertDecl(sizeof(void *) >= 8, "msg_opaque packs 64 bits into a pointer");
 
 /*---- checks, for the SQL functions and for rows read ----*/
 
@@ -486,24 +527,42 @@ kafka_target_of(uint64 serial)
 	return NULL;
 }
 
-/* A delivery report: note it in its lane (acted on after the poll). */
+/*
+ * Message seq of the lane's window failed (kind, error): nothing more is
+ * sent until the window has drained.
+ */
+static void
+kafka_window_bad(KafkaWindow *kw, uint64 seq, RelayOutcomeKind kind, const char *error)
+{
+	kw->state[seq & (kw->cap - 1)] = KW_FAILED;
+	if (kw->bad && kw->bad_seq <= seq)
+		return;
+	kw->bad = true;
+	kw->bad_seq = seq;
+	kw->bad_kind = kind;
+	strlcpy(kw->bad_error, error, sizeof(kw->bad_error));
+}
+
+/* A delivery report: note it in its lane's window (acted on after the poll). */
 static void
 kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 {
 	RelayKafkaTarget *kt = (RelayKafkaTarget *) opaque;
 	RelayTarget *t = kafka_target_of(kt->serial);
 	uint64		packed = (uint64) (uintptr_t) msg->_private;
-	int			lane_index = (int) (packed >> 48);
-	uint32		request = (uint32) (packed >> 16);
-	int			pos = (int) (packed & 0xffff);
+	int			lane_index = (int) (packed >> 55);
+	uint32		generation = (uint32) ((packed >> KAFKA_SEQ_BITS) & KAFKA_GEN_MASK);
+	uint64		seq = packed & ((UINT64CONST(1) << KAFKA_SEQ_BITS) - 1);
 	RelayLane  *lane;
-	RelayAcks  *kl;
+	KafkaWindow *kw;
 
 	if (t == NULL || t->priv != kt || lane_index >= t->nlanes)
 		return;
 	lane = &t->lanes[lane_index];
-	kl = KAFKA_LANE(lane);
-	if (!lane->in_flight || !relay_acks_waits(kl, request, pos))
+	kw = KAFKA_WINDOW(lane);
+	if (!lane->in_flight || generation != (kw->generation & KAFKA_GEN_MASK) ||
+		seq < kw->base || seq >= kw->next ||
+		kw->state[seq & (kw->cap - 1)] != KW_WAITING)
 		return;
 	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR && msg->offset < 0)
 	{
@@ -516,12 +575,12 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 		 * target held a moment (no attempt counted: it is not the
 		 * message's fault).
 		 */
-		relay_acks_bad(kl, pos, RELAY_RECEIVER_FAILED,
-					   "delivery reported without an offset (acknowledged by a later batch): sent again");
+		kafka_window_bad(kw, seq, RELAY_RECEIVER_FAILED,
+						 "delivery reported without an offset (acknowledged by a later batch): sent again");
 	}
 	else if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
 	{
-		kl->acked[pos] = true;
+		kw->state[seq & (kw->cap - 1)] = KW_ACKED;
 		kt->down[0] = '\0';	/* a message went through: the brokers are back */
 	}
 	else
@@ -537,7 +596,7 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque)
 			 msg->err == RD_KAFKA_RESP_ERR__TRANSPORT ||
 			 msg->err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN))
 			snprintf(error, sizeof(error), "%s (%s)", rd_kafka_err2str(msg->err), kt->down);
-		relay_acks_bad(kl, pos, kind, error);
+		kafka_window_bad(kw, seq, kind, error);
 	}
 }
 
@@ -662,6 +721,23 @@ static void
 kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error);
 
 /*
+ * Whether the target's producer is one to go on with: made, not failed for
+ * good, and made for the target's bootstrap list, properties, topic and
+ * destination rules.
+ */
+static bool
+kafka_current(RelayTarget *t)
+{
+	RelayKafkaTarget *kt = KAFKA_TARGET(t);
+
+	return kt->rk != NULL && !kt->broken &&
+		kt->destinations == outbox_destinations_generation &&
+		kt->filled_topic == relay_template_filled(t->topic) &&
+		strcmp(kt->brokers, t->url) == 0 &&
+		strcmp(kt->properties, t->properties ? t->properties : "") == 0;
+}
+
+/*
  * Make the target's producer if it has none, or one made for another
  * bootstrap list, other properties or other destination rules.  Returns
  * false, with *why, when it cannot be made.
@@ -674,14 +750,10 @@ kafka_connect(RelayTarget *t, const char **why)
 	static char errstr[512];
 	const char *props = t->properties ? t->properties : "";
 	KafkaConfArg arg;
-	char		number[32];
-	MemoryContext oldcxt;
+		MemoryContext oldcxt;
 
 	kafka_refresh_rules();
-	if (kt->rk != NULL && !kt->broken && kt->destinations == outbox_destinations_generation &&
-		kt->timeout_ms == t->timeout_ms &&
-		kt->filled_topic == relay_template_filled(t->topic) &&
-		strcmp(kt->brokers, t->url) == 0 && strcmp(kt->properties, props) == 0)
+	if (kafka_current(t))
 		return true;
 	if (kt->rk != NULL)
 	{
@@ -705,8 +777,11 @@ kafka_connect(RelayTarget *t, const char **why)
 	kafka_set_property("enable.idempotence", "true", &arg);
 	kafka_set_property("acks", "all", &arg);
 	kafka_set_property("partitioner", "murmur2_random", &arg);
-	snprintf(number, sizeof(number), "%d", t->timeout_ms);
-	kafka_set_property("message.timeout.ms", number, &arg);
+	/*
+	 * Retried until delivered, never timed out (a gap in a partition): the
+	 * relay keeps timeout_ms itself (relay_kafka_drive()).
+	 */
+	kafka_set_property("message.timeout.ms", "0", &arg);
 	kafka_set_property("topic.metadata.propagation.max.ms", "2000", &arg);
 	kafka_set_property("log.queue", "true", &arg);
 	/*
@@ -720,8 +795,8 @@ kafka_connect(RelayTarget *t, const char **why)
 	if (kt->filled_topic)
 		kafka_set_property("allow.auto.create.topics", "false", &arg);
 	/*
-	 * A lane waits for its reports before it sends on: Nagle's algorithm
-	 * with delayed ACKs would add ~40 ms to each of those rounds, and a
+	 * Latency from commit to broker: Nagle's algorithm with delayed ACKs
+	 * would add ~40 ms to a request that waits for the one before, and a
 	 * long linger adds itself.  Both may be set in properties.
 	 */
 	kafka_set_property("socket.nagle.disable", "true", &arg);
@@ -774,7 +849,6 @@ kafka_connect(RelayTarget *t, const char **why)
 	kt->properties = pstrdup(props);
 	MemoryContextSwitchTo(oldcxt);
 	kt->destinations = outbox_destinations_generation;
-	kt->timeout_ms = t->timeout_ms;
 	return true;
 }
 
@@ -798,12 +872,269 @@ relay_kafka_target_release(RelayTarget *t)
 	t->priv = NULL;
 }
 
+/*---- a lane's window ----*/
+
+static void
+relay_kafka_lane_init(RelayLane *lane)
+{
+	lane->priv = MemoryContextAllocZero(lane->target->cxt, sizeof(KafkaWindow));
+}
+
+/* The lane's window is over: nothing of it is awaited any more. */
+static void
+kafka_window_end(RelayLane *lane)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+
+	kw->generation++;
+	kw->base = kw->next = 0;
+	kw->bad = kw->given_up = false;
+	if (lane->in_flight)
+		requests_in_flight--;
+	lane->in_flight = false;
+}
+
 static void
 relay_kafka_lane_release(RelayLane *lane)
 {
-	if (lane->in_flight)
-		requests_in_flight--;
-	relay_acks_lane_release(lane);
+	kafka_window_end(lane);
+}
+
+/* Room in the window's rings for one more message (in the target's memory). */
+static void
+kafka_window_reserve(RelayTarget *t, KafkaWindow *kw)
+{
+	int			cap;
+	uint8	   *state;
+	TimestampTz *sent_at;
+	uint64		seq;
+
+	if (kw->next - kw->base < (uint64) kw->cap)
+		return;
+	cap = Max(64, kw->cap * 2);
+	state = MemoryContextAlloc(t->cxt, cap);
+	sent_at = MemoryContextAlloc(t->cxt, cap * sizeof(TimestampTz));
+	for (seq = kw->base; seq < kw->next; seq++)
+	{
+		state[seq & (cap - 1)] = kw->state[seq & (kw->cap - 1)];
+		sent_at[seq & (cap - 1)] = kw->sent_at[seq & (kw->cap - 1)];
+	}
+	if (kw->state)
+	{
+		pfree(kw->state);
+		pfree(kw->sent_at);
+	}
+	kw->state = state;
+	kw->sent_at = sent_at;
+	kw->cap = cap;
+}
+
+/* Message m goes into the lane's window, the next seq, as state says. */
+static uint64
+kafka_window_add(RelayLane *lane, RelayMessage *m, int state, TimestampTz now)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+	uint64		seq;
+
+	kafka_window_reserve(lane->target, kw);
+	seq = kw->next++;
+	kw->state[seq & (kw->cap - 1)] = state;
+	kw->sent_at[seq & (kw->cap - 1)] = now;
+	lane->nbatch++;
+	lane->sent_last = m;
+	if (!lane->in_flight)
+	{
+		lane->in_flight = true;
+		requests_in_flight++;
+	}
+	return seq;
+}
+
+/*
+ * The first message of the lane not on the wire failed before it was
+ * produced (kind, error): it joins the window as failed, and the window's
+ * outcome follows once the rest of it has come back.  The transport's
+ * window_fail.
+ */
+static void
+kafka_window_fail_next(RelayLane *lane, const RelayOutcome *failed)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+	RelayMessage *m = lane->sent_last != NULL ? lane->sent_last->next : NULL;
+	const char *error = failed->error ? failed->error : "could not produce to Kafka";
+
+	if (m == NULL || !lane->in_flight)
+	{
+		/* nothing to fail but what is on the wire: give it up */
+		kw->given_up = true;
+		kw->given_up_kind = failed->kind;
+		strlcpy(kw->given_up_error, error, sizeof(kw->given_up_error));
+		return;
+	}
+	kafka_window_bad(kw, kafka_window_add(lane, m, KW_FAILED, GetCurrentTimestamp()),
+					 failed->kind, error);
+}
+
+/* Pop the window's head that was acknowledged. */
+static void
+kafka_window_pop(RelayLane *lane)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+	int			n = 0;
+
+	while (kw->base + n < kw->next &&
+		   kw->state[(kw->base + n) & (kw->cap - 1)] == KW_ACKED)
+		n++;
+	if (n == 0)
+		return;
+	kw->base += n;
+	relay_lane_delivered_head(lane, n);
+}
+
+/*
+ * Which of the window's nb messages count as delivered in its outcome
+ * (kw->acked, by position from the head, which failed): those
+ * acknowledged, unless an earlier message of their key was not (it is sent
+ * again, and they after it).
+ */
+static void
+kafka_window_acked(RelayLane *lane, KafkaWindow *kw, int nb)
+{
+	RelayMessage **held;
+	RelayMessage *m;
+	uint32		mask = 1;
+	int			pos;
+
+	if (kw->maxacked < nb)
+	{
+		if (kw->acked)
+			pfree(kw->acked);
+		kw->maxacked = Max(nb, 64);
+		kw->acked = MemoryContextAlloc(lane->target->cxt, kw->maxacked * sizeof(bool));
+	}
+	/* the keys held back so far, in an open-addressing set */
+	while (mask < (uint32) (2 * nb))
+		mask <<= 1;
+	held = palloc0(mask * sizeof(RelayMessage *));
+	mask--;
+	for (m = lane->head, pos = 0; pos < nb && m != NULL; m = m->next, pos++)
+	{
+		bool		acked = pos > 0 &&
+			kw->state[(kw->base + pos) & (kw->cap - 1)] == KW_ACKED;
+
+		if (m->key != NULL)
+		{
+			uint32		slot = m->key_hash & mask;
+			RelayMessage *o;
+
+			while ((o = held[slot]) != NULL &&
+				   !(o->key_hash == m->key_hash && strcmp(o->key, m->key) == 0))
+				slot = (slot + 1) & mask;
+			if (o != NULL)
+				acked = false;
+			else if (!acked)
+				held[slot] = m;
+		}
+		kw->acked[pos] = acked;
+	}
+	pfree(held);
+}
+
+/*
+ * What came back of the lane's window: its acknowledged head is popped;
+ * once a window with a failure has every report in (or was given up), its
+ * outcome is reported: the head's failure (or why it was given up), and
+ * which of the rest were delivered.
+ */
+static void
+kafka_window_settle(RelayLane *lane, RelayFinishedFn finished)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+	RelayOutcome outcome;
+	uint64		seq;
+	int			nb;
+
+	kafka_window_pop(lane);
+	if (kw->base == kw->next)
+	{
+		kafka_window_end(lane);
+		return;
+	}
+	if (!kw->bad && !kw->given_up)
+		return;
+	if (!kw->given_up)
+		for (seq = kw->base; seq < kw->next; seq++)
+			if (kw->state[seq & (kw->cap - 1)] == KW_WAITING)
+				return;			/* the rest is still out */
+	nb = (int) (kw->next - kw->base);
+	Assert(nb == lane->nbatch);
+	memset(&outcome, 0, sizeof(outcome));
+	if (kw->state[kw->base & (kw->cap - 1)] == KW_FAILED)
+	{
+		Assert(kw->bad && kw->bad_seq == kw->base);
+		outcome.kind = kw->bad_kind;
+		outcome.error = kw->bad_error;
+	}
+	else
+	{
+		outcome.kind = kw->given_up_kind;
+		outcome.error = kw->given_up_error;
+	}
+	kafka_window_acked(lane, kw, nb);
+	outcome.acked = kw->acked;
+	outcome.nsent = nb;
+	kafka_window_end(lane);
+	finished(lane, &outcome);
+}
+
+/* Give the window up: what is still awaited fails with kind, error. */
+static void
+kafka_window_give_up(RelayLane *lane, RelayOutcomeKind kind, const char *error)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+
+	kw->given_up = true;
+	kw->given_up_kind = kind;
+	strlcpy(kw->given_up_error, error, sizeof(kw->given_up_error));
+}
+
+/*
+ * Forget the window, with no outcome (its producer goes for a reason not
+ * its own): what was acknowledged at its head is delivered, the rest goes
+ * again in the lane's next request.
+ */
+static void
+kafka_window_forget(RelayLane *lane)
+{
+	kafka_window_pop(lane);
+	kafka_window_end(lane);
+	lane->nbatch = 0;
+	lane->sent_last = NULL;
+}
+
+/* When the window's oldest message awaited is overdue, or 0 for none. */
+static TimestampTz
+kafka_window_deadline(RelayLane *lane)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+	uint64		seq;
+
+	if (!lane->in_flight || kw->given_up)
+		return 0;
+	for (seq = kw->base; seq < kw->next; seq++)
+		if (kw->state[seq & (kw->cap - 1)] == KW_WAITING)
+			return TimestampTzPlusMilliseconds(kw->sent_at[seq & (kw->cap - 1)],
+											   lane->target->timeout_ms);
+	return 0;
+}
+
+/* The transport's extends: the window may take more. */
+static bool
+relay_kafka_extends(RelayLane *lane)
+{
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+
+	return !kw->bad && !kw->given_up && kafka_current(lane->target);
 }
 
 /*
@@ -827,34 +1158,39 @@ kafka_topic(RelayTarget *t, RelayMessage *m, StringInfo buf)
 }
 
 /*
- * Produce the lane's next request: the cut_n messages at its head.
- * Returns false, with *failed set, when not one could be produced.
+ * Produce the lane's next request: the cut_n messages after its window
+ * (relay_lane_cut()), into the window.  Returns false, with *failed set,
+ * when not one could be produced.
  */
 static bool
 relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
 	RelayKafkaTarget *kt = KAFKA_TARGET(t);
-	RelayAcks  *kl = KAFKA_LANE(lane);
-	RelayMessage *m;
+	KafkaWindow *kw = KAFKA_WINDOW(lane);
+	bool		extending = lane->in_flight;
+	RelayMessage *m = extending ? lane->sent_last->next : lane->head;
 	const char *why = NULL;
 	char		number[32];
+	static char error[RELAY_MAX_ERROR_LEN + 1]; /* failed->error, after */
+	TimestampTz now;
+	int			produced = 0;
 	int			i;
 
-	Assert(!lane->in_flight && lane->nqueued > 0);
+	Assert(m != NULL && lane->cut_n > 0);
 	memset(failed, 0, sizeof(*failed));
-	relay_test_fault("send", lane->head->topic);
+	relay_test_fault("send", m->topic);
 
-	if (!kafka_connect(t, &why))
+	/* A window goes on with its producer (relay_kafka_extends()). */
+	if (!extending && !kafka_connect(t, &why))
 	{
 		failed->kind = RELAY_RECEIVER_FAILED;
 		failed->error = why;
 		return false;
 	}
-	relay_acks_begin(kl, lane->cut_n, t->cxt);
-	lane->nbatch = lane->cut_n;
+	now = GetCurrentTimestamp();
 
-	for (m = lane->head, i = 0; i < lane->cut_n; m = m->next, i++)
+	for (i = 0; i < lane->cut_n; m = m->next, i++)
 	{
 		const char *bad = kafka_topic(t, m, &kt->topic);
 		const char *topic = kt->topic.data;
@@ -863,15 +1199,16 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		char	   *p;
 		void	   *value;
 		size_t		value_len;
+		uint64		seq;
 
 		if (bad != NULL)
 		{
-			char		error[RELAY_MAX_ERROR_LEN + 1];
 			char		shown[RELAY_SHOWN_LEN];
 
 			relay_shown(shown, sizeof(shown), kt->topic.data, kt->topic.len);
 			snprintf(error, sizeof(error), "%s (\"%s\")", bad, shown);
-			relay_acks_bad(kl, i, RELAY_REJECTED, error);
+			failed->kind = RELAY_REJECTED;
+			failed->error = error;
 			break;
 		}
 		hdrs = rd_kafka_headers_new(8);
@@ -934,40 +1271,40 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			value = m->payload;
 			value_len = m->payload_len;
 		}
+		kafka_window_reserve(t, kw);
+		seq = kw->next;
 		err = rd_kafka_producev(kt->rk,
 								RD_KAFKA_V_TOPIC(topic),
 								RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 								RD_KAFKA_V_VALUE(value, value_len),
 								RD_KAFKA_V_KEY(m->key, m->key ? strlen(m->key) : 0),
 								RD_KAFKA_V_HEADERS(hdrs),
-								RD_KAFKA_V_OPAQUE(KAFKA_OPAQUE(lane->index, kl->request, i)),
+								RD_KAFKA_V_OPAQUE(KAFKA_OPAQUE(lane->index, kw->generation, seq)),
 								RD_KAFKA_V_END);
-		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && i > 0)
+		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && (produced > 0 || extending))
 		{
 			/*
 			 * The producer's queue is full (queue.buffering.max.messages):
-			 * the request is what went in; the rest waits for the next.
+			 * the rest waits for the window to drain.
 			 */
 			rd_kafka_headers_destroy(hdrs);
-			lane->cut_n = lane->nbatch = kl->n = kl->first_bad = i;
 			break;
 		}
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
 		{
-			char		error[RELAY_MAX_ERROR_LEN + 1];
-			RelayOutcomeKind kind;
-
 			rd_kafka_headers_destroy(hdrs);
-			kind = kafka_outcome_class(t, kt, err, topic, "could not produce to Kafka: ",
-									   error, sizeof(error));
+			failed->kind = kafka_outcome_class(t, kt, err, topic, "could not produce to Kafka: ",
+											   error, sizeof(error));
+			failed->error = error;
 			/* A full queue is no fault of the message: hold, count nothing. */
-			relay_acks_bad(kl, i, err == RD_KAFKA_RESP_ERR__QUEUE_FULL ? RELAY_RECEIVER_FAILED :
-						   kind, error);
+			if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+				failed->kind = RELAY_RECEIVER_FAILED;
 			if (err == RD_KAFKA_RESP_ERR__FATAL)
 				kt->broken = true;
 			break;
 		}
-		kl->nsent++;
+		(void) kafka_window_add(lane, m, KW_WAITING, now);
+		produced++;
 	}
 	/* a structured event's buffer that grew for a large one is given back */
 	if (kt->value.maxlen > 256 * 1024)
@@ -978,34 +1315,28 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		initStringInfo(&kt->value);
 		MemoryContextSwitchTo(oldcxt);
 	}
-	if (kl->nsent == 0)
+	if (failed->error != NULL)
 	{
-		failed->kind = kl->bad_kind;
-		failed->error = kl->bad_error;
-		return false;
+		/* Message m failed before it went. */
+		if (produced == 0)
+			return false;		/* the lane's (or its window's) outcome */
+		kafka_window_fail_next(lane, failed);
+		memset(failed, 0, sizeof(*failed));
 	}
-	kl->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-											   t->timeout_ms + KAFKA_TIMEOUT_GRACE_MS);
-	lane->in_flight = true;
-	requests_in_flight++;
+	else if (produced == 0)
+		lane->cut_bytes = 0;	/* a full queue: the window waits */
 	return true;
-}
-
-/* The lane's request ended (decided, or given up): report it. */
-static void
-kafka_finish(RelayLane *lane, RelayFinishedFn finished)
-{
-	RelayOutcome outcome;
-
-	relay_acks_outcome(KAFKA_LANE(lane), &outcome);
-	lane->in_flight = false;
-	requests_in_flight--;
-	finished(lane, &outcome);
 }
 
 /* Where kafka_fail_in_flight() reports, while relay_kafka_drive() runs. */
 static RelayFinishedFn fail_finished = NULL;
 
+/*
+ * The target's producer goes: every window is given up (kind, error) and
+ * its outcome reported; outside relay_kafka_drive (the producer is made
+ * anew from send, or the relay exits), with no one to tell, each is
+ * forgotten instead, and its messages go again in the next request.
+ */
 static void
 kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
 {
@@ -1014,31 +1345,73 @@ kafka_fail_in_flight(RelayTarget *t, RelayOutcomeKind kind, const char *error)
 	for (i = 0; i < t->nlanes; i++)
 	{
 		RelayLane  *lane = &t->lanes[i];
-		RelayAcks  *kl = KAFKA_LANE(lane);
 
 		if (!lane->in_flight)
 			continue;
-		relay_acks_give_up(kl, kind, error);
 		if (fail_finished != NULL)
-			kafka_finish(lane, fail_finished);
-		else
 		{
-			/*
-			 * Outside relay_kafka_drive (the producer is made anew from
-			 * send, or the relay exits): no one to tell.  The request is
-			 * forgotten; its messages stay queued and go again in the next
-			 * request (what the old producer delivered of them twice).
-			 */
-			lane->in_flight = false;
-			requests_in_flight--;
-			kl->request++;		/* its reports are ignored */
+			kafka_window_give_up(lane, kind, error);
+			kafka_window_settle(lane, fail_finished);
 		}
+		else
+			kafka_window_forget(lane);
 	}
 }
 
 /*
+ * Windows of the target whose oldest message awaited has had no report for
+ * timeout_ms: given up, and the producer with them, so that nothing it
+ * still holds is stored after what is produced again (a new producer
+ * starts a partition's sequence anew).  The other windows are forgotten:
+ * not their failure.  Returns whether the producer went.
+ */
+static bool
+kafka_give_up_overdue(RelayTarget *t, TimestampTz now, RelayFinishedFn finished)
+{
+	RelayKafkaTarget *kt = KAFKA_TARGET(t);
+	char		error[RELAY_MAX_ERROR_LEN + 1];
+	RelayOutcomeKind kind;
+	bool		overdue = false;
+	int			i;
+
+	for (i = 0; i < t->nlanes; i++)
+	{
+		TimestampTz deadline = kafka_window_deadline(&t->lanes[i]);
+
+		if (deadline != 0 && now >= deadline)
+			overdue = true;
+	}
+	if (!overdue)
+		return false;
+	/* The brokers are out of reach: hold, rather than use up attempts. */
+	kind = kt->down[0] != '\0' ? RELAY_RECEIVER_FAILED : RELAY_RETRY;
+	if (kt->down[0] != '\0')
+		snprintf(error, sizeof(error), "no delivery report within timeout_ms (%s)", kt->down);
+	else
+		snprintf(error, sizeof(error), "no delivery report within timeout_ms");
+	for (i = 0; i < t->nlanes; i++)
+	{
+		RelayLane  *lane = &t->lanes[i];
+		TimestampTz deadline = kafka_window_deadline(lane);
+
+		if (!lane->in_flight)
+			continue;
+		if (deadline != 0 && now >= deadline)
+		{
+			kafka_window_give_up(lane, kind, error);
+			kafka_window_settle(lane, finished);
+		}
+		else
+			kafka_window_forget(lane);
+	}
+	kafka_destroy(kt);
+	return true;
+}
+
+/*
  * Serve every producer's queue (delivery reports, errors, logs), then
- * report the requests they decided, and those past their time.
+ * settle the windows: their acknowledged heads popped, the outcomes of
+ * those decided reported, and those past their time given up.
  */
 static void
 relay_kafka_drive(RelayFinishedFn finished)
@@ -1074,22 +1447,8 @@ relay_kafka_drive(RelayFinishedFn finished)
 			kt->last_log[0] = '\0';
 		}
 		for (i = 0; i < t->nlanes; i++)
-		{
-			RelayLane  *lane = &t->lanes[i];
-
-			if (!lane->in_flight)
-				continue;
-			if (!relay_acks_decided(KAFKA_LANE(lane)))
-			{
-				if (now == 0)
-					now = GetCurrentTimestamp();
-				if (now < KAFKA_LANE(lane)->deadline)
-					continue;
-				relay_acks_give_up(KAFKA_LANE(lane), RELAY_RETRY,
-								   "no delivery report within timeout_ms");
-			}
-			kafka_finish(lane, finished);
-		}
+			if (t->lanes[i].in_flight)
+				kafka_window_settle(&t->lanes[i], finished);
 		if (kt->broken)
 		{
 			char		error[RELAY_MAX_ERROR_LEN + 1];
@@ -1099,12 +1458,22 @@ relay_kafka_drive(RelayFinishedFn finished)
 					(errmsg("outbox relay: Kafka target \"%s\": %s; it is made anew", t->name, kt->fatal)));
 			kafka_fail_in_flight(t, RELAY_RETRY, error);
 			kafka_destroy(kt);
+			continue;
+		}
+		if (requests_in_flight > 0)
+		{
+			if (now == 0)
+				now = GetCurrentTimestamp();
+			if (kafka_give_up_overdue(t, now, finished))
+				ereport(LOG,
+						(errmsg("outbox relay: Kafka target \"%s\": no delivery report within timeout_ms (%d ms); its producer is made anew",
+								t->name, t->timeout_ms)));
 		}
 	}
 	fail_finished = NULL;
 }
 
-/* Milliseconds until a request in flight must be looked at, or -1. */
+/* Milliseconds until a window's oldest message is overdue, or -1. */
 static long
 relay_kafka_timeout(void)
 {
@@ -1122,14 +1491,16 @@ relay_kafka_timeout(void)
 		if (t->kind != RELAY_KAFKA)
 			continue;
 		for (i = 0; i < t->nlanes; i++)
-			if (t->lanes[i].in_flight &&
-				(first == 0 || KAFKA_LANE(&t->lanes[i])->deadline < first))
-				first = KAFKA_LANE(&t->lanes[i])->deadline;
+		{
+			TimestampTz deadline = kafka_window_deadline(&t->lanes[i]);
+
+			if (deadline != 0 && (first == 0 || deadline < first))
+				first = deadline;
+		}
 	}
 	if (first == 0)
 		return -1;
 	now = GetCurrentTimestamp();
-	/* librdkafka's own timers report through the pipe; this is a net. */
 	return first <= now ? 0 : (long) ((first - now + 999) / 1000);
 }
 
@@ -1155,12 +1526,15 @@ const RelayTransport relay_kafka_transport = {
 	.id = RELAY_KAFKA,
 	.header_lines = true,
 	.per_message = true,
+	.pipelined = true,
+	.extends = relay_kafka_extends,
+	.window_fail = kafka_window_fail_next,
 	.check = relay_kafka_check,
 	.start = relay_kafka_start,
 	.stop = relay_kafka_stop,
 	.target_init = relay_kafka_target_init,
 	.target_release = relay_kafka_target_release,
-	.lane_init = relay_acks_lane_init,
+	.lane_init = relay_kafka_lane_init,
 	.lane_release = relay_kafka_lane_release,
 	.send = relay_kafka_send,
 	.drive = relay_kafka_drive,

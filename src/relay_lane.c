@@ -544,6 +544,8 @@ relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 {
 	RelayTarget *t = lane->target;
 
+	/* A pipelined lane's window ends with its outcome. */
+	lane->sent_last = NULL;
 	if (t->transport->per_message && outcome->kind != RELAY_DELIVERED)
 	{
 		int			nbatch = lane->nbatch;
@@ -588,6 +590,61 @@ relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 			relay_lane_unroutable(lane, outcome->error);
 			break;
 	}
+}
+
+/*
+ * A pipelined lane's window (relay_lane_may_send()): the n messages at its
+ * head were acknowledged, while the rest of it is still on the wire.  As a
+ * request delivered: they are popped, and a held target is released.
+ */
+void
+relay_lane_delivered_head(RelayLane *lane, int n)
+{
+	RelayTarget *t = lane->target;
+	int			rest = lane->nbatch - n;
+
+	Assert(n > 0 && rest >= 0);
+	lane->nbatch = n;
+	relay_lane_succeeded(lane);
+	lane->nbatch = rest;
+	if (rest == 0)
+		lane->sent_last = NULL;
+	if (t->hold_attempts > 0)
+	{
+		ereport(LOG,
+				(errmsg("outbox relay resumes target \"%s\"", t->name)));
+		t->hold_attempts = 0;
+		t->held_until = 0;
+	}
+}
+
+/*
+ * Most messages a pipelined lane has on the wire: all it may queue, as
+ * the bare producer would; the producer's own queue
+ * (queue.buffering.max.messages) may stop it sooner.
+ */
+int
+relay_lane_window_cap(RelayTarget *t)
+{
+	return t->strict ? 1 : relay_lane_cap(t);
+}
+
+/*
+ * Whether a pipelined lane with a window on the wire may send more now:
+ * the transport says nothing in it failed, the lane is not sending a
+ * message again alone (after a failure, or a dead letter delivered again),
+ * the target is not held, and there is more to send, short of a dead
+ * letter delivered again (it goes alone, once the window has drained).
+ */
+static bool
+relay_lane_may_extend(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *next = lane->sent_last != NULL ? lane->sent_last->next : NULL;
+
+	return next != NULL && !next->retry && !lane->head->retry &&
+		lane->retry_nbatch == 0 && t->hold_attempts == 0 &&
+		lane->nbatch < relay_lane_window_cap(t) && t->transport->extends(lane);
 }
 
 /*
@@ -636,7 +693,10 @@ relay_lane_may_send(RelayLane *lane, TimestampTz now)
 {
 	RelayTarget *t = lane->target;
 
-	if (lane->in_flight || lane->nqueued == 0 || now < lane->next_attempt)
+	if (lane->in_flight)
+		return t->transport->pipelined && now >= lane->next_attempt &&
+			relay_lane_may_extend(lane) && relay_target_may_send(t, now, NULL);
+	if (lane->nqueued == 0 || now < lane->next_attempt)
 		return false;
 	if (!relay_target_may_send(t, now, NULL))
 		return false;
@@ -714,6 +774,31 @@ relay_lane_cut_keys(RelayLane *lane)
 }
 
 /*
+ * The next request of a pipelined lane (relay_lane_cut): up to batch_size
+ * messages after those on the wire (from the head when none is), stopping
+ * before a dead letter delivered again; a target with strict ordering
+ * sends one message at a time.  Returns false when there is none.
+ */
+static bool
+relay_lane_cut_window(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	RelayMessage *m = lane->in_flight ? lane->sent_last->next : lane->head;
+	int			max = t->strict ? 1 : Min(t->batch_size, RELAY_MAX_BATCH_SIZE);
+	int			n = 0;
+	Size		bytes = 0;
+
+	for (; m != NULL && n < max && !m->retry; m = m->next, n++)
+	{
+		bytes += m->payload_len;
+		lane->cut_last = m->id;
+	}
+	lane->cut_n = n;
+	lane->cut_bytes = bytes;
+	return n > 0;
+}
+
+/*
  * Whether the lane's next request waits for messages not read yet: the
  * batch recorded before a restart (batch_end) is only partly queued, and
  * must be cut the same way again (relay_lane_cut()).
@@ -756,6 +841,8 @@ relay_lane_cut(RelayLane *lane)
 	bool		by_size = false;
 
 	lane->cut_record = false;
+	if (lane->in_flight)
+		return relay_lane_cut_window(lane);
 	if (lane->retry_nbatch == 0 && m->retry)
 	{
 		/* A dead letter delivered again goes alone. */
@@ -790,6 +877,8 @@ relay_lane_cut(RelayLane *lane)
 		lane->cut_bytes = bytes;
 		return true;
 	}
+	if (t->transport->pipelined)
+		return relay_lane_cut_window(lane);
 	if (t->transport->per_message)
 		return relay_lane_cut_keys(lane);
 	for (; m != NULL && n < t->batch_size && !m->retry; m = m->next, n++)

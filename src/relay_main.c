@@ -98,6 +98,7 @@ relay_lane_start(RelayLane *lane)
 	RelayOutcome failed;
 	volatile bool started = false;
 	char	   *volatile error = NULL;
+	bool		extending = lane->in_flight;	/* a pipelined lane's window */
 
 	memset(&failed, 0, sizeof(failed));
 	PG_TRY();
@@ -122,9 +123,10 @@ relay_lane_start(RelayLane *lane)
 		failed.kind = RELAY_RETRY;
 		failed.error = error;
 		/* The head message alone is retried, then dead-lettered. */
-		if (lane->nbatch == 0)
+		if (!extending && lane->nbatch == 0)
 			lane->nbatch = 1;
-		lane->retry_nbatch = 0;
+		if (!extending)
+			lane->retry_nbatch = 0;
 	}
 	if (started)
 	{
@@ -134,7 +136,9 @@ relay_lane_start(RelayLane *lane)
 		t->stats.bytes += (t->batch_size == 1 && lane->head != NULL) ?
 			(uint64) lane->head->payload_len : (uint64) lane->cut_bytes;
 	}
-	if (!started)
+	if (!started && extending && lane->in_flight)
+		lane->target->transport->window_fail(lane, &failed);
+	else if (!started)
 		relay_lane_outcome(lane, &failed);
 	if (error != NULL)
 		pfree(error);
