@@ -27,6 +27,12 @@
  *       {"partition":P,"offset":O,"key":"..."|null,"payload":"..."|null,
  *        "headers":{"name":"value",...}}
  *       (default timeout 60 s)
+ *   outbox_kafka tail BOOTSTRAP TOPIC COUNT [TIMEOUT_S]
+ *       the benchmarks' consumer: reads the topic from the beginning as
+ *       records arrive (fetch.wait.max.ms 1) until COUNT records, printing
+ *       one line a record as it is received:
+ *       "<receipt, realtime us> <partition> <offset> <ce_time header or ->
+ *       <source-xid header or ->"
  *   outbox_kafka partition KEY PARTITIONS
  *       the partition librdkafka's murmur2 partitioner (Java's) picks
  *   outbox_kafka produce BOOTSTRAP TOPIC COUNT KEYS [PROP=VALUE ...]
@@ -478,7 +484,42 @@ message_json(rd_kafka_message_t *m)
 }
 
 static int
+cmd_consume_or_tail(int argc, char **argv, long tail);
+
+static int
 cmd_consume(int argc, char **argv)
+{
+	return cmd_consume_or_tail(argc, argv, 0);
+}
+
+static int
+cmd_tail(int argc, char **argv)
+{
+	if (argc < 3 || argc > 4)
+		die("usage: tail BOOTSTRAP TOPIC COUNT [TIMEOUT_S]%s", "");
+	return cmd_consume_or_tail(argc - 1, (char *[]) {argv[0], argv[1], argc == 4 ? argv[3] : NULL},
+							   arg_long(argv[2], "count", 1));
+}
+
+/* A record's header value as a string, or "-". */
+static const char *
+header_or_dash(const rd_kafka_message_t *m, const char *name, char *buf, size_t size)
+{
+	rd_kafka_headers_t *hdrs;
+	const void *v;
+	size_t		len;
+
+	if (rd_kafka_message_headers(m, &hdrs) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+		rd_kafka_header_get_last(hdrs, name, &v, &len) != RD_KAFKA_RESP_ERR_NO_ERROR ||
+		v == NULL || len == 0 || len >= size)
+		return "-";
+	memcpy(buf, v, len);
+	buf[len] = '\0';
+	return buf;
+}
+
+static int
+cmd_consume_or_tail(int argc, char **argv, long tail)
 {
 	const char *bootstrap;
 	const char *topic;
@@ -502,11 +543,13 @@ cmd_consume(int argc, char **argv)
 	size_t		i;
 	int			j;
 
+	long		got = 0;
+
 	if (argc < 2 || argc > 3)
 		die("usage: consume BOOTSTRAP TOPIC [TIMEOUT_S]%s", "");
 	bootstrap = argv[0];
 	topic = argv[1];
-	if (argc == 3)
+	if (argc == 3 && argv[2] != NULL)
 		timeout = (double) arg_long(argv[2], "timeout", 1);
 	deadline = now_s() + timeout;
 
@@ -519,6 +562,12 @@ cmd_consume(int argc, char **argv)
 	conf_set(conf, "enable.auto.offset.store", "false");
 	conf_set(conf, "enable.partition.eof", "true");
 	conf_set(conf, "auto.offset.reset", "earliest");
+	if (tail)
+	{
+		setvbuf(stdout, NULL, _IOLBF, 0);	/* a line as each record comes */
+		conf_set(conf, "fetch.wait.max.ms", "1");
+		conf_set(conf, "fetch.error.backoff.ms", "1");
+	}
 	rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
 	if (rk == NULL)
 		die("rd_kafka_new: %s", errstr);
@@ -574,11 +623,17 @@ cmd_consume(int argc, char **argv)
 	if (err)
 		die("assign: %s", rd_kafka_err2str(err));
 
-	while (ended < nparts)
+	while (tail ? got < tail : ended < nparts)
 	{
 		rd_kafka_message_t *m;
 		double		left = deadline - now_s();
 
+		if (left <= 0 && tail)
+		{
+			fprintf(stderr, "outbox_kafka: timed out after %.0f s with %ld of %ld records\n",
+					timeout, got, tail);
+			exit(1);
+		}
 		if (left <= 0)
 		{
 			fprintf(stderr, "outbox_kafka: timed out after %.0f s; %d of %d partitions read to the end\n",
@@ -607,6 +662,18 @@ cmd_consume(int argc, char **argv)
 				die("consume: %s", rd_kafka_message_errstr(m));
 			fprintf(stderr, "outbox_kafka: consume (continuing): %s\n",
 					rd_kafka_message_errstr(m));
+		}
+		else if (tail)
+		{
+			struct timespec ts;
+			char		buf[64];
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			printf("%lld %d %lld %s",
+				   (long long) ts.tv_sec * 1000000 + ts.tv_nsec / 1000, (int) m->partition,
+				   (long long) m->offset, header_or_dash(m, "ce_time", buf, sizeof(buf)));
+			printf(" %s\n", header_or_dash(m, "source-xid", buf, sizeof(buf)));
+			got++;
 		}
 		else
 		{
@@ -794,11 +861,13 @@ main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	if (argc < 2)
-		die("usage: outbox_kafka mock|consume|partition|produce ...%s", "");
+		die("usage: outbox_kafka mock|consume|tail|partition|produce ...%s", "");
 	if (strcmp(argv[1], "mock") == 0)
 		return cmd_mock(argc - 2, argv + 2);
 	if (strcmp(argv[1], "consume") == 0)
 		return cmd_consume(argc - 2, argv + 2);
+	if (strcmp(argv[1], "tail") == 0)
+		return cmd_tail(argc - 2, argv + 2);
 	if (strcmp(argv[1], "partition") == 0)
 		return cmd_partition(argc - 2, argv + 2);
 	if (strcmp(argv[1], "produce") == 0)
