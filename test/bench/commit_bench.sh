@@ -50,7 +50,10 @@
 #
 # Settings (environment):
 #   RATES="1000 10000" MODES="trigger wal" DURATION=15 CLIENTS=8 MAX=1
-#   XACT_CHANGES=10
+#   PROPERTIES='{}' (the target's librdkafka properties, e.g.
+#   '{"linger.ms": 5}')
+#   XACT_CHANGES=10 PERF=0 (1: perf record of the relay during each run,
+#   into $OUT)
 #   PARTITIONS=6 KEEP=0 OUT= REV= (build that git revision) INSTALL=0
 
 set -euo pipefail
@@ -61,6 +64,8 @@ DURATION=${DURATION:-15}
 CLIENTS=${CLIENTS:-8}
 XACT_CHANGES=${XACT_CHANGES:-10}
 MAX=${MAX:-1}
+PERF=${PERF:-0}
+PROPERTIES=${PROPERTIES:-"{}"}
 PARTITIONS=${PARTITIONS:-6}
 KEEP=${KEEP:-0}
 OUT=${OUT:-}
@@ -173,7 +178,8 @@ one_run() {
 	mock_cmd create "$topic" "$PARTITIONS"
 	sql >/dev/null <<-SQL
 	SELECT outbox.capture('public.orders', mode => '$mode');
-	SELECT outbox.create_kafka_target('$target', '$BOOT', topic => '$topic', format => 'cloudevents');
+	SELECT outbox.create_kafka_target('$target', '$BOOT', topic => '$topic', format => 'cloudevents',
+	                                  properties => '$PROPERTIES');
 	SELECT outbox.subscribe('$target', 'public.orders');
 	SQL
 	# warm up: one change through, and the consumer reading
@@ -188,6 +194,10 @@ one_run() {
 	relay_pid=$(sql -c "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'")
 	capture_pid=$(sql -c "SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE backend_type = 'outbox capture'")
 	c0="$(ticks "$relay_pid") $(ticks "$capture_pid") $(ticks "$mock_pid") $(ticks "$tail_pid") $(machine_ticks)"
+	if [ "$PERF" = 1 ]; then
+		perf record -F 999 -g -p "$relay_pid" -o "$work/out/perf.$mode.$rate.data" -- sleep "$DURATION" \
+			>/dev/null 2>&1 &
+	fi
 	t0=$(date +%s%N)
 	pgb=$(as_pg env PGHOST="$SOCK" PGPORT="$PORT" "$PGBENCH" -n -U postgres -c "$CLIENTS" -j 2 -M prepared \
 		-T "$DURATION" "${rargs[@]}" -f "$work/mix.sql" "$DB" 2>&1) || { echo "$pgb" >&2; exit 1; }
