@@ -118,7 +118,10 @@ typedef struct RelayOutcome
 	int			nsent;
 } RelayOutcome;
 
-/* A FIFO of one target: at most one request in flight. */
+/*
+ * A FIFO of one target: at most one request in flight, or a window of
+ * them for a pipelined target (RelayTransport.pipelines).
+ */
 typedef struct RelayLane
 {
 	struct RelayTarget *target; /* owner */
@@ -203,14 +206,16 @@ typedef struct RelayTransport
 								 * key, so that no later message of a key is
 								 * acknowledged ahead of an earlier one that
 								 * is to be sent again */
-	bool		pipelined;		/* per_message, and the broker keeps the
-								 * order it is sent per key through its
-								 * own retries (Kafka's idempotent
-								 * producer): a request may hold several
-								 * messages of a key, and a lane sends on
-								 * while earlier requests are on the wire
-								 * (its window, nbatch messages at the
-								 * head); see I4 in docs/internals.md */
+	/*
+	 * Whether target t is pipelined: the transport acknowledges each
+	 * message (per_message), and the broker keeps per key the order it is
+	 * sent in through its own retries (Kafka's idempotent producer, a key
+	 * on one partition): a request may hold several messages of a key,
+	 * and a lane sends on while earlier requests are on the wire (its
+	 * window, nbatch messages at the head); see I4 in docs/internals.md.
+	 * NULL for never.
+	 */
+	bool		(*pipelines) (struct RelayTarget *t);
 	/*
 	 * Pipelined: whether the lane's window may take more now (nothing in
 	 * it failed); and sending more failed (send returned false or raised
@@ -445,6 +450,8 @@ extern int64 relay_backoff_ms(int attempts, int retry_after_s);
 extern void relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome);
 extern void relay_lane_delivered_head(RelayLane *lane, int n);
 extern int	relay_lane_window_cap(RelayTarget *t);
+#define relay_target_pipelined(t) \
+	((t)->transport->pipelines != NULL && (t)->transport->pipelines(t))
 extern bool relay_lane_may_send(RelayLane *lane, TimestampTz now);
 extern bool relay_target_stopped(RelayTarget *t);
 extern bool relay_target_may_send(RelayTarget *t, TimestampTz now, long *wait_ms);

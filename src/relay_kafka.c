@@ -53,6 +53,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include "catalog/pg_authid.h"
+#include "common/hashfn.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "storage/fd.h"
@@ -69,8 +70,8 @@
 #define KAFKA_MAX_BROKERS	32
 /* Kafka's longest topic name. */
 #define KAFKA_MAX_TOPIC		249
-/* Extra wait beyond message.timeout.ms before the relay gives up itself. */
-#define KAFKA_TIMEOUT_GRACE_MS	5000
+/* A full producer queue: a lane tries again this much later. */
+#define KAFKA_QUEUE_FULL_WAIT_MS	5
 
 /*
  * librdkafka settings a target's properties may give; everything else is
@@ -167,6 +168,7 @@ typedef struct KafkaWindow
 	char		given_up_error[RELAY_MAX_ERROR_LEN + 1];
 	bool	   *acked;			/* the outcome's, by position */
 	int			maxacked;
+	uint32		topic_hash;		/* of the topic template it started with */
 } KafkaWindow;
 
 #define KAFKA_TARGET(t)	((RelayKafkaTarget *) (t)->priv)
@@ -178,7 +180,7 @@ typedef struct KafkaWindow
 #define KAFKA_OPAQUE(lane, generation, seq) \
 	((void *) (uintptr_t) (((uint64) (lane) << 55) | \
 						   ((uint64) ((generation) & KAFKA_GEN_MASK) << KAFKA_SEQ_BITS) | \
-						   (uint64) (seq)))
+						   ((uint64) (seq) & ((UINT64CONST(1) << KAFKA_SEQ_BITS) - 1))))
 
 StaticAssertDecl(sizeof(void *) >= 8, "msg_opaque packs 64 bits into a pointer");
 
@@ -796,11 +798,14 @@ kafka_connect(RelayTarget *t, const char **why)
 		kafka_set_property("allow.auto.create.topics", "false", &arg);
 	/*
 	 * Latency from commit to broker: Nagle's algorithm with delayed ACKs
-	 * would add ~40 ms to a request that waits for the one before, and a
-	 * long linger adds itself.  Both may be set in properties.
+	 * would add ~40 ms to a request that waits for the one before.  A
+	 * linger of 5 ms (librdkafka's default): 1 ms took 2 ms less at 1,000
+	 * changes a second but twice the relay's CPU, and was slower from
+	 * 2,500 on (docs/performance.md, commit_bench.sh).  Both may be set in
+	 * properties.
 	 */
 	kafka_set_property("socket.nagle.disable", "true", &arg);
-	kafka_set_property("linger.ms", "1", &arg);
+	kafka_set_property("linger.ms", "5", &arg);
 	kafka_set_property("client.id", "outbox-relay", &arg);
 	if (!arg.failed && t->properties_jb != NULL)
 	{
@@ -1128,13 +1133,33 @@ kafka_window_deadline(RelayLane *lane)
 	return 0;
 }
 
-/* The transport's extends: the window may take more. */
+/*
+ * The transport's pipelines: a target whose topic template is not filled
+ * in from the message, so that a key has one partition (a key over
+ * several topics is ordered only by waiting, as for the other
+ * transports).
+ */
+static bool
+relay_kafka_pipelines(RelayTarget *t)
+{
+	return !relay_template_filled(t->topic);
+}
+
+/*
+ * The transport's extends: the window may take more: nothing in it failed,
+ * the producer goes on, the topic template is the one the window started
+ * with (a new topic is a new partition for each key: the window drains
+ * first), and its sequence numbers are far from running out.
+ */
 static bool
 relay_kafka_extends(RelayLane *lane)
 {
 	KafkaWindow *kw = KAFKA_WINDOW(lane);
 
-	return !kw->bad && !kw->given_up && kafka_current(lane->target);
+	return !kw->bad && !kw->given_up && kafka_current(lane->target) &&
+		kw->topic_hash == hash_bytes((const unsigned char *) lane->target->topic,
+									 strlen(lane->target->topic)) &&
+		kw->next < (UINT64CONST(1) << (KAFKA_SEQ_BITS - 1));
 }
 
 /*
@@ -1179,7 +1204,6 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 
 	Assert(m != NULL && lane->cut_n > 0);
 	memset(failed, 0, sizeof(*failed));
-	relay_test_fault("send", m->topic);
 
 	/* A window goes on with its producer (relay_kafka_extends()). */
 	if (!extending && !kafka_connect(t, &why))
@@ -1189,11 +1213,13 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		return false;
 	}
 	now = GetCurrentTimestamp();
+	if (!extending)
+		kw->topic_hash = hash_bytes((const unsigned char *) t->topic, strlen(t->topic));
 
 	for (i = 0; i < lane->cut_n; m = m->next, i++)
 	{
-		const char *bad = kafka_topic(t, m, &kt->topic);
-		const char *topic = kt->topic.data;
+		const char *bad;
+		const char *topic;
 		rd_kafka_headers_t *hdrs;
 		rd_kafka_resp_err_t err;
 		char	   *p;
@@ -1201,6 +1227,10 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		size_t		value_len;
 		uint64		seq;
 
+		/* each message: an error after some of the request went (TAP 077) */
+		relay_test_fault("send", m->topic);
+		bad = kafka_topic(t, m, &kt->topic);
+		topic = kt->topic.data;
 		if (bad != NULL)
 		{
 			char		shown[RELAY_SHOWN_LEN];
@@ -1281,13 +1311,16 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 								RD_KAFKA_V_HEADERS(hdrs),
 								RD_KAFKA_V_OPAQUE(KAFKA_OPAQUE(lane->index, kw->generation, seq)),
 								RD_KAFKA_V_END);
-		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && (produced > 0 || extending))
+		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
 		{
 			/*
-			 * The producer's queue is full (queue.buffering.max.messages):
-			 * the rest waits for the window to drain.
+			 * The producer's queue is full (queue.buffering.max.messages,
+			 * the target's lanes together): the rest waits for reports,
+			 * of this lane's window or, with none, of the others'.
 			 */
 			rd_kafka_headers_destroy(hdrs);
+			if (!lane->in_flight)
+				lane->next_attempt = TimestampTzPlusMilliseconds(now, KAFKA_QUEUE_FULL_WAIT_MS);
 			break;
 		}
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -1296,9 +1329,6 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 			failed->kind = kafka_outcome_class(t, kt, err, topic, "could not produce to Kafka: ",
 											   error, sizeof(error));
 			failed->error = error;
-			/* A full queue is no fault of the message: hold, count nothing. */
-			if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-				failed->kind = RELAY_RECEIVER_FAILED;
 			if (err == RD_KAFKA_RESP_ERR__FATAL)
 				kt->broken = true;
 			break;
@@ -1324,7 +1354,7 @@ relay_kafka_send(RelayLane *lane, RelayOutcome *failed)
 		memset(failed, 0, sizeof(*failed));
 	}
 	else if (produced == 0)
-		lane->cut_bytes = 0;	/* a full queue: the window waits */
+		lane->cut_bytes = 0;	/* a full queue: nothing went */
 	return true;
 }
 
@@ -1526,7 +1556,7 @@ const RelayTransport relay_kafka_transport = {
 	.id = RELAY_KAFKA,
 	.header_lines = true,
 	.per_message = true,
-	.pipelined = true,
+	.pipelines = relay_kafka_pipelines,
 	.extends = relay_kafka_extends,
 	.window_fail = kafka_window_fail_next,
 	.check = relay_kafka_check,

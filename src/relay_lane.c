@@ -5,7 +5,8 @@
  *	  does to it, backoff, and how its next batch is cut.
  *
  * A lane has at most one request in flight, so the messages of one key go
- * one after another in id order (I4).  Its queue is capped in messages and
+ * one after another in id order (I4); a pipelined target's lane has a
+ * window of them, its broker keeping their order per key.  Its queue is capped in messages and
  * in bytes (a share of outbox.relay_memory); a lane that fills up stops
  * taking messages and reads its own again once it drains (overflow_id).
  * A transport reports an outcome (relay.h) and the lane decides: delivered
@@ -694,7 +695,7 @@ relay_lane_may_send(RelayLane *lane, TimestampTz now)
 	RelayTarget *t = lane->target;
 
 	if (lane->in_flight)
-		return t->transport->pipelined && now >= lane->next_attempt &&
+		return relay_target_pipelined(t) && now >= lane->next_attempt &&
 			relay_lane_may_extend(lane) && relay_target_may_send(t, now, NULL);
 	if (lane->nqueued == 0 || now < lane->next_attempt)
 		return false;
@@ -877,7 +878,7 @@ relay_lane_cut(RelayLane *lane)
 		lane->cut_bytes = bytes;
 		return true;
 	}
-	if (t->transport->pipelined)
+	if (relay_target_pipelined(t))
 		return relay_lane_cut_window(lane);
 	if (t->transport->per_message)
 		return relay_lane_cut_keys(lane);

@@ -98,7 +98,6 @@ relay_lane_start(RelayLane *lane)
 	RelayOutcome failed;
 	volatile bool started = false;
 	char	   *volatile error = NULL;
-	bool		extending = lane->in_flight;	/* a pipelined lane's window */
 
 	memset(&failed, 0, sizeof(failed));
 	PG_TRY();
@@ -122,10 +121,15 @@ relay_lane_start(RelayLane *lane)
 		memset(&failed, 0, sizeof(failed));
 		failed.kind = RELAY_RETRY;
 		failed.error = error;
-		/* The head message alone is retried, then dead-lettered. */
-		if (!extending && lane->nbatch == 0)
+		/*
+		 * The head message alone is retried, then dead-lettered; or, when
+		 * a pipelined lane has a window on the wire (it had, or the send
+		 * put messages on the wire before the error), the first message
+		 * not sent fails so (window_fail below).
+		 */
+		if (!lane->in_flight && lane->nbatch == 0)
 			lane->nbatch = 1;
-		if (!extending)
+		if (!lane->in_flight)
 			lane->retry_nbatch = 0;
 	}
 	if (started)
@@ -136,7 +140,7 @@ relay_lane_start(RelayLane *lane)
 		t->stats.bytes += (t->batch_size == 1 && lane->head != NULL) ?
 			(uint64) lane->head->payload_len : (uint64) lane->cut_bytes;
 	}
-	if (!started && extending && lane->in_flight)
+	if (!started && lane->in_flight && relay_target_pipelined(lane->target))
 		lane->target->transport->window_fail(lane, &failed);
 	else if (!started)
 		relay_lane_outcome(lane, &failed);

@@ -19,8 +19,10 @@
 # leaders moved, a message too large in the middle of its key's run (a dead
 # letter; the later messages of its key still go), a fatal idempotence
 # error (OUT_OF_ORDER_SEQUENCE_NUMBER: the producer is made anew), the
-# relay killed -9 with requests in flight, and 20,000 messages over 200
-# keys at full speed.
+# relay killed -9 with requests in flight, 20,000 messages over 200 keys
+# at full speed, the producer's queue full (a wait, not a hold), and an
+# error raised while a request is being produced, after part of it went
+# (the message that raised it is the dead letter; none other is lost).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -29,7 +31,7 @@ use Test::More;
 use OutboxRelayTest;
 use OutboxKafka;
 
-my @topics = map { ("p$_", 6) } 1 .. 9;
+my @topics = map { ("p$_", 6) } 1 .. 11;
 my $mock = kafka_mock(@topics);
 my $brokers = $mock->{bootstrap};
 note("mock cluster at $brokers");
@@ -235,6 +237,45 @@ for my $topic (sort keys %errors)
 	my @ids = backlog('p9', 20000, 200, max_rate => 0);
 	$node->safe_psql('postgres', "SELECT outbox.resume_target('p9')");
 	check_topic('p9', \@ids);
+}
+
+# --- the producer's queue full: lanes wait for reports, the target is not held ---
+{
+	my $offset = -s $node->logfile;
+	my @ids = backlog('p11', 4000, 100, max_rate => 0,
+		properties => '{"queue.buffering.max.messages": 150}');
+	$node->safe_psql('postgres', "SELECT outbox.resume_target('p11')");
+	check_topic('p11', \@ids);
+	unlike(slurp_file($node->logfile, $offset), qr/holds target "p11"/,
+		'p11: a full producer queue does not hold the target');
+}
+
+# --- an error while a request is being produced, after part of it went ---
+# (one lane: the request holds all ten; the fifth raises an error while it
+# is prepared, max_attempts 1): the four before it are on the wire; the
+# fifth alone is the dead letter, every other message is delivered.
+{
+	my $topic = 'p10';
+	$node->safe_psql('postgres', qq{
+		SELECT outbox.create_kafka_target('$topic', '$brokers', topic => '$topic', lanes => 1,
+										  batch_size => 20, timeout_ms => 5000, max_attempts => 1);
+		SELECT outbox.subscribe('$topic', '$topic.*');
+		SELECT outbox.pause_target('$topic');
+		SELECT outbox_emit(CASE WHEN g = 5 THEN '$topic.boom' ELSE '$topic.m' END,
+						   jsonb_build_object('n', g), 'k' || (g % 3))
+		  FROM generate_series(1, 10) g;
+	});
+	my @ids = split /\n/,
+	  $node->safe_psql('postgres', "SELECT id FROM outbox.messages WHERE topic LIKE '$topic.%' ORDER BY id");
+	$node->append_conf('postgresql.conf', "outbox.test_fault = 'send:$topic.boom'");
+	$node->reload;
+	relay_reloaded($node, 'postgres', 'outbox.test_fault' => "send:$topic.boom");
+	$node->safe_psql('postgres', "SELECT outbox.resume_target('$topic')");
+	check_topic($topic, \@ids, dead => 1, dead_ids => [ $ids[4] ]);
+	like(
+		$node->safe_psql('postgres',
+			"SELECT id || ' ' || last_error FROM outbox.dead_letters WHERE target = '$topic'"),
+		qr/^$ids[4] .*injected fault/, "$topic: the message that raised the error is the dead letter");
 }
 
 kafka_stop($mock);
