@@ -195,6 +195,22 @@ relay_dispatch(TimestampTz now)
 			if (!lane->cut_record)
 			{
 				relay_lane_start(lane);
+				/*
+				 * A pipelined lane sends on, request after request, while
+				 * its window takes more: one request a turn would hold it
+				 * to batch_size messages per wake-up.
+				 */
+				while (lane->in_flight && relay_target_pipelined(t))
+				{
+					int			nbatch = lane->nbatch;
+
+					if (!relay_lane_may_send(lane, now) || !relay_lane_cut(lane))
+						break;
+					relay_target_took_token(t);
+					relay_lane_start(lane);
+					if (lane->nbatch <= nbatch)
+						break;	/* nothing went (a full producer queue) */
+				}
 				continue;
 			}
 			if (ncut == maxcut)
