@@ -218,9 +218,11 @@ typedef struct RelayTransport
 	bool		(*pipelines) (struct RelayTarget *t);
 	/*
 	 * Pipelined: whether the lane's window may take more now (nothing in
-	 * it failed); and sending more failed (send returned false or raised
-	 * an error): the first message not sent fails so, and the window's
-	 * outcome follows once the rest of it has come back.
+	 * it failed).  A transport whose lanes keep a window of what is on the
+	 * wire (Kafka's, pipelined or not): sending more failed (send returned
+	 * false or raised an error with the window on the wire): the first
+	 * message not sent fails so, and the window's outcome follows once the
+	 * rest of it has come back.
 	 */
 	bool		(*extends) (RelayLane *lane);
 	void		(*window_fail) (RelayLane *lane, const RelayOutcome *failed);

@@ -480,8 +480,9 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
  * acknowledged (of the request's first n positions) are delivered, taken
  * out of the queue behind the head, and not sent again (a broker without
  * de-duplication, RabbitMQ, Kafka, would store them twice).  A request
- * never holds two messages of a key (relay_lane_cut_keys()), so this keeps
- * each key's order; the lane's done position stays below its head, so a
+ * never holds two messages of a key (relay_lane_cut_keys()), and a
+ * pipelined window reports those behind an unacknowledged message of their
+ * key as not acknowledged, so this keeps each key's order; the lane's done position stays below its head, so a
  * restart before the head is finished sends them again, as for any
  * message delivered but not yet recorded.
  */

@@ -123,9 +123,9 @@ relay_lane_start(RelayLane *lane)
 		failed.error = error;
 		/*
 		 * The head message alone is retried, then dead-lettered; or, when
-		 * a pipelined lane has a window on the wire (it had, or the send
-		 * put messages on the wire before the error), the first message
-		 * not sent fails so (window_fail below).
+		 * the lane of a transport with windows has one on the wire (it
+		 * had, or the send put messages on the wire before the error),
+		 * the first message not sent fails so (window_fail below).
 		 */
 		if (!lane->in_flight && lane->nbatch == 0)
 			lane->nbatch = 1;
@@ -140,7 +140,7 @@ relay_lane_start(RelayLane *lane)
 		t->stats.bytes += (t->batch_size == 1 && lane->head != NULL) ?
 			(uint64) lane->head->payload_len : (uint64) lane->cut_bytes;
 	}
-	if (!started && lane->in_flight && relay_target_pipelined(lane->target))
+	if (!started && lane->in_flight && lane->target->transport->window_fail != NULL)
 		lane->target->transport->window_fail(lane, &failed);
 	else if (!started)
 		relay_lane_outcome(lane, &failed);
@@ -188,6 +188,8 @@ relay_dispatch(TimestampTz now)
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];
+			int			share;
+			int			start;
 
 			if (!relay_lane_may_send(lane, now) || !relay_lane_cut(lane))
 				continue;
@@ -198,9 +200,14 @@ relay_dispatch(TimestampTz now)
 				/*
 				 * A pipelined lane sends on, request after request, while
 				 * its window takes more: one request a turn would hold it
-				 * to batch_size messages per wake-up.
+				 * to batch_size messages per wake-up.  At most its share of
+				 * the target's queue a turn, so that lanes share what a
+				 * full producer queue frees, whatever their order.
 				 */
-				while (lane->in_flight && relay_target_pipelined(t))
+				share = Max(t->batch_size, relay_queue_cap(t) / t->nlanes);
+				start = lane->nbatch;
+				while (lane->in_flight && relay_target_pipelined(t) &&
+					   lane->nbatch - start < share)
 				{
 					int			nbatch = lane->nbatch;
 

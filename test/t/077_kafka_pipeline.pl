@@ -31,7 +31,7 @@ use Test::More;
 use OutboxRelayTest;
 use OutboxKafka;
 
-my @topics = map { ("p$_", 6) } 1 .. 11;
+my @topics = ((map { ("p$_", 6) } 1 .. 11), 'p12.m', 6);
 my $mock = kafka_mock(@topics);
 my $brokers = $mock->{bootstrap};
 note("mock cluster at $brokers");
@@ -276,6 +276,33 @@ for my $topic (sort keys %errors)
 		$node->safe_psql('postgres',
 			"SELECT id || ' ' || last_error FROM outbox.dead_letters WHERE target = '$topic'"),
 		qr/^$ids[4] .*injected fault/, "$topic: the message that raised the error is the dead letter");
+}
+
+# --- the same on a target whose topic is filled in (not pipelined: one
+# message of a key a request, but a request on the wire all the same) ---
+{
+	my $target = 'p12';
+	$node->safe_psql('postgres', qq{
+		SELECT outbox.create_kafka_target('$target', '$brokers', topic => '{topic}', lanes => 1,
+										  batch_size => 20, timeout_ms => 5000, max_attempts => 1);
+		SELECT outbox.subscribe('$target', '$target.*');
+		SELECT outbox.pause_target('$target');
+		SELECT outbox_emit(CASE WHEN g = 5 THEN '$target.boom' ELSE '$target.m' END,
+						   jsonb_build_object('n', g), 'k' || g)
+		  FROM generate_series(1, 10) g;
+	});
+	my @ids = split /\n/,
+	  $node->safe_psql('postgres', "SELECT id FROM outbox.messages WHERE topic LIKE '$target.%' ORDER BY id");
+	$node->append_conf('postgresql.conf', "outbox.test_fault = 'send:$target.boom'");
+	$node->reload;
+	relay_reloaded($node, 'postgres', 'outbox.test_fault' => "send:$target.boom");
+	$node->safe_psql('postgres', "SELECT outbox.resume_target('$target')");
+	ok_wait("$target: everything delivered",
+		sub { my $p = pending($target); return ($p eq '0', "$p pending") });
+	is($node->safe_psql('postgres', "SELECT string_agg(id::text, ' ') FROM outbox.dead_letters WHERE target = '$target'"),
+		$ids[4], "$target: the message that raised the error is the one dead letter");
+	my @got = sort { $a <=> $b } map { $_->{headers}{'outbox-seq'} } @{ kafka_consume($mock, "$target.m") };
+	is_deeply(\@got, [ @ids[ 0 .. 3, 5 .. 9 ] ], "$target: every other message is in its topic, once");
 }
 
 kafka_stop($mock);
