@@ -94,13 +94,7 @@ mock_pid=
 tail_pid=
 bench_on_exit() {
 	[ -n "$tail_pid" ] && kill "$tail_pid" 2>/dev/null
-	if [ -n "$mock_pid" ]; then
-		echo quit 2>/dev/null >&7
-		exec 7>&- 2>/dev/null
-		for _ in $(seq 50); do kill -0 "$mock_pid" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL "$mock_pid" 2>/dev/null
-	fi
-	return 0
+	kafka_mock_stop
 }
 . "$here/common.sh"
 bench_setup
@@ -108,25 +102,8 @@ bench_setup
 PGBENCH=$BIN/pgbench
 [ -x "$PGBENCH" ] || PGBENCH=$(command -v pgbench)
 
-cc -O2 -Wall -o "$work/outbox_kafka" "$repo/test/kafka/outbox_kafka.c" -lrdkafka -lpthread
-
-# ---- the mock cluster (commands on fd 7, answers in mock.out) ----
-mkfifo "$work/mock.in"
-"$work/outbox_kafka" mock bench.warmup 1 <"$work/mock.in" >"$work/mock.out" 2>"$work/mock.log" &
-mock_pid=$!
-exec 7>"$work/mock.in"
-for _ in $(seq 300); do [ -n "$(head -1 "$work/mock.out" 2>/dev/null)" ] && break; sleep 0.1; done
-BOOT=$(head -1 "$work/mock.out")
-[ -n "$BOOT" ] || { echo "the mock cluster did not start:" >&2; cat "$work/mock.log" >&2; exit 1; }
-mock_lines=1
-mock_cmd() {
-	local ans
-	echo "$*" >&7
-	for _ in $(seq 300); do [ "$(wc -l <"$work/mock.out")" -gt "$mock_lines" ] && break; sleep 0.02; done
-	mock_lines=$((mock_lines + 1))
-	ans=$(sed -n "${mock_lines}p" "$work/mock.out")
-	[ "$ans" = ok ] || { echo "mock: '$*': ${ans:-no answer}" >&2; exit 1; }
-}
+# ---- the mock cluster (common.sh) ----
+kafka_mock_start
 log "librdkafka $(dpkg-query -W -f='${Version}' librdkafka-dev 2>/dev/null || echo '?') mock cluster on $BOOT; $PARTITIONS partitions a topic"
 
 # ---- database ----

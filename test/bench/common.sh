@@ -335,3 +335,41 @@ perf_report_files() {
 	} >"$work/out/perf-$2.txt"
 	perf_fold "$DATA" "$work/out/perf-$2.folded"
 }
+
+# ---- librdkafka's mock cluster, for the Kafka benchmarks ----
+# kafka_mock_start: builds test/kafka/outbox_kafka into $work and starts
+# `outbox_kafka mock` (3 brokers, a warm-up topic) in the background:
+# commands go to its stdin through a FIFO held open on fd 7, each answer is
+# one line of $work/mock.out after the bootstrap list; sets mock_pid and
+# BOOT.  mock_cmd WORDS...: one command, failing unless the mock answers
+# "ok".  kafka_mock_stop: from bench_on_exit.
+kafka_mock_start() {
+	cc -O2 -Wall -o "$work/outbox_kafka" "$repo/test/kafka/outbox_kafka.c" -lrdkafka -lpthread
+	mkfifo "$work/mock.in"
+	"$work/outbox_kafka" mock bench.warmup 1 <"$work/mock.in" >"$work/mock.out" 2>"$work/mock.log" &
+	mock_pid=$!
+	exec 7>"$work/mock.in"
+	for _ in $(seq 300); do [ -n "$(head -1 "$work/mock.out" 2>/dev/null)" ] && break; sleep 0.1; done
+	BOOT=$(head -1 "$work/mock.out")
+	[ -n "$BOOT" ] || { echo "the mock cluster did not start:" >&2; cat "$work/mock.log" >&2; exit 1; }
+	mock_lines=1
+}
+
+mock_cmd() {
+	local ans
+	echo "$*" >&7
+	for _ in $(seq 300); do [ "$(wc -l <"$work/mock.out")" -gt "$mock_lines" ] && break; sleep 0.02; done
+	mock_lines=$((mock_lines + 1))
+	ans=$(sed -n "${mock_lines}p" "$work/mock.out")
+	[ "$ans" = ok ] || { echo "mock: '$*': ${ans:-no answer}" >&2; exit 1; }
+}
+
+kafka_mock_stop() {
+	[ -n "${mock_pid:-}" ] || return 0
+	echo quit 2>/dev/null >&7
+	exec 7>&- 2>/dev/null
+	for _ in $(seq 50); do kill -0 "$mock_pid" 2>/dev/null || break; sleep 0.1; done
+	kill -KILL "$mock_pid" 2>/dev/null
+	[ -n "$OUT" ] && mkdir -p "$OUT" && cp "$work/mock.log" "$OUT/" 2>/dev/null
+	return 0
+}

@@ -138,20 +138,12 @@ perf_pid=
 bench_on_exit() {
 	[ -n "$perf_pid" ] && kill "$perf_pid" 2>/dev/null
 	[ -n "$poll_pid" ] && kill "$poll_pid" 2>/dev/null
-	if [ -n "$mock_pid" ]; then
-		echo quit 2>/dev/null >&7
-		exec 7>&- 2>/dev/null
-		for _ in $(seq 50); do kill -0 "$mock_pid" 2>/dev/null || break; sleep 0.1; done
-		kill -KILL "$mock_pid" 2>/dev/null
-		[ -n "$OUT" ] && mkdir -p "$OUT" && cp "$work/mock.log" "$OUT/" 2>/dev/null
-	fi
-	return 0
+	kafka_mock_stop
 }
 . "$here/common.sh"
 bench_setup
 
 # ---- tools -----------------------------------------------------------------------
-cc -O2 -Wall -o "$work/outbox_kafka" "$repo/test/kafka/outbox_kafka.c" -lrdkafka -lpthread
 # The poller: one client, a watermark query (ListOffsets) of every partition
 # every POLL_MS ms; prints "<realtime ns> <records>" (sum over the partitions
 # of high - low watermark) whenever the count changed, the first complete
@@ -246,25 +238,8 @@ EOF
 cc -O2 -Wall -o "$work/kafka_poll" "$work/kafka_poll.c" -lrdkafka
 kafka() { "$work/outbox_kafka" "$@"; }
 
-# ---- the mock cluster -----------------------------------------------------------------
-# Commands go to its stdin through a FIFO held open on fd 7; each answer is
-# one line of $work/mock.out, after the bootstrap list.
-mkfifo "$work/mock.in"
-"$work/outbox_kafka" mock bench.warmup 1 <"$work/mock.in" >"$work/mock.out" 2>"$work/mock.log" &
-mock_pid=$!
-exec 7>"$work/mock.in"
-for _ in $(seq 300); do [ -n "$(head -1 "$work/mock.out" 2>/dev/null)" ] && break; sleep 0.1; done
-BOOT=$(head -1 "$work/mock.out")
-[ -n "$BOOT" ] || { echo "the mock cluster did not start:" >&2; cat "$work/mock.log" >&2; exit 1; }
-mock_lines=1
-mock_cmd() {	# command words; fails unless the mock answers "ok"
-	local ans
-	echo "$*" >&7
-	for _ in $(seq 300); do [ "$(wc -l <"$work/mock.out")" -gt "$mock_lines" ] && break; sleep 0.02; done
-	mock_lines=$((mock_lines + 1))
-	ans=$(sed -n "${mock_lines}p" "$work/mock.out")
-	[ "$ans" = ok ] || { echo "mock: '$*': ${ans:-no answer}" >&2; exit 1; }
-}
+# ---- the mock cluster (common.sh) ---------------------------------------------------
+kafka_mock_start
 rdkafka_version=$(dpkg-query -W -f='${Version}' librdkafka-dev 2>/dev/null || echo '?')
 log "librdkafka $rdkafka_version mock cluster, 3 brokers on $BOOT (pid $mock_pid); $PARTITIONS partitions a topic"
 
