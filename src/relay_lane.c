@@ -482,9 +482,9 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
  * de-duplication, RabbitMQ, Kafka, would store them twice).  A request
  * never holds two messages of a key (relay_lane_cut_keys()), and a
  * pipelined window reports those behind an unacknowledged message of their
- * key as not acknowledged, so this keeps each key's order; the lane's done position stays below its head, so a
- * restart before the head is finished sends them again, as for any
- * message delivered but not yet recorded.
+ * key as not acknowledged, so this keeps each key's order; the lane's done
+ * position stays below its head, so a restart before the head is finished
+ * sends them again, as for any message delivered but not yet recorded.
  */
 static void
 relay_lane_acked_after(RelayLane *lane, const RelayOutcome *outcome, int n)

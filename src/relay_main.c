@@ -161,10 +161,14 @@ relay_dispatch(TimestampTz now)
 	int			ncut = 0;
 	int			maxcut = 0;
 
+	static uint32 turn = 0;
+
+	turn++;
 	foreach(lc, relay_targets)
 	{
 		RelayTarget *t = (RelayTarget *) lfirst(lc);
 		int			i;
+		int			k;
 
 		if (t->aside_pending)
 		{
@@ -185,9 +189,13 @@ relay_dispatch(TimestampTz now)
 				t->transport->deliver(t);
 			continue;
 		}
-		for (i = 0; i < t->nlanes; i++)
+		/*
+		 * From another lane each turn, so that no lane is always first to
+		 * what a full producer queue frees.
+		 */
+		for (k = 0; k < t->nlanes; k++)
 		{
-			RelayLane  *lane = &t->lanes[i];
+			RelayLane  *lane = &t->lanes[(turn + k) % t->nlanes];
 			int			share;
 			int			start;
 
@@ -200,9 +208,9 @@ relay_dispatch(TimestampTz now)
 				/*
 				 * A pipelined lane sends on, request after request, while
 				 * its window takes more: one request a turn would hold it
-				 * to batch_size messages per wake-up.  At most its share of
-				 * the target's queue a turn, so that lanes share what a
-				 * full producer queue frees, whatever their order.
+				 * to batch_size messages per wake-up.  About its share of
+				 * the target's queue a turn, so that one lane does not take
+				 * all of what a full producer queue frees.
 				 */
 				share = Max(t->batch_size, relay_queue_cap(t) / t->nlanes);
 				start = lane->nbatch;

@@ -366,8 +366,10 @@ mock_cmd() {
 
 kafka_mock_stop() {
 	[ -n "${mock_pid:-}" ] || return 0
-	echo quit 2>/dev/null >&7
-	exec 7>&- 2>/dev/null
+	# a mock that already exited leaves the FIFO without a reader: no
+	# SIGPIPE for the shell, and its stderr stays
+	kill -0 "$mock_pid" 2>/dev/null && (echo quit >&7) 2>/dev/null
+	{ exec 7>&-; } 2>/dev/null
 	for _ in $(seq 50); do kill -0 "$mock_pid" 2>/dev/null || break; sleep 0.1; done
 	kill -KILL "$mock_pid" 2>/dev/null
 	[ -n "$OUT" ] && mkdir -p "$OUT" && cp "$work/mock.log" "$OUT/" 2>/dev/null

@@ -258,7 +258,7 @@ for my $topic (sort keys %errors)
 	my $topic = 'p10';
 	$node->safe_psql('postgres', qq{
 		SELECT outbox.create_kafka_target('$topic', '$brokers', topic => '$topic', lanes => 1,
-										  batch_size => 20, timeout_ms => 5000, max_attempts => 1);
+										  batch_size => 20, timeout_ms => 30000, max_attempts => 1);
 		SELECT outbox.subscribe('$topic', '$topic.*');
 		SELECT outbox.pause_target('$topic');
 		SELECT outbox_emit(CASE WHEN g = 5 THEN '$topic.boom' ELSE '$topic.m' END,
@@ -284,7 +284,7 @@ for my $topic (sort keys %errors)
 	my $target = 'p12';
 	$node->safe_psql('postgres', qq{
 		SELECT outbox.create_kafka_target('$target', '$brokers', topic => '{topic}', lanes => 1,
-										  batch_size => 20, timeout_ms => 5000, max_attempts => 1);
+										  batch_size => 20, timeout_ms => 30000, max_attempts => 1);
 		SELECT outbox.subscribe('$target', '$target.*');
 		SELECT outbox.pause_target('$target');
 		SELECT outbox_emit(CASE WHEN g = 5 THEN '$target.boom' ELSE '$target.m' END,
