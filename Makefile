@@ -15,6 +15,7 @@
 MODULE_big = outbox
 OBJS = \
 	src/api.o \
+	src/aws_sigv4.o \
 	src/base.o \
 	src/capture.o \
 	src/capture_json.o \
@@ -23,6 +24,7 @@ OBJS = \
 	src/destinations.o \
 	src/emit.o \
 	src/filter.o \
+	src/json_scan.o \
 	src/databases.o \
 	src/launcher.o \
 	src/outbox.o \
@@ -46,6 +48,7 @@ OBJS = \
 	src/relay_nats.o \
 	src/relay_redis.o \
 	src/relay_rabbitmq.o \
+	src/relay_sqs.o \
 	src/relay_notify.o \
 	src/relay_progress.o \
 	src/relay_read.o \
@@ -61,7 +64,7 @@ OBJS = \
 
 EXTENSION = outbox
 DATA = outbox--0.1.sql outbox--0.1--0.2.sql outbox--0.2.sql \
-	outbox--0.2--0.3.sql outbox--0.3.sql
+	outbox--0.2--0.3.sql outbox--0.3.sql outbox--0.3--0.4.sql outbox--0.4.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
 REGRESS = emit savepoints triggers frontier errors targets operations security queue capture formats debezium debezium_cases redis rabbitmq

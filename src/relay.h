@@ -10,6 +10,7 @@
  *	   +- relay_progress.c	progress and dead-letter writes
  *	   +- relay_retention.c	retention step, current chunk
  *	   +- relay_http.c, relay_notify.c, relay_nats.c, relay_kafka.c,
+ *		  relay_sqs.c (on relay_http.c's engine),
  *		  relay_redis.c, relay_rabbitmq.c	transports (a
  *								RelayTransport each): send, then report
  *								an outcome; they know nothing of dead
@@ -180,7 +181,8 @@ typedef enum RelayTargetKind
 	RELAY_NATS,
 	RELAY_KAFKA,
 	RELAY_REDIS,
-	RELAY_RABBITMQ
+	RELAY_RABBITMQ,
+	RELAY_SQS
 } RelayTargetKind;
 
 struct RelayTarget;
@@ -277,6 +279,24 @@ typedef struct RelayTransport
 	void		(*conn_close) (struct RelayTarget *t);
 	/* start one when there is none; false, with its error, if it cannot be */
 	bool		(*conn_connect) (struct RelayTarget *t);
+
+	/*
+	 * A kind whose requests are HTTP (SQS) runs on relay_http.c's engine:
+	 * its lanes are made with relay_http_lane_init(), its send builds the
+	 * request and calls relay_http_start(), and http_answer says what the
+	 * answer (status and body, up to 64 kB) means: the outcome's kind,
+	 * error (in msg), and for a per_message kind ndelivered, acked, nsent.
+	 */
+	void		(*http_answer) (RelayLane *lane, long status, const char *body, int len,
+								bool capped, RelayOutcome *outcome, char *msg, size_t size);
+	/*
+	 * Limits of one request of a per_message kind: at most max_batch
+	 * messages (0: batch_size's), and at most max_request_bytes of them as
+	 * message_bytes() counts (0: no limit; the first message always goes).
+	 */
+	int			max_batch;
+	Size		max_request_bytes;
+	Size		(*message_bytes) (struct RelayTarget *t, RelayMessage *m);
 } RelayTransport;
 
 extern const RelayTransport relay_http_transport;
@@ -285,6 +305,7 @@ extern const RelayTransport relay_nats_transport;
 extern const RelayTransport relay_kafka_transport;
 extern const RelayTransport relay_redis_transport;
 extern const RelayTransport relay_rabbitmq_transport;
+extern const RelayTransport relay_sqs_transport;
 extern const RelayTransport *const relay_transports[];	/* relay_main.c */
 extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
 extern uint64 relay_kinds_used;	/* relay_config.c: kinds loaded, by bit */
@@ -326,6 +347,13 @@ typedef struct RelayTarget
 	char	   *client_cert;	/* TLS: client certificate file, or NULL */
 	char	   *client_key;		/* TLS: its private key file, or NULL */
 	char	   *credentials;	/* NATS: a .creds or NKey seed file, or NULL */
+	char	   *region;			/* AWS: the region signed for */
+	char	   *aws_key_id;		/* AWS: access key id */
+	char	   *aws_secret;		/* AWS: secret access key */
+	char	   *aws_token;		/* AWS: session token, or NULL */
+	char	   *post_url;		/* a kind on HTTP whose requests go to
+								 * another URL than url (SQS: the service's
+								 * endpoint), or NULL */
 	bool		envelope_only;	/* NOTIFY: without payload and headers */
 	RelayFormat format;			/* what it sends */
 	char	   *ce_source;		/* CloudEvents source attribute */
@@ -432,9 +460,19 @@ extern bool relay_config_incomplete;	/* a target waits for its progress rows */
 extern bool relay_dead_letters_keep_payload;	/* schema 0.2 or later */
 extern bool relay_schema_operations;	/* states, replay: 0.2 or later */
 extern bool relay_schema_brokers;	/* targets.subject, topic, properties: 0.3 */
+extern bool relay_schema_aws;	/* targets.region and the AWS credentials: 0.4 */
 extern bool relay_schema_set_aside;	/* progress.failing_id, set_aside_id,
 									 * targets.unroutable_after: 0.3 */
 extern TimestampTz relay_last_progress_write;
+
+/*---- relay_http.c: its engine, for the kinds whose requests are HTTP ----*/
+extern void relay_http_lane_init(RelayLane *lane);
+extern void relay_http_lane_release(RelayLane *lane);
+extern void relay_http_headers_reset(RelayLane *lane);
+extern void relay_http_header(RelayLane *lane, const char *line);
+extern bool relay_http_start(RelayLane *lane, const char *body, int body_len,
+							 RelayOutcome *failed);
+extern void relay_http_drive(RelayFinishedFn finished);
 
 /*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
 extern int relay_queue_cap(RelayTarget *t);
@@ -469,6 +507,7 @@ extern void relay_lane_set_aside(RelayLane *lane);
 
 /*---- relay_envelope.c: formats ----*/
 extern void relay_envelope(RelayMessage *m, int parts, StringInfo buf);
+extern void relay_json_string(StringInfo buf, const char *s, int len);
 extern Size relay_envelope_size(struct RelayTarget *t, RelayMessage *m);
 extern void relay_append_time(StringInfo buf, TimestampTz t);
 extern void relay_append_int64(StringInfo buf, int64 v);

@@ -63,6 +63,7 @@ bool		relay_dead_letters_keep_payload = false;
 bool		relay_schema_operations = false;
 bool		relay_schema_brokers = false;
 bool		relay_schema_set_aside = false;
+bool		relay_schema_aws = false;
 
 /*
  * Every kind of target the relay delivers to (relay_transports[], set by
@@ -264,7 +265,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 			relay_kinds_used |= UINT64CONST(1) << i;
 		}
 	if (t->transport == NULL)
-		*problem = "kind is not 'http', 'notify', 'nats', 'kafka', 'redis' or 'rabbitmq'";
+		*problem = "kind is not 'http', 'notify', 'nats', 'kafka', 'redis', 'rabbitmq' or 'sqs'";
 	else
 		t->kind = t->transport->id;
 	s = relay_spi_text(tup, desc, 24);
@@ -316,6 +317,14 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	if (isnull || t->unroutable_after_ms < 0)
 		t->unroutable_after_ms = 0;
 	t->credentials = relay_spi_text(tup, desc, 36);
+	t->region = relay_spi_text(tup, desc, 37);
+	t->aws_key_id = relay_spi_text(tup, desc, 38);
+	t->aws_secret = relay_spi_text(tup, desc, 39);
+	t->aws_token = relay_spi_text(tup, desc, 40);
+	/* the kind's check below reads them (an SQS target's headers must be none) */
+	d = SPI_getbinval(tup, desc, 11, &isnull);
+	if (*problem == NULL && !isnull)
+		*problem = relay_target_headers(t, DatumGetJsonbP(d));
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -374,10 +383,6 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	t->client_key = relay_spi_text(tup, desc, 22);
 	d = SPI_getbinval(tup, desc, 23, &isnull);
 	t->envelope_only = !isnull && DatumGetBool(d);
-
-	d = SPI_getbinval(tup, desc, 11, &isnull);
-	if (*problem == NULL && !isnull)
-		*problem = relay_target_headers(t, DatumGetJsonbP(d));
 
 	/* Operations (NULL on a 0.1 schema: active, no limits). */
 	s = relay_spi_text(tup, desc, 12);
@@ -523,6 +528,11 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->client_cert = n->client_cert;
 	t->client_key = n->client_key;
 	t->credentials = n->credentials;
+	t->region = n->region;
+	t->aws_key_id = n->aws_key_id;
+	t->aws_secret = n->aws_secret;
+	t->aws_token = n->aws_token;
+	t->post_url = n->post_url;
 	t->envelope_only = n->envelope_only;
 	t->batch_size = n->batch_size;
 	t->max_attempts = n->max_attempts;
@@ -636,6 +646,8 @@ relay_load_config(void)
 			InvalidAttrNumber;
 		relay_schema_set_aside = OidIsValid(progress) &&
 			get_attnum(progress, "set_aside_id") != InvalidAttrNumber;
+		relay_schema_aws = get_attnum(get_relname_relid("targets", nsp), "region") !=
+			InvalidAttrNumber;
 	}
 
 	/*
@@ -676,7 +688,8 @@ relay_load_config(void)
 	 * Columns 24 to 36: ordering; the subject, topic, properties, format,
 	 * CloudEvents source, a Redis target's stream, maxlen and dedup_window,
 	 * a RabbitMQ target's exchange and routing key, unroutable_after in
-	 * milliseconds, and a NATS target's credentials file (schema 0.3).
+	 * milliseconds, and a NATS target's credentials file (schema 0.3);
+	 * 37 to 40: an AWS target's region and credentials (schema 0.4).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -693,16 +706,18 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-	if (SPI_execute(relay_schema_set_aside ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials") :
-					relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, NULL::bigint, NULL::text") :
-					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint, NULL::text") :
+#define RELAY_NO_AWS ", NULL::text, NULL::text, NULL::text, NULL::text"
+	if (SPI_execute(relay_schema_aws ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials, t.region, t.aws_access_key_id, t.aws_secret_access_key, t.aws_session_token") :
+					relay_schema_set_aside ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials" RELAY_NO_AWS) :
+					relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, NULL::bigint, NULL::text" RELAY_NO_AWS) :
+					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint, NULL::text" RELAY_NO_AWS) :
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes,"
 					"       t.max_attempts, t.timeout_ms, t.secret, t.headers,"
 					"       NULL::text, NULL::float8, NULL::bigint, NULL::int, NULL::text,"
 					"       NULL::text, false, NULL::text, NULL::text, NULL::text, NULL::text, false,"
 					"       t.ordering, NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text,"
 					"       NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint,"
-					"       NULL::text"
+					"       NULL::text" RELAY_NO_AWS
 					"  FROM outbox.targets t ORDER BY t.id", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: could not read outbox.targets");
 

@@ -111,7 +111,7 @@ relay_envelope_size(RelayTarget *t, RelayMessage *m)
  * escape_json() does, but copying each run of bytes that need no escape
  * at once instead of byte by byte.
  */
-static void
+void
 relay_json_string(StringInfo buf, const char *s, int len)
 {
 	const char *end = s + len;

@@ -77,9 +77,15 @@ typedef struct RelayHttpLane
 	bool		opened;			/* a connection was opened since */
 	int			options_version;	/* the target's options set on easy */
 	StringInfoData sig;			/* webhook-signature of the request */
+	char	   *answer;			/* a kind that reads answers
+								 * (RelayTransport.http_answer): the body,
+								 * up to RELAY_MAX_RESPONSE_BODY bytes */
+	int			answer_len;		/* bytes in answer */
 } RelayHttpLane;
 
 #define HTTP(lane)	((RelayHttpLane *) (lane)->priv)
+
+static void relay_header(RelayHttpLane *h, const char *line);
 
 /*
  * What is read of a response: the body up to RELAY_MAX_RESPONSE_BODY bytes
@@ -313,6 +319,14 @@ relay_write_cb(char *data, size_t size, size_t nmemb, void *userdata)
 	size_t		room = sizeof(h->response) - 1 - h->response_len;
 
 	h->body_bytes += len;
+	if (h->answer != NULL && h->answer_len < RELAY_MAX_RESPONSE_BODY)
+	{
+		size_t		n = Min(len, (size_t) (RELAY_MAX_RESPONSE_BODY - h->answer_len));
+
+		memcpy(h->answer + h->answer_len, data, n);
+		h->answer_len += n;
+		h->answer[h->answer_len] = '\0';
+	}
 	if (room > 0)
 	{
 		size_t		n = Min(room, len);
@@ -445,7 +459,7 @@ relay_http_lane_options(RelayLane *lane)
 	RelayTarget *t = lane->target;
 	CURL	   *easy = HTTP(lane)->easy;
 
-	curl_easy_setopt(easy, CURLOPT_URL, t->url);
+	curl_easy_setopt(easy, CURLOPT_URL, t->post_url ? t->post_url : t->url);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 10000));
 	/*
@@ -460,8 +474,11 @@ relay_http_lane_options(RelayLane *lane)
 	curl_easy_setopt(easy, CURLOPT_SSLKEY, t->client_key);
 }
 
-/* Create the easy handle of an HTTP lane. */
-static void
+/*
+ * Create the easy handle of an HTTP lane: of an HTTP target, or of a kind
+ * whose requests are HTTP (SQS: relay_sqs.c).
+ */
+void
 relay_http_lane_init(RelayLane *lane)
 {
 	RelayTarget *t = lane->target;
@@ -477,6 +494,11 @@ relay_http_lane_init(RelayLane *lane)
 	h->maxlines = 16;
 	h->hoff = palloc(sizeof(int) * h->maxlines);
 	h->nodes = palloc(sizeof(struct curl_slist) * h->maxlines);
+	if (t->transport->http_answer != NULL)
+	{
+		h->answer = palloc(RELAY_MAX_RESPONSE_BODY + 1);
+		h->answer[0] = '\0';
+	}
 	h->easy = easy;
 	lane->priv = h;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
@@ -520,7 +542,7 @@ relay_http_lane_init(RelayLane *lane)
 }
 
 /* Abandon the lane's request, if any, and free its handle. */
-static void
+void
 relay_http_lane_release(RelayLane *lane)
 {
 	RelayHttpLane *h = HTTP(lane);
@@ -534,6 +556,23 @@ relay_http_lane_release(RelayLane *lane)
 	}
 	curl_easy_cleanup(h->easy);
 	lane->priv = NULL;
+}
+
+/* Start the header lines of a lane's next request (relay_http_start()). */
+void
+relay_http_headers_reset(RelayLane *lane)
+{
+	RelayHttpLane *h = HTTP(lane);
+
+	h->nlines = 0;
+	resetStringInfo(&h->hdr);
+}
+
+/* Add a "Name: value" line to them. */
+void
+relay_http_header(RelayLane *lane, const char *line)
+{
+	relay_header(HTTP(lane), line);
 }
 
 /* Start a header line: note where it begins. */
@@ -666,7 +705,6 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 	int			body_len;
 	int			n;
 	int			i;
-	CURLMcode	mrc;
 
 	Assert(!lane->in_flight && lane->nqueued > 0);
 	memset(failed, 0, sizeof(*failed));
@@ -841,8 +879,25 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		relay_header(h, t->header_lines[i]);
 	}
 
+	return relay_http_start(lane, body, body_len, failed);
+}
+
+/*
+ * Put the lane's request on the wire: the header lines built with
+ * relay_http_header() since relay_http_headers_reset(), and body (which
+ * must stay as it is until the request ends).  Returns false, with *failed
+ * set, when it could not be started.
+ */
+bool
+relay_http_start(RelayLane *lane, const char *body, int body_len, RelayOutcome *failed)
+{
+	RelayTarget *t = lane->target;
+	RelayHttpLane *h = HTTP(lane);
+	CURLMcode	mrc;
+
 	h->response_len = 0;
 	h->response[0] = '\0';
+	h->answer_len = 0;
 	h->errbuf[0] = '\0';
 	h->body_bytes = 0;
 	h->header_bytes = 0;
@@ -996,6 +1051,16 @@ relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
 		outcome.kind = relay_http_error_class(result);
 		outcome.error = msg;
 	}
+	else if (lane->target->transport->http_answer != NULL)
+	{
+		/* A kind that reads the answer (relay_sqs.c) says what it means. */
+		outcome.status = (int) status;
+		lane->target->transport->http_answer(lane, status, h->answer, h->answer_len,
+											 h->body_capped, &outcome, msg, sizeof(msg));
+		if (outcome.kind != RELAY_DELIVERED)
+			outcome.retry_after_s = (int) Min(Max(retry_after, 0),
+											  (curl_off_t) (outbox_retry_max_delay + 999) / 1000);
+	}
 	else
 	{
 		/* A body cut at the cap still has its status. */
@@ -1021,7 +1086,7 @@ relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
  * every time, without waiting: the worker's wait returns only the latch
  * when it is set, even if sockets are ready too.
  */
-static void
+void
 relay_http_drive(RelayFinishedFn finished)
 {
 	struct epoll_event events[64];

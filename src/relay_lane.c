@@ -745,6 +745,8 @@ relay_lane_cut_keys(RelayLane *lane)
 	RelayMessage *seen[2 * RELAY_MAX_BATCH_SIZE_POW2];
 	uint32		mask = 1;
 
+	if (t->transport->max_batch > 0)
+		max = Min(max, t->transport->max_batch);
 	max = Min(max, Max(lane->nqueued, 1));
 	while (mask < (uint32) (2 * max))
 		mask <<= 1;
@@ -765,7 +767,17 @@ relay_lane_cut_keys(RelayLane *lane)
 				break;			/* a second message of a key */
 			seen[slot] = m;
 		}
-		bytes += m->payload_len;
+		if (t->transport->message_bytes != NULL)
+		{
+			/* The kind's own limit of a request (the first always goes). */
+			Size		add = t->transport->message_bytes(t, m);
+
+			if (n > 0 && bytes + add > t->transport->max_request_bytes)
+				break;
+			bytes += add;
+		}
+		else
+			bytes += m->payload_len;
 		lane->cut_last = m->id;
 	}
 	lane->cut_n = Max(n, 1);

@@ -257,6 +257,7 @@ const RelayTransport *const relay_transports[] = {
 	&relay_kafka_transport,
 	&relay_redis_transport,
 	&relay_rabbitmq_transport,
+	&relay_sqs_transport,
 	NULL
 };
 StaticAssertDecl(lengthof(relay_transports) <= 64,

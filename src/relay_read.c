@@ -299,7 +299,7 @@ relay_make_message(RelayTarget *t, RelayRow *row, int64 id,
 	if (!row->n[ROW_HEADERS])
 	{
 		jb = DatumGetJsonbP(row->v[ROW_HEADERS]);
-		if (t->kind == RELAY_NOTIFY || t->kind == RELAY_REDIS ||
+		if (t->kind == RELAY_NOTIFY || t->kind == RELAY_REDIS || t->kind == RELAY_SQS ||
 			(t->kind == RELAY_HTTP && t->batch_size > 1))
 		{
 			StringInfoData hb;

@@ -33,6 +33,7 @@ fail() {
 }
 
 for f in "$pkglibdir/outbox.so" "$sharedir/extension/outbox.control" \
+	"$sharedir/extension/outbox--0.4.sql" "$sharedir/extension/outbox--0.3--0.4.sql" \
 	"$sharedir/extension/outbox--0.3.sql" "$sharedir/extension/outbox--0.2--0.3.sql" \
 	"$sharedir/extension/outbox--0.2.sql" "$sharedir/extension/outbox--0.1--0.2.sql"; do
 	[ -f "$f" ] || fail "$f is not installed"
@@ -46,7 +47,7 @@ if [ -n "$deb" ]; then
 	dpkg-query -W -f='${Status}\n' "$deb" | grep -q "install ok installed" ||
 		fail "package $deb is not installed"
 	for f in "$pkglibdir/outbox.so" "$sharedir/extension/outbox.control" \
-		"$sharedir/extension/outbox--0.3.sql"; do
+		"$sharedir/extension/outbox--0.4.sql"; do
 		owner=$(dpkg -S "$f" 2>/dev/null || true)
 		case "$owner" in "$deb: "*) ;; *) fail "$f does not belong to $deb ($owner)" ;; esac
 	done
@@ -104,8 +105,8 @@ BEGIN;
 SELECT outbox_emit('smoke.n', '{"n": 0}', 'k');
 ROLLBACK;
 SQL
-[ "$(psql_smoke -c "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")" = 0.3 ] ||
-	fail "the extension is not at version 0.3"
+[ "$(psql_smoke -c "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")" = 0.4 ] ||
+	fail "the extension is not at version 0.4"
 
 left=
 for _ in $(seq 300); do

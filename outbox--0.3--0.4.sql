@@ -1,0 +1,511 @@
+/* outbox--0.3--0.4.sql */
+
+\echo Use "ALTER EXTENSION outbox UPDATE TO '0.4'" to load this file. \quit
+
+---------------------------------------------------------------------------
+-- Amazon SQS targets (kind 'sqs'): a region and AWS credentials.
+---------------------------------------------------------------------------
+ALTER TABLE outbox.targets
+	DROP CONSTRAINT targets_kind_check,
+	ADD CONSTRAINT targets_kind_check
+		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs')),
+	DROP CONSTRAINT targets_ca_file_check,
+	ADD CONSTRAINT targets_ca_file_check
+		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs'))),
+	DROP CONSTRAINT targets_client_cert_check,
+	ADD CONSTRAINT targets_client_cert_check
+		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs'))),
+	DROP CONSTRAINT targets_check,
+	ADD CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs')) = (url IS NOT NULL)),
+	DROP CONSTRAINT targets_lanes_check,
+	ADD CONSTRAINT targets_lanes_check
+		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs') OR lanes = 1)),
+	-- AWS (SQS): the region requests are signed for, and the credentials
+	-- they are signed with (docs/brokers.md, "Amazon SQS")
+	ADD COLUMN region text
+		CONSTRAINT targets_region_check
+		CHECK ((kind = 'sqs') = (region IS NOT NULL) AND region ~ '^[a-z0-9-]{1,32}$'),
+	ADD COLUMN aws_access_key_id text
+		CONSTRAINT targets_aws_access_key_id_check
+		CHECK ((kind = 'sqs') = (aws_access_key_id IS NOT NULL) AND aws_access_key_id ~ '^[!-~]{16,128}$'),
+	ADD COLUMN aws_secret_access_key text
+		CONSTRAINT targets_aws_secret_access_key_check
+		CHECK ((aws_access_key_id IS NULL) = (aws_secret_access_key IS NULL) AND aws_secret_access_key ~ '^[!-~]{1,128}$'),
+	ADD COLUMN aws_session_token text
+		CONSTRAINT targets_aws_session_token_check
+		CHECK (aws_session_token IS NULL OR (aws_access_key_id IS NOT NULL AND aws_session_token ~ '^[!-~]+$' AND octet_length(aws_session_token) <= 8192));
+COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams, RabbitMQ and Amazon SQS';
+
+CREATE OR REPLACE FUNCTION outbox.check_tls_files(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	f record;
+	scheme text := CASE t.kind WHEN 'http' THEN 'https://' WHEN 'redis' THEN 'rediss://'
+								WHEN 'rabbitmq' THEN 'amqps://' WHEN 'nats' THEN 'tls://'
+								WHEN 'sqs' THEN 'https://' END;
+BEGIN
+	IF t.credentials IS NOT NULL THEN
+		IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+			RAISE EXCEPTION 'permission denied to name the credentials file of a target'
+				USING ERRCODE = 'insufficient_privilege',
+					  DETAIL = 'The relay reads credentials as the server.',
+					  HINT = 'Only superusers and members of pg_read_server_files may set it.';
+		END IF;
+		PERFORM outbox.check_server_file(t.credentials, 'credentials');
+		PERFORM outbox.check_nats_credentials(t.credentials);
+	END IF;
+	IF t.ca_file IS NULL AND t.client_cert IS NULL AND t.client_key IS NULL THEN
+		RETURN;
+	END IF;
+	IF scheme IS NULL THEN
+		RAISE EXCEPTION 'a % target has no TLS files', t.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ, NATS and SQS targets.';
+	END IF;
+	IF lower(left(ltrim(t.url), length(scheme))) <> scheme THEN
+		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = format('Give the target a URL that starts with %s to verify its server with them.', scheme);
+	END IF;
+	IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+		RAISE EXCEPTION 'permission denied to name TLS files of a target'
+			USING ERRCODE = 'insufficient_privilege',
+				  DETAIL = 'The relay reads ca_file, client_cert and client_key as the server.',
+				  HINT = 'Only superusers and members of pg_read_server_files may set them.';
+	END IF;
+	IF t.client_key IS NOT NULL AND t.client_cert IS NULL THEN
+		RAISE EXCEPTION 'client_key needs client_cert'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	FOR f IN SELECT * FROM (VALUES ('ca_file', t.ca_file), ('client_cert', t.client_cert),
+									('client_key', t.client_key)) v(opt, path)
+			 WHERE path IS NOT NULL LOOP
+		PERFORM outbox.check_server_file(f.path, f.opt);
+	END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.check_format(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.format IS NULL OR t.format NOT IN ('outbox', 'cloudevents', 'cloudevents-structured') THEN
+		RAISE EXCEPTION 'unknown target format %', quote_nullable(t.format)
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A target sends ''outbox'' (its own shape), ''cloudevents'' (CloudEvents 1.0, binary content mode) or ''cloudevents-structured'' (CloudEvents 1.0, structured content mode).',
+				  HINT = 'Pass format => ''cloudevents'' for CloudEvents consumers.';
+	END IF;
+	IF t.format = 'cloudevents' AND t.kind = 'redis' THEN
+		RAISE EXCEPTION 'a Redis target sends CloudEvents in structured mode only'
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents has no Redis binding: the event goes whole, as JSON, in the stream entry''s field cloudevent.',
+				  HINT = 'Pass format => ''cloudevents-structured''.';
+	END IF;
+	IF t.format = 'cloudevents' AND t.kind = 'sqs' THEN
+		RAISE EXCEPTION 'an SQS target sends CloudEvents in structured mode only'
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents has no SQS binding: the event goes whole, as JSON, in the message body.',
+				  HINT = 'Pass format => ''cloudevents-structured''.';
+	END IF;
+	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis', 'sqs') THEN
+		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ, Redis and SQS targets; NOTIFY sends outbox envelopes only.',
+				  HINT = 'Use another kind of target for CloudEvents consumers.';
+	END IF;
+	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
+		RAISE EXCEPTION 'source is the CloudEvents source attribute, and the target sends format ''outbox'''
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass format => ''cloudevents'' as well, or leave source out (source => '''' removes it).';
+	END IF;
+	IF t.ce_source IS NOT NULL AND (t.ce_source = '' OR octet_length(t.ce_source) > 1024
+									OR t.ce_source ~ '[[:cntrl:][:space:]]') THEN
+		RAISE EXCEPTION 'invalid CloudEvents source %', quote_literal(left(t.ce_source, 100))
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'A source is a URI-reference of 1 to 1024 bytes without white space or control characters.',
+				  HINT = 'Use a URI such as ''https://shop.example.com/orders'' or ''/shop/orders''.';
+	END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.add_target(target outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	new_id int;
+	violated text;
+BEGIN
+	BEGIN
+		INSERT INTO outbox.targets (name, kind, url, headers, secret, channel, batch_size, lanes,
+									ordering, max_attempts, timeout_ms, ca_file, client_cert,
+									client_key, envelope_only, subject, topic, properties,
+									format, ce_source, stream, maxlen, dedup_window,
+									exchange, routing_key, credentials, region,
+									aws_access_key_id, aws_secret_access_key, aws_session_token)
+		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
+				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
+				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
+				target.ca_file, target.client_cert, target.client_key,
+				coalesce(target.envelope_only, false), target.subject, target.topic,
+				target.properties, coalesce(target.format, 'outbox'), target.ce_source,
+				target.stream, target.maxlen, target.dedup_window,
+				target.exchange, target.routing_key, target.credentials, target.region,
+				target.aws_access_key_id, target.aws_secret_access_key, target.aws_session_token)
+		RETURNING id INTO new_id;
+	EXCEPTION WHEN unique_violation THEN
+		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
+		IF violated IS DISTINCT FROM 'targets_name_key' THEN
+			RAISE;
+		END IF;
+		RAISE EXCEPTION 'outbox target "%" already exists', target.name
+			USING ERRCODE = 'duplicate_object',
+				  HINT = 'Drop it first with outbox.drop_target(), or choose another name.';
+	END;
+	INSERT INTO outbox.progress (target_id, lane, done_id)
+	SELECT new_id, g, outbox.frontier() FROM generate_series(0, target.lanes - 1) g;
+	PERFORM outbox.config_changed();
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.alter_target(
+	name		  text,
+	url			  text		DEFAULT NULL,
+	headers		  jsonb		DEFAULT NULL,
+	secret		  text		DEFAULT NULL,
+	batch_size	  int		DEFAULT NULL,
+	lanes		  int		DEFAULT NULL,
+	ordering	  text		DEFAULT NULL,
+	max_attempts  int		DEFAULT NULL,
+	timeout_ms	  int		DEFAULT NULL,
+	max_rate	  float8	DEFAULT NULL,
+	disable_after interval	DEFAULT NULL,
+	ca_file		  text		DEFAULT NULL,
+	client_cert	  text		DEFAULT NULL,
+	client_key	  text		DEFAULT NULL,
+	envelope_only boolean	DEFAULT NULL,
+	subject		  text		DEFAULT NULL,
+	topic		  text		DEFAULT NULL,
+	properties	  jsonb		DEFAULT NULL,
+	format		  text		DEFAULT NULL,
+	source		  text		DEFAULT NULL,
+	stream		  text		DEFAULT NULL,
+	maxlen		  bigint	DEFAULT NULL,
+	dedup_window  int		DEFAULT NULL,
+	exchange	  text		DEFAULT NULL,
+	routing_key	  text		DEFAULT NULL,
+	unroutable_after interval DEFAULT NULL,
+	credentials	  text		DEFAULT NULL)
+RETURNS int
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(alter_target.name);
+	old outbox.targets;
+	t outbox.targets;
+	n int := 0;
+BEGIN
+	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
+	t := old;
+	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs') AND (url IS NOT NULL OR batch_size IS NOT NULL
+													  OR lanes IS NOT NULL OR ordering IS NOT NULL
+													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP, NATS, Kafka, Redis, RabbitMQ and SQS targets have a URL (brokers), batches, lanes, a timeout or a rate.';
+	END IF;
+	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets have headers and a secret.';
+	END IF;
+	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
+																  OR client_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP, Redis, RabbitMQ, NATS and SQS targets have TLS files.';
+	END IF;
+	IF old.kind <> 'nats' AND credentials IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a credentials file.';
+	END IF;
+	IF old.kind <> 'nats' AND subject IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS targets have a subject.';
+	END IF;
+	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Kafka targets have a topic and properties.';
+	END IF;
+	IF old.kind <> 'redis' AND (stream IS NOT NULL OR maxlen IS NOT NULL OR dedup_window IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Redis targets have a stream, maxlen and dedup_window.';
+	END IF;
+	IF old.kind <> 'rabbitmq' AND (exchange IS NOT NULL OR routing_key IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only RabbitMQ targets have an exchange and a routing key.';
+	END IF;
+	IF old.kind NOT IN ('nats', 'kafka', 'rabbitmq') AND unroutable_after IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NATS, Kafka and RabbitMQ targets fill in a destination the broker may not take (unroutable_after).';
+	END IF;
+	IF unroutable_after < interval '0' THEN
+		RAISE EXCEPTION 'unroutable_after must not be negative'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Pass interval ''0'' to retry such a message for ever.';
+	END IF;
+	IF old.kind <> 'notify' AND envelope_only IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only NOTIFY targets send envelopes without payload.';
+	END IF;
+	t.url := coalesce(url, old.url);
+	t.headers := coalesce(headers, old.headers);
+	t.secret := CASE WHEN secret = '' THEN NULL ELSE coalesce(secret, old.secret) END;
+	t.batch_size := coalesce(batch_size, old.batch_size);
+	t.ordering := coalesce(ordering, old.pending_ordering, old.ordering);
+	t.lanes := coalesce(lanes, old.pending_lanes, old.lanes);
+	t.max_attempts := coalesce(max_attempts, old.max_attempts);
+	t.timeout_ms := coalesce(timeout_ms, old.timeout_ms);
+	t.max_rate := CASE WHEN max_rate = 0 THEN NULL ELSE coalesce(max_rate, old.max_rate) END;
+	t.disable_after := CASE WHEN disable_after = interval '0' THEN NULL
+							ELSE coalesce(disable_after, old.disable_after) END;
+	t.ca_file := CASE WHEN ca_file = '' THEN NULL ELSE coalesce(ca_file, old.ca_file) END;
+	t.client_cert := CASE WHEN client_cert = '' THEN NULL ELSE coalesce(client_cert, old.client_cert) END;
+	t.client_key := CASE WHEN client_key = '' THEN NULL ELSE coalesce(client_key, old.client_key) END;
+	t.envelope_only := coalesce(envelope_only, old.envelope_only);
+	t.subject := coalesce(subject, old.subject);
+	t.topic := coalesce(topic, old.topic);
+	t.properties := coalesce(properties, old.properties);
+	t.format := coalesce(format, old.format);
+	t.ce_source := CASE WHEN source = '' THEN NULL ELSE coalesce(source, old.ce_source) END;
+	t.stream := coalesce(stream, old.stream);
+	t.maxlen := CASE WHEN maxlen = 0 THEN NULL ELSE coalesce(maxlen, old.maxlen) END;
+	t.dedup_window := coalesce(dedup_window, old.dedup_window);
+	t.exchange := coalesce(exchange, old.exchange);
+	t.routing_key := coalesce(routing_key, old.routing_key);
+	t.unroutable_after := CASE WHEN unroutable_after = interval '0' THEN NULL
+							   ELSE coalesce(unroutable_after, old.unroutable_after) END;
+	t.credentials := CASE WHEN credentials = '' THEN NULL ELSE coalesce(credentials, old.credentials) END;
+	IF t.secret IS NULL THEN
+		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
+	END IF;
+	IF old.kind = 'http' THEN
+		PERFORM outbox.check_http_target(t);
+	ELSIF old.kind = 'sqs' THEN
+		PERFORM outbox.check_sqs_options(t);
+	ELSIF old.kind IN ('nats', 'kafka', 'redis', 'rabbitmq') THEN
+		PERFORM outbox.check_broker_options(t);
+	ELSE
+		PERFORM outbox.check_target_options(t);
+	END IF;
+	PERFORM outbox.check_format(t);
+	IF t.ordering = 'strict' THEN
+		IF lanes IS NOT NULL AND lanes <> 1 THEN
+			RAISE EXCEPTION 'a target with strict ordering has one lane, not %', lanes
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass ordering => ''key'' as well to deliver keys on several lanes.';
+		END IF;
+		t.lanes := 1;
+	END IF;
+
+	n := (t.url IS DISTINCT FROM old.url)::int + (t.headers IS DISTINCT FROM old.headers)::int
+		+ (t.secret IS DISTINCT FROM old.secret)::int + (t.batch_size IS DISTINCT FROM old.batch_size)::int
+		+ (t.lanes IS DISTINCT FROM coalesce(old.pending_lanes, old.lanes))::int
+		+ (t.ordering IS DISTINCT FROM coalesce(old.pending_ordering, old.ordering))::int
+		+ (t.max_attempts IS DISTINCT FROM old.max_attempts)::int
+		+ (t.timeout_ms IS DISTINCT FROM old.timeout_ms)::int
+		+ (t.max_rate IS DISTINCT FROM old.max_rate)::int
+		+ (t.disable_after IS DISTINCT FROM old.disable_after)::int
+		+ (t.ca_file IS DISTINCT FROM old.ca_file)::int
+		+ (t.client_cert IS DISTINCT FROM old.client_cert)::int
+		+ (t.client_key IS DISTINCT FROM old.client_key)::int
+		+ (t.envelope_only IS DISTINCT FROM old.envelope_only)::int
+		+ (t.subject IS DISTINCT FROM old.subject)::int
+		+ (t.topic IS DISTINCT FROM old.topic)::int
+		+ (t.properties IS DISTINCT FROM old.properties)::int
+		+ (t.format IS DISTINCT FROM old.format)::int
+		+ (t.ce_source IS DISTINCT FROM old.ce_source)::int
+		+ (t.stream IS DISTINCT FROM old.stream)::int
+		+ (t.maxlen IS DISTINCT FROM old.maxlen)::int
+		+ (t.dedup_window IS DISTINCT FROM old.dedup_window)::int
+		+ (t.exchange IS DISTINCT FROM old.exchange)::int
+		+ (t.routing_key IS DISTINCT FROM old.routing_key)::int
+		+ (t.unroutable_after IS DISTINCT FROM old.unroutable_after)::int
+		+ (t.credentials IS DISTINCT FROM old.credentials)::int;
+
+	UPDATE outbox.targets x
+	   SET url = t.url, headers = t.headers, secret = t.secret, batch_size = t.batch_size,
+		   max_attempts = t.max_attempts, timeout_ms = t.timeout_ms, max_rate = t.max_rate,
+		   disable_after = t.disable_after, previous_secret = t.previous_secret,
+		   ca_file = t.ca_file, client_cert = t.client_cert, client_key = t.client_key,
+		   envelope_only = t.envelope_only, subject = t.subject, topic = t.topic,
+		   properties = t.properties, format = t.format, ce_source = t.ce_source,
+		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
+		   exchange = t.exchange, routing_key = t.routing_key,
+		   unroutable_after = t.unroutable_after, credentials = t.credentials,
+		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
+		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+	RETURN n;
+END
+$$;
+
+-- The checks of an SQS target's queue URL, region and credentials (in C,
+-- as the relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_sqs_target(url text, region text, access_key_id text,
+										secret_access_key text, session_token text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_sqs_target';
+REVOKE ALL ON FUNCTION outbox.check_sqs_target(text, text, text, text, text) FROM PUBLIC;
+
+-- The checks of an SQS target's options, shared by create_sqs_target,
+-- alter_target and set_aws_credentials.
+CREATE FUNCTION outbox.check_sqs_options(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
+									t.aws_secret_access_key, t.aws_session_token);
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 10 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 10, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'It is how many messages go in one SendMessageBatch request; SQS takes at most 10.';
+	END IF;
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = '''key'' keeps order per key and sends keys concurrently; ''strict'' sends one message at a time, in commit order.';
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- Last, as it may resolve the host: where requests may go
+	-- (outbox.denied_destinations, allowed_destinations).
+	PERFORM outbox.check_destination(t.url);
+	PERFORM outbox.check_tls_files(t);
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_sqs_options(outbox.targets) FROM PUBLIC;
+
+-- A target that sends messages to an Amazon SQS queue (SendMessageBatch,
+-- signed with AWS Signature Version 4 with the credentials given): a FIFO
+-- queue (its name ends in .fifo) gets each message's key as its
+-- MessageGroupId and its id as MessageDeduplicationId.  format
+-- 'cloudevents-structured' sends CloudEvents; ca_file is for a queue URL
+-- whose endpoint has a private CA (a VPC endpoint, a test).
+CREATE FUNCTION outbox.create_sqs_target(
+	name			  text,
+	queue_url		  text,
+	region			  text,
+	access_key_id	  text,
+	secret_access_key text,
+	session_token	  text	DEFAULT NULL,
+	batch_size		  int	DEFAULT 10,
+	lanes			  int	DEFAULT 8,
+	ordering		  text	DEFAULT 'key',
+	max_attempts	  int	DEFAULT 10,
+	timeout_ms		  int	DEFAULT 10000,
+	format			  text	DEFAULT 'outbox',
+	source			  text	DEFAULT NULL,
+	ca_file			  text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'sqs';
+	t.url := queue_url;
+	t.region := region;
+	t.aws_access_key_id := access_key_id;
+	t.aws_secret_access_key := secret_access_key;
+	t.aws_session_token := session_token;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	t.ca_file := ca_file;
+	PERFORM outbox.check_sqs_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
+	'create a target that sends messages to an Amazon SQS queue';
+REVOKE ALL ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+
+-- Give an AWS target (SQS) new credentials: an access key id, its secret
+-- and, for temporary credentials, a session token.  The relay signs its
+-- next requests with them.
+CREATE FUNCTION outbox.set_aws_credentials(
+	target			  text,
+	access_key_id	  text,
+	secret_access_key text,
+	session_token	  text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(target);
+	t outbox.targets;
+BEGIN
+	SELECT * INTO t FROM outbox.targets WHERE id = tid FOR UPDATE;
+	IF t.kind <> 'sqs' THEN
+		RAISE EXCEPTION 'target "%" is a % target', target, t.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only SQS targets have AWS credentials.';
+	END IF;
+	t.aws_access_key_id := access_key_id;
+	t.aws_secret_access_key := secret_access_key;
+	t.aws_session_token := session_token;
+	PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
+									t.aws_secret_access_key, t.aws_session_token);
+	UPDATE outbox.targets x
+	   SET aws_access_key_id = t.aws_access_key_id, aws_secret_access_key = t.aws_secret_access_key,
+		   aws_session_token = t.aws_session_token
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+END
+$$;
+COMMENT ON FUNCTION outbox.set_aws_credentials(text, text, text, text) IS
+	'give an SQS target new AWS credentials';
+REVOKE ALL ON FUNCTION outbox.set_aws_credentials(text, text, text, text) FROM PUBLIC;

@@ -1,0 +1,661 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_sqs.c
+ *	  Amazon SQS targets: SendMessageBatch requests, signed with AWS
+ *	  Signature Version 4 (aws_sigv4.c), on relay_http.c's engine.
+ *
+ * A lane sends up to 10 messages a request (SQS's limit), at most one of a
+ * key (per_message: SQS answers for each entry, and an entry that failed
+ * is sent again after those of its key that follow it would otherwise be
+ * stored), and at most 1 MiB of them as SQS counts (body and attributes).
+ * The request goes to the queue URL's endpoint (scheme and authority) with
+ * AWS's JSON protocol:
+ *	  POST /  X-Amz-Target: AmazonSQS.SendMessageBatch
+ *	  {"QueueUrl": ..., "Entries": [{"Id": "0", "MessageBody": ...,
+ *	   "MessageAttributes": {...}, "MessageGroupId": ...,
+ *	   "MessageDeduplicationId": ...}, ...]}
+ * Each entry's Id is its position in the request.  A FIFO queue (name
+ * ending in ".fifo") gets the message's key as MessageGroupId (the topic
+ * for a message without one; a value SQS would not take, as
+ * "outbox-sha256-" and its SHA-256 in hex) and the message id as
+ * MessageDeduplicationId, so SQS drops a copy sent within 5 minutes.
+ *
+ * What an answer means (docs/brokers.md, "Amazon SQS"): a failed entry
+ * that is the sender's fault is a dead letter with SQS's reason; one that
+ * is SQS's own is retried, in order; an error of the whole request holds
+ * the target (credentials, signature, no such queue, throttling: the
+ * target backs off as a whole), is tried again (5xx), or, for a request of
+ * one message that SQS refuses for its content, makes it a dead letter.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <openssl/sha.h>
+
+#include "fmgr.h"
+#include "utils/builtins.h"
+
+#include "aws.h"
+#include "json_scan.h"
+#include "relay.h"
+
+/* SQS's limits: entries of a SendMessageBatch, bytes of a message and of all of a request's. */
+#define SQS_MAX_BATCH		10
+#define SQS_MAX_BYTES		(1024 * 1024)
+
+/* Longest queue name, with its ".fifo". */
+#define SQS_MAX_QUEUE_NAME	80
+
+/* Longest MessageGroupId. */
+#define SQS_MAX_GROUP_ID	128
+
+/* Tokens of an answer read (10 entries of a few members each fit easily). */
+#define SQS_MAX_TOKENS		512
+
+/* A target's state: what its options give, made again when they change. */
+typedef struct SqsTarget
+{
+	int			options_version;	/* of the target, when made */
+	bool		fifo;			/* the queue's name ends in ".fifo" */
+	char	   *authority;		/* the Host header's value */
+	StringInfoData queue_url;	/* the queue URL as a JSON string */
+	AwsSigner	signer;
+	StringInfoData *bodies;		/* a request body per lane */
+	int			nbodies;
+	StringInfoData auth;		/* Authorization of the request being made */
+	StringInfoData line;		/* a header line being made */
+} SqsTarget;
+
+#define SQS(t)	((SqsTarget *) (t)->priv)
+
+/* Outcomes by position, for relay_lane_outcome() (used at once). */
+static bool sqs_acked[SQS_MAX_BATCH];
+
+/*
+ * The parts of an SQS queue URL: http(s)://authority/account/name.
+ * Returns why it is not one, or NULL; sets *authority (palloc'd), *fifo,
+ * and host_region to the region an AWS host names ("" for another host).
+ */
+static const char *
+sqs_parse_url(const char *url, char **authority, bool *fifo, char *host_region)
+{
+	const char *why;
+	const char *a;
+	const char *slash;
+	const char *p;
+	const char *name;
+	char	   *host;
+	size_t		n;
+	int			digits;
+
+	host_region[0] = '\0';
+	if (url == NULL)
+		return "it is missing";
+	if (strncmp(url, "https://", 8) == 0)
+		a = url + 8;
+	else if (strncmp(url, "http://", 7) == 0)
+		a = url + 7;
+	else
+		return "it does not begin with https:// (or http://)";
+	host = outbox_url_host(url, &why);
+	if (host == NULL)
+		return why;
+	slash = strchr(a, '/');
+	if (slash == NULL)
+		return "it has no path: the queue URL is https://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE";
+	/* the path: /account/name */
+	p = slash + 1;
+	for (digits = 0; p[digits] >= '0' && p[digits] <= '9'; digits++)
+		;
+	if (digits != 12 || p[digits] != '/')
+		return "its path does not begin with a 12-digit account id: the queue URL is https://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE";
+	name = p + digits + 1;
+	n = strlen(name);
+	if (n == 0 || n > SQS_MAX_QUEUE_NAME)
+		return "its queue name is not 1 to 80 characters";
+	*fifo = n > 5 && strcmp(name + n - 5, ".fifo") == 0;
+	for (p = name; p < name + n - (*fifo ? 5 : 0); p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+			  (*p >= '0' && *p <= '9') || *p == '-' || *p == '_'))
+			return "its queue name has a character other than letters, digits, '-' and '_' (and a final \".fifo\")";
+	*authority = pnstrdup(a, slash - a);
+
+	/* sqs.REGION.amazonaws.com (or .com.cn): REGION must be the target's */
+	if (strncmp(host, "sqs.", 4) == 0)
+	{
+		const char *r = host + 4;
+		const char *dot = strchr(r, '.');
+
+		if (dot != NULL && (strcmp(dot, ".amazonaws.com") == 0 ||
+							strcmp(dot, ".amazonaws.com.cn") == 0) &&
+			dot - r <= AWS_MAX_REGION)
+		{
+			memcpy(host_region, r, dot - r);
+			host_region[dot - r] = '\0';
+		}
+	}
+	pfree(host);
+	return NULL;
+}
+
+/* Whether s is 1 to max characters of printable ASCII without blanks. */
+static bool
+sqs_token_valid(const char *s, size_t min, size_t max)
+{
+	size_t		n = s ? strlen(s) : 0;
+	size_t		i;
+
+	if (n < min || n > max)
+		return false;
+	for (i = 0; i < n; i++)
+		if ((unsigned char) s[i] <= 0x20 || (unsigned char) s[i] >= 0x7f)
+			return false;
+	return true;
+}
+
+/*
+ * The checks of an SQS target's options, shared by the relay (a row may
+ * have been written by hand) and outbox.check_sqs_target().  Returns why
+ * they cannot be used, or NULL; *what says which ("url", "region",
+ * "credentials").
+ */
+static const char *
+sqs_check(const char *url, const char *region, const char *key_id,
+		  const char *secret, const char *token, const char **what,
+		  char **authority, bool *fifo)
+{
+	const char *why;
+	char		host_region[AWS_MAX_REGION + 1];
+
+	*what = "url";
+	if ((why = sqs_parse_url(url, authority, fifo, host_region)) != NULL)
+		return why;
+	*what = "region";
+	if (!aws_region_valid(region))
+		return "it is not an AWS region name (1 to 32 lower-case letters, digits and '-', such as 'eu-west-1')";
+	if (host_region[0] != '\0' && strcmp(host_region, region) != 0)
+		return psprintf("the queue URL is in region \"%s\"", host_region);
+	*what = "credentials";
+	if (!sqs_token_valid(key_id, 16, 128))
+		return "the access key id is not 16 to 128 printable ASCII characters without blanks";
+	if (!sqs_token_valid(secret, 1, 128))
+		return "the secret access key is not 1 to 128 printable ASCII characters without blanks";
+	if (token != NULL && !sqs_token_valid(token, 1, 8192))
+		return "the session token is not 1 to 8192 printable ASCII characters without blanks";
+	return NULL;
+}
+
+/* The relay's check of a row (RelayTransport.check): also sets post_url and host. */
+static const char *
+relay_sqs_check(RelayTarget *t)
+{
+	const char *what;
+	const char *why;
+	char	   *authority;
+	bool		fifo;
+
+	why = sqs_check(t->url, t->region, t->aws_key_id, t->aws_secret, t->aws_token,
+					&what, &authority, &fifo);
+	if (why != NULL)
+		return psprintf("%s: %s", what, why);
+	if (t->format == RELAY_FORMAT_CE_BINARY)
+		return "format: an SQS target sends CloudEvents in structured mode only";
+	if (t->nheader_lines > 0)
+		return "headers: an SQS target has no headers of its own";
+	t->post_url = psprintf("%s://%s/", strncmp(t->url, "https:", 6) == 0 ? "https" : "http",
+						   authority);
+	t->host = outbox_url_host(t->url, &why);
+	return t->host == NULL ? why : NULL;
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_sqs_target);
+
+/*
+ * outbox.check_sqs_target(url, region, access_key_id, secret_access_key,
+ * session_token): the checks of an SQS target's options, for
+ * create_sqs_target() and alter_target().
+ */
+Datum
+outbox_check_sqs_target(PG_FUNCTION_ARGS)
+{
+	char	   *args[5];
+	const char *what;
+	const char *why;
+	char	   *authority;
+	bool		fifo;
+	int			i;
+
+	for (i = 0; i < 5; i++)
+		args[i] = PG_ARGISNULL(i) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(i));
+	why = sqs_check(args[0], args[1], args[2], args[3], args[4], &what, &authority, &fifo);
+	if (why == NULL)
+		PG_RETURN_VOID();
+	if (strcmp(what, "url") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid SQS queue URL %s", args[0] ? quote_literal_cstr(args[0]) : "NULL"),
+				 errdetail("The URL is not usable: %s.", why),
+				 errhint("Give the queue's URL as SQS shows it, such as 'https://sqs.eu-west-1.amazonaws.com/123456789012/orders'.")));
+	if (strcmp(what, "region") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid AWS region %s for an SQS target", args[1] ? quote_literal_cstr(args[1]) : "NULL"),
+				 errdetail("The region is not usable: %s.", why),
+				 errhint("Give the region of the queue's URL, such as 'eu-west-1'.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION),
+			 errmsg("invalid AWS credentials for an SQS target"),
+			 errdetail("The credentials are not usable: %s.", why),
+			 errhint("Give an access key id and its secret access key (and, for temporary credentials, the session token) as AWS shows them.")));
+	PG_RETURN_VOID();
+}
+
+static void
+relay_sqs_target_init(RelayTarget *t)
+{
+	SqsTarget  *s = palloc0(sizeof(SqsTarget));
+
+	initStringInfo(&s->queue_url);
+	initStringInfo(&s->auth);
+	initStringInfo(&s->line);
+	s->options_version = -1;
+	t->priv = s;
+}
+
+/* Take the target's options (again, after they changed). */
+static void
+sqs_prepare(RelayTarget *t)
+{
+	SqsTarget  *s = SQS(t);
+	char		host_region[AWS_MAX_REGION + 1];
+	MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+	if (s->authority != NULL)
+		pfree(s->authority);
+	/* checked when the row was read */
+	if (sqs_parse_url(t->url, &s->authority, &s->fifo, host_region) != NULL)
+		s->authority = pstrdup("");
+	resetStringInfo(&s->queue_url);
+	relay_json_string(&s->queue_url, t->url, strlen(t->url));
+	explicit_bzero(s->signer.key, sizeof(s->signer.key));
+	memset(&s->signer, 0, sizeof(s->signer));
+	s->signer.access_key_id = t->aws_key_id;
+	s->signer.secret_access_key = t->aws_secret;
+	s->signer.session_token = t->aws_token;
+	s->signer.region = t->region;
+	s->signer.service = "sqs";
+	s->options_version = t->options_version;
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/* Digits of an int64, for a message attribute. */
+static int
+sqs_digits(int64 v)
+{
+	char		buf[32];
+
+	return pg_lltoa(v, buf);
+}
+
+/*
+ * The size SQS counts of a message (its body, and each attribute's name,
+ * data type and value): the request's limit (RelayTransport.message_bytes).
+ * A CloudEvent's body is the upper bound relay_envelope_size() gives.
+ */
+static Size
+relay_sqs_message_bytes(RelayTarget *t, RelayMessage *m)
+{
+	Size		n = t->format == RELAY_FORMAT_OUTBOX ? (Size) m->payload_len :
+		relay_envelope_size(t, m);
+
+	n += strlen("outbox-id") + 6 + RELAY_UUID_LEN;
+	n += strlen("outbox-seq") + 6 + sqs_digits(m->id);
+	n += strlen("outbox-topic") + 6 + strlen(m->topic);
+	if (m->key != NULL && m->key[0] != '\0')
+		n += strlen("outbox-key") + 6 + strlen(m->key);
+	if (m->headers != NULL && strcmp(m->headers, "{}") != 0)
+		n += strlen("outbox-headers") + 6 + strlen(m->headers);
+	return n;
+}
+
+/* Whether s may be a MessageGroupId as it is. */
+static bool
+sqs_group_ok(const char *s)
+{
+	return sqs_token_valid(s, 1, SQS_MAX_GROUP_ID);
+}
+
+static void
+sqs_attribute(StringInfo b, bool *first, const char *name, const char *type,
+			  const char *value)
+{
+	appendStringInfo(b, "%s\"%s\":{\"DataType\":\"%s\",\"StringValue\":", *first ? "" : ",",
+					 name, type);
+	relay_json_string(b, value, strlen(value));
+	appendStringInfoChar(b, '}');
+	*first = false;
+}
+
+/* One entry of the request, at position pos. */
+static void
+sqs_entry(RelayTarget *t, RelayMessage *m, int pos, StringInfo b, StringInfo tmp)
+{
+	SqsTarget  *s = SQS(t);
+	bool		first = true;
+	char		number[32];
+
+	appendStringInfo(b, "%s{\"Id\":\"%d\",\"MessageBody\":", pos > 0 ? "," : "", pos);
+	if (t->format == RELAY_FORMAT_OUTBOX)
+		relay_json_string(b, m->payload, m->payload_len);
+	else
+	{
+		resetStringInfo(tmp);
+		relay_ce_structured(t, m, tmp);
+		relay_json_string(b, tmp->data, tmp->len);
+	}
+	appendStringInfoString(b, ",\"MessageAttributes\":{");
+	sqs_attribute(b, &first, "outbox-id", "String", m->msg_id);
+	pg_lltoa(m->id, number);
+	sqs_attribute(b, &first, "outbox-seq", "Number", number);
+	sqs_attribute(b, &first, "outbox-topic", "String", m->topic);
+	if (m->key != NULL && m->key[0] != '\0')
+		sqs_attribute(b, &first, "outbox-key", "String", m->key);
+	if (m->headers != NULL && strcmp(m->headers, "{}") != 0)
+		sqs_attribute(b, &first, "outbox-headers", "String", m->headers);
+	appendStringInfoChar(b, '}');
+	if (s->fifo)
+	{
+		const char *group = (m->key != NULL && m->key[0] != '\0') ? m->key : m->topic;
+
+		appendStringInfoString(b, ",\"MessageGroupId\":");
+		if (sqs_group_ok(group))
+			relay_json_string(b, group, strlen(group));
+		else
+		{
+			unsigned char digest[SHA256_DIGEST_LENGTH];
+			int			i;
+
+			SHA256((const unsigned char *) group, strlen(group), digest);
+			appendStringInfoString(b, "\"outbox-sha256-");
+			for (i = 0; i < SHA256_DIGEST_LENGTH; i++)
+				appendStringInfo(b, "%02x", digest[i]);
+			appendStringInfoChar(b, '"');
+		}
+		appendStringInfo(b, ",\"MessageDeduplicationId\":\"%s\"", m->msg_id);
+	}
+	appendStringInfoChar(b, '}');
+}
+
+/* Add the header line "name: value" (value checked: printable ASCII). */
+static void
+sqs_header(RelayLane *lane, StringInfo line, const char *name, const char *value)
+{
+	resetStringInfo(line);
+	appendStringInfo(line, "%s: %s", name, value);
+	relay_http_header(lane, line->data);
+}
+
+static bool
+relay_sqs_send(RelayLane *lane, RelayOutcome *failed)
+{
+	RelayTarget *t = lane->target;
+	SqsTarget  *s = SQS(t);
+	RelayMessage *m = lane->head;
+	StringInfo	b;
+	StringInfoData tmp;
+	int			n = lane->cut_n;
+	int			i;
+	char		amz_date[17];
+	static const char *const names[] = {"content-type", "x-amz-target"};
+	static const char *const values[] = {"application/x-amz-json-1.0", "AmazonSQS.SendMessageBatch"};
+
+	memset(failed, 0, sizeof(*failed));
+	relay_test_fault("send", m->topic);
+	if (s->options_version != t->options_version)
+		sqs_prepare(t);
+	lane->nbatch = n;
+	if (n == 1 && relay_sqs_message_bytes(t, m) > SQS_MAX_BYTES)
+	{
+		static char why[200];
+
+		snprintf(why, sizeof(why),
+				 "the message takes %zu bytes as SQS counts them (body and attributes), over SQS's limit of %d",
+				 relay_sqs_message_bytes(t, m), SQS_MAX_BYTES);
+		failed->kind = RELAY_REJECTED;
+		failed->error = why;
+		return false;
+	}
+
+	/* The lane's body buffer: kept until the request ends. */
+	if (lane->index >= s->nbodies)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+		int			want = lane->index + 1;
+
+		s->bodies = s->bodies ? repalloc(s->bodies, sizeof(StringInfoData) * want) :
+			palloc(sizeof(StringInfoData) * want);
+		for (i = s->nbodies; i < want; i++)
+			initStringInfo(&s->bodies[i]);
+		s->nbodies = want;
+		MemoryContextSwitchTo(oldcxt);
+	}
+	b = &s->bodies[lane->index];
+	resetStringInfo(b);
+	initStringInfo(&tmp);
+	appendStringInfoString(b, "{\"QueueUrl\":");
+	appendBinaryStringInfo(b, s->queue_url.data, s->queue_url.len);
+	appendStringInfoString(b, ",\"Entries\":[");
+	for (i = 0; i < n; i++, m = m->next)
+		sqs_entry(t, m, i, b, &tmp);
+	appendStringInfoString(b, "]}");
+	pfree(tmp.data);
+
+	aws_sigv4_sign(&s->signer, "POST", "/", s->authority, names, values, lengthof(names),
+				   b->data, b->len, time(NULL), amz_date, &s->auth);
+	relay_http_headers_reset(lane);
+	sqs_header(lane, &s->line, "Host", s->authority);
+	sqs_header(lane, &s->line, "Content-Type", values[0]);
+	sqs_header(lane, &s->line, "X-Amz-Target", values[1]);
+	sqs_header(lane, &s->line, "X-Amz-Date", amz_date);
+	if (s->signer.session_token != NULL)
+		sqs_header(lane, &s->line, "X-Amz-Security-Token", s->signer.session_token);
+	sqs_header(lane, &s->line, "Authorization", s->auth.data);
+	relay_http_header(lane, "Expect:");
+	return relay_http_start(lane, b->data, b->len, failed);
+}
+
+/* Whether code (an AWS error code) is one of the list's. */
+static bool
+sqs_code_in(const char *code, const char *const *list)
+{
+	for (; *list != NULL; list++)
+		if (strcmp(code, *list) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Errors of the whole request: SQS asks for less (the target backs off as
+ * a whole, held: no message's attempts are used up), or failed this once
+ * (the request is tried again, as a 5xx).
+ */
+static const char *const sqs_throttle_codes[] = {
+	"ThrottlingException", "RequestThrottled", "Throttling", "KmsThrottled",
+	"RequestThrottledException", "TooManyRequestsException", NULL
+};
+static const char *const sqs_retry_codes[] = {
+	"ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout",
+	"RequestTimeoutException", "ServiceUnavailableException", NULL
+};
+
+/* Errors of the whole request about its content. */
+static const char *const sqs_content_codes[] = {
+	"InvalidMessageContents", "BatchRequestTooLong", "InvalidParameterValue",
+	"InvalidAttributeName", "InvalidAttributeValue", "MessageTooLong",
+	"InvalidParameterValueException", "UnsupportedOperation", NULL
+};
+
+/*
+ * What SQS's answer means (RelayTransport.http_answer).  Anything not
+ * understood is never taken to mean "drop the message".
+ */
+static void
+relay_sqs_answer(RelayLane *lane, long status, const char *body, int len,
+				 bool capped, RelayOutcome *outcome, char *msg, size_t size)
+{
+	JscanToken	tok[SQS_MAX_TOKENS];
+	int			ntok = capped ? -1 : jscan_parse(body, len, tok, lengthof(tok));
+	int			n = lane->nbatch;
+	int			i;
+
+	if (status == 200)
+	{
+		int			ok = ntok > 0 ? jscan_member(body, tok, 0, "Successful") : -1;
+		int			bad = ntok > 0 ? jscan_member(body, tok, 0, "Failed") : -1;
+		int			first_bad = -1;
+		bool		seen_bad[SQS_MAX_BATCH];
+		char		code[64];
+		char		text[200];
+
+		if (ntok <= 0 || (ok >= 0 && tok[ok].type != JSCAN_ARRAY) ||
+			(bad >= 0 && tok[bad].type != JSCAN_ARRAY))
+		{
+			snprintf(msg, size, "SQS answered 200 with a body that is not SendMessageBatch's answer%s",
+					 capped ? " (over 64 kB)" : "");
+			outcome->kind = RELAY_RETRY;
+			outcome->error = msg;
+			return;
+		}
+		memset(sqs_acked, 0, sizeof(sqs_acked));
+		memset(seen_bad, 0, sizeof(seen_bad));
+		for (i = ok >= 0 ? ok + 1 : 0; ok >= 0 && i < tok[ok].next; i = tok[i].next)
+		{
+			char		id[8];
+			int			pos;
+
+			if (jscan_string(body, tok, jscan_member(body, tok, i, "Id"), id, sizeof(id)) &&
+				(pos = atoi(id)) >= 0 && pos < n && id[0] >= '0' && id[0] <= '9')
+				sqs_acked[pos] = true;
+		}
+		/* the first failed entry, in commit order */
+		for (i = bad >= 0 ? bad + 1 : 0; bad >= 0 && i < tok[bad].next; i = tok[i].next)
+		{
+			char		id[8];
+			int			pos;
+
+			if (jscan_string(body, tok, jscan_member(body, tok, i, "Id"), id, sizeof(id)) &&
+				(pos = atoi(id)) >= 0 && pos < n && id[0] >= '0' && id[0] <= '9')
+			{
+				sqs_acked[pos] = false;
+				seen_bad[pos] = true;
+				if (first_bad < 0 || pos < first_bad)
+					first_bad = pos;
+			}
+		}
+		for (i = 0; i < n && sqs_acked[i]; i++)
+			;
+		if (i == n)
+		{
+			outcome->kind = RELAY_DELIVERED;
+			return;
+		}
+		outcome->ndelivered = i;
+		outcome->acked = sqs_acked;
+		outcome->nsent = n;
+		if (!seen_bad[i])
+		{
+			snprintf(msg, size, "SQS's answer does not mention entry %d of the request", i);
+			outcome->kind = RELAY_RETRY;
+			outcome->error = msg;
+			return;
+		}
+		/* entry i failed: its reason */
+		for (first_bad = bad + 1; first_bad < tok[bad].next; first_bad = tok[first_bad].next)
+		{
+			char		id[8];
+
+			if (jscan_string(body, tok, jscan_member(body, tok, first_bad, "Id"), id, sizeof(id)) &&
+				atoi(id) == i)
+				break;
+		}
+		if (!jscan_string(body, tok, jscan_member(body, tok, first_bad, "Code"), code, sizeof(code)))
+			strlcpy(code, "?", sizeof(code));
+		if (!jscan_string(body, tok, jscan_member(body, tok, first_bad, "Message"), text, sizeof(text)))
+			text[0] = '\0';
+		if (jscan_true(body, tok, jscan_member(body, tok, first_bad, "SenderFault")))
+		{
+			snprintf(msg, size, "SQS refused the message: %s%s%s", code, text[0] ? ": " : "", text);
+			outcome->kind = RELAY_REJECTED;
+		}
+		else
+		{
+			snprintf(msg, size, "SQS failed to store the message: %s%s%s", code, text[0] ? ": " : "", text);
+			outcome->kind = RELAY_RETRY;
+		}
+		outcome->error = msg;
+		return;
+	}
+
+	/* An error of the whole request: {"__type": "...#Code", "message": ...} */
+	{
+		char		type[128];
+		char		text[200];
+		const char *code;
+
+		type[0] = text[0] = '\0';
+		if (ntok > 0)
+		{
+			jscan_string(body, tok, jscan_member(body, tok, 0, "__type"), type, sizeof(type));
+			if (!jscan_string(body, tok, jscan_member(body, tok, 0, "message"), text, sizeof(text)))
+				jscan_string(body, tok, jscan_member(body, tok, 0, "Message"), text, sizeof(text));
+		}
+		code = strrchr(type, '#') ? strrchr(type, '#') + 1 : type;
+		if (code[0] == '\0')
+		{
+			/* not an AWS error: as an HTTP target's status */
+			snprintf(msg, size, "SQS answered HTTP %ld%s%.100s", status, len > 0 ? ": " : "",
+					 ntok > 0 || len == 0 ? "" : "(a body that is not JSON)");
+			outcome->error = msg;
+			outcome->kind = (status >= 500 || status == 429 || status == 408) ?
+				RELAY_RETRY : RELAY_RECEIVER_FAILED;
+			return;
+		}
+		snprintf(msg, size, "SQS answered HTTP %ld: %s%s%s", status, code,
+				 text[0] ? ": " : "", text);
+		outcome->error = msg;
+		if (sqs_code_in(code, sqs_throttle_codes))
+			outcome->kind = RELAY_RECEIVER_FAILED;
+		else if (status >= 500 || sqs_code_in(code, sqs_retry_codes))
+			outcome->kind = RELAY_RETRY;
+		else if (sqs_code_in(code, sqs_content_codes))
+			/*
+			 * About the content of a request of one message: it is refused;
+			 * of several, the first goes alone next (per_message) to find
+			 * which.
+			 */
+			outcome->kind = n == 1 ? RELAY_REJECTED : RELAY_RETRY;
+		else
+			/*
+			 * Credentials, signature, permissions, no such queue, and any
+			 * code not known: the target's, not the message's.
+			 */
+			outcome->kind = RELAY_RECEIVER_FAILED;
+	}
+}
+
+const RelayTransport relay_sqs_transport = {
+	.kind = "sqs",
+	.id = RELAY_SQS,
+	.per_message = true,
+	.check = relay_sqs_check,
+	.target_init = relay_sqs_target_init,
+	.lane_init = relay_http_lane_init,
+	.lane_release = relay_http_lane_release,
+	.send = relay_sqs_send,
+	.drive = relay_http_drive,
+	.http_answer = relay_sqs_answer,
+	.max_batch = SQS_MAX_BATCH,
+	.max_request_bytes = SQS_MAX_BYTES,
+	.message_bytes = relay_sqs_message_bytes,
+};
