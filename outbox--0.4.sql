@@ -423,7 +423,7 @@ CREATE TABLE outbox.targets (
 	name		text		NOT NULL UNIQUE,
 	kind		text		NOT NULL
 		CONSTRAINT targets_kind_check
-		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs')),
+		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis')),
 	url			text,		-- HTTP, NATS, Redis, RabbitMQ; Kafka: the bootstrap list
 	headers		jsonb		NOT NULL DEFAULT '{}',
 	secret		text,
@@ -454,10 +454,10 @@ CREATE TABLE outbox.targets (
 		CHECK (previous_secret IS NULL OR (previous_secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$' AND secret IS NOT NULL)),
 	ca_file		text
 		CONSTRAINT targets_ca_file_check
-		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs'))),
+		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis'))),
 	client_cert	text
 		CONSTRAINT targets_client_cert_check
-		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs'))),
+		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis'))),
 	client_key	text
 		CONSTRAINT targets_client_key_check CHECK (client_key IS NULL OR (client_key ~ '^/' AND client_cert IS NOT NULL)),
 	envelope_only boolean	NOT NULL DEFAULT false,
@@ -477,9 +477,9 @@ CREATE TABLE outbox.targets (
 		CONSTRAINT targets_ce_source_check
 		CHECK (ce_source IS NULL OR (octet_length(ce_source) BETWEEN 1 AND 1024
 									 AND ce_source !~ '[[:cntrl:][:space:]]')),
-	stream		text		-- Redis: the stream's key template
+	stream		text		-- Redis: the stream's key template; Kinesis: the stream's name
 		CONSTRAINT targets_stream_check
-		CHECK ((kind = 'redis') = (stream IS NOT NULL) AND octet_length(stream) BETWEEN 1 AND 1024),
+		CHECK ((kind IN ('redis', 'kinesis')) = (stream IS NOT NULL) AND octet_length(stream) BETWEEN 1 AND 1024),
 	maxlen		bigint		-- Redis: approximate MAXLEN, NULL none
 		CONSTRAINT targets_maxlen_check
 		CHECK (maxlen IS NULL OR (kind = 'redis' AND maxlen >= 1)),
@@ -501,24 +501,24 @@ CREATE TABLE outbox.targets (
 	-- refusal it is a dead letter (NULL: it is retried for ever)
 	unroutable_after interval DEFAULT interval '10 minutes'
 		CHECK (unroutable_after > interval '0'),
-	-- AWS (SQS): the region requests are signed for, and the credentials
-	-- they are signed with (docs/brokers.md, "Amazon SQS")
+	-- AWS (SQS, Kinesis): the region requests are signed for, and the
+	-- credentials they are signed with (docs/brokers.md, "Amazon SQS")
 	region		text
 		CONSTRAINT targets_region_check
-		CHECK ((kind = 'sqs') = (region IS NOT NULL) AND region ~ '^[a-z0-9-]{1,32}$'),
+		CHECK ((kind IN ('sqs', 'kinesis')) = (region IS NOT NULL) AND region ~ '^[a-z0-9-]{1,32}$'),
 	aws_access_key_id text
 		CONSTRAINT targets_aws_access_key_id_check
-		CHECK ((kind = 'sqs') = (aws_access_key_id IS NOT NULL) AND aws_access_key_id ~ '^[!-~]{16,128}$'),
+		CHECK ((kind IN ('sqs', 'kinesis')) = (aws_access_key_id IS NOT NULL) AND aws_access_key_id ~ '^[!-~]{16,128}$'),
 	aws_secret_access_key text
 		CONSTRAINT targets_aws_secret_access_key_check
 		CHECK ((aws_access_key_id IS NULL) = (aws_secret_access_key IS NULL) AND aws_secret_access_key ~ '^[!-~]{1,128}$'),
 	aws_session_token text
 		CONSTRAINT targets_aws_session_token_check
 		CHECK (aws_session_token IS NULL OR (aws_access_key_id IS NOT NULL AND aws_session_token ~ '^[!-~]+$' AND octet_length(aws_session_token) <= 8192)),
-	CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs')) = (url IS NOT NULL)),
+	CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis')) = (url IS NOT NULL)),
 	CONSTRAINT targets_check1 CHECK ((kind = 'notify') = (channel IS NOT NULL)),
 	CONSTRAINT targets_lanes_check
-		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs') OR lanes = 1))
+		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis') OR lanes = 1))
 );
 -- The limits of the target functions on these options are NOT VALID
 -- because outbox--0.1--0.2.sql adds them so (a row written there by hand
@@ -534,7 +534,7 @@ ALTER TABLE outbox.targets
 	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$') NOT VALID,
 	ADD CONSTRAINT targets_headers_check CHECK (jsonb_typeof(headers) = 'object') NOT VALID,
 	ADD CONSTRAINT targets_channel_check CHECK (channel IS NULL OR octet_length(channel) BETWEEN 1 AND 63) NOT VALID;
-COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams, RabbitMQ and Amazon SQS';
+COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams, RabbitMQ, Amazon SQS and Amazon Kinesis';
 REVOKE ALL ON TABLE outbox.targets FROM PUBLIC;
 COMMENT ON COLUMN outbox.targets.state IS
 	'active; paused (by outbox.pause_target); disabled (410 Gone, or failing for disable_after)';
@@ -829,7 +829,7 @@ AS 'MODULE_PATHNAME', 'outbox_check_server_file'
 LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 REVOKE ALL ON FUNCTION outbox.check_server_file(text, text) FROM PUBLIC;
 
--- TLS files go with a URL that asks for TLS: https:// for HTTP and SQS targets,
+-- TLS files go with a URL that asks for TLS: https:// for HTTP, SQS and Kinesis targets,
 -- rediss:// for Redis targets, amqps:// for RabbitMQ targets, tls:// for
 -- NATS targets.  Only superusers and members of pg_read_server_files name
 -- them, or a NATS target's credentials: the relay reads them as the
@@ -843,7 +843,7 @@ DECLARE
 	f record;
 	scheme text := CASE t.kind WHEN 'http' THEN 'https://' WHEN 'redis' THEN 'rediss://'
 								WHEN 'rabbitmq' THEN 'amqps://' WHEN 'nats' THEN 'tls://'
-								WHEN 'sqs' THEN 'https://' END;
+								WHEN 'sqs' THEN 'https://' WHEN 'kinesis' THEN 'https://' END;
 BEGIN
 	IF t.credentials IS NOT NULL THEN
 		IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
@@ -861,7 +861,7 @@ BEGIN
 	IF scheme IS NULL THEN
 		RAISE EXCEPTION 'a % target has no TLS files', t.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ, NATS and SQS targets.';
+				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ, NATS, SQS and Kinesis targets.';
 	END IF;
 	IF lower(left(ltrim(t.url), length(scheme))) <> scheme THEN
 		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
@@ -1090,20 +1090,39 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_check_sqs_target';
 REVOKE ALL ON FUNCTION outbox.check_sqs_target(text, text, text, text, text) FROM PUBLIC;
 
--- The checks of an SQS target's options, shared by create_sqs_target,
--- alter_target and set_aws_credentials.
-CREATE FUNCTION outbox.check_sqs_options(t outbox.targets)
+-- The checks of a Kinesis target's endpoint, stream name, region and
+-- credentials (in C, as the relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_kinesis_target(endpoint text, stream text, region text,
+											access_key_id text, secret_access_key text,
+											session_token text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_kinesis_target';
+REVOKE ALL ON FUNCTION outbox.check_kinesis_target(text, text, text, text, text, text) FROM PUBLIC;
+
+-- The checks of an AWS target's options (SQS, Kinesis), shared by the
+-- create functions, alter_target and set_aws_credentials.
+CREATE FUNCTION outbox.check_aws_options(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	most int := CASE t.kind WHEN 'sqs' THEN 10 ELSE 500 END;
 BEGIN
-	PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
-									t.aws_secret_access_key, t.aws_session_token);
-	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 10 THEN
-		RAISE EXCEPTION 'batch_size must be between 1 and 10, not %', t.batch_size
+	IF t.kind = 'sqs' THEN
+		PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
+										t.aws_secret_access_key, t.aws_session_token);
+	ELSE
+		PERFORM outbox.check_kinesis_target(t.url, t.stream, t.region, t.aws_access_key_id,
+											t.aws_secret_access_key, t.aws_session_token);
+	END IF;
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > most THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and %, not %', most, t.batch_size
 			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = 'It is how many messages go in one SendMessageBatch request; SQS takes at most 10.';
+				  HINT = CASE t.kind WHEN 'sqs' THEN 'It is how many messages go in one SendMessageBatch request; SQS takes at most 10.'
+							 ELSE 'It is how many records go in one PutRecords request; Kinesis takes at most 500.' END;
 	END IF;
 	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
 		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
@@ -1129,12 +1148,12 @@ BEGIN
 	PERFORM outbox.check_tls_files(t);
 END
 $$;
-REVOKE ALL ON FUNCTION outbox.check_sqs_options(outbox.targets) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.check_aws_options(outbox.targets) FROM PUBLIC;
 
 -- The format options of a target: which kinds take which format, and a
 -- source the CloudEvents attribute can carry.  CloudEvents go to HTTP, NATS,
 -- Kafka and RabbitMQ targets, and, in structured mode (the event in one
--- field or body), to Redis and SQS targets.
+-- field or body), to Redis, SQS and Kinesis targets.
 CREATE FUNCTION outbox.check_format(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -1153,16 +1172,17 @@ BEGIN
 				  DETAIL = 'CloudEvents has no Redis binding: the event goes whole, as JSON, in the stream entry''s field cloudevent.',
 				  HINT = 'Pass format => ''cloudevents-structured''.';
 	END IF;
-	IF t.format = 'cloudevents' AND t.kind = 'sqs' THEN
-		RAISE EXCEPTION 'an SQS target sends CloudEvents in structured mode only'
+	IF t.format = 'cloudevents' AND t.kind IN ('sqs', 'kinesis') THEN
+		RAISE EXCEPTION 'an % target sends CloudEvents in structured mode only', CASE t.kind WHEN 'sqs' THEN 'SQS' ELSE 'Amazon Kinesis' END
 			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'CloudEvents has no SQS binding: the event goes whole, as JSON, in the message body.',
+				  DETAIL = CASE t.kind WHEN 'sqs' THEN 'CloudEvents has no SQS binding: the event goes whole, as JSON, in the message body.'
+								ELSE 'CloudEvents has no Kinesis binding: the event goes whole, as JSON, in the record''s data.' END,
 				  HINT = 'Pass format => ''cloudevents-structured''.';
 	END IF;
-	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis', 'sqs') THEN
+	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis', 'sqs', 'kinesis') THEN
 		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
 			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ, Redis and SQS targets; NOTIFY sends outbox envelopes only.',
+				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ, Redis, SQS and Kinesis targets; NOTIFY sends outbox envelopes only.',
 				  HINT = 'Use another kind of target for CloudEvents consumers.';
 	END IF;
 	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
@@ -1570,7 +1590,7 @@ BEGIN
 	t.format := format;
 	t.ce_source := source;
 	t.ca_file := ca_file;
-	PERFORM outbox.check_sqs_options(t);
+	PERFORM outbox.check_aws_options(t);
 	PERFORM outbox.check_format(t);
 	IF ordering = 'strict' THEN
 		t.lanes := 1;
@@ -1582,7 +1602,7 @@ COMMENT ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text,
 	'create a target that sends messages to an Amazon SQS queue';
 REVOKE ALL ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
 
--- Give an AWS target (SQS) new credentials: an access key id, its secret
+-- Give an AWS target (SQS, Kinesis) new credentials: an access key id, its secret
 -- and, for temporary credentials, a session token.  The relay signs its
 -- next requests with them.
 CREATE FUNCTION outbox.set_aws_credentials(
@@ -1599,16 +1619,15 @@ DECLARE
 	t outbox.targets;
 BEGIN
 	SELECT * INTO t FROM outbox.targets WHERE id = tid FOR UPDATE;
-	IF t.kind <> 'sqs' THEN
+	IF t.kind NOT IN ('sqs', 'kinesis') THEN
 		RAISE EXCEPTION 'target "%" is a % target', target, t.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only SQS targets have AWS credentials.';
+				  DETAIL = 'Only SQS and Kinesis targets have AWS credentials.';
 	END IF;
 	t.aws_access_key_id := access_key_id;
 	t.aws_secret_access_key := secret_access_key;
 	t.aws_session_token := session_token;
-	PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
-									t.aws_secret_access_key, t.aws_session_token);
+	PERFORM outbox.check_aws_options(t);
 	UPDATE outbox.targets x
 	   SET aws_access_key_id = t.aws_access_key_id, aws_secret_access_key = t.aws_secret_access_key,
 		   aws_session_token = t.aws_session_token
@@ -1617,8 +1636,64 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION outbox.set_aws_credentials(text, text, text, text) IS
-	'give an SQS target new AWS credentials';
+	'give an SQS or Kinesis target new AWS credentials';
 REVOKE ALL ON FUNCTION outbox.set_aws_credentials(text, text, text, text) FROM PUBLIC;
+
+-- A target that puts messages into an Amazon Kinesis data stream
+-- (PutRecords, signed with AWS Signature Version 4): each message a record
+-- whose data is its outbox envelope (or CloudEvent) and whose partition
+-- key is its key.  endpoint defaults to the region's.
+CREATE FUNCTION outbox.create_kinesis_target(
+	name			  text,
+	stream			  text,
+	region			  text,
+	access_key_id	  text,
+	secret_access_key text,
+	session_token	  text	DEFAULT NULL,
+	endpoint		  text	DEFAULT NULL,
+	batch_size		  int	DEFAULT 100,
+	lanes			  int	DEFAULT 8,
+	ordering		  text	DEFAULT 'key',
+	max_attempts	  int	DEFAULT 10,
+	timeout_ms		  int	DEFAULT 10000,
+	format			  text	DEFAULT 'outbox',
+	source			  text	DEFAULT NULL,
+	ca_file			  text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'kinesis';
+	t.url := coalesce(endpoint, 'https://kinesis.' || region || '.amazonaws.com');
+	t.stream := stream;
+	t.region := region;
+	t.aws_access_key_id := access_key_id;
+	t.aws_secret_access_key := secret_access_key;
+	t.aws_session_token := session_token;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	t.ca_file := ca_file;
+	PERFORM outbox.check_aws_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
+	'create a target that puts messages into an Amazon Kinesis data stream';
+REVOKE ALL ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
 
 -- The id of a target, or undefined_object.
 CREATE FUNCTION outbox.target_id(name text)
@@ -2069,7 +2144,8 @@ REVOKE ALL ON FUNCTION outbox.replay(text, timestamptz) FROM PUBLIC;
 -- instead of stream, maxlen and dedup_window; an SQS target url (its
 -- queue, in the same region), batch_size (at most 10), lanes, ordering,
 -- max_attempts, timeout_ms, max_rate, disable_after, format, source and
--- ca_file (its credentials: outbox.set_aws_credentials).  unroutable_after (NATS,
+-- ca_file (its credentials: outbox.set_aws_credentials); a Kinesis target
+-- the same with its endpoint as url, stream, and batch_size up to 500.  unroutable_after (NATS,
 -- Kafka and RabbitMQ targets): how long a message whose filled-in
 -- destination the broker does not take is retried, interval '0' for ever.
 -- Returns the number of options changed.
@@ -2113,23 +2189,23 @@ DECLARE
 BEGIN
 	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
 	t := old;
-	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs') AND (url IS NOT NULL OR batch_size IS NOT NULL
+	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis') AND (url IS NOT NULL OR batch_size IS NOT NULL
 													  OR lanes IS NOT NULL OR ordering IS NOT NULL
 													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, NATS, Kafka, Redis, RabbitMQ and SQS targets have a URL (brokers), batches, lanes, a timeout or a rate.';
+				  DETAIL = 'Only HTTP, NATS, Kafka, Redis, RabbitMQ, SQS and Kinesis targets have a URL (brokers, endpoint), batches, lanes, a timeout or a rate.';
 	END IF;
 	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only HTTP targets have headers and a secret.';
 	END IF;
-	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
+	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
 																  OR client_key IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, Redis, RabbitMQ, NATS and SQS targets have TLS files.';
+				  DETAIL = 'Only HTTP, Redis, RabbitMQ, NATS, SQS and Kinesis targets have TLS files.';
 	END IF;
 	IF old.kind <> 'nats' AND credentials IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -2146,10 +2222,15 @@ BEGIN
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only Kafka targets have a topic and properties.';
 	END IF;
-	IF old.kind <> 'redis' AND (stream IS NOT NULL OR maxlen IS NOT NULL OR dedup_window IS NOT NULL) THEN
+	IF old.kind NOT IN ('redis', 'kinesis') AND stream IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only Redis targets have a stream, maxlen and dedup_window.';
+				  DETAIL = 'Only Redis and Kinesis targets have a stream.';
+	END IF;
+	IF old.kind <> 'redis' AND (maxlen IS NOT NULL OR dedup_window IS NOT NULL) THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Redis targets have maxlen and dedup_window.';
 	END IF;
 	IF old.kind <> 'rabbitmq' AND (exchange IS NOT NULL OR routing_key IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -2204,8 +2285,8 @@ BEGIN
 	END IF;
 	IF old.kind = 'http' THEN
 		PERFORM outbox.check_http_target(t);
-	ELSIF old.kind = 'sqs' THEN
-		PERFORM outbox.check_sqs_options(t);
+	ELSIF old.kind IN ('sqs', 'kinesis') THEN
+		PERFORM outbox.check_aws_options(t);
 	ELSIF old.kind IN ('nats', 'kafka', 'redis', 'rabbitmq') THEN
 		PERFORM outbox.check_broker_options(t);
 	ELSE

@@ -10,7 +10,8 @@
  *	   +- relay_progress.c	progress and dead-letter writes
  *	   +- relay_retention.c	retention step, current chunk
  *	   +- relay_http.c, relay_notify.c, relay_nats.c, relay_kafka.c,
- *		  relay_sqs.c (on relay_http.c's engine),
+ *		  relay_sqs.c, relay_kinesis.c (AWS: relay_aws.c; on relay_http.c's
+ *		  engine),
  *		  relay_redis.c, relay_rabbitmq.c	transports (a
  *								RelayTransport each): send, then report
  *								an outcome; they know nothing of dead
@@ -182,7 +183,8 @@ typedef enum RelayTargetKind
 	RELAY_KAFKA,
 	RELAY_REDIS,
 	RELAY_RABBITMQ,
-	RELAY_SQS
+	RELAY_SQS,
+	RELAY_KINESIS
 } RelayTargetKind;
 
 struct RelayTarget;
@@ -306,6 +308,7 @@ extern const RelayTransport relay_kafka_transport;
 extern const RelayTransport relay_redis_transport;
 extern const RelayTransport relay_rabbitmq_transport;
 extern const RelayTransport relay_sqs_transport;
+extern const RelayTransport relay_kinesis_transport;
 extern const RelayTransport *const relay_transports[];	/* relay_main.c */
 extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
 extern uint64 relay_kinds_used;	/* relay_config.c: kinds loaded, by bit */

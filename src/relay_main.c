@@ -258,6 +258,7 @@ const RelayTransport *const relay_transports[] = {
 	&relay_redis_transport,
 	&relay_rabbitmq_transport,
 	&relay_sqs_transport,
+	&relay_kinesis_transport,
 	NULL
 };
 StaticAssertDecl(lengthof(relay_transports) <= 64,

@@ -39,6 +39,7 @@
 #include "aws.h"
 #include "json_scan.h"
 #include "relay.h"
+#include "relay_aws.h"
 
 /* SQS's limits: entries of a SendMessageBatch, bytes of a message and of all of a request's. */
 #define SQS_MAX_BATCH		10
@@ -53,22 +54,6 @@
 /* Tokens of an answer read (10 entries of a few members each fit easily). */
 #define SQS_MAX_TOKENS		512
 
-/* A target's state: what its options give, made again when they change. */
-typedef struct SqsTarget
-{
-	int			options_version;	/* of the target, when made */
-	bool		fifo;			/* the queue's name ends in ".fifo" */
-	char	   *authority;		/* the Host header's value */
-	StringInfoData queue_url;	/* the queue URL as a JSON string */
-	AwsSigner	signer;
-	StringInfoData *bodies;		/* a request body per lane */
-	int			nbodies;
-	StringInfoData auth;		/* Authorization of the request being made */
-	StringInfoData line;		/* a header line being made */
-} SqsTarget;
-
-#define SQS(t)	((SqsTarget *) (t)->priv)
-
 /* Outcomes by position, for relay_lane_outcome() (used at once). */
 static bool sqs_acked[SQS_MAX_BATCH];
 
@@ -81,27 +66,17 @@ static const char *
 sqs_parse_url(const char *url, char **authority, bool *fifo, char *host_region)
 {
 	const char *why;
-	const char *a;
 	const char *slash;
 	const char *p;
 	const char *name;
-	char	   *host;
 	size_t		n;
 	int			digits;
+	bool		https;
 
 	host_region[0] = '\0';
-	if (url == NULL)
-		return "it is missing";
-	if (strncmp(url, "https://", 8) == 0)
-		a = url + 8;
-	else if (strncmp(url, "http://", 7) == 0)
-		a = url + 7;
-	else
-		return "it does not begin with https:// (or http://)";
-	host = outbox_url_host(url, &why);
-	if (host == NULL)
+	if ((why = aws_url_authority(url, authority, &https)) != NULL)
 		return why;
-	slash = strchr(a, '/');
+	slash = strchr(url + (https ? 8 : 7), '/');
 	if (slash == NULL)
 		return "it has no path: the queue URL is https://sqs.REGION.amazonaws.com/ACCOUNT/QUEUE";
 	/* the path: /account/name */
@@ -119,39 +94,23 @@ sqs_parse_url(const char *url, char **authority, bool *fifo, char *host_region)
 		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
 			  (*p >= '0' && *p <= '9') || *p == '-' || *p == '_'))
 			return "its queue name has a character other than letters, digits, '-' and '_' (and a final \".fifo\")";
-	*authority = pnstrdup(a, slash - a);
 
 	/* sqs.REGION.amazonaws.com (or .com.cn): REGION must be the target's */
-	if (strncmp(host, "sqs.", 4) == 0)
+	if (pg_strncasecmp(*authority, "sqs.", 4) == 0)
 	{
-		const char *r = host + 4;
+		const char *r = *authority + 4;
 		const char *dot = strchr(r, '.');
 
-		if (dot != NULL && (strcmp(dot, ".amazonaws.com") == 0 ||
-							strcmp(dot, ".amazonaws.com.cn") == 0) &&
+		if (dot != NULL && (pg_strncasecmp(dot, ".amazonaws.com", 14) == 0 &&
+							(dot[14] == '\0' || dot[14] == ':' ||
+							 pg_strncasecmp(dot + 14, ".cn", 3) == 0)) &&
 			dot - r <= AWS_MAX_REGION)
 		{
 			memcpy(host_region, r, dot - r);
 			host_region[dot - r] = '\0';
 		}
 	}
-	pfree(host);
 	return NULL;
-}
-
-/* Whether s is 1 to max characters of printable ASCII without blanks. */
-static bool
-sqs_token_valid(const char *s, size_t min, size_t max)
-{
-	size_t		n = s ? strlen(s) : 0;
-	size_t		i;
-
-	if (n < min || n > max)
-		return false;
-	for (i = 0; i < n; i++)
-		if ((unsigned char) s[i] <= 0x20 || (unsigned char) s[i] >= 0x7f)
-			return false;
-	return true;
 }
 
 /*
@@ -177,13 +136,7 @@ sqs_check(const char *url, const char *region, const char *key_id,
 	if (host_region[0] != '\0' && strcmp(host_region, region) != 0)
 		return psprintf("the queue URL is in region \"%s\"", host_region);
 	*what = "credentials";
-	if (!sqs_token_valid(key_id, 16, 128))
-		return "the access key id is not 16 to 128 printable ASCII characters without blanks";
-	if (!sqs_token_valid(secret, 1, 128))
-		return "the secret access key is not 1 to 128 printable ASCII characters without blanks";
-	if (token != NULL && !sqs_token_valid(token, 1, 8192))
-		return "the session token is not 1 to 8192 printable ASCII characters without blanks";
-	return NULL;
+	return aws_check_credentials(key_id, secret, token);
 }
 
 /* The relay's check of a row (RelayTransport.check): also sets post_url and host. */
@@ -251,44 +204,6 @@ outbox_check_sqs_target(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-static void
-relay_sqs_target_init(RelayTarget *t)
-{
-	SqsTarget  *s = palloc0(sizeof(SqsTarget));
-
-	initStringInfo(&s->queue_url);
-	initStringInfo(&s->auth);
-	initStringInfo(&s->line);
-	s->options_version = -1;
-	t->priv = s;
-}
-
-/* Take the target's options (again, after they changed). */
-static void
-sqs_prepare(RelayTarget *t)
-{
-	SqsTarget  *s = SQS(t);
-	char		host_region[AWS_MAX_REGION + 1];
-	MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
-
-	if (s->authority != NULL)
-		pfree(s->authority);
-	/* checked when the row was read */
-	if (sqs_parse_url(t->url, &s->authority, &s->fifo, host_region) != NULL)
-		s->authority = pstrdup("");
-	resetStringInfo(&s->queue_url);
-	relay_json_string(&s->queue_url, t->url, strlen(t->url));
-	explicit_bzero(s->signer.key, sizeof(s->signer.key));
-	memset(&s->signer, 0, sizeof(s->signer));
-	s->signer.access_key_id = t->aws_key_id;
-	s->signer.secret_access_key = t->aws_secret;
-	s->signer.session_token = t->aws_token;
-	s->signer.region = t->region;
-	s->signer.service = "sqs";
-	s->options_version = t->options_version;
-	MemoryContextSwitchTo(oldcxt);
-}
-
 /* Digits of an int64, for a message attribute. */
 static int
 sqs_digits(int64 v)
@@ -323,7 +238,7 @@ relay_sqs_message_bytes(RelayTarget *t, RelayMessage *m)
 static bool
 sqs_group_ok(const char *s)
 {
-	return sqs_token_valid(s, 1, SQS_MAX_GROUP_ID);
+	return aws_token_valid(s, 1, SQS_MAX_GROUP_ID);
 }
 
 static void
@@ -339,9 +254,8 @@ sqs_attribute(StringInfo b, bool *first, const char *name, const char *type,
 
 /* One entry of the request, at position pos. */
 static void
-sqs_entry(RelayTarget *t, RelayMessage *m, int pos, StringInfo b, StringInfo tmp)
+sqs_entry(RelayTarget *t, RelayMessage *m, int pos, bool fifo, StringInfo b, StringInfo tmp)
 {
-	SqsTarget  *s = SQS(t);
 	bool		first = true;
 	char		number[32];
 
@@ -364,7 +278,7 @@ sqs_entry(RelayTarget *t, RelayMessage *m, int pos, StringInfo b, StringInfo tmp
 	if (m->headers != NULL && strcmp(m->headers, "{}") != 0)
 		sqs_attribute(b, &first, "outbox-headers", "String", m->headers);
 	appendStringInfoChar(b, '}');
-	if (s->fifo)
+	if (fifo)
 	{
 		const char *group = (m->key != NULL && m->key[0] != '\0') ? m->key : m->topic;
 
@@ -387,33 +301,30 @@ sqs_entry(RelayTarget *t, RelayMessage *m, int pos, StringInfo b, StringInfo tmp
 	appendStringInfoChar(b, '}');
 }
 
-/* Add the header line "name: value" (value checked: printable ASCII). */
-static void
-sqs_header(RelayLane *lane, StringInfo line, const char *name, const char *value)
+/* Whether the target's queue is a FIFO queue. */
+static bool
+sqs_fifo(RelayTarget *t)
 {
-	resetStringInfo(line);
-	appendStringInfo(line, "%s: %s", name, value);
-	relay_http_header(lane, line->data);
+	size_t		n = strlen(t->url);
+
+	return n > 5 && strcmp(t->url + n - 5, ".fifo") == 0;
 }
 
 static bool
 relay_sqs_send(RelayLane *lane, RelayOutcome *failed)
 {
 	RelayTarget *t = lane->target;
-	SqsTarget  *s = SQS(t);
 	RelayMessage *m = lane->head;
 	StringInfo	b;
 	StringInfoData tmp;
 	int			n = lane->cut_n;
 	int			i;
-	char		amz_date[17];
-	static const char *const names[] = {"content-type", "x-amz-target"};
-	static const char *const values[] = {"application/x-amz-json-1.0", "AmazonSQS.SendMessageBatch"};
+	bool		fifo = sqs_fifo(t);
 
 	memset(failed, 0, sizeof(*failed));
 	relay_test_fault("send", m->topic);
-	if (s->options_version != t->options_version)
-		sqs_prepare(t);
+	if (AWS(t)->options_version != t->options_version)
+		aws_prepare(t, "sqs");
 	lane->nbatch = n;
 	if (n == 1 && relay_sqs_message_bytes(t, m) > SQS_MAX_BYTES)
 	{
@@ -427,74 +338,17 @@ relay_sqs_send(RelayLane *lane, RelayOutcome *failed)
 		return false;
 	}
 
-	/* The lane's body buffer: kept until the request ends. */
-	if (lane->index >= s->nbodies)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
-		int			want = lane->index + 1;
-
-		s->bodies = s->bodies ? repalloc(s->bodies, sizeof(StringInfoData) * want) :
-			palloc(sizeof(StringInfoData) * want);
-		for (i = s->nbodies; i < want; i++)
-			initStringInfo(&s->bodies[i]);
-		s->nbodies = want;
-		MemoryContextSwitchTo(oldcxt);
-	}
-	b = &s->bodies[lane->index];
-	resetStringInfo(b);
+	b = aws_lane_body(lane);
 	initStringInfo(&tmp);
 	appendStringInfoString(b, "{\"QueueUrl\":");
-	appendBinaryStringInfo(b, s->queue_url.data, s->queue_url.len);
+	relay_json_string(b, t->url, strlen(t->url));
 	appendStringInfoString(b, ",\"Entries\":[");
 	for (i = 0; i < n; i++, m = m->next)
-		sqs_entry(t, m, i, b, &tmp);
+		sqs_entry(t, m, i, fifo, b, &tmp);
 	appendStringInfoString(b, "]}");
 	pfree(tmp.data);
-
-	aws_sigv4_sign(&s->signer, "POST", "/", s->authority, names, values, lengthof(names),
-				   b->data, b->len, time(NULL), amz_date, &s->auth);
-	relay_http_headers_reset(lane);
-	sqs_header(lane, &s->line, "Host", s->authority);
-	sqs_header(lane, &s->line, "Content-Type", values[0]);
-	sqs_header(lane, &s->line, "X-Amz-Target", values[1]);
-	sqs_header(lane, &s->line, "X-Amz-Date", amz_date);
-	if (s->signer.session_token != NULL)
-		sqs_header(lane, &s->line, "X-Amz-Security-Token", s->signer.session_token);
-	sqs_header(lane, &s->line, "Authorization", s->auth.data);
-	relay_http_header(lane, "Expect:");
-	return relay_http_start(lane, b->data, b->len, failed);
+	return aws_send(lane, b, "application/x-amz-json-1.0", "AmazonSQS.SendMessageBatch", failed);
 }
-
-/* Whether code (an AWS error code) is one of the list's. */
-static bool
-sqs_code_in(const char *code, const char *const *list)
-{
-	for (; *list != NULL; list++)
-		if (strcmp(code, *list) == 0)
-			return true;
-	return false;
-}
-
-/*
- * Errors of the whole request: SQS asks for less (the target backs off as
- * a whole, held: no message's attempts are used up), or failed this once
- * (the request is tried again, as a 5xx).
- */
-static const char *const sqs_throttle_codes[] = {
-	"ThrottlingException", "RequestThrottled", "Throttling", "KmsThrottled",
-	"RequestThrottledException", "TooManyRequestsException", NULL
-};
-static const char *const sqs_retry_codes[] = {
-	"ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout",
-	"RequestTimeoutException", "ServiceUnavailableException", NULL
-};
-
-/* Errors of the whole request about its content. */
-static const char *const sqs_content_codes[] = {
-	"InvalidMessageContents", "BatchRequestTooLong", "InvalidParameterValue",
-	"InvalidAttributeName", "InvalidAttributeValue", "MessageTooLong",
-	"InvalidParameterValueException", "UnsupportedOperation", NULL
-};
 
 /*
  * What SQS's answer means (RelayTransport.http_answer).  Anything not
@@ -590,58 +444,15 @@ relay_sqs_answer(RelayLane *lane, long status, const char *body, int len,
 		}
 		else
 		{
+			/* SQS's fault: its code says whether to back off or try again */
 			snprintf(msg, size, "SQS failed to store the message: %s%s%s", code, text[0] ? ": " : "", text);
-			outcome->kind = RELAY_RETRY;
+			outcome->kind = aws_code_class(code, 200, 2);
 		}
 		outcome->error = msg;
 		return;
 	}
 
-	/* An error of the whole request: {"__type": "...#Code", "message": ...} */
-	{
-		char		type[128];
-		char		text[200];
-		const char *code;
-
-		type[0] = text[0] = '\0';
-		if (ntok > 0)
-		{
-			jscan_string(body, tok, jscan_member(body, tok, 0, "__type"), type, sizeof(type));
-			if (!jscan_string(body, tok, jscan_member(body, tok, 0, "message"), text, sizeof(text)))
-				jscan_string(body, tok, jscan_member(body, tok, 0, "Message"), text, sizeof(text));
-		}
-		code = strrchr(type, '#') ? strrchr(type, '#') + 1 : type;
-		if (code[0] == '\0')
-		{
-			/* not an AWS error: as an HTTP target's status */
-			snprintf(msg, size, "SQS answered HTTP %ld%s%.100s", status, len > 0 ? ": " : "",
-					 ntok > 0 || len == 0 ? "" : "(a body that is not JSON)");
-			outcome->error = msg;
-			outcome->kind = (status >= 500 || status == 429 || status == 408) ?
-				RELAY_RETRY : RELAY_RECEIVER_FAILED;
-			return;
-		}
-		snprintf(msg, size, "SQS answered HTTP %ld: %s%s%s", status, code,
-				 text[0] ? ": " : "", text);
-		outcome->error = msg;
-		if (sqs_code_in(code, sqs_throttle_codes))
-			outcome->kind = RELAY_RECEIVER_FAILED;
-		else if (status >= 500 || sqs_code_in(code, sqs_retry_codes))
-			outcome->kind = RELAY_RETRY;
-		else if (sqs_code_in(code, sqs_content_codes))
-			/*
-			 * About the content of a request of one message: it is refused;
-			 * of several, the first goes alone next (per_message) to find
-			 * which.
-			 */
-			outcome->kind = n == 1 ? RELAY_REJECTED : RELAY_RETRY;
-		else
-			/*
-			 * Credentials, signature, permissions, no such queue, and any
-			 * code not known: the target's, not the message's.
-			 */
-			outcome->kind = RELAY_RECEIVER_FAILED;
-	}
+	aws_error_answer("SQS", status, body, len, n, outcome, msg, size);
 }
 
 const RelayTransport relay_sqs_transport = {
@@ -649,7 +460,7 @@ const RelayTransport relay_sqs_transport = {
 	.id = RELAY_SQS,
 	.per_message = true,
 	.check = relay_sqs_check,
-	.target_init = relay_sqs_target_init,
+	.target_init = aws_target_init,
 	.lane_init = relay_http_lane_init,
 	.lane_release = relay_http_lane_release,
 	.send = relay_sqs_send,

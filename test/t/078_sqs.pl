@@ -1,7 +1,7 @@
 # Amazon SQS targets against the emulator fauxqs on loopback, behind a
 # front that checks every request's AWS Signature Version 4 with AWS's own
 # signer (@smithy/signature-v4) and answers as SQS does when it does not
-# hold (test/aws/sqs_peer.mjs):
+# hold (test/aws/aws_peer.mjs):
 #  - a standard and a FIFO queue: every message there once with its body,
 #    outbox-* attributes and headers; the FIFO queue per key in commit
 #    order, MessageGroupId the key (a key SQS would not take: its hash),
@@ -31,11 +31,11 @@ use OutboxAws;
 my $json = JSON::PP->new->utf8->canonical;
 # the bodies the peer's answer held, already characters
 my $chars = JSON::PP->new->canonical;
-my $peer = sqs_peer_start('sqs');
+my $peer = aws_peer_start('sqs');
 my $key_id = 'AKIAIOSFODNN7EXAMPLE';
 my $secret = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY';
 my $temp_id = 'ASIAIOSFODNN7EXAMPLE';
-sqs_control($peer, 'setup', {
+aws_control($peer, 'setup', {
 	region => 'eu-west-1',
 	keys => { $key_id => $secret, $temp_id => 'temporary/secret' },
 	tokens => { $temp_id => 'token-new' },
@@ -44,7 +44,7 @@ for my $q ([ 'orders', {} ], [ 'orders.fifo', { FifoQueue => 'true' } ],
 	[ 'small.fifo', { FifoQueue => 'true', MaximumMessageSize => '1024' } ],
 	[ 'temp', {} ], [ 'ce', {} ], [ 'kill.fifo', { FifoQueue => 'true' } ])
 {
-	sqs_control($peer, 'queue', { name => $q->[0], attributes => $q->[1] });
+	aws_control($peer, 'queue', { name => $q->[0], attributes => $q->[1] });
 }
 
 my $node = relay_node('sqs', conf => "outbox.max_payload_size = '4MB'\n");
@@ -105,7 +105,7 @@ sub in_order
 sub signatures_all_good
 {
 	my ($what) = @_;
-	my $s = sqs_stats($peer);
+	my $s = aws_stats($peer);
 	is_deeply($s->{refused}, {}, "$what: SQS refused no request's signature or credentials")
 	  or diag($json->encode($s->{refused}));
 	return $s;
@@ -190,7 +190,7 @@ target('later', 'later');
 emit('later', 10, 2);
 ok_wait('a queue that does not exist: held with QueueDoesNotExist',
 	sub { my $e = lag_value($node, 'later', 'last_error'); return (scalar($e =~ /QueueDoesNotExist/), $e) });
-sqs_control($peer, 'queue', { name => 'later', attributes => {} });
+aws_control($peer, 'queue', { name => 'later', attributes => {} });
 ok_wait('the queue made: delivered by itself', sub { return (pending('later') == 0) });
 is(scalar(@{ sqs_drain($peer, 'later') }), 10, 'all 10 there');
 is(dead_letter_lines($node, 'later')->[0], undef, 'nothing dead-lettered');
@@ -211,10 +211,10 @@ sqs_drain($peer, 'orders');
 
 # --- throttling: the target backs off, no attempts used up ----------------
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('fifo', max_attempts => 1)});
-sqs_control($peer, 'fault', { throttle => 4 });
+aws_control($peer, 'fault', { throttle => 4 });
 emit('fifo', 20, 4);
 ok_wait('throttled 4 times: delivered', sub { return (pending('fifo') == 0, pending('fifo') . ' pending') });
-is(sqs_stats($peer)->{refused}{throttled}, 4, 'the peer throttled 4 requests');
+is(aws_stats($peer)->{refused}{throttled}, 4, 'the peer throttled 4 requests');
 is(dead_letter_lines($node, 'fifo')->[0], undef, 'nothing dead-lettered (max_attempts 1)');
 $k = keys_of(sqs_drain($peer, 'orders.fifo'));
 is(scalar(map { @$_ } values %$k), 20, 'all 20 there');
@@ -222,7 +222,7 @@ is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('fifo', max_attempts => 0)});
 
 # --- entries of a batch that fail: sent again in order --------------------
-sqs_control($peer, 'fault', { marker => 'flaky', marker_times => 6 });
+aws_control($peer, 'fault', { marker => 'flaky', marker_times => 6 });
 emit('fifo', 40, 8, extra => 'flaky');
 ok_wait('entries that failed (SQS\'s fault): sent again, delivered',
 	sub { return (pending('fifo') == 0, pending('fifo') . ' pending') });
@@ -232,7 +232,7 @@ is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
 like(lag_value($node, 'fifo', 'last_error'), qr/SQS failed to store the message: InternalError/,
 	'last_error says which entry failed');
 is(dead_letter_lines($node, 'fifo')->[0], undef, 'nothing dead-lettered');
-sqs_control($peer, 'fault', { marker => undef, marker_times => 0 });
+aws_control($peer, 'fault', { marker => undef, marker_times => 0 });
 
 # --- too large: dead letters with the reason ------------------------------
 target('small', 'small.fifo');
@@ -272,11 +272,11 @@ is(scalar(@{ sqs_drain($peer, 'orders') }), 1, 'the message is there');
 target('kill', 'kill.fifo', lanes => 4);
 $node->safe_psql('postgres', q{SELECT outbox.alter_target('kill', max_rate => 50)});
 emit('kill', 3000, 50);
-my $before = sqs_stats($peer)->{entries};
-ok_wait('delivering', sub { my $n = sqs_stats($peer)->{entries} - $before; return ($n >= 300, "$n sent") });
+my $before = aws_stats($peer)->{entries};
+ok_wait('delivering', sub { my $n = aws_stats($peer)->{entries} - $before; return ($n >= 300, "$n sent") });
 my $pid = relay_worker_pid($node);
 kill 'KILL', $pid;
-my $at = sqs_stats($peer)->{entries} - $before;
+my $at = aws_stats($peer)->{entries} - $before;
 ok($at < 3000, "the relay was killed mid-stream ($at sent)");
 # (the server restarts its processes after the kill: sessions fail meanwhile)
 ok_wait('the server back', sub { return (defined eval { pending('kill') }) });
@@ -288,7 +288,7 @@ is(scalar(@$killed), 3000, 'the FIFO queue holds each message once (copies dropp
 $k = keys_of($killed);
 is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
 
-my $st = sqs_stats($peer);
+my $st = aws_stats($peer);
 is_deeply([ sort keys %{ $st->{refused} } ], [ 'expired token', 'scope', 'signature', 'throttled' ],
 	'the only requests SQS refused were those the test asked for');
 ok($st->{verified} > 100, "every other request's signature checked by AWS's signer ($st->{verified})");

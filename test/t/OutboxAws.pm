@@ -1,6 +1,7 @@
-# Helpers of the AWS tests (test/t/078_sqs.pl): the SQS peer of
-# test/aws/sqs_peer.mjs (the emulator fauxqs behind a front that checks
-# each request's Signature Version 4 with AWS's own signer), on loopback.
+# Helpers of the AWS tests (test/t/078_sqs.pl, 079_kinesis.pl): the peer
+# of test/aws/aws_peer.mjs (the emulators fauxqs and kinesalite behind a
+# front that checks each request's Signature Version 4 with AWS's own
+# signer), on loopback.
 package OutboxAws;
 
 use strict;
@@ -15,15 +16,15 @@ use JSON::PP;
 use PostgreSQL::Test::Utils;
 use Time::HiRes qw(time usleep);
 
-our @EXPORT = qw(sqs_peer_start sqs_control sqs_drain sqs_stats);
+our @EXPORT = qw(aws_peer_start aws_control sqs_drain kinesis_records aws_stats);
 
-my $peer_script = abs_path(dirname(__FILE__) . '/../aws/sqs_peer.mjs');
+my $peer_script = abs_path(dirname(__FILE__) . '/../aws/aws_peer.mjs');
 my $json = JSON::PP->new->utf8->canonical;
 my @started;
 
-# Start the peer; returns a hash: port (SQS), control, url
+# Start the peer; returns a hash: port (SQS and Kinesis), control, url
 # (http://127.0.0.1:port), log, harness.
-sub sqs_peer_start
+sub aws_peer_start
 {
 	my ($name) = @_;
 	my $base = "$PostgreSQL::Test::Utils::log_path/sqs_" . basename($0, '.pl') . "_$name";
@@ -34,7 +35,7 @@ sub sqs_peer_start
 	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
 	until (-s $port_file)
 	{
-		die "SQS peer $name did not start (see $base.log)" if time > $deadline || !$h->pumpable;
+		die "AWS peer $name did not start (see $base.log)" if time > $deadline || !$h->pumpable;
 		usleep(20_000);
 	}
 	my $ports = $json->decode(slurp_file($port_file));
@@ -52,7 +53,7 @@ sub sqs_peer_start
 }
 
 # POST /$what with $req (GET when $req is undef); the decoded answer.
-sub sqs_control
+sub aws_control
 {
 	my ($peer, $what, $req) = @_;
 	my $url = "http://127.0.0.1:$peer->{control}/$what";
@@ -60,7 +61,7 @@ sub sqs_control
 	  ? $peer->{http}->post($url,
 		{ content => $json->encode($req), headers => { 'content-type' => 'application/json' } })
 	  : $peer->{http}->get($url);
-	die "SQS peer $what failed: $res->{status} $res->{content}" unless $res->{success};
+	die "AWS peer $what failed: $res->{status} $res->{content}" unless $res->{success};
 	return $json->decode($res->{content});
 }
 
@@ -68,13 +69,21 @@ sub sqs_control
 sub sqs_drain
 {
 	my ($peer, $name) = @_;
-	return sqs_control($peer, "drain?queue=$name");
+	return aws_control($peer, "drain?queue=$name");
 }
 
-sub sqs_stats
+# The records of Kinesis stream $name not returned before, per shard in
+# order.
+sub kinesis_records
+{
+	my ($peer, $name) = @_;
+	return aws_control($peer, "records?stream=$name");
+}
+
+sub aws_stats
 {
 	my ($peer) = @_;
-	return sqs_control($peer, 'stats');
+	return aws_control($peer, 'stats');
 }
 
 END

@@ -1,10 +1,12 @@
-// An SQS endpoint for the tests: the emulator fauxqs (in this process, on
-// a loopback port of its own) behind a front that checks every request's
-// AWS Signature Version 4 with AWS's own signer (@smithy/signature-v4), the
-// way SQS does, and answers as SQS does when it does not hold.  Both from
-// test/verify's node_modules.
+// An SQS and Kinesis endpoint for the tests: the emulators fauxqs (SQS)
+// and kinesalite (Kinesis), in this process, each on a loopback port of its
+// own, behind one front that checks every request's AWS Signature Version 4
+// with AWS's own signer (@smithy/signature-v4), the way the services do,
+// and answers as they do when it does not hold; the credential's scope
+// says which service a request is for.  All from test/verify's
+// node_modules.
 //
-//   node sqs_peer.mjs PORT_FILE
+//   node aws_peer.mjs PORT_FILE
 //
 // writes {"sqs": port, "control": port} to PORT_FILE once both listen.
 // The control port (JSON in, JSON out):
@@ -12,10 +14,16 @@
 //                  "tokens": {akid: token}, "expired": [token, ...]}
 //   POST /queue   {"name": n, "attributes": {...}}  -> {"url": ...}
 //   POST /delete  {"name": n}                       (the queue is gone)
-//   POST /fault   {"throttle": n, "error500": n, "marker": s, "marker_times": n}
+//   POST /fault   {"throttle": n, "error500": n, "marker": s, "marker_times": n,
+//                  "marker_code": c}
 //                  the next n requests throttled (400 ThrottlingException) or
-//                  500 InternalError; entries whose body holds marker fail
-//                  (SenderFault false, InternalError) marker_times times
+//                  500 InternalError; entries (records) whose body (data)
+//                  holds marker fail marker_times times with code c
+//                  (InternalError, SenderFault false; for Kinesis
+//                  InternalFailure)
+//   POST /stream  {"name": n, "shards": k}           a Kinesis stream
+//   GET  /records?stream=n  the stream's records not returned before, per
+//                  shard in order: [{shard, seq, key, data}]
 //   GET  /drain?queue=n   every message now in the queue, received and
 //                  deleted, in order: [{body, attrs, group, dedup, seq}]
 //   GET  /stats   {"requests", "verified", "refused": {reason: n},
@@ -32,15 +40,19 @@ const require = createRequire(path.join(modules, 'x.js'));
 const { SignatureV4 } = require('@smithy/signature-v4');
 const { Hash } = require('@smithy/hash-node');
 const { buildApp } = await import(pathToFileURL(path.join(modules, 'fauxqs', 'dist', 'app.js')));
+const kinesalite = require('kinesalite');
 
 const config = { region: 'eu-west-1', keys: {}, tokens: {}, expired: [] };
 const queues = {};   // name -> the URL fauxqs knows it by
-const faults = { throttle: 0, error500: 0, marker: null, marker_times: 0 };
+const faults = { throttle: 0, error500: 0, marker: null, marker_times: 0, marker_code: null };
 const stats = { requests: 0, verified: 0, refused: {}, entries: 0, batches: [] };
 
 const app = buildApp({ logger: false });
 await app.listen({ port: 0, host: '127.0.0.1' });
 const innerPort = app.server.address().port;
+const kinesis = kinesalite({ createStreamMs: 0, deleteStreamMs: 0, updateStreamMs: 0, shardLimit: 1000 });
+await new Promise((r) => kinesis.listen(0, '127.0.0.1', r));
+const kinesisPort = kinesis.address().port;
 let frontHost = null;
 
 function refuse(res, status, type, message, reason) {
@@ -74,10 +86,11 @@ async function verify(req, body, res) {
       return false;
     }
   }
-  if (region !== config.region || service !== 'sqs') {
-    refuse(res, 403, 'com.amazonaws.sqs#SignatureDoesNotMatch', `Credential should be scoped to a valid region (${config.region}) and service sqs`, 'scope');
+  if (region !== config.region || (service !== 'sqs' && service !== 'kinesis')) {
+    refuse(res, 403, 'com.amazonaws.sqs#SignatureDoesNotMatch', `Credential should be scoped to a valid region (${config.region}) and service`, 'scope');
     return false;
   }
+  req.service = service;
   const amzDate = req.headers['x-amz-date'] || '';
   const dm = /^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z$/.exec(amzDate);
   if (!dm || amzDate.slice(0, 8) !== day) {
@@ -123,11 +136,11 @@ async function verify(req, body, res) {
   return true;
 }
 
-// Pass a request to fauxqs as it came; its answer back.
-function forward(req, body) {
+// Pass a request to its emulator as it came; the answer back.
+function forward(req, body, port = innerPort) {
   return new Promise((resolve, reject) => {
     const headers = { ...req.headers, 'content-length': Buffer.byteLength(body) };
-    const r = http.request({ host: '127.0.0.1', port: innerPort, method: req.method, path: req.url, headers }, (a) => {
+    const r = http.request({ host: '127.0.0.1', port, method: req.method, path: req.url, headers }, (a) => {
       const chunks = [];
       a.on('data', (c) => chunks.push(c));
       a.on('end', () => resolve({ status: a.statusCode, headers: a.headers, body: Buffer.concat(chunks).toString() }));
@@ -157,6 +170,10 @@ const front = http.createServer((req, res) => {
         return;
       }
       const target = req.headers['x-amz-target'];
+      if (req.service === 'kinesis') {
+        await kinesisRequest(req, body, res, target);
+        return;
+      }
       let failed = [];
       // fauxqs knows a queue by the URL it made; the relay by ours.
       const original = JSON.parse(body);
@@ -174,7 +191,7 @@ const front = http.createServer((req, res) => {
           for (const e of request.Entries) {
             if (faults.marker_times > 0 && e.MessageBody.includes(faults.marker)) {
               faults.marker_times--;
-              failed.push({ Id: e.Id, SenderFault: false, Code: 'InternalError', Message: 'injected failure of one entry' });
+              failed.push({ Id: e.Id, SenderFault: false, Code: faults.marker_code || 'InternalError', Message: 'injected failure of one entry' });
             } else {
               keep.push(e);
             }
@@ -204,6 +221,82 @@ const front = http.createServer((req, res) => {
   });
 });
 await new Promise((r) => front.listen(0, '127.0.0.1', r));
+
+// A Kinesis request, its signature checked: PutRecords with the records
+// that hold the marker failed as asked, the rest stored by kinesalite, the
+// answer's records in the request's order.
+async function kinesisRequest(req, body, res, target) {
+  if (target !== 'Kinesis_20131202.PutRecords') {
+    const a = await forward(req, body, kinesisPort);
+    res.writeHead(a.status, { 'content-type': a.headers['content-type'] || 'application/x-amz-json-1.1' });
+    res.end(a.body);
+    return;
+  }
+  const request = JSON.parse(body);
+  stats.entries += request.Records.length;
+  stats.batches.push(request.Records.length);
+  const fail = request.Records.map((r) => faults.marker && faults.marker_times > 0 &&
+    Buffer.from(r.Data, 'base64').toString().includes(faults.marker) && faults.marker_times-- > 0);
+  const keep = request.Records.filter((r, i) => !fail[i]);
+  let stored = [];
+  if (keep.length > 0) {
+    const a = await forward(req, JSON.stringify({ ...request, Records: keep }), kinesisPort);
+    if (a.status !== 200) {
+      res.writeHead(a.status, { 'content-type': 'application/x-amz-json-1.1' });
+      res.end(a.body);
+      return;
+    }
+    stored = JSON.parse(a.body).Records;
+  }
+  let k = 0;
+  const records = request.Records.map((r, i) => fail[i]
+    ? { ErrorCode: faults.marker_code || 'InternalFailure', ErrorMessage: 'injected failure of one record' }
+    : stored[k++]);
+  res.writeHead(200, { 'content-type': 'application/x-amz-json-1.1' });
+  res.end(JSON.stringify({ FailedRecordCount: records.filter((r) => r.ErrorCode).length, Records: records }));
+}
+
+// A Kinesis call of the control port's (kinesalite wants an Authorization
+// header; it checks no signature).
+async function kinesisCall(action, params) {
+  const body = JSON.stringify(params);
+  const a = await forward({
+    method: 'POST', url: '/',
+    headers: {
+      host: `127.0.0.1:${kinesisPort}`, 'content-type': 'application/x-amz-json-1.1',
+      'x-amz-target': `Kinesis_20131202.${action}`, 'x-amz-date': '20200101T000000Z',
+      authorization: 'AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20200101/eu-west-1/kinesis/aws4_request, SignedHeaders=host, Signature=0',
+    },
+  }, body, kinesisPort);
+  if (a.status !== 200)
+    throw new Error(`${action}: ${a.status} ${a.body}`);
+  return a.body ? JSON.parse(a.body) : {};
+}
+
+const readFrom = {};   // stream -> shard -> the last sequence number returned
+async function kinesisRecords(stream) {
+  const d = await kinesisCall('DescribeStream', { StreamName: stream });
+  const out = [];
+  readFrom[stream] = readFrom[stream] || {};
+  for (const shard of d.StreamDescription.Shards) {
+    const after = readFrom[stream][shard.ShardId];
+    let it = (await kinesisCall('GetShardIterator', after
+      ? { StreamName: stream, ShardId: shard.ShardId, ShardIteratorType: 'AFTER_SEQUENCE_NUMBER', StartingSequenceNumber: after }
+      : { StreamName: stream, ShardId: shard.ShardId, ShardIteratorType: 'TRIM_HORIZON' })).ShardIterator;
+    for (;;) {
+      const r = await kinesisCall('GetRecords', { ShardIterator: it, Limit: 10000 });
+      for (const rec of r.Records) {
+        out.push({ shard: shard.ShardId, seq: rec.SequenceNumber, key: rec.PartitionKey,
+          data: Buffer.from(rec.Data, 'base64').toString() });
+        readFrom[stream][shard.ShardId] = rec.SequenceNumber;
+      }
+      if (r.Records.length === 0 || !r.NextShardIterator)
+        break;
+      it = r.NextShardIterator;
+    }
+  }
+  return out;
+}
 frontHost = `127.0.0.1:${front.address().port}`;
 
 async function sqs(action, params) {
@@ -265,6 +358,10 @@ const control = http.createServer((req, res) => {
         Object.assign(faults, body);
       } else if (u.pathname === '/drain') {
         answer = await drain(u.searchParams.get('queue'));
+      } else if (u.pathname === '/stream') {
+        await kinesisCall('CreateStream', { StreamName: body.name, ShardCount: body.shards || 1 });
+      } else if (u.pathname === '/records') {
+        answer = await kinesisRecords(u.searchParams.get('stream'));
       } else if (u.pathname === '/stats') {
         answer = stats;
       } else {

@@ -1,0 +1,52 @@
+-- Amazon SQS and Kinesis targets: their options, as the create functions,
+-- alter_target and set_aws_credentials check them (delivery against the
+-- emulators is in test/t/078_sqs.pl and 079_kinesis.pl).
+SELECT outbox.create_sqs_target('sq', 'http://127.0.0.1:4566/123456789012/orders.fifo', 'eu-west-1',
+                                'AKIAIOSFODNN7EXAMPLE', 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY');
+SELECT outbox.create_kinesis_target('kn', 'orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE',
+                                    'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY', endpoint => 'http://127.0.0.1:4567');
+SELECT name, kind, url, stream, region, aws_access_key_id, aws_session_token, batch_size, lanes
+  FROM outbox.targets WHERE kind IN ('sqs', 'kinesis') ORDER BY name;
+-- queue URLs
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/or%20ders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's');
+SELECT outbox.create_sqs_target('x', 'ftp://127.0.0.1/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders?x=1', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's');
+-- regions
+SELECT outbox.create_sqs_target('x', 'https://sqs.us-east-1.amazonaws.com/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'EU West', 'AKIAIOSFODNN7EXAMPLE', 's');
+SELECT outbox.create_kinesis_target('x', 'orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'https://kinesis.us-east-1.amazonaws.com');
+-- credentials: the error shows none of their values
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIA', 's');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 'a secret');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', E'tok\r\nX-Evil: 1');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', NULL, 's');
+-- batches, formats, streams
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', batch_size => 11);
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', format => 'cloudevents');
+SELECT outbox.create_kinesis_target('x', 'or/ders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://127.0.0.1:4567');
+SELECT outbox.create_kinesis_target('x', 'orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://127.0.0.1:4567/path');
+SELECT outbox.create_kinesis_target('x', 'orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://127.0.0.1:4567', batch_size => 501);
+-- alter_target and set_aws_credentials
+SELECT outbox.alter_target('sq', batch_size => 5, lanes => 4);
+SELECT outbox.alter_target('kn', stream => 'orders2', batch_size => 500);
+SELECT outbox.alter_target('sq', stream => 'x');
+SELECT outbox.alter_target('sq', headers => '{"a": "b"}');
+SELECT outbox.alter_target('kn', maxlen => 5);
+SELECT outbox.alter_target('sq', url => 'https://sqs.us-east-1.amazonaws.com/123456789012/orders');
+SELECT outbox.set_aws_credentials('sq', 'ASIAIOSFODNN7EXAMPLE', 'secret2', 'token');
+SELECT outbox.set_aws_credentials('kn', 'AKIAIOSFODNN7EXAMPLE', 'secret 3');
+SELECT outbox.create_http_target('web', 'http://127.0.0.1:9/hook');
+SELECT outbox.set_aws_credentials('web', 'AKIAIOSFODNN7EXAMPLE', 'secret');
+SELECT outbox.set_aws_credentials('nope', 'AKIAIOSFODNN7EXAMPLE', 'secret');
+SELECT name, batch_size, lanes, pending_lanes, stream, aws_access_key_id, aws_session_token FROM outbox.targets WHERE kind IN ('sqs', 'kinesis') ORDER BY name;
+-- the table's own checks, for rows written by hand
+\set VERBOSITY terse
+INSERT INTO outbox.targets (name, kind, url) VALUES ('x', 'sqs', 'http://127.0.0.1/123456789012/q');
+INSERT INTO outbox.targets (name, kind, url, region, aws_access_key_id) VALUES ('x', 'sqs', 'http://127.0.0.1/123456789012/q', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE');
+INSERT INTO outbox.targets (name, kind, url, region, aws_access_key_id, aws_secret_access_key) VALUES ('x', 'kinesis', 'http://127.0.0.1', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's');
+INSERT INTO outbox.targets (name, kind, url, region) VALUES ('x', 'http', 'http://127.0.0.1', 'eu-west-1');
+\set VERBOSITY default
+SELECT outbox.drop_target('sq');
+SELECT outbox.drop_target('kn');
+SELECT outbox.drop_target('web');

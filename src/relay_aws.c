@@ -1,0 +1,275 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_aws.c
+ *	  What the AWS targets (relay_sqs.c, relay_kinesis.c) share: their
+ *	  credentials' checks, a target's signer and buffers, a request to an
+ *	  AWS JSON API signed with Signature Version 4 (aws_sigv4.c) put on
+ *	  relay_http.c's engine, and what an error of a whole request means.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "aws.h"
+#include "json_scan.h"
+#include "relay.h"
+#include "relay_aws.h"
+
+/* Whether s is min to max characters of printable ASCII without blanks. */
+bool
+aws_token_valid(const char *s, size_t min, size_t max)
+{
+	size_t		n = s ? strlen(s) : 0;
+	size_t		i;
+
+	if (n < min || n > max)
+		return false;
+	for (i = 0; i < n; i++)
+		if ((unsigned char) s[i] <= 0x20 || (unsigned char) s[i] >= 0x7f)
+			return false;
+	return true;
+}
+
+/* Why an AWS target's credentials cannot be used, or NULL. */
+const char *
+aws_check_credentials(const char *key_id, const char *secret, const char *token)
+{
+	if (!aws_token_valid(key_id, 16, 128))
+		return "the access key id is not 16 to 128 printable ASCII characters without blanks";
+	if (!aws_token_valid(secret, 1, 128))
+		return "the secret access key is not 1 to 128 printable ASCII characters without blanks";
+	if (token != NULL && !aws_token_valid(token, 1, 8192))
+		return "the session token is not 1 to 8192 printable ASCII characters without blanks";
+	return NULL;
+}
+
+/*
+ * The scheme and authority of an http(s) URL (checked by
+ * outbox_url_host()): *authority palloc'd, *https set.  Returns why not.
+ */
+const char *
+aws_url_authority(const char *url, char **authority, bool *https)
+{
+	const char *a;
+	const char *end;
+	const char *why;
+	char	   *host;
+
+	if (url == NULL)
+		return "it is missing";
+	if (strncmp(url, "https://", 8) == 0)
+		a = url + 8;
+	else if (strncmp(url, "http://", 7) == 0)
+		a = url + 7;
+	else
+		return "it does not begin with https:// (or http://)";
+	host = outbox_url_host(url, &why);
+	if (host == NULL)
+		return why;
+	pfree(host);
+	end = a + strcspn(a, "/?#");
+	if (*end == '?' || *end == '#')
+		return "it has a query or a fragment";
+	*authority = pnstrdup(a, end - a);
+	*https = (a == url + 8);
+	return NULL;
+}
+
+void
+aws_target_init(RelayTarget *t)
+{
+	AwsTarget  *a = palloc0(sizeof(AwsTarget));
+
+	initStringInfo(&a->auth);
+	initStringInfo(&a->line);
+	a->options_version = -1;
+	t->priv = a;
+}
+
+/*
+ * Take the target's options (again, after they changed): the authority of
+ * post_url, the signer.  The strings are the target's (t->cxt or its
+ * opts_cxt), which live as long as these options are the target's.
+ */
+void
+aws_prepare(RelayTarget *t, const char *service)
+{
+	AwsTarget  *a = AWS(t);
+	MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+	bool		https;
+
+	if (a->authority != NULL)
+		pfree(a->authority);
+	a->authority = NULL;
+	/* checked when the row was read */
+	if (aws_url_authority(t->post_url, &a->authority, &https) != NULL)
+		a->authority = pstrdup("");
+	explicit_bzero(a->signer.key, sizeof(a->signer.key));
+	memset(&a->signer, 0, sizeof(a->signer));
+	a->signer.access_key_id = t->aws_key_id;
+	a->signer.secret_access_key = t->aws_secret;
+	a->signer.session_token = t->aws_token;
+	a->signer.region = t->region;
+	a->signer.service = service;
+	a->options_version = t->options_version;
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/* The lane's request body buffer, kept until its request ends; reset. */
+StringInfo
+aws_lane_body(RelayLane *lane)
+{
+	RelayTarget *t = lane->target;
+	AwsTarget  *a = AWS(t);
+
+	if (lane->index >= a->nbodies)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+		int			want = lane->index + 1;
+		int			i;
+
+		a->bodies = a->bodies ? repalloc(a->bodies, sizeof(StringInfoData) * want) :
+			palloc(sizeof(StringInfoData) * want);
+		for (i = a->nbodies; i < want; i++)
+			initStringInfo(&a->bodies[i]);
+		a->nbodies = want;
+		MemoryContextSwitchTo(oldcxt);
+	}
+	resetStringInfo(&a->bodies[lane->index]);
+	return &a->bodies[lane->index];
+}
+
+static void
+aws_header(RelayLane *lane, StringInfo line, const char *name, const char *value)
+{
+	resetStringInfo(line);
+	appendStringInfo(line, "%s: %s", name, value);
+	relay_http_header(lane, line->data);
+}
+
+/*
+ * Sign body (the lane's, from aws_lane_body()) as a POST / to the target's
+ * endpoint with X-Amz-Target target and content type content_type, and
+ * start it.
+ */
+bool
+aws_send(RelayLane *lane, StringInfo body, const char *content_type,
+		 const char *target, RelayOutcome *failed)
+{
+	AwsTarget  *a = AWS(lane->target);
+	char		amz_date[17];
+	const char *names[2] = {"content-type", "x-amz-target"};
+	const char *values[2];
+
+	values[0] = content_type;
+	values[1] = target;
+	aws_sigv4_sign(&a->signer, "POST", "/", a->authority, names, values, 2,
+				   body->data, body->len, time(NULL), amz_date, &a->auth);
+	relay_http_headers_reset(lane);
+	aws_header(lane, &a->line, "Host", a->authority);
+	aws_header(lane, &a->line, "Content-Type", content_type);
+	aws_header(lane, &a->line, "X-Amz-Target", target);
+	aws_header(lane, &a->line, "X-Amz-Date", amz_date);
+	if (a->signer.session_token != NULL)
+		aws_header(lane, &a->line, "X-Amz-Security-Token", a->signer.session_token);
+	aws_header(lane, &a->line, "Authorization", a->auth.data);
+	relay_http_header(lane, "Expect:");
+	return relay_http_start(lane, body->data, body->len, failed);
+}
+
+static bool
+aws_code_in(const char *code, const char *const *list)
+{
+	for (; *list != NULL; list++)
+		if (strcmp(code, *list) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Throttling: the service asks for less.  The target backs off as a whole
+ * (held): no message's attempts are used up.
+ */
+static const char *const aws_throttle_codes[] = {
+	"ThrottlingException", "RequestThrottled", "Throttling", "KmsThrottled",
+	"KMSThrottlingException", "RequestThrottledException", "TooManyRequestsException",
+	"ProvisionedThroughputExceededException", "LimitExceededException", NULL
+};
+
+/* The service failed this once: the request is tried again, as a 5xx. */
+static const char *const aws_retry_codes[] = {
+	"ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout",
+	"RequestTimeoutException", "ServiceUnavailableException", NULL
+};
+
+/* The service refuses the content of the request. */
+static const char *const aws_content_codes[] = {
+	"InvalidMessageContents", "BatchRequestTooLong", "InvalidParameterValue",
+	"InvalidAttributeName", "InvalidAttributeValue", "MessageTooLong",
+	"InvalidParameterValueException", "ValidationException",
+	"InvalidArgumentException", "SerializationException", NULL
+};
+
+/*
+ * What an error code of a whole request of nmessages messages, or of one
+ * entry that is the service's fault (nmessages 2: never a dead letter),
+ * means.
+ */
+RelayOutcomeKind
+aws_code_class(const char *code, long status, int nmessages)
+{
+	if (aws_code_in(code, aws_throttle_codes))
+		return RELAY_RECEIVER_FAILED;
+	if (status >= 500 || aws_code_in(code, aws_retry_codes))
+		return RELAY_RETRY;
+	if (aws_code_in(code, aws_content_codes))
+		/*
+		 * About the content of a request of one message: it is refused; of
+		 * several, the first goes alone next (per_message) to find which.
+		 */
+		return nmessages == 1 ? RELAY_REJECTED : RELAY_RETRY;
+
+	/*
+	 * Credentials, signature, permissions, no such queue or stream, KMS,
+	 * and any code not known: the target's, not the message's.
+	 */
+	return RELAY_RECEIVER_FAILED;
+}
+
+/*
+ * A request's answer that is not 200: an AWS JSON error, {"__type":
+ * "...#Code", "message": ...}, said in msg as "<service> answered HTTP
+ * <status>: <Code>: <message>".
+ */
+void
+aws_error_answer(const char *service, long status, const char *body, int len,
+				 int nmessages, RelayOutcome *outcome, char *msg, size_t size)
+{
+	JscanToken	tok[64];
+	int			ntok = jscan_parse(body, len, tok, lengthof(tok));
+	char		type[128];
+	char		text[200];
+	const char *code;
+
+	type[0] = text[0] = '\0';
+	if (ntok > 0)
+	{
+		jscan_string(body, tok, jscan_member(body, tok, 0, "__type"), type, sizeof(type));
+		if (!jscan_string(body, tok, jscan_member(body, tok, 0, "message"), text, sizeof(text)))
+			jscan_string(body, tok, jscan_member(body, tok, 0, "Message"), text, sizeof(text));
+	}
+	code = strrchr(type, '#') ? strrchr(type, '#') + 1 : type;
+	outcome->error = msg;
+	if (code[0] == '\0')
+	{
+		/* not an AWS error: as an HTTP target's status */
+		snprintf(msg, size, "%s answered HTTP %ld%s", service, status,
+				 ntok > 0 || len == 0 ? "" : " (a body that is not JSON)");
+		outcome->kind = (status >= 500 || status == 429 || status == 408) ?
+			RELAY_RETRY : RELAY_RECEIVER_FAILED;
+		return;
+	}
+	snprintf(msg, size, "%s answered HTTP %ld: %s%s%s", service, status, code,
+			 text[0] ? ": " : "", text);
+	outcome->kind = aws_code_class(code, status, nmessages);
+}

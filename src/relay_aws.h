@@ -1,0 +1,43 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay_aws.h
+ *	  What the AWS targets share (relay_aws.c): relay_sqs.c and
+ *	  relay_kinesis.c.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_RELAY_AWS_H
+#define OUTBOX_RELAY_AWS_H
+
+#include "aws.h"
+#include "relay.h"
+
+/* An AWS target's state (RelayTarget.priv): made again when its options change. */
+typedef struct AwsTarget
+{
+	int			options_version;	/* of the target, when made */
+	char	   *authority;		/* the Host header's value */
+	AwsSigner	signer;
+	StringInfoData *bodies;		/* a request body per lane */
+	int			nbodies;
+	StringInfoData auth;		/* Authorization of the request being made */
+	StringInfoData line;		/* a header line being made */
+	void	   *kind;			/* the kind's own state, or NULL */
+} AwsTarget;
+
+#define AWS(t)	((AwsTarget *) (t)->priv)
+
+extern bool aws_token_valid(const char *s, size_t min, size_t max);
+extern const char *aws_check_credentials(const char *key_id, const char *secret,
+										 const char *token);
+extern const char *aws_url_authority(const char *url, char **authority, bool *https);
+extern void aws_target_init(RelayTarget *t);
+extern void aws_prepare(RelayTarget *t, const char *service);
+extern StringInfo aws_lane_body(RelayLane *lane);
+extern bool aws_send(RelayLane *lane, StringInfo body, const char *content_type,
+					 const char *target, RelayOutcome *failed);
+extern RelayOutcomeKind aws_code_class(const char *code, long status, int nmessages);
+extern void aws_error_answer(const char *service, long status, const char *body, int len,
+							 int nmessages, RelayOutcome *outcome, char *msg, size_t size);
+
+#endif							/* OUTBOX_RELAY_AWS_H */
