@@ -286,7 +286,7 @@ typedef struct RelayTransport
 	 * A kind whose requests are HTTP (SQS) runs on relay_http.c's engine:
 	 * its lanes are made with relay_http_lane_init(), its send builds the
 	 * request and calls relay_http_start(), and http_answer says what the
-	 * answer (status and body, up to 64 kB) means: the outcome's kind,
+	 * answer (status and body, up to 512 kB) means: the outcome's kind,
 	 * error (in msg), and for a per_message kind ndelivered, acked, nsent.
 	 */
 	void		(*http_answer) (RelayLane *lane, long status, const char *body, int len,

@@ -46,6 +46,9 @@ aws_check_credentials(const char *key_id, const char *secret, const char *token)
 /*
  * The scheme and authority of an http(s) URL (checked by
  * outbox_url_host()): *authority palloc'd, *https set.  Returns why not.
+ * http:// only to a loopback address (a local emulator, a proxy on the
+ * same machine): signed requests and session tokens go nowhere else in
+ * clear text.
  */
 const char *
 aws_url_authority(const char *url, char **authority, bool *https)
@@ -54,6 +57,7 @@ aws_url_authority(const char *url, char **authority, bool *https)
 	const char *end;
 	const char *why;
 	char	   *host;
+	bool		loopback;
 
 	if (url == NULL)
 		return "it is missing";
@@ -65,14 +69,55 @@ aws_url_authority(const char *url, char **authority, bool *https)
 		return "it does not begin with https:// (or http://)";
 	host = outbox_url_host(url, &why);
 	if (host == NULL)
-		return why;
+	{
+		/* its reasons are sentences: lower-case, to follow a colon */
+		char	   *w = pstrdup(why);
+
+		w[0] = pg_tolower((unsigned char) w[0]);
+		return w;
+	}
+	loopback = strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+		pg_strcasecmp(host, "localhost") == 0;
 	pfree(host);
 	end = a + strcspn(a, "/?#");
 	if (*end == '?' || *end == '#')
 		return "it has a query or a fragment";
 	*authority = pnstrdup(a, end - a);
 	*https = (a == url + 8);
+	if (!*https && !loopback)
+		return "http:// goes to a loopback address only (a local emulator): give https://";
 	return NULL;
+}
+
+/*
+ * The region an AWS host names, "<service>.<region>.amazonaws.com" (or
+ * .com.cn, with or without a final dot, with a port), into region
+ * (AWS_MAX_REGION + 1 bytes); "" for another host.
+ */
+void
+aws_host_region(const char *authority, const char *service, char *region)
+{
+	size_t		s = strlen(service);
+	const char *r;
+	const char *dot;
+	const char *rest;
+
+	region[0] = '\0';
+	if (pg_strncasecmp(authority, service, s) != 0 || authority[s] != '.')
+		return;
+	r = authority + s + 1;
+	dot = strchr(r, '.');
+	if (dot == NULL || dot - r > AWS_MAX_REGION || pg_strncasecmp(dot, ".amazonaws.com", 14) != 0)
+		return;
+	rest = dot + 14;
+	if (pg_strncasecmp(rest, ".cn", 3) == 0)
+		rest += 3;
+	if (*rest == '.')
+		rest++;
+	if (*rest != '\0' && *rest != ':')
+		return;
+	memcpy(region, r, dot - r);
+	region[dot - r] = '\0';
 }
 
 void
@@ -84,6 +129,16 @@ aws_target_init(RelayTarget *t)
 	initStringInfo(&a->line);
 	a->options_version = -1;
 	t->priv = a;
+}
+
+/* The target goes: its signing key is wiped. */
+void
+aws_target_release(RelayTarget *t)
+{
+	AwsTarget  *a = AWS(t);
+
+	if (a != NULL)
+		explicit_bzero(&a->signer, sizeof(a->signer));
 }
 
 /*
@@ -115,12 +170,19 @@ aws_prepare(RelayTarget *t, const char *service)
 	MemoryContextSwitchTo(oldcxt);
 }
 
+/*
+ * A lane's request body buffer larger than this is given back before the
+ * lane's next request (relay_http.c gives back its own so).
+ */
+#define AWS_BODY_KEEP	(256 * 1024)
+
 /* The lane's request body buffer, kept until its request ends; reset. */
 StringInfo
 aws_lane_body(RelayLane *lane)
 {
 	RelayTarget *t = lane->target;
 	AwsTarget  *a = AWS(t);
+	StringInfo	b;
 
 	if (lane->index >= a->nbodies)
 	{
@@ -135,8 +197,17 @@ aws_lane_body(RelayLane *lane)
 		a->nbodies = want;
 		MemoryContextSwitchTo(oldcxt);
 	}
-	resetStringInfo(&a->bodies[lane->index]);
-	return &a->bodies[lane->index];
+	b = &a->bodies[lane->index];
+	if (b->maxlen > AWS_BODY_KEEP)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
+
+		pfree(b->data);
+		initStringInfo(b);
+		MemoryContextSwitchTo(oldcxt);
+	}
+	resetStringInfo(b);
+	return b;
 }
 
 static void
@@ -225,9 +296,10 @@ aws_code_class(const char *code, long status, int nmessages)
 	if (aws_code_in(code, aws_content_codes))
 		/*
 		 * About the content of a request of one message: it is refused; of
-		 * several, the first goes alone next (per_message) to find which.
+		 * several: held, and the probe sends the first alone (per_message),
+		 * to find which, using up no message's attempts.
 		 */
-		return nmessages == 1 ? RELAY_REJECTED : RELAY_RETRY;
+		return nmessages == 1 ? RELAY_REJECTED : RELAY_RECEIVER_FAILED;
 
 	/*
 	 * Credentials, signature, permissions, no such queue or stream, KMS,
@@ -243,10 +315,10 @@ aws_code_class(const char *code, long status, int nmessages)
  */
 void
 aws_error_answer(const char *service, long status, const char *body, int len,
-				 int nmessages, RelayOutcome *outcome, char *msg, size_t size)
+				 bool capped, int nmessages, RelayOutcome *outcome, char *msg, size_t size)
 {
 	JscanToken	tok[64];
-	int			ntok = jscan_parse(body, len, tok, lengthof(tok));
+	int			ntok = capped ? -1 : jscan_parse(body, len, tok, lengthof(tok));
 	char		type[128];
 	char		text[200];
 	const char *code;
@@ -258,15 +330,24 @@ aws_error_answer(const char *service, long status, const char *body, int len,
 		if (!jscan_string(body, tok, jscan_member(body, tok, 0, "message"), text, sizeof(text)))
 			jscan_string(body, tok, jscan_member(body, tok, 0, "Message"), text, sizeof(text));
 	}
+	else if (len > 0)
+	{
+		/* not JSON (a proxy's page, say): its start, printable */
+		int			i;
+
+		for (i = 0; i < len && i < 100; i++)
+			text[i] = ((unsigned char) body[i] >= 0x20 && (unsigned char) body[i] < 0x7f) ? body[i] : '?';
+		text[i] = '\0';
+	}
 	code = strrchr(type, '#') ? strrchr(type, '#') + 1 : type;
 	outcome->error = msg;
 	if (code[0] == '\0')
 	{
-		/* not an AWS error: as an HTTP target's status */
-		snprintf(msg, size, "%s answered HTTP %ld%s", service, status,
-				 ntok > 0 || len == 0 ? "" : " (a body that is not JSON)");
-		outcome->kind = (status >= 500 || status == 429 || status == 408) ?
-			RELAY_RETRY : RELAY_RECEIVER_FAILED;
+		/* no AWS error code: as an HTTP target's status, 429 a throttle */
+		snprintf(msg, size, "%s answered HTTP %ld%s%s%s", service, status,
+				 text[0] ? ": " : "", text, capped ? " (body cut at 512 kB)" : "");
+		outcome->kind = status == 429 ? RELAY_RECEIVER_FAILED :
+			(status >= 500 || status == 408) ? RELAY_RETRY : RELAY_RECEIVER_FAILED;
 		return;
 	}
 	snprintf(msg, size, "%s answered HTTP %ld: %s%s%s", service, status, code,

@@ -38,6 +38,9 @@ extern bool aws_send(RelayLane *lane, StringInfo body, const char *content_type,
 					 const char *target, RelayOutcome *failed);
 extern RelayOutcomeKind aws_code_class(const char *code, long status, int nmessages);
 extern void aws_error_answer(const char *service, long status, const char *body, int len,
-							 int nmessages, RelayOutcome *outcome, char *msg, size_t size);
+							 bool capped, int nmessages, RelayOutcome *outcome, char *msg,
+							 size_t size);
+extern void aws_host_region(const char *authority, const char *service, char *region);
+extern void aws_target_release(RelayTarget *t);
 
 #endif							/* OUTBOX_RELAY_AWS_H */

@@ -77,10 +77,13 @@ typedef struct RelayHttpLane
 	bool		opened;			/* a connection was opened since */
 	int			options_version;	/* the target's options set on easy */
 	StringInfoData sig;			/* webhook-signature of the request */
-	char	   *answer;			/* a kind that reads answers
-								 * (RelayTransport.http_answer): the body,
-								 * up to RELAY_MAX_RESPONSE_BODY bytes */
+	bool		reads_answer;	/* a kind that reads answers
+								 * (RelayTransport.http_answer) */
+	char	   *answer;			/* its body, up to RELAY_MAX_ANSWER bytes:
+								 * malloc'd (grown in relay_write_cb,
+								 * which must not raise errors), or NULL */
 	int			answer_len;		/* bytes in answer */
+	int			answer_cap;		/* bytes allocated */
 } RelayHttpLane;
 
 #define HTTP(lane)	((RelayHttpLane *) (lane)->priv)
@@ -94,6 +97,8 @@ static void relay_header(RelayHttpLane *h, const char *line);
  * RELAY_ERROR_KEEP bytes are kept, for last_error, as printable ASCII.
  */
 #define RELAY_MAX_RESPONSE_BODY		(64 * 1024)
+/* The same for a kind that reads answers (500 records' answers from Kinesis). */
+#define RELAY_MAX_ANSWER			(512 * 1024)
 #define RELAY_MAX_RESPONSE_HEADERS	(64 * 1024)
 
 /* A lane's batch body buffer larger than this is given back after use. */
@@ -319,10 +324,24 @@ relay_write_cb(char *data, size_t size, size_t nmemb, void *userdata)
 	size_t		room = sizeof(h->response) - 1 - h->response_len;
 
 	h->body_bytes += len;
-	if (h->answer != NULL && h->answer_len < RELAY_MAX_RESPONSE_BODY)
+	if (h->reads_answer && h->answer_len < RELAY_MAX_ANSWER)
 	{
-		size_t		n = Min(len, (size_t) (RELAY_MAX_RESPONSE_BODY - h->answer_len));
+		size_t		n = Min(len, (size_t) (RELAY_MAX_ANSWER - h->answer_len));
 
+		if (h->answer_len + (int) n + 1 > h->answer_cap)
+		{
+			int			cap = Min(Max(h->answer_len + (int) n + 1, 2 * h->answer_cap),
+								  RELAY_MAX_ANSWER + 1);
+			char	   *grown = realloc(h->answer, cap);
+
+			if (grown == NULL)
+			{
+				h->body_capped = true;	/* read as cut short */
+				return 0;
+			}
+			h->answer = grown;
+			h->answer_cap = cap;
+		}
 		memcpy(h->answer + h->answer_len, data, n);
 		h->answer_len += n;
 		h->answer[h->answer_len] = '\0';
@@ -341,7 +360,7 @@ relay_write_cb(char *data, size_t size, size_t nmemb, void *userdata)
 		h->response_len += n;
 		h->response[h->response_len] = '\0';
 	}
-	if (h->body_bytes > RELAY_MAX_RESPONSE_BODY)
+	if (h->body_bytes > (h->reads_answer ? RELAY_MAX_ANSWER : RELAY_MAX_RESPONSE_BODY))
 	{
 		/* Returning less than len aborts the transfer and its connection. */
 		h->body_capped = true;
@@ -494,11 +513,7 @@ relay_http_lane_init(RelayLane *lane)
 	h->maxlines = 16;
 	h->hoff = palloc(sizeof(int) * h->maxlines);
 	h->nodes = palloc(sizeof(struct curl_slist) * h->maxlines);
-	if (t->transport->http_answer != NULL)
-	{
-		h->answer = palloc(RELAY_MAX_RESPONSE_BODY + 1);
-		h->answer[0] = '\0';
-	}
+	h->reads_answer = (t->transport->http_answer != NULL);
 	h->easy = easy;
 	lane->priv = h;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
@@ -555,6 +570,8 @@ relay_http_lane_release(RelayLane *lane)
 		lane->in_flight = false;
 	}
 	curl_easy_cleanup(h->easy);
+	free(h->answer);
+	h->answer = NULL;
 	lane->priv = NULL;
 }
 
@@ -1055,11 +1072,19 @@ relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
 	{
 		/* A kind that reads the answer (relay_sqs.c) says what it means. */
 		outcome.status = (int) status;
-		lane->target->transport->http_answer(lane, status, h->answer, h->answer_len,
-											 h->body_capped, &outcome, msg, sizeof(msg));
+		lane->target->transport->http_answer(lane, status, h->answer ? h->answer : "",
+											 h->answer_len, h->body_capped, &outcome,
+											 msg, sizeof(msg));
 		if (outcome.kind != RELAY_DELIVERED)
 			outcome.retry_after_s = (int) Min(Max(retry_after, 0),
 											  (curl_off_t) (outbox_retry_max_delay + 999) / 1000);
+		/* a large answer's memory given back */
+		if (h->answer_cap > RELAY_MAX_RESPONSE_BODY)
+		{
+			free(h->answer);
+			h->answer = NULL;
+			h->answer_cap = 0;
+		}
 	}
 	else
 	{

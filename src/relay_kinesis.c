@@ -67,6 +67,7 @@ kinesis_check(const char *url, const char *stream, const char *region, const cha
 	const char *p;
 	bool		https;
 	size_t		n;
+	char		host_region[AWS_MAX_REGION + 1];
 
 	*what = "url";
 	if ((why = aws_url_authority(url, authority, &https)) != NULL)
@@ -86,16 +87,9 @@ kinesis_check(const char *url, const char *stream, const char *region, const cha
 	if (!aws_region_valid(region))
 		return "it is not an AWS region name (1 to 32 lower-case letters, digits and '-', such as 'eu-west-1')";
 	/* kinesis.REGION.amazonaws.com: REGION must be the target's */
-	if (pg_strncasecmp(*authority, "kinesis.", 8) == 0)
-	{
-		const char *r = *authority + 8;
-		const char *dot = strchr(r, '.');
-
-		if (dot != NULL && pg_strncasecmp(dot, ".amazonaws.com", 14) == 0 &&
-			(dot[14] == '\0' || dot[14] == ':' || pg_strncasecmp(dot + 14, ".cn", 3) == 0) &&
-			((size_t) (dot - r) != strlen(region) || strncmp(r, region, dot - r) != 0))
-			return psprintf("the endpoint is in region \"%.*s\"", (int) Min(dot - r, AWS_MAX_REGION), r);
-	}
+	aws_host_region(*authority, "kinesis", host_region);
+	if (host_region[0] != '\0' && strcmp(host_region, region) != 0)
+		return psprintf("the endpoint is in region \"%s\"", host_region);
 	*what = "credentials";
 	return aws_check_credentials(key_id, secret, token);
 }
@@ -163,7 +157,7 @@ outbox_check_kinesis_target(PG_FUNCTION_ARGS)
 				 errdetail("The region is not usable: %s.", why),
 				 errhint("Give the stream's region, such as 'eu-west-1'.")));
 	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION),
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("invalid AWS credentials for a Kinesis target"),
 			 errdetail("The credentials are not usable: %s.", why),
 			 errhint("Give an access key id and its secret access key (and, for temporary credentials, the session token) as AWS shows them.")));
@@ -278,9 +272,11 @@ relay_kinesis_answer(RelayLane *lane, long status, const char *body, int len,
 	int			r;
 	int			first = -1;
 
+	Assert(n >= 1 && n <= KINESIS_MAX_BATCH);
+	n = Max(1, Min(n, KINESIS_MAX_BATCH));	/* (max_batch: never more) */
 	if (status != 200)
 	{
-		aws_error_answer("Kinesis", status, body, len, n, outcome, msg, size);
+		aws_error_answer("Kinesis", status, body, len, capped, n, outcome, msg, size);
 		return;
 	}
 	ntok = capped ? -1 : jscan_parse(body, len, tok, lengthof(tok));
@@ -288,7 +284,7 @@ relay_kinesis_answer(RelayLane *lane, long status, const char *body, int len,
 	if (records < 0 || tok[records].type != JSCAN_ARRAY || tok[records].size != n)
 	{
 		snprintf(msg, size, "Kinesis answered 200 with a body that is not PutRecords' answer for %d records%s",
-				 n, capped ? " (over 64 kB)" : "");
+				 n, capped ? " (body cut at 512 kB)" : "");
 		outcome->kind = RELAY_RETRY;
 		outcome->error = msg;
 		return;
@@ -334,6 +330,7 @@ const RelayTransport relay_kinesis_transport = {
 	.per_message = true,
 	.check = relay_kinesis_check,
 	.target_init = aws_target_init,
+	.target_release = aws_target_release,
 	.lane_init = relay_http_lane_init,
 	.lane_release = relay_http_lane_release,
 	.send = relay_kinesis_send,

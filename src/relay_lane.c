@@ -772,7 +772,8 @@ relay_lane_cut_keys(RelayLane *lane)
 			/* The kind's own limit of a request (the first always goes). */
 			Size		add = t->transport->message_bytes(t, m);
 
-			if (n > 0 && bytes + add > t->transport->max_request_bytes)
+			if (n > 0 && t->transport->max_request_bytes > 0 &&
+				bytes + add > t->transport->max_request_bytes)
 				break;
 			bytes += add;
 		}

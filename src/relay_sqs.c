@@ -96,20 +96,7 @@ sqs_parse_url(const char *url, char **authority, bool *fifo, char *host_region)
 			return "its queue name has a character other than letters, digits, '-' and '_' (and a final \".fifo\")";
 
 	/* sqs.REGION.amazonaws.com (or .com.cn): REGION must be the target's */
-	if (pg_strncasecmp(*authority, "sqs.", 4) == 0)
-	{
-		const char *r = *authority + 4;
-		const char *dot = strchr(r, '.');
-
-		if (dot != NULL && (pg_strncasecmp(dot, ".amazonaws.com", 14) == 0 &&
-							(dot[14] == '\0' || dot[14] == ':' ||
-							 pg_strncasecmp(dot + 14, ".cn", 3) == 0)) &&
-			dot - r <= AWS_MAX_REGION)
-		{
-			memcpy(host_region, r, dot - r);
-			host_region[dot - r] = '\0';
-		}
-	}
+	aws_host_region(*authority, "sqs", host_region);
 	return NULL;
 }
 
@@ -197,7 +184,7 @@ outbox_check_sqs_target(PG_FUNCTION_ARGS)
 				 errdetail("The region is not usable: %s.", why),
 				 errhint("Give the region of the queue's URL, such as 'eu-west-1'.")));
 	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_AUTHORIZATION_SPECIFICATION),
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("invalid AWS credentials for an SQS target"),
 			 errdetail("The credentials are not usable: %s.", why),
 			 errhint("Give an access key id and its secret access key (and, for temporary credentials, the session token) as AWS shows them.")));
@@ -351,24 +338,52 @@ relay_sqs_send(RelayLane *lane, RelayOutcome *failed)
 }
 
 /*
+ * The position an entry's Id names: the decimal digits of a position the
+ * request has, exactly as sent ("0" to "9"); -1 for anything else.
+ */
+static int
+sqs_position(const char *body, const JscanToken *tok, int entry, int n)
+{
+	char		id[8];
+	int			pos;
+
+	if (tok[entry].type != JSCAN_OBJECT ||
+		!jscan_string(body, tok, jscan_member(body, tok, entry, "Id"), id, sizeof(id)) ||
+		id[0] < '0' || id[0] > '9' || id[1] != '\0')
+		return -1;
+	pos = id[0] - '0';
+	return pos < n ? pos : -1;
+}
+
+/*
  * What SQS's answer means (RelayTransport.http_answer).  Anything not
- * understood is never taken to mean "drop the message".
+ * understood is never taken to mean "drop the message": an entry counts
+ * as stored only if the answer says so and names no failure of it.
  */
 static void
 relay_sqs_answer(RelayLane *lane, long status, const char *body, int len,
 				 bool capped, RelayOutcome *outcome, char *msg, size_t size)
 {
 	JscanToken	tok[SQS_MAX_TOKENS];
-	int			ntok = capped ? -1 : jscan_parse(body, len, tok, lengthof(tok));
+	int			ntok;
 	int			n = lane->nbatch;
 	int			i;
 
-	if (status == 200)
+	StaticAssertStmt(SQS_MAX_BATCH <= 10, "an entry's Id is one digit");
+	Assert(n >= 1 && n <= SQS_MAX_BATCH);
+	n = Max(1, Min(n, SQS_MAX_BATCH));	/* (max_batch: never more) */
+	if (status != 200)
+	{
+		aws_error_answer("SQS", status, body, len, capped, n, outcome, msg, size);
+		return;
+	}
+	ntok = capped ? -1 : jscan_parse(body, len, tok, lengthof(tok));
 	{
 		int			ok = ntok > 0 ? jscan_member(body, tok, 0, "Successful") : -1;
 		int			bad = ntok > 0 ? jscan_member(body, tok, 0, "Failed") : -1;
-		int			first_bad = -1;
-		bool		seen_bad[SQS_MAX_BATCH];
+		int			failed_at[SQS_MAX_BATCH];	/* token of an entry's failure */
+		bool		stored[SQS_MAX_BATCH];
+		int			e;
 		char		code[64];
 		char		text[200];
 
@@ -376,37 +391,22 @@ relay_sqs_answer(RelayLane *lane, long status, const char *body, int len,
 			(bad >= 0 && tok[bad].type != JSCAN_ARRAY))
 		{
 			snprintf(msg, size, "SQS answered 200 with a body that is not SendMessageBatch's answer%s",
-					 capped ? " (over 64 kB)" : "");
+					 capped ? " (body cut at 512 kB)" : "");
 			outcome->kind = RELAY_RETRY;
 			outcome->error = msg;
 			return;
 		}
-		memset(sqs_acked, 0, sizeof(sqs_acked));
-		memset(seen_bad, 0, sizeof(seen_bad));
-		for (i = ok >= 0 ? ok + 1 : 0; ok >= 0 && i < tok[ok].next; i = tok[i].next)
-		{
-			char		id[8];
-			int			pos;
-
-			if (jscan_string(body, tok, jscan_member(body, tok, i, "Id"), id, sizeof(id)) &&
-				(pos = atoi(id)) >= 0 && pos < n && id[0] >= '0' && id[0] <= '9')
-				sqs_acked[pos] = true;
-		}
-		/* the first failed entry, in commit order */
-		for (i = bad >= 0 ? bad + 1 : 0; bad >= 0 && i < tok[bad].next; i = tok[i].next)
-		{
-			char		id[8];
-			int			pos;
-
-			if (jscan_string(body, tok, jscan_member(body, tok, i, "Id"), id, sizeof(id)) &&
-				(pos = atoi(id)) >= 0 && pos < n && id[0] >= '0' && id[0] <= '9')
-			{
-				sqs_acked[pos] = false;
-				seen_bad[pos] = true;
-				if (first_bad < 0 || pos < first_bad)
-					first_bad = pos;
-			}
-		}
+		memset(stored, 0, sizeof(stored));
+		for (i = 0; i < n; i++)
+			failed_at[i] = -1;
+		for (e = ok >= 0 ? ok + 1 : 0; ok >= 0 && e < tok[ok].next; e = tok[e].next)
+			if ((i = sqs_position(body, tok, e, n)) >= 0)
+				stored[i] = true;
+		for (e = bad >= 0 ? bad + 1 : 0; bad >= 0 && e < tok[bad].next; e = tok[e].next)
+			if ((i = sqs_position(body, tok, e, n)) >= 0 && failed_at[i] < 0)
+				failed_at[i] = e;
+		for (i = 0; i < n; i++)
+			sqs_acked[i] = stored[i] && failed_at[i] < 0;
 		for (i = 0; i < n && sqs_acked[i]; i++)
 			;
 		if (i == n)
@@ -417,42 +417,34 @@ relay_sqs_answer(RelayLane *lane, long status, const char *body, int len,
 		outcome->ndelivered = i;
 		outcome->acked = sqs_acked;
 		outcome->nsent = n;
-		if (!seen_bad[i])
+		outcome->error = msg;
+		e = failed_at[i];
+		if (e < 0)
 		{
-			snprintf(msg, size, "SQS's answer does not mention entry %d of the request", i);
+			snprintf(msg, size, "SQS's answer does not say entry %d of the request was stored", i);
 			outcome->kind = RELAY_RETRY;
-			outcome->error = msg;
 			return;
 		}
-		/* entry i failed: its reason */
-		for (first_bad = bad + 1; first_bad < tok[bad].next; first_bad = tok[first_bad].next)
-		{
-			char		id[8];
-
-			if (jscan_string(body, tok, jscan_member(body, tok, first_bad, "Id"), id, sizeof(id)) &&
-				atoi(id) == i)
-				break;
-		}
-		if (!jscan_string(body, tok, jscan_member(body, tok, first_bad, "Code"), code, sizeof(code)))
+		if (!jscan_string(body, tok, jscan_member(body, tok, e, "Code"), code, sizeof(code)))
 			strlcpy(code, "?", sizeof(code));
-		if (!jscan_string(body, tok, jscan_member(body, tok, first_bad, "Message"), text, sizeof(text)))
+		if (!jscan_string(body, tok, jscan_member(body, tok, e, "Message"), text, sizeof(text)))
 			text[0] = '\0';
-		if (jscan_true(body, tok, jscan_member(body, tok, first_bad, "SenderFault")))
+		if (jscan_true(body, tok, jscan_member(body, tok, e, "SenderFault")) && !stored[i])
 		{
 			snprintf(msg, size, "SQS refused the message: %s%s%s", code, text[0] ? ": " : "", text);
 			outcome->kind = RELAY_REJECTED;
 		}
 		else
 		{
-			/* SQS's fault: its code says whether to back off or try again */
+			/*
+			 * SQS's fault (or an answer that says both, stored and failed:
+			 * sent again, never dropped): its code says whether to back
+			 * off or try again.
+			 */
 			snprintf(msg, size, "SQS failed to store the message: %s%s%s", code, text[0] ? ": " : "", text);
 			outcome->kind = aws_code_class(code, 200, 2);
 		}
-		outcome->error = msg;
-		return;
 	}
-
-	aws_error_answer("SQS", status, body, len, n, outcome, msg, size);
 }
 
 const RelayTransport relay_sqs_transport = {
@@ -461,6 +453,7 @@ const RelayTransport relay_sqs_transport = {
 	.per_message = true,
 	.check = relay_sqs_check,
 	.target_init = aws_target_init,
+	.target_release = aws_target_release,
 	.lane_init = relay_http_lane_init,
 	.lane_release = relay_http_lane_release,
 	.send = relay_sqs_send,

@@ -14,13 +14,20 @@
 //                  "tokens": {akid: token}, "expired": [token, ...]}
 //   POST /queue   {"name": n, "attributes": {...}}  -> {"url": ...}
 //   POST /delete  {"name": n}                       (the queue is gone)
-//   POST /fault   {"throttle": n, "error500": n, "marker": s, "marker_times": n,
-//                  "marker_code": c}
+//   POST /fault   {"throttle": n, "error500": n, "garbage": n, "marker": s,
+//                  "marker_times": n, "marker_code": c, "marker_sender": b,
+//                  "reject_marker": s}
 //                  the next n requests throttled (400 ThrottlingException) or
 //                  500 InternalError; entries (records) whose body (data)
 //                  holds marker fail marker_times times with code c
 //                  (InternalError, SenderFault false; for Kinesis
-//                  InternalFailure)
+//                  InternalFailure; marker_sender: SQS says it is the
+//                  sender's fault); the next n answered 200 with a body that
+//                  is not JSON; a request with an entry that holds
+//                  reject_marker refused whole (400 InvalidMessageContents);
+//                  the next bad_ids SendMessageBatch answered 200 "stored"
+//                  with Ids that are not those sent ("00", "01" ...), and not
+//                  stored
 //   POST /stream  {"name": n, "shards": k}           a Kinesis stream
 //   GET  /records?stream=n  the stream's records not returned before, per
 //                  shard in order: [{shard, seq, key, data}]
@@ -44,7 +51,8 @@ const kinesalite = require('kinesalite');
 
 const config = { region: 'eu-west-1', keys: {}, tokens: {}, expired: [] };
 const queues = {};   // name -> the URL fauxqs knows it by
-const faults = { throttle: 0, error500: 0, marker: null, marker_times: 0, marker_code: null };
+const faults = { throttle: 0, error500: 0, garbage: 0, bad_ids: 0, marker: null, marker_times: 0,
+  marker_code: null, marker_sender: false, reject_marker: null };
 const stats = { requests: 0, verified: 0, refused: {}, entries: 0, batches: [] };
 
 const app = buildApp({ logger: false });
@@ -169,6 +177,13 @@ const front = http.createServer((req, res) => {
         refuse(res, 500, 'com.amazonaws.sqs#InternalError', 'We encountered an internal error. Please try again.', 'error500');
         return;
       }
+      if (faults.garbage > 0) {
+        faults.garbage--;
+        stats.refused.garbage = (stats.refused.garbage || 0) + 1;
+        res.writeHead(200, { 'content-type': 'text/html' });
+        res.end('<html>a proxy in the way</html>');
+        return;
+      }
       const target = req.headers['x-amz-target'];
       if (req.service === 'kinesis') {
         await kinesisRequest(req, body, res, target);
@@ -186,12 +201,23 @@ const front = http.createServer((req, res) => {
         const request = JSON.parse(body);
         stats.entries += request.Entries.length;
         stats.batches.push(request.Entries.length);
+        if (faults.bad_ids > 0) {
+          faults.bad_ids--;
+          stats.refused['bad ids'] = (stats.refused['bad ids'] || 0) + 1;
+          res.writeHead(200, { 'content-type': 'application/x-amz-json-1.0' });
+          res.end(JSON.stringify({ Successful: request.Entries.map((e) => ({ Id: `0${e.Id}`, MessageId: 'x', MD5OfMessageBody: 'x' })), Failed: [] }));
+          return;
+        }
+        if (faults.reject_marker && request.Entries.some((e) => e.MessageBody.includes(faults.reject_marker))) {
+          refuse(res, 400, 'com.amazonaws.sqs#InvalidMessageContents', 'Invalid characters found.', 'rejected whole');
+          return;
+        }
         if (faults.marker && faults.marker_times > 0) {
           const keep = [];
           for (const e of request.Entries) {
             if (faults.marker_times > 0 && e.MessageBody.includes(faults.marker)) {
               faults.marker_times--;
-              failed.push({ Id: e.Id, SenderFault: false, Code: faults.marker_code || 'InternalError', Message: 'injected failure of one entry' });
+              failed.push({ Id: e.Id, SenderFault: !!faults.marker_sender, Code: faults.marker_code || 'InternalError', Message: 'injected failure of one entry' });
             } else {
               keep.push(e);
             }

@@ -12,7 +12,11 @@
 #    with SQS's reason, nothing dead-lettered, then delivered in order
 #    once set right (set_aws_credentials, the queue made);
 #  - throttling: the target backs off, no message uses up its attempts;
-#  - entries of a batch that fail (SQS's fault): sent again, in order;
+#  - entries of a batch that fail (SQS's fault): sent again, in order, an
+#    entry stored never sent again; an entry SQS refuses as the sender's
+#    fault: a dead letter, the rest of its request stored; a request refused
+#    whole for one entry: that one a dead letter, the others using up no
+#    attempt; 5xx and answers that are not JSON: tried again;
 #  - a message over the queue's MaximumMessageSize, and one over SQS's
 #    1 MiB: dead letters with the reason, the rest of the key in order;
 #  - the relay killed (kill -9) mid-stream: every message there, the FIFO
@@ -219,20 +223,79 @@ is(dead_letter_lines($node, 'fifo')->[0], undef, 'nothing dead-lettered (max_att
 $k = keys_of(sqs_drain($peer, 'orders.fifo'));
 is(scalar(map { @$_ } values %$k), 20, 'all 20 there');
 is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
-$node->safe_psql('postgres', q{SELECT outbox.alter_target('fifo', max_attempts => 0)});
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('fifo', max_attempts => 10)});
 
-# --- entries of a batch that fail: sent again in order --------------------
+# --- entries of a batch that fail (SQS's fault): sent again in order -----
+# On the standard queue, which drops no copy: an entry SQS stored is never
+# sent again; max_attempts 10, as made.
+aws_control($peer, 'fault', { marker => 'flaky', marker_times => 6 });
+emit('std', 40, 8, extra => 'flaky');
+ok_wait('entries that failed (SQS\'s fault): sent again, delivered',
+	sub { return (pending('std') == 0, pending('std') . ' pending') });
+my $got = sqs_drain($peer, 'orders');
+%seen = ();
+$seen{ $chars->decode($_->{body})->{n} }++ for @$got;
+is(scalar(@$got), 40, 'all 40 there ...');
+is(scalar(keys %seen), 40, '... each once: no entry SQS stored was sent again');
+like(lag_value($node, 'std', 'last_error'), qr/SQS failed to store the message: InternalError/,
+	'last_error says which entry failed');
+is(dead_letter_lines($node, 'std')->[0], undef, 'nothing dead-lettered');
+# the same on the FIFO queue: per key in order
 aws_control($peer, 'fault', { marker => 'flaky', marker_times => 6 });
 emit('fifo', 40, 8, extra => 'flaky');
-ok_wait('entries that failed (SQS\'s fault): sent again, delivered',
+ok_wait('FIFO: entries that failed sent again, delivered',
 	sub { return (pending('fifo') == 0, pending('fifo') . ' pending') });
 $k = keys_of(sqs_drain($peer, 'orders.fifo'));
-is(scalar(map { @$_ } values %$k), 40, 'all 40 there, once');
-is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
-like(lag_value($node, 'fifo', 'last_error'), qr/SQS failed to store the message: InternalError/,
-	'last_error says which entry failed');
-is(dead_letter_lines($node, 'fifo')->[0], undef, 'nothing dead-lettered');
-aws_control($peer, 'fault', { marker => undef, marker_times => 0 });
+is(scalar(map { @$_ } values %$k), 40, 'FIFO: all 40 there');
+is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'FIFO: per key in order');
+is(dead_letter_lines($node, 'fifo')->[0], undef, 'FIFO: nothing dead-lettered');
+
+# --- an entry SQS refuses as the sender's fault, among entries stored -----
+aws_control($peer, 'fault', { marker => 'refuse-me', marker_times => 1, marker_sender => JSON::PP::true,
+	marker_code => 'InvalidMessageContents' });
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('std.x', jsonb_build_object('n', 20000 + g, 's', CASE WHEN g = 5 THEN 'refuse-me' ELSE 'ok' END),
+					   'sk' || g) FROM generate_series(1, 10) g;});
+ok_wait('an entry refused as the sender\'s fault: the rest delivered',
+	sub { return (pending('std') == 0, pending('std') . ' pending') });
+my $dl = dead_letter_lines($node, 'std');
+is_deeply($dl, ['sk5|SQS refused the message: InvalidMessageContents: injected failure of one entry'],
+	'that message alone is a dead letter, with SQS\'s reason');
+$got = sqs_drain($peer, 'orders');
+is_deeply([ sort map { $chars->decode($_->{body})->{n} } @$got ], [ map { 20000 + $_ } 1 .. 4, 6 .. 10 ],
+	'the other 9 there, each once');
+$node->safe_psql('postgres', q{SELECT outbox.discard_dead_letters('std')});
+aws_control($peer, 'fault', { marker => undef, marker_times => 0, marker_sender => JSON::PP::false, marker_code => undef });
+
+# --- a whole request refused for one entry's content -----------------------
+# One lane, so the refused message shares its request with others; with
+# max_attempts 1, the others must use up no attempt while the relay finds
+# which one SQS refuses.
+target('one', 'orders', lanes => 1, max_attempts => 1);
+aws_control($peer, 'fault', { reject_marker => 'poison' });
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('one.x', jsonb_build_object('n', 30000 + g, 's', CASE WHEN g = 4 THEN 'poison' ELSE 'ok' END),
+					   'pk' || g) FROM generate_series(1, 10) g;});
+ok_wait('a request refused whole for one entry: the rest delivered',
+	sub { return (pending('one') == 0, pending('one') . ' pending') });
+is_deeply(dead_letter_lines($node, 'one'), ['pk4|SQS answered HTTP 400: InvalidMessageContents: Invalid characters found.'],
+	'only the message SQS refuses is a dead letter');
+$got = sqs_drain($peer, 'orders');
+%seen = ();
+$seen{ $chars->decode($_->{body})->{n} }++ for @$got;
+is_deeply([ sort keys %seen ], [ map { 30000 + $_ } 1 .. 3, 5 .. 10 ], 'the other 9 there');
+ok(aws_stats($peer)->{refused}{'rejected whole'} >= 2, 'requests of several messages were refused whole');
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('one')});
+aws_control($peer, 'fault', { reject_marker => undef });
+
+# --- 5xx, and a 200 that is not SQS's answer: tried again -------------------
+# (an answer whose Ids are not those sent, "00" for "0", stores nothing)
+aws_control($peer, 'fault', { error500 => 2, garbage => 2, bad_ids => 3 });
+emit('std', 10, 10);
+ok_wait('after 500s, answers that are not JSON and Ids not sent: delivered',
+	sub { return (pending('std') == 0, pending('std') . ' pending') });
+is(scalar(@{ sqs_drain($peer, 'orders') }), 10, 'all 10 there');
+is(dead_letter_lines($node, 'std')->[0], undef, 'nothing dead-lettered');
 
 # --- too large: dead letters with the reason ------------------------------
 target('small', 'small.fifo');
@@ -245,7 +308,7 @@ $node->safe_psql('postgres', qq{
 	SELECT outbox_emit('small.x', '{"n": 5}', 'k');});
 ok_wait('a message over the queue\'s size and one over SQS\'s: the rest delivered',
 	sub { return (pending('small') == 0, pending('small') . ' pending') });
-my $dl = dead_letter_lines($node, 'small');
+$dl = dead_letter_lines($node, 'small');
 is(scalar(@$dl), 2, 'two dead letters');
 like($dl->[0], qr/^k\|SQS refused the message: InvalidParameterValue: .*shorter than 1024 bytes/,
 	'the one over the queue\'s MaximumMessageSize, with SQS\'s reason');
@@ -289,7 +352,8 @@ $k = keys_of($killed);
 is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
 
 my $st = aws_stats($peer);
-is_deeply([ sort keys %{ $st->{refused} } ], [ 'expired token', 'scope', 'signature', 'throttled' ],
+is_deeply([ sort keys %{ $st->{refused} } ],
+	[ 'bad ids', 'error500', 'expired token', 'garbage', 'rejected whole', 'scope', 'signature', 'throttled' ],
 	'the only requests SQS refused were those the test asked for');
 ok($st->{verified} > 100, "every other request's signature checked by AWS's signer ($st->{verified})");
 relay_no_crash($node, $pid);
