@@ -14,6 +14,7 @@
 //                  "tokens": {akid: token}, "expired": [token, ...]}
 //   POST /queue   {"name": n, "attributes": {...}}  -> {"url": ...}
 //   POST /delete  {"name": n}                       (the queue is gone)
+//   POST /purge   {"name": n}                       (the queue emptied)
 //   POST /fault   {"throttle": n, "error500": n, "garbage": n, "marker": s,
 //                  "marker_times": n, "marker_code": c, "marker_sender": b,
 //                  "reject_marker": s}
@@ -377,6 +378,8 @@ const control = http.createServer((req, res) => {
         const r = await sqs('CreateQueue', { QueueName: body.name, Attributes: body.attributes || {} });
         queues[body.name] = r.QueueUrl;
         answer = { url: `http://${frontHost}/000000000000/${body.name}` };
+      } else if (u.pathname === '/purge') {
+        await sqs('PurgeQueue', { QueueUrl: queues[body.name] });
       } else if (u.pathname === '/delete') {
         await sqs('DeleteQueue', { QueueUrl: queues[body.name] });
         delete queues[body.name];
