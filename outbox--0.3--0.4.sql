@@ -40,6 +40,107 @@ ALTER TABLE outbox.targets
 		CHECK (aws_session_token IS NULL OR (aws_access_key_id IS NOT NULL AND aws_session_token ~ '^[!-~]+$' AND octet_length(aws_session_token) <= 8192));
 COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams, RabbitMQ, Amazon SQS and Amazon Kinesis';
 
+-- The checks of the options every target with lanes has (HTTP, the
+-- brokers, AWS): ordering (ordering_hint says what it means for the kind),
+-- lanes, attempts and disable_after (check_target_options), timeout_ms and
+-- max_rate.
+CREATE FUNCTION outbox.check_lane_options(t outbox.targets, ordering_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = ordering_hint;
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_lane_options(outbox.targets, text) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION outbox.check_http_target(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	key_bytes bytea;
+BEGIN
+	IF t.url IS NULL OR t.url !~* '^https?://[^/?#\s]+' OR t.url ~ '[\s\x01-\x1f\x7f]' OR length(t.url) > 2048 THEN
+		RAISE EXCEPTION 'invalid target URL "%"', t.url
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = 'Targets take absolute http:// or https:// URLs of at most 2048 characters, without white space.',
+				  HINT = 'Use a URL such as ''https://hooks.example.com/outbox''.';
+	END IF;
+	PERFORM outbox.check_headers(t.headers);
+	PERFORM outbox.check_secret(t.secret, 'secret');
+	PERFORM outbox.check_secret(t.previous_secret, 'previous_secret');
+	IF t.previous_secret IS NOT NULL AND t.secret IS NULL THEN
+		RAISE EXCEPTION 'a target with a previous secret needs a secret'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use outbox.rotate_secret() to change keys.';
+	END IF;
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_lane_options(t, '''key'' keeps order per key and delivers keys concurrently; ''strict'' delivers the whole target in commit order.');
+	-- Last, as it may resolve the host: the URL as libcurl parses it, and
+	-- where it may go (outbox.denied_destinations, allowed_destinations).
+	PERFORM outbox.check_destination(t.url);
+	PERFORM outbox.check_tls_files(t);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.check_broker_options(t outbox.targets)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.kind = 'nats' THEN
+		PERFORM outbox.check_nats_target(t.url, t.subject);
+	ELSIF t.kind = 'rabbitmq' THEN
+		PERFORM outbox.check_rabbitmq_target(t.url, t.exchange, t.routing_key);
+	ELSIF t.kind = 'redis' THEN
+		PERFORM outbox.check_redis_target(t.url, t.stream);
+		IF t.maxlen IS NOT NULL AND t.maxlen < 1 THEN
+			RAISE EXCEPTION 'maxlen must be at least 1, not %', t.maxlen
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'It is about how many entries the stream keeps (XADD MAXLEN ~); pass NULL (or 0 to alter_target) to never trim.';
+		END IF;
+		IF t.dedup_window IS NULL OR t.dedup_window < 0 OR t.dedup_window > 2592000 THEN
+			RAISE EXCEPTION 'dedup_window must be between 0 and 2592000 seconds (30 days), not %', coalesce(t.dedup_window::text, 'NULL')
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'It is how long a message sent again is still recognised and not appended twice; 0 appends without marks.';
+		END IF;
+	ELSE
+		PERFORM outbox.check_kafka_target(t.url, t.topic, t.properties);
+	END IF;
+	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > 1000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'It is how many messages of different keys a lane has waiting for their acknowledgements.';
+	END IF;
+	PERFORM outbox.check_lane_options(t, '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.');
+	PERFORM outbox.check_tls_files(t);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION outbox.check_tls_files(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -419,24 +520,7 @@ BEGIN
 				  HINT = CASE t.kind WHEN 'sqs' THEN 'It is how many messages go in one SendMessageBatch request; SQS takes at most 10.'
 							 ELSE 'It is how many records go in one PutRecords request; Kinesis takes at most 500.' END;
 	END IF;
-	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
-		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = '''key'' keeps order per key and sends keys concurrently; ''strict'' sends one message at a time, in commit order.';
-	END IF;
-	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
-		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM outbox.check_target_options(t);
-	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
-		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
-		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
+	PERFORM outbox.check_lane_options(t, '''key'' keeps order per key and sends keys concurrently; ''strict'' sends one message at a time, in commit order.');
 	-- Last, as it may resolve the host: where requests may go
 	-- (outbox.denied_destinations, allowed_destinations).
 	PERFORM outbox.check_destination(t.url);

@@ -926,6 +926,38 @@ END
 $$;
 REVOKE ALL ON FUNCTION outbox.check_target_options(outbox.targets) FROM PUBLIC;
 
+-- The checks of the options every target with lanes has (HTTP, the
+-- brokers, AWS): ordering (ordering_hint says what it means for the kind),
+-- lanes, attempts and disable_after (check_target_options), timeout_ms and
+-- max_rate.
+CREATE FUNCTION outbox.check_lane_options(t outbox.targets, ordering_hint text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
+		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = ordering_hint;
+	END IF;
+	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
+		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	PERFORM outbox.check_target_options(t);
+	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
+		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
+		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION outbox.check_lane_options(outbox.targets, text) FROM PUBLIC;
+
 -- The checks of an HTTP target's options, shared by create_http_target and
 -- alter_target.
 CREATE FUNCTION outbox.check_http_target(t outbox.targets)
@@ -954,24 +986,7 @@ BEGIN
 		RAISE EXCEPTION 'batch_size must be between 1 and 1000, not %', t.batch_size
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
-		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = '''key'' keeps order per key and delivers keys concurrently; ''strict'' delivers the whole target in commit order.';
-	END IF;
-	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
-		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM outbox.check_target_options(t);
-	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
-		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
-		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
+	PERFORM outbox.check_lane_options(t, '''key'' keeps order per key and delivers keys concurrently; ''strict'' delivers the whole target in commit order.');
 	-- Last, as it may resolve the host: the URL as libcurl parses it, and
 	-- where it may go (outbox.denied_destinations, allowed_destinations).
 	PERFORM outbox.check_destination(t.url);
@@ -1057,24 +1072,7 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  HINT = 'It is how many messages of different keys a lane has waiting for their acknowledgements.';
 	END IF;
-	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
-		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.';
-	END IF;
-	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
-		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM outbox.check_target_options(t);
-	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
-		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
-		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
+	PERFORM outbox.check_lane_options(t, '''key'' keeps order per key and publishes keys concurrently; ''strict'' publishes one message at a time, in commit order.');
 	PERFORM outbox.check_tls_files(t);
 END
 $$;
@@ -1124,24 +1122,7 @@ BEGIN
 				  HINT = CASE t.kind WHEN 'sqs' THEN 'It is how many messages go in one SendMessageBatch request; SQS takes at most 10.'
 							 ELSE 'It is how many records go in one PutRecords request; Kinesis takes at most 500.' END;
 	END IF;
-	IF t.ordering IS NULL OR t.ordering NOT IN ('key', 'strict') THEN
-		RAISE EXCEPTION 'ordering must be ''key'' or ''strict'', not %', quote_nullable(t.ordering)
-			USING ERRCODE = 'invalid_parameter_value',
-				  HINT = '''key'' keeps order per key and sends keys concurrently; ''strict'' sends one message at a time, in commit order.';
-	END IF;
-	IF t.lanes IS NULL OR t.lanes < 1 OR t.lanes > 256 THEN
-		RAISE EXCEPTION 'lanes must be between 1 and 256, not %', t.lanes
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	PERFORM outbox.check_target_options(t);
-	IF t.timeout_ms IS NULL OR t.timeout_ms < 10 OR t.timeout_ms > 3600000 THEN
-		RAISE EXCEPTION 'timeout_ms must be between 10 and 3600000, not %', t.timeout_ms
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-	IF t.max_rate IS NOT NULL AND NOT (t.max_rate > 0 AND t.max_rate <= 1000000) THEN
-		RAISE EXCEPTION 'max_rate must be between 0 (unlimited) and 1000000 requests a second, not %', t.max_rate
-			USING ERRCODE = 'invalid_parameter_value';
-	END IF;
+	PERFORM outbox.check_lane_options(t, '''key'' keeps order per key and sends keys concurrently; ''strict'' sends one message at a time, in commit order.');
 	-- Last, as it may resolve the host: where requests may go
 	-- (outbox.denied_destinations, allowed_destinations).
 	PERFORM outbox.check_destination(t.url);

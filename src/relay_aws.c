@@ -120,6 +120,39 @@ aws_host_region(const char *authority, const char *service, char *region)
 	region[dot - r] = '\0';
 }
 
+/*
+ * The end of an AWS kind's check of a row (RelayTransport.check): its own
+ * checks said why (or NULL) about what; then what every AWS kind refuses,
+ * and the target's post_url (the endpoint, path /) and host.  kind: "an
+ * SQS", "a Kinesis".
+ */
+const char *
+aws_row_checked(RelayTarget *t, const char *what, const char *why,
+				const char *authority, const char *kind)
+{
+	if (why != NULL)
+		return psprintf("%s: %s", what, why);
+	if (t->format == RELAY_FORMAT_CE_BINARY)
+		return psprintf("format: %s target sends CloudEvents in structured mode only", kind);
+	if (t->nheader_lines > 0)
+		return psprintf("headers: %s target has no headers of its own", kind);
+	t->post_url = psprintf("%s://%s/", strncmp(t->url, "https:", 6) == 0 ? "https" : "http",
+						   authority);
+	t->host = outbox_url_host(t->url, &why);
+	return t->host == NULL ? why : NULL;
+}
+
+/* The error of credentials that cannot be used; kind: "an SQS" ... */
+void
+aws_credentials_error(const char *kind, const char *why)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("invalid AWS credentials for %s target", kind),
+			 errdetail("The credentials are not usable: %s.", why),
+			 errhint("Give an access key id and its secret access key (and, for temporary credentials, the session token) as AWS shows them.")));
+}
+
 void
 aws_target_init(RelayTarget *t)
 {

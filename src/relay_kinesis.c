@@ -104,16 +104,7 @@ relay_kinesis_check(RelayTarget *t)
 
 	why = kinesis_check(t->url, t->stream, t->region, t->aws_key_id, t->aws_secret,
 						t->aws_token, &what, &authority);
-	if (why != NULL)
-		return psprintf("%s: %s", what, why);
-	if (t->format == RELAY_FORMAT_CE_BINARY)
-		return "format: a Kinesis target sends CloudEvents in structured mode only";
-	if (t->nheader_lines > 0)
-		return "headers: a Kinesis target has no headers of its own";
-	t->post_url = psprintf("%s://%s/", strncmp(t->url, "https:", 6) == 0 ? "https" : "http",
-						   authority);
-	t->host = outbox_url_host(t->url, &why);
-	return t->host == NULL ? why : NULL;
+	return aws_row_checked(t, what, why, authority, "a Kinesis");
 }
 
 PG_FUNCTION_INFO_V1(outbox_check_kinesis_target);
@@ -156,12 +147,7 @@ outbox_check_kinesis_target(PG_FUNCTION_ARGS)
 				 errmsg("invalid AWS region %s for a Kinesis target", args[2] ? quote_literal_cstr(args[2]) : "NULL"),
 				 errdetail("The region is not usable: %s.", why),
 				 errhint("Give the stream's region, such as 'eu-west-1'.")));
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("invalid AWS credentials for a Kinesis target"),
-			 errdetail("The credentials are not usable: %s.", why),
-			 errhint("Give an access key id and its secret access key (and, for temporary credentials, the session token) as AWS shows them.")));
-	PG_RETURN_VOID();
+	aws_credentials_error("a Kinesis", why);
 }
 
 /* The partition key of a message: its key, or its topic. */

@@ -137,16 +137,7 @@ relay_sqs_check(RelayTarget *t)
 
 	why = sqs_check(t->url, t->region, t->aws_key_id, t->aws_secret, t->aws_token,
 					&what, &authority, &fifo);
-	if (why != NULL)
-		return psprintf("%s: %s", what, why);
-	if (t->format == RELAY_FORMAT_CE_BINARY)
-		return "format: an SQS target sends CloudEvents in structured mode only";
-	if (t->nheader_lines > 0)
-		return "headers: an SQS target has no headers of its own";
-	t->post_url = psprintf("%s://%s/", strncmp(t->url, "https:", 6) == 0 ? "https" : "http",
-						   authority);
-	t->host = outbox_url_host(t->url, &why);
-	return t->host == NULL ? why : NULL;
+	return aws_row_checked(t, what, why, authority, "an SQS");
 }
 
 PG_FUNCTION_INFO_V1(outbox_check_sqs_target);
@@ -183,12 +174,7 @@ outbox_check_sqs_target(PG_FUNCTION_ARGS)
 				 errmsg("invalid AWS region %s for an SQS target", args[1] ? quote_literal_cstr(args[1]) : "NULL"),
 				 errdetail("The region is not usable: %s.", why),
 				 errhint("Give the region of the queue's URL, such as 'eu-west-1'.")));
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("invalid AWS credentials for an SQS target"),
-			 errdetail("The credentials are not usable: %s.", why),
-			 errhint("Give an access key id and its secret access key (and, for temporary credentials, the session token) as AWS shows them.")));
-	PG_RETURN_VOID();
+	aws_credentials_error("an SQS", why);
 }
 
 /* Digits of an int64, for a message attribute. */

@@ -49,22 +49,11 @@ sub pending
 	return lag_value($node, $t, 'pending');
 }
 
-# n messages of topic $t.x over keys k0..k(nkeys-1), in transactions of 10.
 my $emitted = 0;
 sub emit
 {
 	my ($t, $n, $nkeys, %o) = @_;
-	my $sql = '';
-	for my $i (1 .. $n)
-	{
-		$emitted++;
-		my $key = 'k' . ($emitted % $nkeys);
-		my $extra = $o{extra} ? qq{, "s": "$o{extra}"} : '';
-		$sql .= "BEGIN;\n" if $i % 10 == 1;
-		$sql .= qq{SELECT outbox_emit('$t.x', '{"n": $emitted$extra}', '$key', '{"x-trace": "t$emitted"}');\n};
-		$sql .= "COMMIT;\n" if $i % 10 == 0 || $i == $n;
-	}
-	$node->safe_psql('postgres', $sql);
+	aws_emit($node, \$emitted, $t, $n, $nkeys, %o);
 }
 
 # The records, decoded; per key their n in stream order; whether a key's

@@ -16,7 +16,7 @@ use JSON::PP;
 use PostgreSQL::Test::Utils;
 use Time::HiRes qw(time usleep);
 
-our @EXPORT = qw(aws_peer_start aws_control sqs_drain kinesis_records aws_stats);
+our @EXPORT = qw(aws_peer_start aws_control sqs_drain kinesis_records aws_stats aws_emit);
 
 my $peer_script = abs_path(dirname(__FILE__) . '/../aws/aws_peer.mjs');
 my $json = JSON::PP->new->utf8->canonical;
@@ -78,6 +78,26 @@ sub kinesis_records
 {
 	my ($peer, $name) = @_;
 	return aws_control($peer, "records?stream=$name");
+}
+
+# Emit n messages of topic $t.x into $node's postgres, in transactions of
+# 10: payload {"n": <count>} (and "s": $o{extra}), key $o{key} or
+# k<count % nkeys>, header x-trace; $count is the caller's counter (a
+# reference), which numbers them.
+sub aws_emit
+{
+	my ($node, $count, $t, $n, $nkeys, %o) = @_;
+	my $sql = '';
+	for my $i (1 .. $n)
+	{
+		$$count++;
+		my $key = $o{key} // 'k' . ($$count % $nkeys);
+		my $extra = $o{extra} ? qq{, "s": "$o{extra}"} : '';
+		$sql .= "BEGIN;\n" if $i % 10 == 1;
+		$sql .= qq{SELECT outbox_emit('$t.x', '{"n": $$count$extra}', '$key', '{"x-trace": "t$$count"}');\n};
+		$sql .= "COMMIT;\n" if $i % 10 == 0 || $i == $n;
+	}
+	$node->safe_psql('postgres', $sql);
 }
 
 sub aws_stats
