@@ -551,7 +551,7 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.targets_id_seq', '');
 COMMENT ON COLUMN outbox.targets.credentials IS
 	'NATS: a .creds file (a user JWT and its NKey seed) or an NKey seed file the relay logs in with';
 COMMENT ON COLUMN outbox.targets.stream IS
-	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in';
+	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in; Kinesis: the name of the stream';
 COMMENT ON COLUMN outbox.targets.maxlen IS
 	'Redis: the stream is trimmed to about this many entries (XADD MAXLEN ~), NULL for never';
 COMMENT ON COLUMN outbox.targets.dedup_window IS
@@ -1100,7 +1100,7 @@ AS 'MODULE_PATHNAME', 'outbox_check_kinesis_target';
 REVOKE ALL ON FUNCTION outbox.check_kinesis_target(text, text, text, text, text, text) FROM PUBLIC;
 
 -- The checks of an AWS target's options (SQS, Kinesis), shared by the
--- create functions, alter_target and set_aws_credentials.
+-- create functions and alter_target.
 CREATE FUNCTION outbox.check_aws_options(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -1154,7 +1154,7 @@ BEGIN
 				  HINT = 'Pass format => ''cloudevents-structured''.';
 	END IF;
 	IF t.format = 'cloudevents' AND t.kind IN ('sqs', 'kinesis') THEN
-		RAISE EXCEPTION 'an % target sends CloudEvents in structured mode only', CASE t.kind WHEN 'sqs' THEN 'SQS' ELSE 'Amazon Kinesis' END
+		RAISE EXCEPTION '% target sends CloudEvents in structured mode only', CASE t.kind WHEN 'sqs' THEN 'an SQS' ELSE 'a Kinesis' END
 			USING ERRCODE = 'feature_not_supported',
 				  DETAIL = CASE t.kind WHEN 'sqs' THEN 'CloudEvents has no SQS binding: the event goes whole, as JSON, in the message body.'
 								ELSE 'CloudEvents has no Kinesis binding: the event goes whole, as JSON, in the record''s data.' END,
@@ -1608,7 +1608,15 @@ BEGIN
 	t.aws_access_key_id := access_key_id;
 	t.aws_secret_access_key := secret_access_key;
 	t.aws_session_token := session_token;
-	PERFORM outbox.check_aws_options(t);
+	-- (the credentials only: rotating them needs no right over the
+	-- target's other options, its TLS files say)
+	IF t.kind = 'sqs' THEN
+		PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
+										t.aws_secret_access_key, t.aws_session_token);
+	ELSE
+		PERFORM outbox.check_kinesis_target(t.url, t.stream, t.region, t.aws_access_key_id,
+											t.aws_secret_access_key, t.aws_session_token);
+	END IF;
 	UPDATE outbox.targets x
 	   SET aws_access_key_id = t.aws_access_key_id, aws_secret_access_key = t.aws_secret_access_key,
 		   aws_session_token = t.aws_session_token
@@ -1650,7 +1658,8 @@ BEGIN
 	PERFORM outbox.check_target_name(name);
 	t.name := name;
 	t.kind := 'kinesis';
-	t.url := coalesce(endpoint, 'https://kinesis.' || region || '.amazonaws.com');
+	t.url := coalesce(endpoint, 'https://kinesis.' || region
+					  || CASE WHEN region LIKE 'cn-%' THEN '.amazonaws.com.cn' ELSE '.amazonaws.com' END);
 	t.stream := stream;
 	t.region := region;
 	t.aws_access_key_id := access_key_id;

@@ -261,6 +261,13 @@ jscan_string(const char *text, const JscanToken *tok, int i, char *out, size_t s
 }
 
 bool
+jscan_absent(const char *text, const JscanToken *tok, int i)
+{
+	return i < 0 || (tok[i].type == JSCAN_PRIMITIVE &&
+					 tok[i].end - tok[i].start == 4 && memcmp(text + tok[i].start, "null", 4) == 0);
+}
+
+bool
 jscan_true(const char *text, const JscanToken *tok, int i)
 {
 	return i >= 0 && tok[i].type == JSCAN_PRIMITIVE &&

@@ -57,4 +57,7 @@ extern bool jscan_string(const char *text, const JscanToken *tok, int i,
 /* Whether token i is the primitive true. */
 extern bool jscan_true(const char *text, const JscanToken *tok, int i);
 
+/* Whether token i is missing (-1) or the primitive null. */
+extern bool jscan_absent(const char *text, const JscanToken *tok, int i);
+
 #endif							/* OUTBOX_JSON_SCAN_H */

@@ -10,6 +10,8 @@
  */
 #include "postgres.h"
 
+#include <arpa/inet.h>
+
 #include "aws.h"
 #include "json_scan.h"
 #include "relay.h"
@@ -76,8 +78,15 @@ aws_url_authority(const char *url, char **authority, bool *https)
 		w[0] = pg_tolower((unsigned char) w[0]);
 		return w;
 	}
-	loopback = strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
-		pg_strcasecmp(host, "localhost") == 0;
+	{
+		unsigned char addr[16];
+
+		/* an address literal of 127/8 or ::1, or the name localhost */
+		loopback = pg_strcasecmp(host, "localhost") == 0 ||
+			(inet_pton(AF_INET, host, addr) == 1 && addr[0] == 127) ||
+			(inet_pton(AF_INET6, host, addr) == 1 &&
+			 IN6_IS_ADDR_LOOPBACK((struct in6_addr *) addr));
+	}
 	pfree(host);
 	end = a + strcspn(a, "/?#");
 	if (*end == '?' || *end == '#')
@@ -118,6 +127,8 @@ aws_host_region(const char *authority, const char *service, char *region)
 		return;
 	memcpy(region, r, dot - r);
 	region[dot - r] = '\0';
+	for (r = region; *r; r++)
+		*(char *) r = pg_tolower((unsigned char) *r);
 }
 
 /*
@@ -210,6 +221,22 @@ aws_prepare(RelayTarget *t, const char *service)
 #define AWS_BODY_KEEP	(256 * 1024)
 
 /* The lane's request body buffer, kept until its request ends; reset. */
+/* The lane's request ended: a large body buffer is given back now. */
+void
+aws_lane_done(RelayLane *lane)
+{
+	AwsTarget  *a = AWS(lane->target);
+
+	if (lane->index < a->nbodies && a->bodies[lane->index].maxlen > AWS_BODY_KEEP)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(lane->target->cxt);
+
+		pfree(a->bodies[lane->index].data);
+		initStringInfo(&a->bodies[lane->index]);
+		MemoryContextSwitchTo(oldcxt);
+	}
+}
+
 StringInfo
 aws_lane_body(RelayLane *lane)
 {
@@ -313,6 +340,17 @@ static const char *const aws_content_codes[] = {
 	"InvalidParameterValueException", "ValidationException",
 	"InvalidArgumentException", "SerializationException", NULL
 };
+
+/*
+ * Whether code says the service wants less (throttling), or is about the
+ * target's own set-up (KMS keys): never the message's fault, whatever the
+ * service calls it.
+ */
+bool
+aws_code_not_message(const char *code)
+{
+	return aws_code_in(code, aws_throttle_codes) || pg_strncasecmp(code, "KMS", 3) == 0;
+}
 
 /*
  * What an error code of a whole request of nmessages messages, or of one

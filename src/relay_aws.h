@@ -39,6 +39,8 @@ extern void aws_prepare(RelayTarget *t, const char *service);
 extern StringInfo aws_lane_body(RelayLane *lane);
 extern bool aws_send(RelayLane *lane, StringInfo body, const char *content_type,
 					 const char *target, RelayOutcome *failed);
+extern bool aws_code_not_message(const char *code);
+extern void aws_lane_done(RelayLane *lane);
 extern RelayOutcomeKind aws_code_class(const char *code, long status, int nmessages);
 extern void aws_error_answer(const char *service, long status, const char *body, int len,
 							 bool capped, int nmessages, RelayOutcome *outcome, char *msg,

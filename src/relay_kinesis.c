@@ -48,8 +48,12 @@
 /* Longest stream name. */
 #define KINESIS_MAX_STREAM	128
 
-/* Tokens of an answer read: 500 records of up to 3 members each. */
-#define KINESIS_MAX_TOKENS	(4 + KINESIS_MAX_BATCH * 8)
+/*
+ * Tokens of an answer read: 500 records of up to 4 members each (AWS
+ * leaves out what does not apply; other servers write nulls), and a few
+ * members of the answer's own.
+ */
+#define KINESIS_MAX_TOKENS	(16 + KINESIS_MAX_BATCH * 10)
 
 /* Outcomes by position, for relay_lane_outcome() (used at once). */
 static bool kinesis_acked[KINESIS_MAX_BATCH];
@@ -69,6 +73,9 @@ kinesis_check(const char *url, const char *stream, const char *region, const cha
 	size_t		n;
 	char		host_region[AWS_MAX_REGION + 1];
 
+	*what = "region";
+	if (!aws_region_valid(region))
+		return "it is not an AWS region name (1 to 32 lower-case letters, digits and '-', such as 'eu-west-1')";
 	*what = "url";
 	if ((why = aws_url_authority(url, authority, &https)) != NULL)
 		return why;
@@ -84,8 +91,6 @@ kinesis_check(const char *url, const char *stream, const char *region, const cha
 			  (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.'))
 			return "it has a character other than letters, digits, '-', '_' and '.'";
 	*what = "region";
-	if (!aws_region_valid(region))
-		return "it is not an AWS region name (1 to 32 lower-case letters, digits and '-', such as 'eu-west-1')";
 	/* kinesis.REGION.amazonaws.com: REGION must be the target's */
 	aws_host_region(*authority, "kinesis", host_region);
 	if (host_region[0] != '\0' && strcmp(host_region, region) != 0)
@@ -157,14 +162,27 @@ kinesis_key(RelayMessage *m)
 	return (m->key != NULL && m->key[0] != '\0') ? m->key : m->topic;
 }
 
+/* The bytes of the partition key sent: the key, or its hash. */
+static Size
+kinesis_key_bytes(RelayMessage *m)
+{
+	Size		n = strlen(kinesis_key(m));
+
+	return n <= KINESIS_MAX_KEY ? n : strlen("outbox-sha256-") + 2 * SHA256_DIGEST_LENGTH;
+}
+
 /*
  * A record's size as Kinesis counts it (data and partition key), at most:
- * the request's limit (RelayTransport.message_bytes).
+ * the request's limit (RelayTransport.message_bytes).  A record that may
+ * be over Kinesis's limit counts as more than a request takes, so that it
+ * goes alone (and, if it is over, is a dead letter on its own).
  */
 static Size
 relay_kinesis_message_bytes(RelayTarget *t, RelayMessage *m)
 {
-	return relay_envelope_size(t, m) + Min(strlen(kinesis_key(m)), 78);
+	Size		n = relay_envelope_size(t, m) + kinesis_key_bytes(m);
+
+	return n > KINESIS_MAX_RECORD ? KINESIS_MAX_REQUEST + 1 : n;
 }
 
 /* One record, at position pos; false if its data is over 1 MiB. */
@@ -178,7 +196,7 @@ kinesis_record(RelayTarget *t, RelayMessage *m, int pos, StringInfo b, StringInf
 		relay_envelope(m, RELAY_ENVELOPE_ALL, data);
 	else
 		relay_ce_structured(t, m, data);
-	if ((Size) data->len + Min(strlen(key), 78) > KINESIS_MAX_RECORD)
+	if ((Size) data->len + kinesis_key_bytes(m) > KINESIS_MAX_RECORD)
 		return false;
 	appendStringInfo(b, "%s{\"Data\":\"", pos > 0 ? "," : "");
 	outbox_append_b64(b, (const uint8 *) data->data, data->len);
@@ -226,16 +244,22 @@ relay_kinesis_send(RelayLane *lane, RelayOutcome *failed)
 		{
 			static char why[200];
 
-			/*
-			 * Only a message alone can be over the limit (the cut counts
-			 * at least its size): a dead letter.
-			 */
+			if (i > 0)
+			{
+				/*
+				 * Not reached (the cut sends a record that may be over the
+				 * limit alone); if it were, the request ends before it.
+				 */
+				lane->nbatch = n = i;
+				break;
+			}
+			/* a record over the limit, alone: a dead letter */
 			snprintf(why, sizeof(why),
-					 "the record takes %d bytes with its partition key, over Kinesis's limit of %d",
-					 data.len, KINESIS_MAX_RECORD);
+					 "the record takes %zu bytes with its partition key, over Kinesis's limit of %d",
+					 data.len + kinesis_key_bytes(m), KINESIS_MAX_RECORD);
 			pfree(data.data);
 			lane->nbatch = 1;
-			failed->kind = i == 0 ? RELAY_REJECTED : RELAY_RETRY;
+			failed->kind = RELAY_REJECTED;
 			failed->error = why;
 			return false;
 		}
@@ -260,6 +284,7 @@ relay_kinesis_answer(RelayLane *lane, long status, const char *body, int len,
 
 	Assert(n >= 1 && n <= KINESIS_MAX_BATCH);
 	n = Max(1, Min(n, KINESIS_MAX_BATCH));	/* (max_batch: never more) */
+	aws_lane_done(lane);
 	if (status != 200)
 	{
 		aws_error_answer("Kinesis", status, body, len, capped, n, outcome, msg, size);
@@ -278,9 +303,12 @@ relay_kinesis_answer(RelayLane *lane, long status, const char *body, int len,
 	memset(kinesis_acked, 0, sizeof(kinesis_acked));
 	for (i = 0, r = records + 1; i < n; i++, r = tok[r].next)
 	{
+		int			seq = jscan_member(body, tok, r, "SequenceNumber");
+
+		/* stored: a sequence number, and no error code (absent or null) */
 		kinesis_acked[i] = tok[r].type == JSCAN_OBJECT &&
-			jscan_member(body, tok, r, "SequenceNumber") >= 0 &&
-			jscan_member(body, tok, r, "ErrorCode") < 0;
+			seq >= 0 && tok[seq].type == JSCAN_STRING && tok[seq].end > tok[seq].start &&
+			jscan_absent(body, tok, jscan_member(body, tok, r, "ErrorCode"));
 		if (!kinesis_acked[i] && first < 0)
 			first = i;
 	}

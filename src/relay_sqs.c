@@ -358,6 +358,7 @@ relay_sqs_answer(RelayLane *lane, long status, const char *body, int len,
 	StaticAssertStmt(SQS_MAX_BATCH <= 10, "an entry's Id is one digit");
 	Assert(n >= 1 && n <= SQS_MAX_BATCH);
 	n = Max(1, Min(n, SQS_MAX_BATCH));	/* (max_batch: never more) */
+	aws_lane_done(lane);
 	if (status != 200)
 	{
 		aws_error_answer("SQS", status, body, len, capped, n, outcome, msg, size);
@@ -415,7 +416,8 @@ relay_sqs_answer(RelayLane *lane, long status, const char *body, int len,
 			strlcpy(code, "?", sizeof(code));
 		if (!jscan_string(body, tok, jscan_member(body, tok, e, "Message"), text, sizeof(text)))
 			text[0] = '\0';
-		if (jscan_true(body, tok, jscan_member(body, tok, e, "SenderFault")) && !stored[i])
+		if (jscan_true(body, tok, jscan_member(body, tok, e, "SenderFault")) && !stored[i] &&
+			!aws_code_not_message(code))
 		{
 			snprintf(msg, size, "SQS refused the message: %s%s%s", code, text[0] ? ": " : "", text);
 			outcome->kind = RELAY_REJECTED;

@@ -28,7 +28,9 @@
 //                  reject_marker refused whole (400 InvalidMessageContents);
 //                  the next bad_ids SendMessageBatch answered 200 "stored"
 //                  with Ids that are not those sent ("00", "01" ...), and not
-//                  stored
+//                  stored; the next nulls PutRecords answered with every
+//                  member of a record, the absent ones null (as kinesis-mock,
+//                  LocalStack's, writes them)
 //   POST /stream  {"name": n, "shards": k}           a Kinesis stream
 //   GET  /records?stream=n  the stream's records not returned before, per
 //                  shard in order: [{shard, seq, key, data}]
@@ -52,7 +54,7 @@ const kinesalite = require('kinesalite');
 
 const config = { region: 'eu-west-1', keys: {}, tokens: {}, expired: [] };
 const queues = {};   // name -> the URL fauxqs knows it by
-const faults = { throttle: 0, error500: 0, garbage: 0, bad_ids: 0, marker: null, marker_times: 0,
+const faults = { throttle: 0, error500: 0, garbage: 0, bad_ids: 0, nulls: 0, marker: null, marker_times: 0,
   marker_code: null, marker_sender: false, reject_marker: null };
 const stats = { requests: 0, verified: 0, refused: {}, entries: 0, batches: [] };
 
@@ -276,9 +278,15 @@ async function kinesisRequest(req, body, res, target) {
     stored = JSON.parse(a.body).Records;
   }
   let k = 0;
-  const records = request.Records.map((r, i) => fail[i]
+  let records = request.Records.map((r, i) => fail[i]
     ? { ErrorCode: faults.marker_code || 'InternalFailure', ErrorMessage: 'injected failure of one record' }
     : stored[k++]);
+  if (faults.nulls > 0) {
+    faults.nulls--;
+    stats.refused.nulls = (stats.refused.nulls || 0) + 1;
+    records = records.map((r) => ({ EncryptionType: null, ErrorCode: null, ErrorMessage: null,
+      SequenceNumber: null, ShardId: null, ...r }));
+  }
   res.writeHead(200, { 'content-type': 'application/x-amz-json-1.1' });
   res.end(JSON.stringify({ FailedRecordCount: records.filter((r) => r.ErrorCode).length, Records: records }));
 }

@@ -30,7 +30,9 @@
 # order rotates every round); per service the medians
 # and relay/bare (goal >= 0.80) are reported, with the relay worker's CPU
 # per message (its process's user+system time over the run) and the
-# requests each side sent; and the relay's signer on its own
+# requests each side sent (the relay's time includes the resume call and
+# a poll of at most 50 ms: a bias against it; the bare client times
+# itself); and the relay's signer on its own
 # (sigv4_bench.c: aws_sigv4_sign() of a 3 kB and a 25 kB body, microseconds
 # a request).  PERF=1: after the rounds, one more relay run per
 # service under perf record (not timed), and the share of the relay's
@@ -156,7 +158,9 @@ bare_run() {
 # One run of each, not recorded: the emulators' and the relay's first
 # requests (Node.js compiling the peer's paths, the relay's first reads).
 for svc in $SERVICES; do
-	log "warm-up $svc: relay $(relay_run "$svc" 0), bare $(bare_run "$svc")"
+	w1=$(relay_run "$svc" 0)	# (an assignment: a failed run stops the script)
+	w2=$(bare_run "$svc")
+	log "warm-up $svc: relay $w1, bare $w2"
 done
 
 for round in $(seq "$RUNS"); do

@@ -175,6 +175,35 @@ like(dead_letter_lines($node, 'kin')->[0] // '', qr/^big\|the record takes \d+ b
 is_deeply([ map { $_->{env}{payload}{n} } @{ records('orders') } ], [ 100001, 100003 ],
 	'the rest of the key delivered, in order');
 
+# --- a record over 1 MiB behind others of other keys ----------------------
+# One lane, max_attempts 1: the big record goes alone, the others of its
+# request use up no attempt.
+target('one', 'orders', lanes => 1, max_attempts => 1);
+$node->safe_psql('postgres', q{
+	BEGIN;
+	SELECT outbox_emit('one.x', '{"n": 200001}', 'a');
+	SELECT outbox_emit('one.x', jsonb_build_object('n', 200002, 'huge', repeat('y', 1100000)), 'b');
+	SELECT outbox_emit('one.x', '{"n": 200003}', 'c');
+	COMMIT;});
+ok_wait('a big record among others: the others delivered', sub { return (pending('one') == 0, pending('one') . ' pending') });
+is_deeply([ map { s/\|.*//r } @{ dead_letter_lines($node, 'one') } ], ['b'], 'only the big record is a dead letter');
+is_deeply([ sort map { $_->{env}{payload}{n} } @{ records('orders') } ], [ 200001, 200003 ], 'the others there');
+$node->safe_psql('postgres', q{SELECT outbox.drop_target('one')});
+
+# --- 5xx, answers that are not PutRecords', and members written null -----
+# (kinesis-mock, LocalStack's emulator, writes every member, the absent ones
+# null: a null ErrorCode is no error)
+aws_control($peer, 'fault', { error500 => 2, garbage => 2, nulls => 3 });
+emit('kin', 20, 4);
+ok_wait('after 500s, answers that are not JSON and null members: delivered',
+	sub { return (pending('kin') == 0, pending('kin') . ' pending') });
+$recs = records('orders');
+%seen = ();
+$seen{ $_->{env}{payload}{n} }++ for @$recs;
+is(scalar(keys %seen), 20, 'all 20 there');
+is(scalar(@$recs), 20, '... once each (a record answered with null members is not sent again)');
+is(aws_stats($peer)->{refused}{nulls}, 3, 'three answers had null members');
+
 # --- bad options ----------------------------------------------------------
 my ($ret, $out, $err) = $node->psql('postgres', qq{
 	SELECT outbox.create_kinesis_target('x', 'orders', 'eu-west-1', '$key_id', '$secret',
@@ -190,7 +219,7 @@ like($err, qr/invalid AWS credentials for a Kinesis target/, 'credentials that a
 unlike($err, qr/\Q$secret\E/, '... and the error does not show the secret');
 
 my $st = aws_stats($peer);
-is_deeply([ sort keys %{ $st->{refused} } ], ['signature'],
-	'the only requests refused were those with the wrong secret');
+is_deeply([ sort keys %{ $st->{refused} } ], [ 'error500', 'garbage', 'nulls', 'signature' ],
+	'the only requests refused were those the test asked for');
 relay_no_crash($node);
 done_testing();
