@@ -50,6 +50,7 @@ OBJS = \
 	src/relay_rabbitmq.o \
 	src/relay_aws.o \
 	src/relay_kinesis.o \
+	src/relay_sns.o \
 	src/relay_sqs.o \
 	src/relay_notify.o \
 	src/relay_progress.o \

@@ -423,7 +423,7 @@ CREATE TABLE outbox.targets (
 	name		text		NOT NULL UNIQUE,
 	kind		text		NOT NULL
 		CONSTRAINT targets_kind_check
-		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis')),
+		CHECK (kind IN ('http', 'notify', 'queue', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis', 'sns')),
 	url			text,		-- HTTP, NATS, Redis, RabbitMQ; Kafka: the bootstrap list
 	headers		jsonb		NOT NULL DEFAULT '{}',
 	secret		text,
@@ -454,18 +454,18 @@ CREATE TABLE outbox.targets (
 		CHECK (previous_secret IS NULL OR (previous_secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$' AND secret IS NOT NULL)),
 	ca_file		text
 		CONSTRAINT targets_ca_file_check
-		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis'))),
+		CHECK (ca_file IS NULL OR (ca_file ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis', 'sns'))),
 	client_cert	text
 		CONSTRAINT targets_client_cert_check
-		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis'))),
+		CHECK (client_cert IS NULL OR (client_cert ~ '^/' AND kind IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis', 'sns'))),
 	client_key	text
 		CONSTRAINT targets_client_key_check CHECK (client_key IS NULL OR (client_key ~ '^/' AND client_cert IS NOT NULL)),
 	envelope_only boolean	NOT NULL DEFAULT false,
 	-- brokers
 	subject		text		-- NATS: the subject template
 		CONSTRAINT targets_subject_check CHECK ((kind = 'nats') = (subject IS NOT NULL)),
-	topic		text		-- Kafka: the topic template
-		CONSTRAINT targets_topic_check CHECK ((kind = 'kafka') = (topic IS NOT NULL)),
+	topic		text		-- Kafka: the topic template; SNS: the topic's ARN
+		CONSTRAINT targets_topic_check CHECK ((kind IN ('kafka', 'sns')) = (topic IS NOT NULL)),
 	properties	jsonb		-- Kafka: librdkafka settings
 		CONSTRAINT targets_properties_check
 		CHECK (properties IS NULL OR (kind = 'kafka' AND jsonb_typeof(properties) = 'object')),
@@ -505,20 +505,20 @@ CREATE TABLE outbox.targets (
 	-- credentials they are signed with (docs/brokers.md, "Amazon SQS")
 	region		text
 		CONSTRAINT targets_region_check
-		CHECK ((kind IN ('sqs', 'kinesis')) = (region IS NOT NULL) AND region ~ '^[a-z0-9-]{1,32}$'),
+		CHECK ((kind IN ('sqs', 'kinesis', 'sns')) = (region IS NOT NULL) AND region ~ '^[a-z0-9-]{1,32}$'),
 	aws_access_key_id text
 		CONSTRAINT targets_aws_access_key_id_check
-		CHECK ((kind IN ('sqs', 'kinesis')) = (aws_access_key_id IS NOT NULL) AND aws_access_key_id ~ '^[!-~]{16,128}$'),
+		CHECK ((kind IN ('sqs', 'kinesis', 'sns')) = (aws_access_key_id IS NOT NULL) AND aws_access_key_id ~ '^[!-~]{16,128}$'),
 	aws_secret_access_key text
 		CONSTRAINT targets_aws_secret_access_key_check
 		CHECK ((aws_access_key_id IS NULL) = (aws_secret_access_key IS NULL) AND aws_secret_access_key ~ '^[!-~]{1,128}$'),
 	aws_session_token text
 		CONSTRAINT targets_aws_session_token_check
 		CHECK (aws_session_token IS NULL OR (aws_access_key_id IS NOT NULL AND aws_session_token ~ '^[!-~]+$' AND octet_length(aws_session_token) <= 8192)),
-	CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis')) = (url IS NOT NULL)),
+	CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis', 'sns')) = (url IS NOT NULL)),
 	CONSTRAINT targets_check1 CHECK ((kind = 'notify') = (channel IS NOT NULL)),
 	CONSTRAINT targets_lanes_check
-		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis') OR lanes = 1))
+		CHECK (lanes BETWEEN 1 AND 256 AND (kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis', 'sns') OR lanes = 1))
 );
 -- The limits of the target functions on these options are NOT VALID
 -- because outbox--0.1--0.2.sql adds them so (a row written there by hand
@@ -534,7 +534,7 @@ ALTER TABLE outbox.targets
 	ADD CONSTRAINT targets_secret_check CHECK (secret IS NULL OR secret ~ '^(whsec_|whsk_)[A-Za-z0-9+/]+={0,2}$') NOT VALID,
 	ADD CONSTRAINT targets_headers_check CHECK (jsonb_typeof(headers) = 'object') NOT VALID,
 	ADD CONSTRAINT targets_channel_check CHECK (channel IS NULL OR octet_length(channel) BETWEEN 1 AND 63) NOT VALID;
-COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams, RabbitMQ, Amazon SQS and Amazon Kinesis';
+COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams, RabbitMQ, Amazon SQS, Kinesis and SNS';
 REVOKE ALL ON TABLE outbox.targets FROM PUBLIC;
 COMMENT ON COLUMN outbox.targets.state IS
 	'active; paused (by outbox.pause_target); disabled (410 Gone, or failing for disable_after)';
@@ -829,7 +829,7 @@ AS 'MODULE_PATHNAME', 'outbox_check_server_file'
 LANGUAGE C VOLATILE STRICT PARALLEL SAFE;
 REVOKE ALL ON FUNCTION outbox.check_server_file(text, text) FROM PUBLIC;
 
--- TLS files go with a URL that asks for TLS: https:// for HTTP, SQS and Kinesis targets,
+-- TLS files go with a URL that asks for TLS: https:// for HTTP and AWS targets,
 -- rediss:// for Redis targets, amqps:// for RabbitMQ targets, tls:// for
 -- NATS targets.  Only superusers and members of pg_read_server_files name
 -- them, or a NATS target's credentials: the relay reads them as the
@@ -843,7 +843,8 @@ DECLARE
 	f record;
 	scheme text := CASE t.kind WHEN 'http' THEN 'https://' WHEN 'redis' THEN 'rediss://'
 								WHEN 'rabbitmq' THEN 'amqps://' WHEN 'nats' THEN 'tls://'
-								WHEN 'sqs' THEN 'https://' WHEN 'kinesis' THEN 'https://' END;
+								WHEN 'sqs' THEN 'https://' WHEN 'kinesis' THEN 'https://'
+								WHEN 'sns' THEN 'https://' END;
 BEGIN
 	IF t.credentials IS NOT NULL THEN
 		IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
@@ -861,7 +862,7 @@ BEGIN
 	IF scheme IS NULL THEN
 		RAISE EXCEPTION 'a % target has no TLS files', t.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ, NATS, SQS and Kinesis targets.';
+				  DETAIL = 'ca_file, client_cert and client_key go to HTTP, Redis, RabbitMQ, NATS, SQS, Kinesis and SNS targets.';
 	END IF;
 	IF lower(left(ltrim(t.url), length(scheme))) <> scheme THEN
 		RAISE EXCEPTION 'TLS files need % % URL', CASE WHEN scheme IN ('https://', 'amqps://') THEN 'an' ELSE 'a' END, scheme
@@ -1099,7 +1100,18 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_check_kinesis_target';
 REVOKE ALL ON FUNCTION outbox.check_kinesis_target(text, text, text, text, text, text) FROM PUBLIC;
 
--- The checks of an AWS target's options (SQS, Kinesis), shared by the
+-- The checks of an SNS target's endpoint, topic ARN, region and
+-- credentials (in C, as the relay makes them of every row it reads).
+CREATE FUNCTION outbox.check_sns_target(endpoint text, topic_arn text, region text,
+										access_key_id text, secret_access_key text,
+										session_token text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_sns_target';
+REVOKE ALL ON FUNCTION outbox.check_sns_target(text, text, text, text, text, text) FROM PUBLIC;
+
+-- The checks of an AWS target's options (SQS, Kinesis, SNS), shared by the
 -- create functions and alter_target.
 CREATE FUNCTION outbox.check_aws_options(t outbox.targets)
 RETURNS void
@@ -1107,10 +1119,13 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	most int := CASE t.kind WHEN 'sqs' THEN 10 ELSE 500 END;
+	most int := CASE t.kind WHEN 'kinesis' THEN 500 ELSE 10 END;
 BEGIN
 	IF t.kind = 'sqs' THEN
 		PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
+										t.aws_secret_access_key, t.aws_session_token);
+	ELSIF t.kind = 'sns' THEN
+		PERFORM outbox.check_sns_target(t.url, t.topic, t.region, t.aws_access_key_id,
 										t.aws_secret_access_key, t.aws_session_token);
 	ELSE
 		PERFORM outbox.check_kinesis_target(t.url, t.stream, t.region, t.aws_access_key_id,
@@ -1120,6 +1135,7 @@ BEGIN
 		RAISE EXCEPTION 'batch_size must be between 1 and %, not %', most, t.batch_size
 			USING ERRCODE = 'invalid_parameter_value',
 				  HINT = CASE t.kind WHEN 'sqs' THEN 'It is how many messages go in one SendMessageBatch request; SQS takes at most 10.'
+							 WHEN 'sns' THEN 'It is how many messages go in one PublishBatch request; SNS takes at most 10.'
 							 ELSE 'It is how many records go in one PutRecords request; Kinesis takes at most 500.' END;
 	END IF;
 	PERFORM outbox.check_lane_options(t, '''key'' keeps order per key and sends keys concurrently; ''strict'' sends one message at a time, in commit order.');
@@ -1134,7 +1150,7 @@ REVOKE ALL ON FUNCTION outbox.check_aws_options(outbox.targets) FROM PUBLIC;
 -- The format options of a target: which kinds take which format, and a
 -- source the CloudEvents attribute can carry.  CloudEvents go to HTTP, NATS,
 -- Kafka and RabbitMQ targets, and, in structured mode (the event in one
--- field or body), to Redis, SQS and Kinesis targets.
+-- field or body), to Redis and AWS targets.
 CREATE FUNCTION outbox.check_format(t outbox.targets)
 RETURNS void
 LANGUAGE plpgsql
@@ -1153,17 +1169,18 @@ BEGIN
 				  DETAIL = 'CloudEvents has no Redis binding: the event goes whole, as JSON, in the stream entry''s field cloudevent.',
 				  HINT = 'Pass format => ''cloudevents-structured''.';
 	END IF;
-	IF t.format = 'cloudevents' AND t.kind IN ('sqs', 'kinesis') THEN
-		RAISE EXCEPTION '% target sends CloudEvents in structured mode only', CASE t.kind WHEN 'sqs' THEN 'an SQS' ELSE 'a Kinesis' END
+	IF t.format = 'cloudevents' AND t.kind IN ('sqs', 'kinesis', 'sns') THEN
+		RAISE EXCEPTION '% target sends CloudEvents in structured mode only', CASE t.kind WHEN 'sqs' THEN 'an SQS' WHEN 'sns' THEN 'an SNS' ELSE 'a Kinesis' END
 			USING ERRCODE = 'feature_not_supported',
 				  DETAIL = CASE t.kind WHEN 'sqs' THEN 'CloudEvents has no SQS binding: the event goes whole, as JSON, in the message body.'
+								WHEN 'sns' THEN 'CloudEvents has no SNS binding: the event goes whole, as JSON, in the message.'
 								ELSE 'CloudEvents has no Kinesis binding: the event goes whole, as JSON, in the record''s data.' END,
 				  HINT = 'Pass format => ''cloudevents-structured''.';
 	END IF;
-	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis', 'sqs', 'kinesis') THEN
+	IF t.format <> 'outbox' AND t.kind NOT IN ('http', 'nats', 'kafka', 'rabbitmq', 'redis', 'sqs', 'kinesis', 'sns') THEN
 		RAISE EXCEPTION 'a % target cannot send CloudEvents', upper(t.kind)
 			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ, Redis, SQS and Kinesis targets; NOTIFY sends outbox envelopes only.',
+				  DETAIL = 'CloudEvents go to HTTP, NATS, Kafka, RabbitMQ, Redis, SQS, Kinesis and SNS targets; NOTIFY sends outbox envelopes only.',
 				  HINT = 'Use another kind of target for CloudEvents consumers.';
 	END IF;
 	IF t.ce_source IS NOT NULL AND t.format = 'outbox' THEN
@@ -1583,7 +1600,7 @@ COMMENT ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text,
 	'create a target that sends messages to an Amazon SQS queue';
 REVOKE ALL ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
 
--- Give an AWS target (SQS, Kinesis) new credentials: an access key id, its secret
+-- Give an AWS target (SQS, Kinesis, SNS) new credentials: an access key id, its secret
 -- and, for temporary credentials, a session token.  The relay signs its
 -- next requests with them.
 CREATE FUNCTION outbox.set_aws_credentials(
@@ -1600,10 +1617,10 @@ DECLARE
 	t outbox.targets;
 BEGIN
 	SELECT * INTO t FROM outbox.targets WHERE id = tid FOR UPDATE;
-	IF t.kind NOT IN ('sqs', 'kinesis') THEN
+	IF t.kind NOT IN ('sqs', 'kinesis', 'sns') THEN
 		RAISE EXCEPTION 'target "%" is a % target', target, t.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only SQS and Kinesis targets have AWS credentials.';
+				  DETAIL = 'Only SQS, Kinesis and SNS targets have AWS credentials.';
 	END IF;
 	t.aws_access_key_id := access_key_id;
 	t.aws_secret_access_key := secret_access_key;
@@ -1612,6 +1629,9 @@ BEGIN
 	-- target's other options, its TLS files say)
 	IF t.kind = 'sqs' THEN
 		PERFORM outbox.check_sqs_target(t.url, t.region, t.aws_access_key_id,
+										t.aws_secret_access_key, t.aws_session_token);
+	ELSIF t.kind = 'sns' THEN
+		PERFORM outbox.check_sns_target(t.url, t.topic, t.region, t.aws_access_key_id,
 										t.aws_secret_access_key, t.aws_session_token);
 	ELSE
 		PERFORM outbox.check_kinesis_target(t.url, t.stream, t.region, t.aws_access_key_id,
@@ -1625,7 +1645,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION outbox.set_aws_credentials(text, text, text, text) IS
-	'give an SQS or Kinesis target new AWS credentials';
+	'give an SQS, Kinesis or SNS target new AWS credentials';
 REVOKE ALL ON FUNCTION outbox.set_aws_credentials(text, text, text, text) FROM PUBLIC;
 
 -- A target that puts messages into an Amazon Kinesis data stream
@@ -1684,6 +1704,64 @@ $$;
 COMMENT ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
 	'create a target that puts messages into an Amazon Kinesis data stream';
 REVOKE ALL ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+
+-- A target that publishes messages to an Amazon SNS topic (PublishBatch,
+-- signed with AWS Signature Version 4): a FIFO topic (its name ends in
+-- .fifo) gets each message's key as its MessageGroupId and its id as
+-- MessageDeduplicationId.  The region is the ARN's; endpoint defaults to
+-- the region's.
+CREATE FUNCTION outbox.create_sns_target(
+	name			  text,
+	topic_arn		  text,
+	access_key_id	  text,
+	secret_access_key text,
+	session_token	  text	DEFAULT NULL,
+	endpoint		  text	DEFAULT NULL,
+	batch_size		  int	DEFAULT 10,
+	lanes			  int	DEFAULT 8,
+	ordering		  text	DEFAULT 'key',
+	max_attempts	  int	DEFAULT 10,
+	timeout_ms		  int	DEFAULT 10000,
+	format			  text	DEFAULT 'outbox',
+	source			  text	DEFAULT NULL,
+	ca_file			  text	DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	t outbox.targets;
+	region text := split_part(topic_arn, ':', 4);
+BEGIN
+	PERFORM outbox.check_target_name(name);
+	t.name := name;
+	t.kind := 'sns';
+	t.topic := topic_arn;
+	t.region := region;
+	t.url := coalesce(endpoint, 'https://sns.' || region
+					  || CASE WHEN region LIKE 'cn-%' THEN '.amazonaws.com.cn' ELSE '.amazonaws.com' END);
+	t.aws_access_key_id := access_key_id;
+	t.aws_secret_access_key := secret_access_key;
+	t.aws_session_token := session_token;
+	t.batch_size := batch_size;
+	t.lanes := lanes;
+	t.ordering := ordering;
+	t.max_attempts := max_attempts;
+	t.timeout_ms := timeout_ms;
+	t.format := format;
+	t.ce_source := source;
+	t.ca_file := ca_file;
+	PERFORM outbox.check_aws_options(t);
+	PERFORM outbox.check_format(t);
+	IF ordering = 'strict' THEN
+		t.lanes := 1;
+	END IF;
+	PERFORM outbox.add_target(t);
+END
+$$;
+COMMENT ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
+	'create a target that publishes messages to an Amazon SNS topic';
+REVOKE ALL ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
 
 -- The id of a target, or undefined_object.
 CREATE FUNCTION outbox.target_id(name text)
@@ -2179,23 +2257,23 @@ DECLARE
 BEGIN
 	SELECT * INTO old FROM outbox.targets WHERE id = tid FOR UPDATE;
 	t := old;
-	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis') AND (url IS NOT NULL OR batch_size IS NOT NULL
+	IF old.kind NOT IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis', 'sns') AND (url IS NOT NULL OR batch_size IS NOT NULL
 													  OR lanes IS NOT NULL OR ordering IS NOT NULL
 													  OR timeout_ms IS NOT NULL OR max_rate IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, NATS, Kafka, Redis, RabbitMQ, SQS and Kinesis targets have a URL (brokers, endpoint), batches, lanes, a timeout or a rate.';
+				  DETAIL = 'Only HTTP, NATS, Kafka, Redis, RabbitMQ, SQS, Kinesis and SNS targets have a URL (brokers, endpoint), batches, lanes, a timeout or a rate.';
 	END IF;
 	IF old.kind <> 'http' AND (headers IS NOT NULL OR secret IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only HTTP targets have headers and a secret.';
 	END IF;
-	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
+	IF old.kind NOT IN ('http', 'redis', 'rabbitmq', 'nats', 'sqs', 'kinesis', 'sns') AND (ca_file IS NOT NULL OR client_cert IS NOT NULL
 																  OR client_key IS NOT NULL) THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only HTTP, Redis, RabbitMQ, NATS, SQS and Kinesis targets have TLS files.';
+				  DETAIL = 'Only HTTP, Redis, RabbitMQ, NATS, SQS, Kinesis and SNS targets have TLS files.';
 	END IF;
 	IF old.kind <> 'nats' AND credentials IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -2207,10 +2285,15 @@ BEGIN
 			USING ERRCODE = 'wrong_object_type',
 				  DETAIL = 'Only NATS targets have a subject.';
 	END IF;
-	IF old.kind <> 'kafka' AND (topic IS NOT NULL OR properties IS NOT NULL) THEN
+	IF old.kind NOT IN ('kafka', 'sns') AND topic IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
 			USING ERRCODE = 'wrong_object_type',
-				  DETAIL = 'Only Kafka targets have a topic and properties.';
+				  DETAIL = 'Only Kafka and SNS targets have a topic.';
+	END IF;
+	IF old.kind <> 'kafka' AND properties IS NOT NULL THEN
+		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only Kafka targets have properties.';
 	END IF;
 	IF old.kind NOT IN ('redis', 'kinesis') AND stream IS NOT NULL THEN
 		RAISE EXCEPTION 'target "%" is a % target', name, old.kind
@@ -2275,7 +2358,7 @@ BEGIN
 	END IF;
 	IF old.kind = 'http' THEN
 		PERFORM outbox.check_http_target(t);
-	ELSIF old.kind IN ('sqs', 'kinesis') THEN
+	ELSIF old.kind IN ('sqs', 'kinesis', 'sns') THEN
 		PERFORM outbox.check_aws_options(t);
 	ELSIF old.kind IN ('nats', 'kafka', 'redis', 'rabbitmq') THEN
 		PERFORM outbox.check_broker_options(t);

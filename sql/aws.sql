@@ -27,6 +27,16 @@ SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders'
 SELECT outbox.create_kinesis_target('x', 'or/ders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://127.0.0.1:4567');
 SELECT outbox.create_kinesis_target('x', 'orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://127.0.0.1:4567/path');
 SELECT outbox.create_kinesis_target('x', 'orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://127.0.0.1:4567', batch_size => 501);
+-- SNS topics
+SELECT outbox.create_sns_target('sn', 'arn:aws:sns:eu-west-1:123456789012:orders.fifo', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://127.0.0.1:4566');
+SELECT outbox.create_sns_target('x', 'arn:aws:sqs:eu-west-1:123456789012:orders', 'AKIAIOSFODNN7EXAMPLE', 's');
+SELECT outbox.create_sns_target('x', 'arn:aws:sns:eu-west-1:12345:orders', 'AKIAIOSFODNN7EXAMPLE', 's');
+SELECT outbox.create_sns_target('x', 'arn:aws:sns:eu-west-1:123456789012:orders', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'https://sns.us-east-1.amazonaws.com');
+SELECT outbox.create_sns_target('x', 'arn:aws:sns:eu-west-1:123456789012:orders', 'AKIAIOSFODNN7EXAMPLE', 's', endpoint => 'http://10.0.0.1');
+SELECT outbox.alter_target('sn', topic => 'arn:aws:sns:eu-west-1:123456789012:other', batch_size => 5);
+SELECT outbox.alter_target('sn', properties => '{}');
+SELECT name, url, topic, region, batch_size FROM outbox.targets WHERE kind = 'sns';
+SELECT outbox.drop_target('sn');
 -- alter_target and set_aws_credentials
 SELECT outbox.alter_target('sq', batch_size => 5, lanes => 4);
 SELECT outbox.alter_target('kn', stream => 'orders2', batch_size => 500);

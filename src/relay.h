@@ -10,7 +10,7 @@
  *	   +- relay_progress.c	progress and dead-letter writes
  *	   +- relay_retention.c	retention step, current chunk
  *	   +- relay_http.c, relay_notify.c, relay_nats.c, relay_kafka.c,
- *		  relay_sqs.c, relay_kinesis.c (AWS: relay_aws.c; on relay_http.c's
+ *		  relay_sqs.c, relay_kinesis.c, relay_sns.c (AWS: relay_aws.c; on relay_http.c's
  *		  engine),
  *		  relay_redis.c, relay_rabbitmq.c	transports (a
  *								RelayTransport each): send, then report
@@ -184,7 +184,8 @@ typedef enum RelayTargetKind
 	RELAY_REDIS,
 	RELAY_RABBITMQ,
 	RELAY_SQS,
-	RELAY_KINESIS
+	RELAY_KINESIS,
+	RELAY_SNS
 } RelayTargetKind;
 
 struct RelayTarget;
@@ -309,6 +310,7 @@ extern const RelayTransport relay_redis_transport;
 extern const RelayTransport relay_rabbitmq_transport;
 extern const RelayTransport relay_sqs_transport;
 extern const RelayTransport relay_kinesis_transport;
+extern const RelayTransport relay_sns_transport;
 extern const RelayTransport *const relay_transports[];	/* relay_main.c */
 extern const RelayTransport *const *relay_kinds;	/* relay_config.c: the same */
 extern uint64 relay_kinds_used;	/* relay_config.c: kinds loaded, by bit */

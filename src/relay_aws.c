@@ -280,8 +280,8 @@ aws_header(RelayLane *lane, StringInfo line, const char *name, const char *value
 
 /*
  * Sign body (the lane's, from aws_lane_body()) as a POST / to the target's
- * endpoint with X-Amz-Target target and content type content_type, and
- * start it.
+ * endpoint with X-Amz-Target target (NULL: none, AWS's query protocol) and
+ * content type content_type, and start it.
  */
 bool
 aws_send(RelayLane *lane, StringInfo body, const char *content_type,
@@ -294,12 +294,13 @@ aws_send(RelayLane *lane, StringInfo body, const char *content_type,
 
 	values[0] = content_type;
 	values[1] = target;
-	aws_sigv4_sign(&a->signer, "POST", "/", a->authority, names, values, 2,
+	aws_sigv4_sign(&a->signer, "POST", "/", a->authority, names, values, target ? 2 : 1,
 				   body->data, body->len, time(NULL), amz_date, &a->auth);
 	relay_http_headers_reset(lane);
 	aws_header(lane, &a->line, "Host", a->authority);
 	aws_header(lane, &a->line, "Content-Type", content_type);
-	aws_header(lane, &a->line, "X-Amz-Target", target);
+	if (target != NULL)
+		aws_header(lane, &a->line, "X-Amz-Target", target);
 	aws_header(lane, &a->line, "X-Amz-Date", amz_date);
 	if (a->signer.session_token != NULL)
 		aws_header(lane, &a->line, "X-Amz-Security-Token", a->signer.session_token);

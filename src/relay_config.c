@@ -265,7 +265,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 			relay_kinds_used |= UINT64CONST(1) << i;
 		}
 	if (t->transport == NULL)
-		*problem = "kind is not 'http', 'notify', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs' or 'kinesis'";
+		*problem = "kind is not 'http', 'notify', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis' or 'sns'";
 	else
 		t->kind = t->transport->id;
 	s = relay_spi_text(tup, desc, 24);

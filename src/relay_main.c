@@ -259,6 +259,7 @@ const RelayTransport *const relay_transports[] = {
 	&relay_rabbitmq_transport,
 	&relay_sqs_transport,
 	&relay_kinesis_transport,
+	&relay_sns_transport,
 	NULL
 };
 StaticAssertDecl(lengthof(relay_transports) <= 64,

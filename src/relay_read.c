@@ -300,7 +300,7 @@ relay_make_message(RelayTarget *t, RelayRow *row, int64 id,
 	{
 		jb = DatumGetJsonbP(row->v[ROW_HEADERS]);
 		if (t->kind == RELAY_NOTIFY || t->kind == RELAY_REDIS || t->kind == RELAY_SQS ||
-			t->kind == RELAY_KINESIS ||
+			t->kind == RELAY_KINESIS || t->kind == RELAY_SNS ||
 			(t->kind == RELAY_HTTP && t->batch_size > 1))
 		{
 			StringInfoData hb;

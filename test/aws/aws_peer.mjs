@@ -1,5 +1,5 @@
-// An SQS and Kinesis endpoint for the tests: the emulators fauxqs (SQS)
-// and kinesalite (Kinesis), in this process, each on a loopback port of its
+// An SQS, SNS and Kinesis endpoint for the tests: the emulators fauxqs
+// (SQS, SNS) and kinesalite (Kinesis), in this process, each on a loopback port of its
 // own, behind one front that checks every request's AWS Signature Version 4
 // with AWS's own signer (@smithy/signature-v4), the way the services do,
 // and answers as they do when it does not hold; the credential's scope
@@ -32,6 +32,9 @@
 //                  member of a record, the absent ones null (as kinesis-mock,
 //                  LocalStack's, writes them)
 //   POST /stream  {"name": n, "shards": k}           a Kinesis stream
+//   POST /topic   {"name": n, "attributes": {...}, "queue": q}
+//                  an SNS topic, its messages delivered raw to queue q
+//                  (made before); -> {"arn": ...}
 //   GET  /records?stream=n  the stream's records not returned before, per
 //                  shard in order: [{shard, seq, key, data}]
 //   GET  /drain?queue=n   every message now in the queue, received and
@@ -97,7 +100,7 @@ async function verify(req, body, res) {
       return false;
     }
   }
-  if (region !== config.region || (service !== 'sqs' && service !== 'kinesis')) {
+  if (region !== config.region || (service !== 'sqs' && service !== 'kinesis' && service !== 'sns')) {
     refuse(res, 403, 'com.amazonaws.sqs#SignatureDoesNotMatch', `Credential should be scoped to a valid region (${config.region}) and service`, 'scope');
     return false;
   }
@@ -190,6 +193,18 @@ const front = http.createServer((req, res) => {
       const target = req.headers['x-amz-target'];
       if (req.service === 'kinesis') {
         await kinesisRequest(req, body, res, target);
+        return;
+      }
+      if (req.service === 'sns') {
+        const form = new URLSearchParams(body);
+        if (form.get('Action') === 'PublishBatch') {
+          const n = [...form.keys()].filter((k) => /^PublishBatchRequestEntries\.member\.\d+\.Id$/.test(k)).length;
+          stats.entries += n;
+          stats.batches.push(n);
+        }
+        const a = await forward(req, body);
+        res.writeHead(a.status, { 'content-type': a.headers['content-type'] || 'text/xml' });
+        res.end(a.body);
         return;
       }
       let failed = [];
@@ -346,6 +361,35 @@ async function sqs(action, params) {
   return answer;
 }
 
+// An SNS call of the control port's: a form, an XML answer (fauxqs takes
+// the region from the Authorization header's scope; it checks no signature).
+async function sns(params) {
+  const r = await app.inject({
+    method: 'POST', url: '/',
+    headers: {
+      host: frontHost, 'content-type': 'application/x-www-form-urlencoded',
+      authorization: `AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20200101/${config.region}/sns/aws4_request, SignedHeaders=host, Signature=0`,
+    },
+    payload: new URLSearchParams(params).toString(),
+  });
+  if (r.statusCode !== 200)
+    throw new Error(`${params.Action}: ${r.statusCode} ${r.body}`);
+  return r.body;
+}
+
+async function snsTopic(name, attributes, queue) {
+  const params = { Action: 'CreateTopic', Name: name };
+  Object.entries(attributes).forEach(([k, v], i) => {
+    params[`Attributes.entry.${i + 1}.key`] = k;
+    params[`Attributes.entry.${i + 1}.value`] = v;
+  });
+  const arn = /<TopicArn>([^<]+)<\/TopicArn>/.exec(await sns(params))[1];
+  const q = await sqs('GetQueueAttributes', { QueueUrl: queues[queue], AttributeNames: ['QueueArn'] });
+  await sns({ Action: 'Subscribe', TopicArn: arn, Protocol: 'sqs', Endpoint: q.Attributes.QueueArn,
+    'Attributes.entry.1.key': 'RawMessageDelivery', 'Attributes.entry.1.value': 'true' });
+  return arn;
+}
+
 async function drain(name) {
   const url = queues[name];
   const out = [];
@@ -386,6 +430,8 @@ const control = http.createServer((req, res) => {
         const r = await sqs('CreateQueue', { QueueName: body.name, Attributes: body.attributes || {} });
         queues[body.name] = r.QueueUrl;
         answer = { url: `http://${frontHost}/000000000000/${body.name}` };
+      } else if (u.pathname === '/topic') {
+        answer = { arn: await snsTopic(body.name, body.attributes || {}, body.queue) };
       } else if (u.pathname === '/purge') {
         await sqs('PurgeQueue', { QueueUrl: queues[body.name] });
       } else if (u.pathname === '/delete') {
