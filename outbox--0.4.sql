@@ -2353,6 +2353,9 @@ BEGIN
 	t.unroutable_after := CASE WHEN unroutable_after = interval '0' THEN NULL
 							   ELSE coalesce(unroutable_after, old.unroutable_after) END;
 	t.credentials := CASE WHEN credentials = '' THEN NULL ELSE coalesce(credentials, old.credentials) END;
+	IF old.kind = 'sns' THEN
+		t.region := split_part(t.topic, ':', 4);	-- an SNS target's is its topic's
+	END IF;
 	IF t.secret IS NULL THEN
 		t.previous_secret := NULL;	-- an unsigned target has nothing to rotate
 	END IF;
@@ -2409,7 +2412,7 @@ BEGIN
 		   properties = t.properties, format = t.format, ce_source = t.ce_source,
 		   stream = t.stream, maxlen = t.maxlen, dedup_window = t.dedup_window,
 		   exchange = t.exchange, routing_key = t.routing_key,
-		   unroutable_after = t.unroutable_after, credentials = t.credentials,
+		   unroutable_after = t.unroutable_after, credentials = t.credentials, region = t.region,
 		   pending_lanes = CASE WHEN t.lanes = old.lanes THEN NULL ELSE t.lanes END,
 		   pending_ordering = CASE WHEN t.ordering = old.ordering THEN NULL ELSE t.ordering END
 	 WHERE x.id = tid;

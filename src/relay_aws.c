@@ -323,7 +323,7 @@ aws_code_in(const char *code, const char *const *list)
  * (held): no message's attempts are used up.
  */
 static const char *const aws_throttle_codes[] = {
-	"ThrottlingException", "RequestThrottled", "Throttling", "KmsThrottled",
+	"ThrottlingException", "RequestThrottled", "Throttling", "Throttled", "KmsThrottled",
 	"KMSThrottlingException", "RequestThrottledException", "TooManyRequestsException",
 	"ProvisionedThroughputExceededException", "LimitExceededException", NULL
 };
@@ -339,6 +339,7 @@ static const char *const aws_content_codes[] = {
 	"InvalidMessageContents", "BatchRequestTooLong", "InvalidParameterValue",
 	"InvalidAttributeName", "InvalidAttributeValue", "MessageTooLong",
 	"InvalidParameterValueException", "ValidationException",
+	"InvalidParameter", "ParameterValueInvalid",
 	"InvalidArgumentException", "SerializationException", NULL
 };
 

@@ -196,15 +196,7 @@ const front = http.createServer((req, res) => {
         return;
       }
       if (req.service === 'sns') {
-        const form = new URLSearchParams(body);
-        if (form.get('Action') === 'PublishBatch') {
-          const n = [...form.keys()].filter((k) => /^PublishBatchRequestEntries\.member\.\d+\.Id$/.test(k)).length;
-          stats.entries += n;
-          stats.batches.push(n);
-        }
-        const a = await forward(req, body);
-        res.writeHead(a.status, { 'content-type': a.headers['content-type'] || 'text/xml' });
-        res.end(a.body);
+        await snsRequest(req, body, res);
         return;
       }
       let failed = [];
@@ -304,6 +296,59 @@ async function kinesisRequest(req, body, res, target) {
   }
   res.writeHead(200, { 'content-type': 'application/x-amz-json-1.1' });
   res.end(JSON.stringify({ FailedRecordCount: records.filter((r) => r.ErrorCode).length, Records: records }));
+}
+
+// An SNS request, its signature checked: PublishBatch with the faults
+// asked for (the entries that hold the marker failed, the others renumbered
+// and published by fauxqs; a request with reject_marker refused whole).
+async function snsRequest(req, body, res) {
+  const form = new URLSearchParams(body);
+  let failed = '';
+  if (form.get('Action') === 'PublishBatch') {
+    const entry = /^PublishBatchRequestEntries\.member\.(\d+)\.(.*)$/;
+    const members = [...new Set([...form.keys()].map((k) => entry.exec(k)).filter(Boolean).map((m) => +m[1]))]
+      .sort((x, y) => x - y);
+    const message = (i) => form.get(`PublishBatchRequestEntries.member.${i}.Message`) || '';
+    stats.entries += members.length;
+    stats.batches.push(members.length);
+    if (faults.reject_marker && members.some((i) => message(i).includes(faults.reject_marker))) {
+      stats.refused['rejected whole'] = (stats.refused['rejected whole'] || 0) + 1;
+      res.writeHead(400, { 'content-type': 'text/xml' });
+      res.end('<ErrorResponse><Error><Type>Sender</Type><Code>InvalidParameter</Code>'
+        + '<Message>Invalid parameter: Message</Message></Error></ErrorResponse>');
+      return;
+    }
+    const keep = [];
+    for (const i of members) {
+      if (faults.marker && faults.marker_times > 0 && message(i).includes(faults.marker)) {
+        faults.marker_times--;
+        failed += `<member><Id>${form.get(`PublishBatchRequestEntries.member.${i}.Id`)}</Id>`
+          + `<Code>${faults.marker_code || 'InternalError'}</Code><Message>injected failure of one entry</Message>`
+          + `<SenderFault>${faults.marker_sender ? 'true' : 'false'}</SenderFault></member>`;
+      } else {
+        keep.push(i);
+      }
+    }
+    if (failed) {
+      if (keep.length === 0) {
+        res.writeHead(200, { 'content-type': 'text/xml' });
+        res.end(`<PublishBatchResponse><PublishBatchResult><Successful></Successful><Failed>${failed}</Failed></PublishBatchResult></PublishBatchResponse>`);
+        return;
+      }
+      const out = new URLSearchParams();
+      for (const [k, v] of form) {
+        const m = entry.exec(k);
+        if (!m)
+          out.append(k, v);
+        else if (keep.includes(+m[1]))
+          out.append(`PublishBatchRequestEntries.member.${keep.indexOf(+m[1]) + 1}.${m[2]}`, v);
+      }
+      body = out.toString();
+    }
+  }
+  const a = await forward(req, body);
+  res.writeHead(a.status, { 'content-type': a.headers['content-type'] || 'text/xml' });
+  res.end(failed && a.status === 200 ? a.body.replace('<Failed>', `<Failed>${failed}`) : a.body);
 }
 
 // A Kinesis call of the control port's (kinesalite wants an Authorization

@@ -1,11 +1,12 @@
 // aws_bare.mjs - the bare client of aws_bench.sh: the same signed requests
-// the relay sends (SQS SendMessageBatch, or Kinesis PutRecords), with the
+// the relay sends (SQS SendMessageBatch, SNS PublishBatch or Kinesis
+// PutRecords), with the
 // same batching, from LANES concurrent workers over keep-alive connections,
 // signed with AWS's own signer (@smithy/signature-v4, test/verify's
 // node_modules).  Prints one JSON line: {"n", "requests", "seconds",
 // "rate", "sign_us"} (sign_us: the signer's own time per request).
 //
-//   node aws_bare.mjs sqs|kinesis ENDPOINT QUEUE_URL|STREAM REGION KEY_ID SECRET N KEYS BATCH LANES
+//   node aws_bare.mjs sqs|sns|kinesis ENDPOINT QUEUE_URL|TOPIC_ARN|STREAM REGION KEY_ID SECRET N KEYS BATCH LANES
 //
 // Message n (1..N) has key k<n % KEYS> and body {"key": "k..", "seq": n,
 // "data": "xxxxxxxx"}; a worker (lane) takes the keys whose number is its
@@ -39,7 +40,7 @@ function entry(n, pos) {
   const key = `k${n % KEYS}`;
   const body = JSON.stringify({ key, seq: n, data: 'xxxxxxxx' });
   const id = randomUUID();
-  if (service === 'sqs') {
+  if (service === 'sqs' || service === 'sns') {
     return {
       Id: String(pos), MessageBody: body,
       MessageAttributes: {
@@ -55,15 +56,33 @@ function entry(n, pos) {
   return { Data: Buffer.from(env).toString('base64'), PartitionKey: key };
 }
 
+// An SNS PublishBatch form of the entries.
+function snsForm(entries) {
+  const form = new URLSearchParams({ Action: 'PublishBatch', Version: '2010-03-31', TopicArn: target });
+  entries.forEach((e, i) => {
+    const p = `PublishBatchRequestEntries.member.${i + 1}`;
+    form.append(`${p}.Id`, e.Id);
+    form.append(`${p}.Message`, e.MessageBody);
+    Object.entries(e.MessageAttributes).forEach(([name, v], k) => {
+      form.append(`${p}.MessageAttributes.entry.${k + 1}.Name`, name);
+      form.append(`${p}.MessageAttributes.entry.${k + 1}.Value.DataType`, v.DataType);
+      form.append(`${p}.MessageAttributes.entry.${k + 1}.Value.StringValue`, v.StringValue);
+    });
+  });
+  return form.toString();
+}
+
 async function send(ns) {
-  const body = JSON.stringify(service === 'sqs'
+  const body = service === 'sns' ? snsForm(ns.map((n, i) => entry(n, i))) : JSON.stringify(service === 'sqs'
     ? { QueueUrl: target, Entries: ns.map((n, i) => entry(n, i)) }
     : { StreamName: target, Records: ns.map((n, i) => entry(n, i)) });
-  const headers = {
-    host: url.host,
-    'content-type': service === 'sqs' ? 'application/x-amz-json-1.0' : 'application/x-amz-json-1.1',
-    'x-amz-target': service === 'sqs' ? 'AmazonSQS.SendMessageBatch' : 'Kinesis_20131202.PutRecords',
-  };
+  const headers = service === 'sns'
+    ? { host: url.host, 'content-type': 'application/x-www-form-urlencoded; charset=utf-8' }
+    : {
+      host: url.host,
+      'content-type': service === 'sqs' ? 'application/x-amz-json-1.0' : 'application/x-amz-json-1.1',
+      'x-amz-target': service === 'sqs' ? 'AmazonSQS.SendMessageBatch' : 'Kinesis_20131202.PutRecords',
+    };
   const t0 = process.hrtime.bigint();
   const signed = await signer.sign({ method: 'POST', protocol: 'http:', hostname: url.hostname,
     port: +url.port, path: '/', query: {}, headers, body });
@@ -78,6 +97,8 @@ async function send(ns) {
         const answer = Buffer.concat(chunks).toString();
         if (a.statusCode !== 200)
           return reject(new Error(`${a.statusCode} ${answer}`));
+        if (service === 'sns')
+          return /<Failed>\s*<member>/.test(answer) ? reject(new Error(`failed entries: ${answer.slice(0, 300)}`)) : resolve();
         const j = JSON.parse(answer);
         if ((j.Failed && j.Failed.length) || j.FailedRecordCount)
           return reject(new Error(`failed entries: ${answer.slice(0, 300)}`));

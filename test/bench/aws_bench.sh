@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# aws_bench.sh - delivery throughput of the outbox relay into Amazon SQS and
-# Kinesis emulators, against a bare client sending the same signed requests
+# aws_bench.sh - delivery throughput of the outbox relay into Amazon SQS, SNS
+# and Kinesis emulators, against a bare client sending the same signed requests
 # with the same batching, on a throwaway PostgreSQL cluster.
 #
 # Run by hand, as root (not in CI):
@@ -15,7 +15,8 @@
 # signer, for the relay and the bare client alike):
 #   relay   a backlog of N committed messages (keys k0..k(KEYS-1), payload
 #           {"key": "k<g % KEYS>", "seq": g, "data": "xxxxxxxx"}) emitted while
-#           a fresh target (SQS: queue 'bench', batch_size SQS_BATCH; Kinesis:
+#           a fresh target (SQS: queue 'bench', batch_size SQS_BATCH; SNS:
+#           topic 'bench', delivering raw to a queue, batch_size SQS_BATCH; Kinesis:
 #           stream 'bench' of SHARDS shards, batch_size KINESIS_BATCH; LANES
 #           lanes) is paused, then released at once; time from just before
 #           the resume until outbox.lag says nothing is pending (every
@@ -41,7 +42,7 @@
 #
 # Settings (environment):
 #   RUNS=3 N=20000 KEYS=1000 LANES=8 SQS_BATCH=10 KINESIS_BATCH=100 SHARDS=4
-#   SERVICES="sqs kinesis" PERF=0 KEEP=0 OUT=DIR REV= INSTALL=0
+#   SERVICES="sqs sns kinesis" PERF=0 KEEP=0 OUT=DIR REV= INSTALL=0
 #   PORT=54349 WAIT_FOR="..._bench.sh" (as kafka_bench.sh)
 set -euo pipefail
 
@@ -52,7 +53,7 @@ LANES=${LANES:-8}
 SQS_BATCH=${SQS_BATCH:-10}
 KINESIS_BATCH=${KINESIS_BATCH:-100}
 SHARDS=${SHARDS:-4}
-SERVICES=${SERVICES:-"sqs kinesis"}
+SERVICES=${SERVICES:-"sqs sns kinesis"}
 PERF=${PERF:-0}
 KEEP=${KEEP:-0}
 OUT=${OUT:-}
@@ -94,6 +95,9 @@ control() { curl -sf -X POST "$CONTROL/$1" -d "$2" >/dev/null; }
 peer_requests() { curl -sf "$CONTROL/stats" | "$PY" -c 'import json, sys; print(len(json.load(sys.stdin)["batches"]))'; }
 control setup "{\"region\": \"$REGION\", \"keys\": {\"$KEY_ID\": \"$SECRET\"}}"
 control queue '{"name": "bench"}'
+control queue '{"name": "from-topic"}'
+TOPIC_ARN=$(curl -sf -X POST "$CONTROL/topic" -d '{"name": "bench", "queue": "from-topic"}' |
+	"$PY" -c 'import json, sys; print(json.load(sys.stdin)["arn"])')
 control stream "{\"name\": \"bench\", \"shards\": $SHARDS}"
 QUEUE_URL=$ENDPOINT/000000000000/bench
 
@@ -104,11 +108,22 @@ for _ in $(seq 100); do [ -n "$(worker_pid)" ] && break; sleep 0.1; done
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
+# What a run left in the emulators, emptied (Kinesis streams only grow).
+purge_after() {
+	case $1 in
+		sqs) control purge '{"name": "bench"}' ;;
+		sns) control purge '{"name": "from-topic"}' ;;
+	esac
+	return 0
+}
+
 # relay_run SERVICE ROUND [perf]: prints a JSON line
 relay_run() {
 	local svc=$1 round=$2 t=bench_$1_$2 create
 	if [ "$svc" = sqs ]; then
 		create="SELECT outbox.create_sqs_target('$t', '$QUEUE_URL', '$REGION', '$KEY_ID', '$SECRET', batch_size => $SQS_BATCH, lanes => $LANES, max_attempts => 0)"
+	elif [ "$svc" = sns ]; then
+		create="SELECT outbox.create_sns_target('$t', '$TOPIC_ARN', '$KEY_ID', '$SECRET', endpoint => '$ENDPOINT', batch_size => $SQS_BATCH, lanes => $LANES, max_attempts => 0)"
 	else
 		create="SELECT outbox.create_kinesis_target('$t', 'bench', '$REGION', '$KEY_ID', '$SECRET', endpoint => '$ENDPOINT', batch_size => $KINESIS_BATCH, lanes => $LANES, max_attempts => 0)"
 	fi
@@ -139,7 +154,7 @@ relay_run() {
 	[ "$(sql -c "SELECT count(*) FROM outbox.dead_letters")" = 0 ] || { echo "dead letters after $t" >&2; exit 1; }
 	sql -c "SELECT outbox.drop_target('$t')" >/dev/null
 	sql -c "TRUNCATE outbox.messages" >/dev/null 2>&1 || true
-	[ "$svc" = sqs ] && control purge '{"name": "bench"}'
+	purge_after "$svc"
 	"$PY" -c 'import json, sys
 n, t0, t1, c0, c1, r0, r1 = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 hz = 100
@@ -149,10 +164,13 @@ print(json.dumps({"n": n, "seconds": t1 - t0, "rate": n / (t1 - t0), "requests":
 
 bare_run() {
 	local svc=$1 target batch
-	if [ "$svc" = sqs ]; then target=$QUEUE_URL batch=$SQS_BATCH; else target=bench batch=$KINESIS_BATCH; fi
+	case $svc in
+		sqs) target=$QUEUE_URL batch=$SQS_BATCH ;;
+		sns) target=$TOPIC_ARN batch=$SQS_BATCH ;;
+		*) target=bench batch=$KINESIS_BATCH ;;
+	esac
 	node "$here/aws_bare.mjs" "$svc" "$ENDPOINT" "$target" "$REGION" "$KEY_ID" "$SECRET" "$N" "$KEYS" "$batch" "$LANES"
-	[ "$svc" = sqs ] && control purge '{"name": "bench"}'
-	return 0
+	purge_after "$svc"
 }
 
 # One run of each, not recorded: the emulators' and the relay's first

@@ -8,6 +8,10 @@
 #  - a standard topic with CloudEvents in structured mode;
 #  - a topic that does not exist (NotFound), a wrong secret: held with the
 #    reason, nothing dead-lettered, delivered once set right;
+#  - entries that fail (SNS's fault): sent again, each once; Throttled
+#    entries: the target backs off; a request refused whole for one
+#    entry: that one a dead letter; 5xx, answers not XML: tried again;
+#    values a form encodes arrive as they were;
 #  - a message over SNS's 256 KiB: a dead letter, the rest of the key in
 #    order;
 #  - bad options refused at create time.
@@ -126,6 +130,58 @@ $k = keys_of(sqs_drain($peer, 'from-sns.fifo'));
 is(scalar(map { @$_ } values %$k), 10, 'all 10 there');
 is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
 
+# --- entries that fail, on a standard topic (no de-duplication) -----------
+# SNS's fault: sent again, each message once; values that a form must
+# encode (& = + % and UTF-8) arrive as they were.
+target('std', $events_arn);
+aws_control($peer, 'fault', { marker => 'flaky', marker_times => 6 });
+emit('std', 30, 6, extra => "flaky &=+% \xc3\xa9");
+ok_wait('entries that failed (SNS\'s fault): sent again, published',
+	sub { return (pending('std') == 0, pending('std') . ' pending') });
+$msgs = sqs_drain($peer, 'from-events');
+my %seen;
+$seen{ $chars->decode($_->{body})->{n} }++ for @$msgs;
+is(scalar(@$msgs), 30, 'all 30 there ...');
+is(scalar(keys %seen), 30, '... each once: no entry SNS published was sent again');
+is($chars->decode($msgs->[0]{body})->{s}, "flaky &=+% \x{e9}", 'a value a form encodes arrives as it was');
+like(lag_value($node, 'std', 'last_error'), qr/SNS failed to publish the message: InternalError/, 'last_error says so');
+is(dead_letter_lines($node, 'std')->[0], undef, 'nothing dead-lettered');
+
+# Throttled entries (SNS calls them the sender's fault): the target backs
+# off, max_attempts 1 and nothing dead-lettered.
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('std', max_attempts => 1)});
+aws_control($peer, 'fault', { marker => 'busy', marker_times => 4, marker_code => 'Throttled',
+	marker_sender => JSON::PP::true });
+emit('std', 10, 5, extra => 'busy');
+ok_wait('throttled entries: published', sub { return (pending('std') == 0, pending('std') . ' pending') });
+is(dead_letter_lines($node, 'std')->[0], undef, 'nothing dead-lettered (max_attempts 1)');
+is(scalar(@{ sqs_drain($peer, 'from-events') }), 10, 'all 10 there');
+aws_control($peer, 'fault', { marker => undef, marker_times => 0, marker_code => undef, marker_sender => JSON::PP::false });
+$node->safe_psql('postgres', q{SELECT outbox.alter_target('std', max_attempts => 10)});
+
+# A request refused whole for one entry's content (InvalidParameter), one
+# lane: that message a dead letter, the others using up no attempt.
+target('one', $events_arn, lanes => 1, max_attempts => 1);
+aws_control($peer, 'fault', { reject_marker => 'poison' });
+$node->safe_psql('postgres', q{
+	SELECT outbox_emit('one.x', jsonb_build_object('n', 40000 + g, 's', CASE WHEN g = 3 THEN 'poison' ELSE 'ok' END),
+					   'pk' || g) FROM generate_series(1, 8) g;});
+ok_wait('a request refused whole for one entry: the rest published',
+	sub { return (pending('one') == 0, pending('one') . ' pending') });
+is_deeply(dead_letter_lines($node, 'one'), ['pk3|SNS answered HTTP 400: InvalidParameter: Invalid parameter: Message'],
+	'only the message SNS refuses is a dead letter');
+is_deeply([ sort map { $chars->decode($_->{body})->{n} } @{ sqs_drain($peer, 'from-events') } ],
+	[ map { 40000 + $_ } 1, 2, 4 .. 8 ], 'the other 7 there');
+aws_control($peer, 'fault', { reject_marker => undef });
+
+# 5xx and an answer that is not XML: tried again
+aws_control($peer, 'fault', { error500 => 2, garbage => 2 });
+emit('std', 10, 10);
+ok_wait('after 500s and answers that are not XML: published',
+	sub { return (pending('std') == 0, pending('std') . ' pending') });
+is(scalar(@{ sqs_drain($peer, 'from-events') }), 10, 'all 10 there');
+is(dead_letter_lines($node, 'std')->[0], undef, 'nothing dead-lettered');
+
 # --- too large --------------------------------------------------------------
 $node->safe_psql('postgres', q{
 	SELECT outbox_emit('fifo.x', '{"n": 300001}', 'big');
@@ -147,7 +203,7 @@ like($err, qr/invalid SNS topic ARN/, 'an ARN that is not a topic\'s is refused'
 like($err, qr/invalid AWS region 'eu-west-1' for an SNS target.*the endpoint is in region "us-east-1"/s,
 	'an endpoint in another region than the topic\'s is refused');
 
-is_deeply([ sort keys %{ aws_stats($peer)->{refused} } ], ['signature'],
-	'the only requests refused were those with the wrong secret');
+is_deeply([ sort keys %{ aws_stats($peer)->{refused} } ], [ 'error500', 'garbage', 'rejected whole', 'signature' ],
+	'the only requests refused were those the test asked for');
 relay_no_crash($node);
 done_testing();
