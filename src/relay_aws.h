@@ -33,7 +33,7 @@ extern const char *aws_check_credentials(const char *key_id, const char *secret,
 extern const char *aws_url_authority(const char *url, char **authority, bool *https);
 extern const char *aws_row_checked(RelayTarget *t, const char *what, const char *why,
 								   const char *authority, const char *kind);
-extern void aws_credentials_error(const char *kind, const char *why) pg_attribute_noreturn();
+extern void aws_credentials_error(const char *kind, const char *why);
 extern void aws_target_init(RelayTarget *t);
 extern void aws_prepare(RelayTarget *t, const char *service);
 extern StringInfo aws_lane_body(RelayLane *lane);

@@ -153,6 +153,7 @@ outbox_check_kinesis_target(PG_FUNCTION_ARGS)
 				 errdetail("The region is not usable: %s.", why),
 				 errhint("Give the stream's region, such as 'eu-west-1'.")));
 	aws_credentials_error("a Kinesis", why);
+	PG_RETURN_VOID();			/* not reached */
 }
 
 /* The partition key of a message: its key, or its topic. */

@@ -175,6 +175,7 @@ outbox_check_sns_target(PG_FUNCTION_ARGS)
 				 errdetail("The region is not usable: %s.", why),
 				 errhint("Give the topic's region, such as 'eu-west-1'.")));
 	aws_credentials_error("an SNS", why);
+	PG_RETURN_VOID();			/* not reached */
 }
 
 /* Append s percent-encoded for a form (RFC 3986's unreserved kept). */

@@ -175,6 +175,7 @@ outbox_check_sqs_target(PG_FUNCTION_ARGS)
 				 errdetail("The region is not usable: %s.", why),
 				 errhint("Give the region of the queue's URL, such as 'eu-west-1'.")));
 	aws_credentials_error("an SQS", why);
+	PG_RETURN_VOID();			/* not reached */
 }
 
 /* Digits of an int64, for a message attribute. */
