@@ -212,7 +212,7 @@ PYEOF
 # frontend libraries of the server's version).
 libdir=$("$PG_CONFIG" --libdir)
 gcc -O2 -DFRONTEND -I"$repo/src" -I"$("$PG_CONFIG" --includedir-server)" "$here/sigv4_bench.c" \
-	"$repo/src/aws_sigv4.c" -L"$libdir" -lpgcommon -lpgport -lcrypto -lm -o "$work/sigv4_bench"
+	"$repo/src/aws_sigv4.c" -L"$libdir" -L"$("$PG_CONFIG" --pkglibdir)" -lpgcommon -lpgport -lcrypto -lm -o "$work/sigv4_bench"
 "$work/sigv4_bench" 100000 | while read -r line; do log "the relay's signer: $line"; record "$line"; done
 
 if [ "$PERF" = 1 ]; then
