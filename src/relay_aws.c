@@ -12,6 +12,8 @@
 
 #include <arpa/inet.h>
 
+#include "utils/builtins.h"
+
 #include "aws.h"
 #include "json_scan.h"
 #include "relay.h"
@@ -153,10 +155,28 @@ aws_row_checked(RelayTarget *t, const char *what, const char *why,
 	return t->host == NULL ? why : NULL;
 }
 
-/* The error of credentials that cannot be used; kind: "an SQS" ... */
+/*
+ * The error of an AWS kind's SQL check function (outbox.check_sqs_target()
+ * and the like): the option its check named (what), why it cannot be used,
+ * as the kind's table says, with the value the caller gave (args[arg]);
+ * credentials the same for every kind, without their values.  kind: "an
+ * SQS" ...
+ */
 void
-aws_credentials_error(const char *kind, const char *why)
+aws_check_failed(const AwsCheckError *errors, int nerrors, const char *kind,
+				 const char *what, const char *why, char **args)
 {
+	int			i;
+
+	for (i = 0; i < nerrors; i++)
+		if (strcmp(errors[i].what, what) == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("invalid %s %s%s", errors[i].noun,
+							args[errors[i].arg] ? quote_literal_cstr(args[errors[i].arg]) : "NULL",
+							errors[i].suffix),
+					 errdetail("The %s is not usable: %s.", errors[i].subject, why),
+					 errhint("%s", errors[i].hint)));
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 			 errmsg("invalid AWS credentials for %s target", kind),

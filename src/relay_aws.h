@@ -33,7 +33,19 @@ extern const char *aws_check_credentials(const char *key_id, const char *secret,
 extern const char *aws_url_authority(const char *url, char **authority, bool *https);
 extern const char *aws_row_checked(RelayTarget *t, const char *what, const char *why,
 								   const char *authority, const char *kind);
-extern void aws_credentials_error(const char *kind, const char *why);
+/* An error of an option of an AWS kind's SQL check function. */
+typedef struct AwsCheckError
+{
+	const char *what;			/* the option its check names */
+	const char *noun;			/* "invalid <noun> '<value>'<suffix>" */
+	const char *suffix;
+	int			arg;			/* the argument holding the value */
+	const char *subject;		/* "The <subject> is not usable: <why>." */
+	const char *hint;
+} AwsCheckError;
+
+extern void aws_check_failed(const AwsCheckError *errors, int nerrors, const char *kind,
+							 const char *what, const char *why, char **args);
 extern void aws_target_init(RelayTarget *t);
 extern void aws_prepare(RelayTarget *t, const char *service);
 extern StringInfo aws_lane_body(RelayLane *lane);

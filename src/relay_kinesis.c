@@ -114,6 +114,15 @@ relay_kinesis_check(RelayTarget *t)
 
 PG_FUNCTION_INFO_V1(outbox_check_kinesis_target);
 
+static const AwsCheckError kinesis_errors[] = {
+	{"url", "Kinesis endpoint", "", 0, "endpoint",
+	"Leave endpoint out for the region's own, https://kinesis.REGION.amazonaws.com."},
+	{"stream", "Kinesis stream name", "", 1, "stream name",
+	"Give the stream's name, such as 'orders'."},
+	{"region", "AWS region", " for a Kinesis target", 2, "region",
+	"Give the stream's region, such as 'eu-west-1'."},
+};
+
 /*
  * outbox.check_kinesis_target(endpoint, stream, region, access_key_id,
  * secret_access_key, session_token): the checks of a Kinesis target's
@@ -132,28 +141,9 @@ outbox_check_kinesis_target(PG_FUNCTION_ARGS)
 	for (i = 0; i < 6; i++)
 		args[i] = PG_ARGISNULL(i) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(i));
 	why = kinesis_check(args[0], args[1], args[2], args[3], args[4], args[5], &what, &authority);
-	if (why == NULL)
-		PG_RETURN_VOID();
-	if (strcmp(what, "url") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid Kinesis endpoint %s", args[0] ? quote_literal_cstr(args[0]) : "NULL"),
-				 errdetail("The endpoint is not usable: %s.", why),
-				 errhint("Leave endpoint out for the region's own, https://kinesis.REGION.amazonaws.com.")));
-	if (strcmp(what, "stream") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid Kinesis stream name %s", args[1] ? quote_literal_cstr(args[1]) : "NULL"),
-				 errdetail("The stream name is not usable: %s.", why),
-				 errhint("Give the stream's name, such as 'orders'.")));
-	if (strcmp(what, "region") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid AWS region %s for a Kinesis target", args[2] ? quote_literal_cstr(args[2]) : "NULL"),
-				 errdetail("The region is not usable: %s.", why),
-				 errhint("Give the stream's region, such as 'eu-west-1'.")));
-	aws_credentials_error("a Kinesis", why);
-	PG_RETURN_VOID();			/* not reached */
+	if (why != NULL)
+		aws_check_failed(kinesis_errors, lengthof(kinesis_errors), "a Kinesis", what, why, args);
+	PG_RETURN_VOID();
 }
 
 /* The partition key of a message: its key, or its topic. */

@@ -136,6 +136,15 @@ relay_sns_check(RelayTarget *t)
 
 PG_FUNCTION_INFO_V1(outbox_check_sns_target);
 
+static const AwsCheckError sns_errors[] = {
+	{"topic", "SNS topic ARN", "", 1, "ARN",
+	"Give the topic's ARN as SNS shows it, such as 'arn:aws:sns:eu-west-1:123456789012:orders'."},
+	{"url", "SNS endpoint", "", 0, "endpoint",
+	"Leave endpoint out for the region's own, https://sns.REGION.amazonaws.com."},
+	{"region", "AWS region", " for an SNS target", 2, "region",
+	"Give the topic's region, such as 'eu-west-1'."},
+};
+
 /*
  * outbox.check_sns_target(endpoint, topic_arn, region, access_key_id,
  * secret_access_key, session_token): the checks of an SNS target's
@@ -154,28 +163,9 @@ outbox_check_sns_target(PG_FUNCTION_ARGS)
 	for (i = 0; i < 6; i++)
 		args[i] = PG_ARGISNULL(i) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(i));
 	why = sns_check(args[0], args[1], args[2], args[3], args[4], args[5], &what, &authority);
-	if (why == NULL)
-		PG_RETURN_VOID();
-	if (strcmp(what, "topic") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid SNS topic ARN %s", args[1] ? quote_literal_cstr(args[1]) : "NULL"),
-				 errdetail("The ARN is not usable: %s.", why),
-				 errhint("Give the topic's ARN as SNS shows it, such as 'arn:aws:sns:eu-west-1:123456789012:orders'.")));
-	if (strcmp(what, "url") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid SNS endpoint %s", args[0] ? quote_literal_cstr(args[0]) : "NULL"),
-				 errdetail("The endpoint is not usable: %s.", why),
-				 errhint("Leave endpoint out for the region's own, https://sns.REGION.amazonaws.com.")));
-	if (strcmp(what, "region") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid AWS region %s for an SNS target", args[2] ? quote_literal_cstr(args[2]) : "NULL"),
-				 errdetail("The region is not usable: %s.", why),
-				 errhint("Give the topic's region, such as 'eu-west-1'.")));
-	aws_credentials_error("an SNS", why);
-	PG_RETURN_VOID();			/* not reached */
+	if (why != NULL)
+		aws_check_failed(sns_errors, lengthof(sns_errors), "an SNS", what, why, args);
+	PG_RETURN_VOID();
 }
 
 /* Append s percent-encoded for a form (RFC 3986's unreserved kept). */

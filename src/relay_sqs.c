@@ -142,6 +142,13 @@ relay_sqs_check(RelayTarget *t)
 
 PG_FUNCTION_INFO_V1(outbox_check_sqs_target);
 
+static const AwsCheckError sqs_errors[] = {
+	{"url", "SQS queue URL", "", 0, "URL",
+	"Give the queue's URL as SQS shows it, such as 'https://sqs.eu-west-1.amazonaws.com/123456789012/orders'."},
+	{"region", "AWS region", " for an SQS target", 1, "region",
+	"Give the region of the queue's URL, such as 'eu-west-1'."},
+};
+
 /*
  * outbox.check_sqs_target(url, region, access_key_id, secret_access_key,
  * session_token): the checks of an SQS target's options, for
@@ -160,22 +167,9 @@ outbox_check_sqs_target(PG_FUNCTION_ARGS)
 	for (i = 0; i < 5; i++)
 		args[i] = PG_ARGISNULL(i) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(i));
 	why = sqs_check(args[0], args[1], args[2], args[3], args[4], &what, &authority, &fifo);
-	if (why == NULL)
-		PG_RETURN_VOID();
-	if (strcmp(what, "url") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid SQS queue URL %s", args[0] ? quote_literal_cstr(args[0]) : "NULL"),
-				 errdetail("The URL is not usable: %s.", why),
-				 errhint("Give the queue's URL as SQS shows it, such as 'https://sqs.eu-west-1.amazonaws.com/123456789012/orders'.")));
-	if (strcmp(what, "region") == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid AWS region %s for an SQS target", args[1] ? quote_literal_cstr(args[1]) : "NULL"),
-				 errdetail("The region is not usable: %s.", why),
-				 errhint("Give the region of the queue's URL, such as 'eu-west-1'.")));
-	aws_credentials_error("an SQS", why);
-	PG_RETURN_VOID();			/* not reached */
+	if (why != NULL)
+		aws_check_failed(sqs_errors, lengthof(sqs_errors), "an SQS", what, why, args);
+	PG_RETURN_VOID();
 }
 
 /* Digits of an int64, for a message attribute. */

@@ -85,16 +85,6 @@ sub keys_of
 	return \%k;
 }
 
-sub in_order
-{
-	my ($list) = @_;
-	for my $i (1 .. $#$list)
-	{
-		return 0 if $list->[$i] <= $list->[ $i - 1 ];
-	}
-	return 1;
-}
-
 sub signatures_all_good
 {
 	my ($what) = @_;

@@ -79,16 +79,6 @@ sub keys_of
 	return (\%k, $split // 0);
 }
 
-sub in_order
-{
-	my ($list) = @_;
-	for my $i (1 .. $#$list)
-	{
-		return 0 if $list->[$i] <= $list->[ $i - 1 ];
-	}
-	return 1;
-}
-
 # --- a stream of 4 shards --------------------------------------------------
 target('kin', 'orders');
 emit('kin', 600, 40);

@@ -16,7 +16,7 @@ use JSON::PP;
 use PostgreSQL::Test::Utils;
 use Time::HiRes qw(time usleep);
 
-our @EXPORT = qw(aws_peer_start aws_control sqs_drain kinesis_records aws_stats aws_emit);
+our @EXPORT = qw(aws_peer_start aws_control sqs_drain kinesis_records aws_stats aws_emit in_order);
 
 my $peer_script = abs_path(dirname(__FILE__) . '/../aws/aws_peer.mjs');
 my $json = JSON::PP->new->utf8->canonical;
@@ -98,6 +98,17 @@ sub aws_emit
 		$sql .= "COMMIT;\n" if $i % 10 == 0 || $i == $n;
 	}
 	$node->safe_psql('postgres', $sql);
+}
+
+# Whether a list of numbers rises throughout.
+sub in_order
+{
+	my ($list) = @_;
+	for my $i (1 .. $#$list)
+	{
+		return 0 if $list->[$i] <= $list->[ $i - 1 ];
+	}
+	return 1;
 }
 
 sub aws_stats
