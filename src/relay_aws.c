@@ -277,15 +277,8 @@ aws_lane_body(RelayLane *lane)
 		a->nbodies = want;
 		MemoryContextSwitchTo(oldcxt);
 	}
+	aws_lane_done(lane);		/* (a request that ended without an answer) */
 	b = &a->bodies[lane->index];
-	if (b->maxlen > AWS_BODY_KEEP)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(t->cxt);
-
-		pfree(b->data);
-		initStringInfo(b);
-		MemoryContextSwitchTo(oldcxt);
-	}
 	resetStringInfo(b);
 	return b;
 }

@@ -174,22 +174,27 @@ sns_form_value(StringInfo b, const char *s, size_t len)
 {
 	static const char hex[] = "0123456789ABCDEF";
 	size_t		i;
+	char	   *o;
 
-	enlargeStringInfo(b, len);
+	/* room for the worst case once, then the bytes written in place */
+	enlargeStringInfo(b, 3 * len);
+	o = b->data + b->len;
 	for (i = 0; i < len; i++)
 	{
 		unsigned char c = (unsigned char) s[i];
 
 		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
 			c == '-' || c == '_' || c == '.' || c == '~')
-			appendStringInfoChar(b, (char) c);
+			*o++ = (char) c;
 		else
 		{
-			appendStringInfoChar(b, '%');
-			appendStringInfoChar(b, hex[c >> 4]);
-			appendStringInfoChar(b, hex[c & 15]);
+			*o++ = '%';
+			*o++ = hex[c >> 4];
+			*o++ = hex[c & 15];
 		}
 	}
+	b->len = o - b->data;
+	b->data[b->len] = '\0';
 }
 
 static void
