@@ -32,9 +32,12 @@
 //                  member of a record, the absent ones null (as kinesis-mock,
 //                  LocalStack's, writes them)
 //   POST /stream  {"name": n, "shards": k}           a Kinesis stream
-//   POST /topic   {"name": n, "attributes": {...}, "queue": q}
+//   POST /topic   {"name": n, "attributes": {...}, "queue": q, "hidden": b}
 //                  an SNS topic, its messages delivered raw to queue q
-//                  (made before); -> {"arn": ...}
+//                  (made before); -> {"arn": ...}; hidden: the front
+//                  answers NotFound for it until POST /reveal {"arn": a}
+//                  (so that it comes to exist with its subscription at
+//                  once: SNS drops what a topic without one is sent)
 //   GET  /records?stream=n  the stream's records not returned before, per
 //                  shard in order: [{shard, seq, key, data}]
 //   GET  /drain?queue=n   every message now in the queue, received and
@@ -56,7 +59,8 @@ const { buildApp } = await import(pathToFileURL(path.join(modules, 'fauxqs', 'di
 const kinesalite = require('kinesalite');
 
 const config = { region: 'eu-west-1', keys: {}, tokens: {}, expired: [] };
-const queues = {};   // name -> the URL fauxqs knows it by
+const queues = {};
+const hiddenTopics = new Set();   // ARNs the front says do not exist   // name -> the URL fauxqs knows it by
 const faults = { throttle: 0, error500: 0, garbage: 0, bad_ids: 0, nulls: 0, marker: null, marker_times: 0,
   marker_code: null, marker_sender: false, reject_marker: null };
 const stats = { requests: 0, verified: 0, refused: {}, entries: 0, batches: [] };
@@ -303,6 +307,12 @@ async function kinesisRequest(req, body, res, target) {
 // and published by fauxqs; a request with reject_marker refused whole).
 async function snsRequest(req, body, res) {
   const form = new URLSearchParams(body);
+  if (hiddenTopics.has(form.get('TopicArn'))) {
+    res.writeHead(404, { 'content-type': 'text/xml' });
+    res.end('<ErrorResponse><Error><Type>Sender</Type><Code>NotFound</Code>'
+      + '<Message>Topic does not exist</Message></Error></ErrorResponse>');
+    return;
+  }
   let failed = '';
   if (form.get('Action') === 'PublishBatch') {
     const entry = /^PublishBatchRequestEntries\.member\.(\d+)\.(.*)$/;
@@ -477,6 +487,10 @@ const control = http.createServer((req, res) => {
         answer = { url: `http://${frontHost}/000000000000/${body.name}` };
       } else if (u.pathname === '/topic') {
         answer = { arn: await snsTopic(body.name, body.attributes || {}, body.queue) };
+        if (body.hidden)
+          hiddenTopics.add(answer.arn);
+      } else if (u.pathname === '/reveal') {
+        hiddenTopics.delete(body.arn);
       } else if (u.pathname === '/purge') {
         await sqs('PurgeQueue', { QueueUrl: queues[body.name] });
       } else if (u.pathname === '/delete') {

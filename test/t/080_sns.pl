@@ -98,13 +98,15 @@ is($ev->{specversion}, '1.0', 'CloudEvents: the message is a CloudEvent');
 is($ev->{type}, 'ce.x', 'with the topic as its type');
 
 # --- a topic that does not exist, then made ---------------------------------
-(my $later_arn = $events_arn) =~ s/events$/later/;
+# (made hidden, with its subscription: the front says NotFound until it
+# is revealed, so no message goes to it before it has a subscriber)
+aws_control($peer, 'queue', { name => 'from-later', attributes => {} });
+my $later_arn = aws_control($peer, 'topic', { name => 'later', queue => 'from-later', hidden => JSON::PP::true })->{arn};
 target('later', $later_arn);
 emit('later', 10, 2);
 ok_wait('a topic that does not exist: held with NotFound',
 	sub { my $e = lag_value($node, 'later', 'last_error'); return (scalar($e =~ /SNS answered HTTP 404: NotFound/), $e) });
-aws_control($peer, 'queue', { name => 'from-later', attributes => {} });
-aws_control($peer, 'topic', { name => 'later', queue => 'from-later' });
+aws_control($peer, 'reveal', { arn => $later_arn });
 ok_wait('the topic made: published by itself', sub { return (pending('later') == 0) });
 is(scalar(@{ sqs_drain($peer, 'from-later') }), 10, 'all 10 there');
 is(dead_letter_lines($node, 'later')->[0], undef, 'nothing dead-lettered');
