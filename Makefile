@@ -48,6 +48,7 @@ OBJS = \
 	src/relay_nats.o \
 	src/relay_redis.o \
 	src/relay_rabbitmq.o \
+	src/relay_auth.o \
 	src/relay_aws.o \
 	src/relay_kinesis.o \
 	src/relay_sns.o \
@@ -70,7 +71,7 @@ DATA = outbox--0.1.sql outbox--0.1--0.2.sql outbox--0.2.sql \
 	outbox--0.2--0.3.sql outbox--0.3.sql outbox--0.3--0.4.sql outbox--0.4.sql
 PGFILEDESC = "outbox - transactional outbox delivered in commit order"
 
-REGRESS = emit savepoints triggers frontier errors targets operations security queue capture formats debezium debezium_cases redis rabbitmq aws
+REGRESS = emit savepoints triggers frontier errors targets operations security queue capture formats debezium debezium_cases redis rabbitmq aws oauth2
 REGRESS_OPTS = --temp-config=$(srcdir)/test/regress.conf \
 	--temp-instance=$(CURDIR)/tmp_check_regress
 

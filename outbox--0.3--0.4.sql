@@ -40,7 +40,25 @@ ALTER TABLE outbox.targets
 		CHECK ((aws_access_key_id IS NULL) = (aws_secret_access_key IS NULL) AND aws_secret_access_key ~ '^[!-~]{1,128}$'),
 	ADD COLUMN aws_session_token text
 		CONSTRAINT targets_aws_session_token_check
-		CHECK (aws_session_token IS NULL OR (aws_access_key_id IS NOT NULL AND aws_session_token ~ '^[!-~]+$' AND octet_length(aws_session_token) <= 8192));
+		CHECK (aws_session_token IS NULL OR (aws_access_key_id IS NOT NULL AND aws_session_token ~ '^[!-~]+$' AND octet_length(aws_session_token) <= 8192)),
+	-- OAuth2 client credentials (HTTP): the token endpoint, the client, the
+	-- scope asked for, and how the client authenticates there ('basic':
+	-- an Authorization header, 'post': in the form); outbox.set_oauth2()
+	ADD COLUMN oauth_token_url text
+		CONSTRAINT targets_oauth_token_url_check
+		CHECK (oauth_token_url IS NULL OR (kind = 'http' AND oauth_token_url ~* '^https?://' AND octet_length(oauth_token_url) <= 2048)),
+	ADD COLUMN oauth_client_id text
+		CONSTRAINT targets_oauth_client_id_check
+		CHECK ((oauth_token_url IS NULL) = (oauth_client_id IS NULL) AND octet_length(oauth_client_id) BETWEEN 1 AND 1024),
+	ADD COLUMN oauth_client_secret text
+		CONSTRAINT targets_oauth_client_secret_check
+		CHECK ((oauth_token_url IS NULL) = (oauth_client_secret IS NULL) AND octet_length(oauth_client_secret) BETWEEN 1 AND 1024),
+	ADD COLUMN oauth_scope text
+		CONSTRAINT targets_oauth_scope_check
+		CHECK (oauth_scope IS NULL OR (oauth_token_url IS NOT NULL AND octet_length(oauth_scope) BETWEEN 1 AND 1024)),
+	ADD COLUMN oauth_client_auth text
+		CONSTRAINT targets_oauth_client_auth_check
+		CHECK ((oauth_token_url IS NULL) = (oauth_client_auth IS NULL) AND oauth_client_auth IN ('basic', 'post'));
 COMMENT ON TABLE outbox.targets IS 'delivery targets: HTTP endpoints, NOTIFY channels, queues, NATS JetStream, Kafka, Redis Streams, RabbitMQ, Amazon SQS, Kinesis and SNS';
 COMMENT ON COLUMN outbox.targets.stream IS
 	'Redis: the key of the stream each message is appended to, {topic} and {key} filled in; Kinesis: the name of the stream';
@@ -92,6 +110,17 @@ BEGIN
 				  HINT = 'Use a URL such as ''https://hooks.example.com/outbox''.';
 	END IF;
 	PERFORM outbox.check_headers(t.headers);
+	IF t.oauth_token_url IS NOT NULL THEN
+		PERFORM outbox.check_oauth2(t.oauth_token_url, t.oauth_client_id, t.oauth_client_secret,
+									t.oauth_scope, t.oauth_client_auth);
+		IF EXISTS (SELECT 1 FROM jsonb_object_keys(t.headers) k
+				   WHERE lower(replace(k, '_', '-')) = 'authorization') THEN
+			RAISE EXCEPTION 'a target with OAuth2 client credentials sends its own Authorization header'
+				USING ERRCODE = 'invalid_parameter_value',
+					  DETAIL = 'The relay sets Authorization to the OAuth2 token.',
+					  HINT = 'Take the Authorization header out of the target''s headers, or its OAuth2 client credentials away with outbox.set_oauth2(target, NULL).';
+		END IF;
+	END IF;
 	PERFORM outbox.check_secret(t.secret, 'secret');
 	PERFORM outbox.check_secret(t.previous_secret, 'previous_secret');
 	IF t.previous_secret IS NOT NULL AND t.secret IS NULL THEN
@@ -107,6 +136,9 @@ BEGIN
 	-- Last, as it may resolve the host: the URL as libcurl parses it, and
 	-- where it may go (outbox.denied_destinations, allowed_destinations).
 	PERFORM outbox.check_destination(t.url);
+	IF t.oauth_token_url IS NOT NULL THEN
+		PERFORM outbox.check_destination(t.oauth_token_url);
+	END IF;
 	PERFORM outbox.check_tls_files(t);
 END
 $$;
@@ -777,3 +809,65 @@ $$;
 COMMENT ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
 	'create a target that publishes messages to an Amazon SNS topic';
 REVOKE ALL ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+
+-- The checks of OAuth2 client credentials (in C, as the relay makes them
+-- of every row it reads).  The secret is never quoted in an error.
+CREATE FUNCTION outbox.check_oauth2(token_url text, client_id text, client_secret text,
+									scope text, client_auth text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_oauth2';
+REVOKE ALL ON FUNCTION outbox.check_oauth2(text, text, text, text, text) FROM PUBLIC;
+
+-- Give an HTTP target OAuth2 client credentials (RFC 6749, 4.4): the relay
+-- gets a token at token_url and sends it as "Authorization: Bearer" with
+-- every request, renewed before it expires.  token_url => NULL takes them
+-- away.
+CREATE FUNCTION outbox.set_oauth2(
+	target		  text,
+	token_url	  text,
+	client_id	  text DEFAULT NULL,
+	client_secret text DEFAULT NULL,
+	scope		  text DEFAULT NULL,
+	client_auth	  text DEFAULT 'basic')
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(set_oauth2.target);
+	t outbox.targets;
+BEGIN
+	SELECT * INTO t FROM outbox.targets WHERE id = tid FOR UPDATE;
+	IF t.kind <> 'http' THEN
+		RAISE EXCEPTION 'target "%" is a % target', set_oauth2.target, t.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only HTTP targets take OAuth2 client credentials.';
+	END IF;
+	IF token_url IS NULL THEN
+		IF client_id IS NOT NULL OR client_secret IS NOT NULL OR scope IS NOT NULL THEN
+			RAISE EXCEPTION 'OAuth2 client credentials need a token URL'
+				USING ERRCODE = 'invalid_parameter_value',
+					  HINT = 'Pass token_url => NULL alone to take a target''s OAuth2 client credentials away.';
+		END IF;
+		t.oauth_client_auth := NULL;
+	ELSE
+		t.oauth_client_auth := client_auth;
+	END IF;
+	t.oauth_token_url := token_url;
+	t.oauth_client_id := client_id;
+	t.oauth_client_secret := client_secret;
+	t.oauth_scope := scope;
+	PERFORM outbox.check_http_target(t);
+	UPDATE outbox.targets x
+	   SET oauth_token_url = t.oauth_token_url, oauth_client_id = t.oauth_client_id,
+		   oauth_client_secret = t.oauth_client_secret, oauth_scope = t.oauth_scope,
+		   oauth_client_auth = t.oauth_client_auth
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+END
+$$;
+COMMENT ON FUNCTION outbox.set_oauth2(text, text, text, text, text, text) IS
+	'give an HTTP target OAuth2 client credentials (token_url => NULL takes them away)';
+REVOKE ALL ON FUNCTION outbox.set_oauth2(text, text, text, text, text, text) FROM PUBLIC;

@@ -118,6 +118,9 @@ typedef struct RelayOutcome
 								 * were acknowledged (not failed), of
 								 * nsent positions; NULL for none */
 	int			nsent;
+	bool		auth_sent;		/* the request carried the target's token
+								 * (relay_auth.c) ... */
+	uint32		auth_generation;	/* ... of this generation */
 } RelayOutcome;
 
 /*
@@ -356,6 +359,17 @@ typedef struct RelayTarget
 	char	   *aws_key_id;		/* AWS: access key id */
 	char	   *aws_secret;		/* AWS: secret access key */
 	char	   *aws_token;		/* AWS: session token, or NULL */
+	char	   *oauth_token_url;	/* OAuth2 client credentials: the token
+									 * endpoint, or NULL for none */
+	char	   *oauth_host;		/* its host, for the destination rules */
+	char	   *oauth_client_id;
+	char	   *oauth_client_secret;
+	char	   *oauth_scope;	/* or NULL */
+	bool		oauth_client_post;	/* id and secret in the body, not Basic */
+	struct RelayAuth *auth;		/* the token's state, or NULL */
+	char	   *auth_header;	/* its "Authorization: Bearer ..." line, or
+								 * NULL (relay_auth.c sets it) */
+	uint32		auth_generation;	/* bumped with every new token */
 	char	   *post_url;		/* a kind on HTTP whose requests go to
 								 * another URL than url (SQS: the service's
 								 * endpoint), or NULL */
@@ -478,6 +492,43 @@ extern void relay_http_header(RelayLane *lane, const char *line);
 extern bool relay_http_start(RelayLane *lane, const char *body, int body_len,
 							 RelayOutcome *failed);
 extern void relay_http_drive(RelayFinishedFn finished);
+
+/*
+ * A request the relay makes for itself (a token: relay_auth.c), on the same
+ * engine.  done is called from relay_http_drive() when it ends: error is
+ * NULL when an answer came (status, and answer[0..len), NUL-terminated),
+ * else why not (refused by the destination rules, timed out, TLS ...).
+ */
+typedef struct RelayFetch RelayFetch;
+typedef void (*RelayFetchDone) (void *arg, long status, const char *answer, int len,
+								const char *error);
+extern RelayFetch *relay_fetch_create(MemoryContext cxt);
+extern bool relay_fetch_start(RelayFetch *f, const char *url, const char *host,
+							  const char *ca_file, int timeout_ms,
+							  const char *const *headers, int nheaders, const char *body,
+							  RelayFetchDone done, void *arg, char *error, size_t size);
+extern void relay_fetch_cancel(RelayFetch *f);
+extern void relay_fetch_free(RelayFetch *f);
+extern bool relay_fetching(void);
+extern void relay_form_value(StringInfo b, const char *s, size_t len);
+
+/*---- relay_auth.c: tokens a target's requests carry (OAuth2) ----*/
+struct RelayAuth;
+typedef enum RelayAuthState
+{
+	RELAY_AUTH_READY,			/* the lane may send (a token, or none needed) */
+	RELAY_AUTH_WAIT,			/* a token is on its way */
+	RELAY_AUTH_FAILED			/* none could be had: *why says why */
+} RelayAuthState;
+extern void relay_auth_create(RelayTarget *t);
+extern void relay_auth_release(RelayTarget *t);
+extern bool relay_auth_options_changed(RelayTarget *t, RelayTarget *n);
+extern RelayAuthState relay_auth_ready(RelayLane *lane, TimestampTz now, char **why);
+extern bool relay_auth_waiting(RelayTarget *t);
+extern bool relay_auth_rejected(RelayTarget *t, uint32 generation);
+extern void relay_auth_accepted(RelayTarget *t, uint32 generation);
+extern const char *relay_auth_check(RelayTarget *t);
+extern const char *relay_url_authority(const char *url, char **authority, bool *https);
 
 /*---- relay_lane.c: queues, outcomes, backoff, batch cuts ----*/
 extern int relay_queue_cap(RelayTarget *t);

@@ -10,7 +10,6 @@
  */
 #include "postgres.h"
 
-#include <arpa/inet.h>
 
 #include "utils/builtins.h"
 
@@ -44,59 +43,6 @@ aws_check_credentials(const char *key_id, const char *secret, const char *token)
 		return "the secret access key is not 1 to 128 printable ASCII characters without blanks";
 	if (token != NULL && !aws_token_valid(token, 1, 8192))
 		return "the session token is not 1 to 8192 printable ASCII characters without blanks";
-	return NULL;
-}
-
-/*
- * The scheme and authority of an http(s) URL (checked by
- * outbox_url_host()): *authority palloc'd, *https set.  Returns why not.
- * http:// only to a loopback address (a local emulator, a proxy on the
- * same machine): signed requests and session tokens go nowhere else in
- * clear text.
- */
-const char *
-aws_url_authority(const char *url, char **authority, bool *https)
-{
-	const char *a;
-	const char *end;
-	const char *why;
-	char	   *host;
-	bool		loopback;
-
-	if (url == NULL)
-		return "it is missing";
-	if (strncmp(url, "https://", 8) == 0)
-		a = url + 8;
-	else if (strncmp(url, "http://", 7) == 0)
-		a = url + 7;
-	else
-		return "it does not begin with https:// (or http://)";
-	host = outbox_url_host(url, &why);
-	if (host == NULL)
-	{
-		/* its reasons are sentences: lower-case, to follow a colon */
-		char	   *w = pstrdup(why);
-
-		w[0] = pg_tolower((unsigned char) w[0]);
-		return w;
-	}
-	{
-		unsigned char addr[16];
-
-		/* an address literal of 127/8 or ::1, or the name localhost */
-		loopback = pg_strcasecmp(host, "localhost") == 0 ||
-			(inet_pton(AF_INET, host, addr) == 1 && addr[0] == 127) ||
-			(inet_pton(AF_INET6, host, addr) == 1 &&
-			 IN6_IS_ADDR_LOOPBACK((struct in6_addr *) addr));
-	}
-	pfree(host);
-	end = a + strcspn(a, "/?#");
-	if (*end == '?' || *end == '#')
-		return "it has a query or a fragment";
-	*authority = pnstrdup(a, end - a);
-	*https = (a == url + 8);
-	if (!*https && !loopback)
-		return "http:// goes to a loopback address only (a local emulator): give https://";
 	return NULL;
 }
 
@@ -221,7 +167,7 @@ aws_prepare(RelayTarget *t, const char *service)
 		pfree(a->authority);
 	a->authority = NULL;
 	/* checked when the row was read */
-	if (aws_url_authority(t->post_url, &a->authority, &https) != NULL)
+	if (relay_url_authority(t->post_url, &a->authority, &https) != NULL)
 		a->authority = pstrdup("");
 	explicit_bzero(a->signer.key, sizeof(a->signer.key));
 	memset(&a->signer, 0, sizeof(a->signer));

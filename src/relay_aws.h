@@ -30,7 +30,6 @@ typedef struct AwsTarget
 extern bool aws_token_valid(const char *s, size_t min, size_t max);
 extern const char *aws_check_credentials(const char *key_id, const char *secret,
 										 const char *token);
-extern const char *aws_url_authority(const char *url, char **authority, bool *https);
 extern const char *aws_row_checked(RelayTarget *t, const char *what, const char *why,
 								   const char *authority, const char *kind);
 /* An error of an option of an AWS kind's SQL check function. */

@@ -133,6 +133,7 @@ relay_free_target(RelayTarget *t)
 			t->transport->lane_release(&t->lanes[i]);
 	if (t->transport != NULL && t->transport->target_release != NULL && t->lanes != NULL)
 		t->transport->target_release(t);
+	relay_auth_release(t);
 	MemoryContextDelete(t->cxt);
 }
 
@@ -321,10 +322,24 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	t->aws_key_id = relay_spi_text(tup, desc, 38);
 	t->aws_secret = relay_spi_text(tup, desc, 39);
 	t->aws_token = relay_spi_text(tup, desc, 40);
+	t->oauth_token_url = relay_spi_text(tup, desc, 41);
+	t->oauth_client_id = relay_spi_text(tup, desc, 42);
+	t->oauth_client_secret = relay_spi_text(tup, desc, 43);
+	t->oauth_scope = relay_spi_text(tup, desc, 44);
+	s = relay_spi_text(tup, desc, 45);
+	t->oauth_client_post = s != NULL && strcmp(s, "post") == 0;
 	/* the kind's check below reads them (an SQS target's headers must be none) */
 	d = SPI_getbinval(tup, desc, 11, &isnull);
 	if (*problem == NULL && !isnull)
 		*problem = relay_target_headers(t, DatumGetJsonbP(d));
+	if (*problem == NULL && t->oauth_token_url != NULL)
+	{
+		const char *why = t->kind == RELAY_HTTP ? relay_auth_check(t) :
+			"only HTTP targets take OAuth2 client credentials";
+
+		if (why != NULL)
+			*problem = MemoryContextStrdup(oldcxt, why);
+	}
 
 	if (t->kind == RELAY_HTTP && *problem == NULL)
 	{
@@ -417,6 +432,7 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 		return t;
 	}
 	t->lanes = palloc0(sizeof(RelayLane) * t->nlanes);
+	relay_auth_create(t);
 	if (t->transport->target_init != NULL)
 		t->transport->target_init(t);
 	for (i = 0; i < t->nlanes; i++)
@@ -501,6 +517,9 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 		relay_report_bad_target(t->id, t->name, problem);
 		return;
 	}
+	/* Another token endpoint, client or scope: the token is not good. */
+	if (relay_auth_options_changed(t, n))
+		relay_auth_release(t);
 	/* n's context holds the new strings: keep it, drop the previous one. */
 	MemoryContextSetParent(n->cxt, t->cxt);
 	if (t->opts_cxt)
@@ -532,6 +551,14 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->aws_key_id = n->aws_key_id;
 	t->aws_secret = n->aws_secret;
 	t->aws_token = n->aws_token;
+	t->oauth_token_url = n->oauth_token_url;
+	t->oauth_host = n->oauth_host;
+	t->oauth_client_id = n->oauth_client_id;
+	t->oauth_client_secret = n->oauth_client_secret;
+	t->oauth_scope = n->oauth_scope;
+	t->oauth_client_post = n->oauth_client_post;
+	if (t->auth == NULL)
+		relay_auth_create(t);
 	t->post_url = n->post_url;
 	t->envelope_only = n->envelope_only;
 	t->batch_size = n->batch_size;
@@ -689,7 +716,8 @@ relay_load_config(void)
 	 * CloudEvents source, a Redis target's stream, maxlen and dedup_window,
 	 * a RabbitMQ target's exchange and routing key, unroutable_after in
 	 * milliseconds, and a NATS target's credentials file (schema 0.3);
-	 * 37 to 40: an AWS target's region and credentials (schema 0.4).
+	 * 37 to 40: an AWS target's region and credentials, 41 to 45: OAuth2
+	 * client credentials (schema 0.4).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -706,8 +734,8 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-#define RELAY_NO_AWS ", NULL::text, NULL::text, NULL::text, NULL::text"
-	if (SPI_execute(relay_schema_aws ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials, t.region, t.aws_access_key_id, t.aws_secret_access_key, t.aws_session_token") :
+#define RELAY_NO_AWS ", NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text"
+	if (SPI_execute(relay_schema_aws ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials, t.region, t.aws_access_key_id, t.aws_secret_access_key, t.aws_session_token, t.oauth_token_url, t.oauth_client_id, t.oauth_client_secret, t.oauth_scope, t.oauth_client_auth") :
 					relay_schema_set_aside ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials" RELAY_NO_AWS) :
 					relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, NULL::bigint, NULL::text" RELAY_NO_AWS) :
 					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint, NULL::text" RELAY_NO_AWS) :

@@ -84,11 +84,16 @@ typedef struct RelayHttpLane
 								 * which must not raise errors), or NULL */
 	int			answer_len;		/* bytes in answer */
 	int			answer_cap;		/* bytes allocated */
+	uint32		auth_generation;	/* of the token the request carries */
+	bool		has_auth;		/* it carries one (relay_auth.c) */
 } RelayHttpLane;
 
 #define HTTP(lane)	((RelayHttpLane *) (lane)->priv)
 
 static void relay_header(RelayHttpLane *h, const char *line);
+static void relay_easy_common(CURL *easy);
+static bool relay_fetch_finish(CURL *easy, CURLcode result);
+static void relay_printable_copy(char *dst, size_t size, const char *src);
 
 /*
  * What is read of a response: the body up to RELAY_MAX_RESPONSE_BODY bytes
@@ -248,27 +253,25 @@ relay_timer_cb(CURLM *m, long timeout_ms, void *userp)
  * against the server's file descriptor budget.
  */
 static curl_socket_t
-relay_open_socket_cb(void *clientp, curlsocktype purpose,
-					 struct curl_sockaddr *address)
+relay_dial(struct curl_sockaddr *address, const char *host, char *refused,
+		   size_t refused_size, bool *opened)
 {
-	RelayLane  *lane = (RelayLane *) clientp;
 	curl_socket_t s;
 	const char *why = NULL;
 
 	if (address->family == AF_INET)
 		why = outbox_destination_refused(AF_INET,
 										 &((struct sockaddr_in *) &address->addr)->sin_addr,
-										 lane->target->host);
+										 host);
 	else if (address->family == AF_INET6)
 		why = outbox_destination_refused(AF_INET6,
 										 &((struct sockaddr_in6 *) &address->addr)->sin6_addr,
-										 lane->target->host);
+										 host);
 	else
 		why = "not an Internet address";
 	if (why != NULL)
 	{
-		snprintf(HTTP(lane)->refused, sizeof(HTTP(lane)->refused),
-				 "connection refused by the relay: %s", why);
+		snprintf(refused, refused_size, "connection refused by the relay: %s", why);
 		return CURL_SOCKET_BAD;
 	}
 
@@ -281,7 +284,7 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 	{
 		RelaySocketState *st = relay_socket_state(s);
 
-		HTTP(lane)->opened = true;
+		*opened = true;
 		/* A new descriptor is in no epoll set. */
 		if (st != NULL)
 		{
@@ -292,6 +295,16 @@ relay_open_socket_cb(void *clientp, curlsocktype purpose,
 		}
 	}
 	return s;
+}
+
+static curl_socket_t
+relay_open_socket_cb(void *clientp, curlsocktype purpose,
+					 struct curl_sockaddr *address)
+{
+	RelayLane  *lane = (RelayLane *) clientp;
+
+	return relay_dial(address, lane->target->host, HTTP(lane)->refused,
+					  sizeof(HTTP(lane)->refused), &HTTP(lane)->opened);
 }
 
 static int
@@ -517,6 +530,27 @@ relay_http_lane_init(RelayLane *lane)
 	h->easy = easy;
 	lane->priv = h;
 	curl_easy_setopt(easy, CURLOPT_PRIVATE, lane);
+	relay_easy_common(easy);
+	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, h->errbuf);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, relay_write_cb);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, h);
+	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, relay_header_cb);
+	curl_easy_setopt(easy, CURLOPT_HEADERDATA, h);
+	relay_http_lane_options(lane);
+	h->options_version = t->options_version;
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, relay_open_socket_cb);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, lane);
+	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, relay_close_socket_cb);
+}
+
+/*
+ * The options every handle of the relay has: no proxy, no signals, no
+ * redirects, http and https only, no decompression, cookies or .netrc,
+ * verified TLS.
+ */
+static void
+relay_easy_common(CURL *easy)
+{
 	curl_easy_setopt(easy, CURLOPT_PROXY, "");
 	curl_easy_setopt(easy, CURLOPT_NOPROXY, "*");
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
@@ -540,20 +574,10 @@ relay_http_lane_init(RelayLane *lane)
 #endif
 	curl_easy_setopt(easy, CURLOPT_TCP_NODELAY, 1L);
 	curl_easy_setopt(easy, CURLOPT_USERAGENT, "outbox/" OUTBOX_VERSION);
-	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, h->errbuf);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, relay_write_cb);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, h);
-	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, relay_header_cb);
-	curl_easy_setopt(easy, CURLOPT_HEADERDATA, h);
 	/* No decompression (no zip bombs), no cookies, no .netrc. */
 	curl_easy_setopt(easy, CURLOPT_NETRC, (long) CURL_NETRC_IGNORED);
 	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
 	curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-	relay_http_lane_options(lane);
-	h->options_version = t->options_version;
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, relay_open_socket_cb);
-	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, lane);
-	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, relay_close_socket_cb);
 }
 
 /* Abandon the lane's request, if any, and free its handle. */
@@ -573,6 +597,295 @@ relay_http_lane_release(RelayLane *lane)
 	free(h->answer);
 	h->answer = NULL;
 	lane->priv = NULL;
+}
+
+/*---- requests of the relay's own: tokens (relay_auth.c) ----*/
+
+/*
+ * Most bytes of a fetch's answer kept (a token endpoint's JSON, STS's
+ * XML); a longer answer fails the fetch.
+ */
+#define RELAY_FETCH_MAX_ANSWER	(64 * 1024)
+
+/*
+ * A request the relay makes for itself, not for a lane: the token a
+ * target's requests carry.  It goes through the same multi handle, so the
+ * worker never waits for it, and its connections are checked by the
+ * destination rules against its own host.
+ */
+struct RelayFetch
+{
+	CURL	   *easy;
+	struct RelayFetch *next;	/* in fetches, while on the wire */
+	bool		in_flight;
+	RelayFetchDone done;
+	void	   *arg;
+	char	   *host;			/* the URL's host, for allowed_destinations */
+	struct curl_slist *headers;
+	char	   *body;			/* the request body, while on the wire */
+	char		errbuf[CURL_ERROR_SIZE];
+	char		refused[512];
+	bool		opened;
+	char	   *answer;			/* RELAY_FETCH_MAX_ANSWER + 1 bytes */
+	int			answer_len;
+	bool		capped;			/* the answer did not fit */
+	Size		header_bytes;
+	MemoryContext cxt;
+};
+
+static RelayFetch *fetches = NULL;	/* on the wire */
+
+static size_t
+relay_fetch_write_cb(char *data, size_t size, size_t nmemb, void *userdata)
+{
+	RelayFetch *f = (RelayFetch *) userdata;
+	size_t		len = size * nmemb;
+
+	if (len > (size_t) (RELAY_FETCH_MAX_ANSWER - f->answer_len))
+	{
+		f->capped = true;
+		return 0;				/* aborts the transfer */
+	}
+	memcpy(f->answer + f->answer_len, data, len);
+	f->answer_len += len;
+	f->answer[f->answer_len] = '\0';
+	return len;
+}
+
+static size_t
+relay_fetch_header_cb(char *data, size_t size, size_t nmemb, void *userdata)
+{
+	RelayFetch *f = (RelayFetch *) userdata;
+	size_t		len = size * nmemb;
+
+	f->header_bytes += len;
+	if (f->header_bytes > RELAY_MAX_RESPONSE_HEADERS)
+	{
+		f->capped = true;
+		return 0;
+	}
+	return len;
+}
+
+static curl_socket_t
+relay_fetch_open_socket_cb(void *clientp, curlsocktype purpose,
+						   struct curl_sockaddr *address)
+{
+	RelayFetch *f = (RelayFetch *) clientp;
+
+	return relay_dial(address, f->host, f->refused, sizeof(f->refused), &f->opened);
+}
+
+/* A fetch's handle and buffers, in cxt. */
+RelayFetch *
+relay_fetch_create(MemoryContext cxt)
+{
+	RelayFetch *f = MemoryContextAllocZero(cxt, sizeof(RelayFetch));
+	CURL	   *easy = curl_easy_init();
+
+	if (easy == NULL)
+		elog(ERROR, "outbox: could not create a libcurl handle");
+	f->easy = easy;
+	f->cxt = cxt;
+	f->answer = MemoryContextAlloc(cxt, RELAY_FETCH_MAX_ANSWER + 1);
+	relay_easy_common(easy);
+	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, f->errbuf);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, relay_fetch_write_cb);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, f);
+	curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, relay_fetch_header_cb);
+	curl_easy_setopt(easy, CURLOPT_HEADERDATA, f);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, relay_fetch_open_socket_cb);
+	curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, f);
+	curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, relay_close_socket_cb);
+	return f;
+}
+
+/* Forget what the fetch's last request held. */
+static void
+relay_fetch_clear(RelayFetch *f)
+{
+	curl_slist_free_all(f->headers);
+	f->headers = NULL;
+	if (f->body != NULL)
+	{
+		explicit_bzero(f->body, strlen(f->body));	/* client secrets */
+		pfree(f->body);
+		f->body = NULL;
+	}
+	if (f->host != NULL)
+	{
+		pfree(f->host);
+		f->host = NULL;
+	}
+}
+
+/*
+ * POST body (form-encoded, NUL-terminated) to url, with the header lines
+ * given, under ca_file (NULL: the system's CAs) and timeout_ms; host is
+ * url's host, for the destination rules.  done(arg, ...) is called from
+ * relay_http_drive() when it ends.  Returns false, with error filled in,
+ * when it could not be started.
+ */
+bool
+relay_fetch_start(RelayFetch *f, const char *url, const char *host, const char *ca_file,
+				  int timeout_ms, const char *const *headers, int nheaders,
+				  const char *body, RelayFetchDone done, void *arg,
+				  char *error, size_t size)
+{
+	int			i;
+	CURLMcode	mrc;
+
+	Assert(!f->in_flight);
+	if (multi == NULL)
+	{
+		snprintf(error, size, "the relay's HTTP client is not running");
+		return false;
+	}
+	relay_fetch_clear(f);
+	f->host = MemoryContextStrdup(f->cxt, host);
+	f->body = MemoryContextStrdup(f->cxt, body);
+	for (i = 0; i < nheaders; i++)
+	{
+		struct curl_slist *l = curl_slist_append(f->headers, headers[i]);
+
+		if (l == NULL)
+		{
+			relay_fetch_clear(f);
+			snprintf(error, size, "out of memory");
+			return false;
+		}
+		f->headers = l;
+	}
+	f->errbuf[0] = '\0';
+	f->refused[0] = '\0';
+	f->opened = false;
+	f->answer_len = 0;
+	f->answer[0] = '\0';
+	f->capped = false;
+	f->header_bytes = 0;
+	f->done = done;
+	f->arg = arg;
+	curl_easy_setopt(f->easy, CURLOPT_URL, url);
+	curl_easy_setopt(f->easy, CURLOPT_TIMEOUT_MS, (long) timeout_ms);
+	curl_easy_setopt(f->easy, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(timeout_ms, 10000));
+	if (ca_file != NULL || default_cainfo != NULL)
+		curl_easy_setopt(f->easy, CURLOPT_CAINFO, ca_file ? ca_file : default_cainfo);
+	curl_easy_setopt(f->easy, CURLOPT_CAPATH, ca_file ? NULL : default_capath);
+	curl_easy_setopt(f->easy, CURLOPT_HTTPHEADER, f->headers);
+	curl_easy_setopt(f->easy, CURLOPT_POSTFIELDS, f->body);
+	curl_easy_setopt(f->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) strlen(f->body));
+	mrc = curl_multi_add_handle(multi, f->easy);
+	if (mrc != CURLM_OK)
+	{
+		relay_fetch_clear(f);
+		snprintf(error, size, "%s", curl_multi_strerror(mrc));
+		return false;
+	}
+	f->in_flight = true;
+	f->next = fetches;
+	fetches = f;
+	return true;
+}
+
+/* Take f off the wire, if it is on it. */
+void
+relay_fetch_cancel(RelayFetch *f)
+{
+	RelayFetch **p;
+
+	if (!f->in_flight)
+		return;
+	for (p = &fetches; *p != NULL; p = &(*p)->next)
+		if (*p == f)
+		{
+			*p = f->next;
+			break;
+		}
+	curl_multi_remove_handle(multi, f->easy);
+	f->in_flight = false;
+	relay_fetch_clear(f);
+}
+
+/* Cancel f and free it. */
+void
+relay_fetch_free(RelayFetch *f)
+{
+	if (f == NULL)
+		return;
+	relay_fetch_cancel(f);
+	curl_easy_cleanup(f->easy);
+	explicit_bzero(f->answer, RELAY_FETCH_MAX_ANSWER + 1);	/* a token */
+	pfree(f->answer);
+	pfree(f);
+}
+
+/* Whether easy is a fetch's; if so, it ended: tell its owner. */
+static bool
+relay_fetch_finish(CURL *easy, CURLcode result)
+{
+	RelayFetch *f;
+	long		status = 0;
+	char		msg[CURL_ERROR_SIZE + 600];
+	const char *error = NULL;
+
+	for (f = fetches; f != NULL; f = f->next)
+		if (f->easy == easy)
+			break;
+	if (f == NULL)
+		return false;
+	relay_fetch_cancel(f);
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
+	if (result != CURLE_OK && f->refused[0] != '\0' && !f->opened)
+		error = f->refused;
+	else if (f->capped)
+	{
+		snprintf(msg, sizeof(msg), "the answer exceeds %d bytes", RELAY_FETCH_MAX_ANSWER);
+		error = msg;
+	}
+	else if (result != CURLE_OK)
+	{
+		relay_printable_copy(msg, sizeof(msg),
+							 f->errbuf[0] ? f->errbuf : curl_easy_strerror(result));
+		error = msg;
+	}
+	f->done(f->arg, status, f->answer, f->answer_len, error);
+	return true;
+}
+
+/* Whether the relay has a fetch on the wire (relay_http_drive() must run). */
+bool
+relay_fetching(void)
+{
+	return fetches != NULL;
+}
+
+/* Append s percent-encoded for a form (RFC 3986's unreserved kept). */
+void
+relay_form_value(StringInfo b, const char *s, size_t len)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t		i;
+	char	   *o;
+
+	/* room for the worst case once, then the bytes written in place */
+	enlargeStringInfo(b, 3 * len);
+	o = b->data + b->len;
+	for (i = 0; i < len; i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			c == '-' || c == '_' || c == '.' || c == '~')
+			*o++ = (char) c;
+		else
+		{
+			*o++ = '%';
+			*o++ = hex[c >> 4];
+			*o++ = hex[c & 15];
+		}
+	}
+	b->len = o - b->data;
+	b->data[b->len] = '\0';
 }
 
 /* Start the header lines of a lane's next request (relay_http_start()). */
@@ -699,6 +1012,13 @@ http_headers_edge_blank(RelayTarget *t, const char *lines)
 			return true;
 	}
 	return false;
+}
+
+/* Whether a "Name: value" line is an Authorization header, as receivers read names. */
+static bool
+relay_line_is_authorization(const char *line)
+{
+	return outbox_header_name_is(line, strcspn(line, ":;"), "authorization", true);
 }
 
 /*
@@ -874,8 +1194,12 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 			 */
 			while (*p)
 			{
-				/* a CloudEvent's attributes are the relay's: ce-* skipped */
+				/*
+				 * a CloudEvent's attributes are the relay's: ce-* skipped;
+				 * so is an Authorization when the relay sets one
+				 */
 				if (!relay_target_has_header(t, p) &&
+					!(t->auth != NULL && relay_line_is_authorization(p)) &&
 					(t->format == RELAY_FORMAT_OUTBOX || !relay_ce_owned_header(p)) &&
 					!(exact && http_line_edge_blank(p)))
 					relay_header(h, p);
@@ -894,6 +1218,23 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		if (t->format != RELAY_FORMAT_OUTBOX && relay_ce_owned_header(t->header_lines[i]))
 			continue;
 		relay_header(h, t->header_lines[i]);
+	}
+	/* An OAuth2 token (relay_lane_may_send() saw that there is one). */
+	h->has_auth = false;
+	if (t->auth != NULL)
+	{
+		const char *line = t->auth_header;
+
+		h->auth_generation = t->auth_generation;
+		if (line == NULL)
+		{
+			/* not the message's fault: held, no attempt counted */
+			failed->kind = RELAY_RECEIVER_FAILED;
+			failed->error = "the target's OAuth2 token went away before the request was sent";
+			return false;
+		}
+		relay_header(h, line);
+		h->has_auth = true;
 	}
 
 	return relay_http_start(lane, body, body_len, failed);
@@ -1089,6 +1430,8 @@ relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
 	else
 	{
 		/* A body cut at the cap still has its status. */
+		outcome.auth_sent = h->has_auth;	/* a 401 to it: relay_lane_outcome() */
+		outcome.auth_generation = h->auth_generation;
 		outcome.kind = relay_http_status_class(status);
 		outcome.status = (int) status;
 		if (outcome.kind != RELAY_DELIVERED)
@@ -1182,7 +1525,8 @@ relay_http_drive(RelayFinishedFn finished)
 
 	while ((msg = curl_multi_info_read(multi, &left)) != NULL)
 	{
-		if (msg->msg == CURLMSG_DONE)
+		if (msg->msg == CURLMSG_DONE &&
+			!relay_fetch_finish(msg->easy_handle, msg->data.result))
 			relay_http_finish(msg->easy_handle, msg->data.result, finished);
 	}
 }

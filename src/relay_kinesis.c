@@ -77,7 +77,7 @@ kinesis_check(const char *url, const char *stream, const char *region, const cha
 	if (!aws_region_valid(region))
 		return "it is not an AWS region name (1 to 32 lower-case letters, digits and '-', such as 'eu-west-1')";
 	*what = "url";
-	if ((why = aws_url_authority(url, authority, &https)) != NULL)
+	if ((why = relay_url_authority(url, authority, &https)) != NULL)
 		return why;
 	p = url + (https ? 8 : 7) + strlen(*authority);
 	if (*p != '\0' && strcmp(p, "/") != 0)

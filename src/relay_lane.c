@@ -475,6 +475,35 @@ relay_lane_hold(RelayLane *lane, int status, const char *error,
 }
 
 /*
+ * The token lane's requests must carry could not be had (relay_auth.c): the
+ * target is held as if the token endpoint were its receiver, with no request
+ * of the lane on the wire, so a batch it is to send again keeps its size.
+ */
+static void
+relay_lane_auth_failed(RelayLane *lane, const char *error)
+{
+	int			retry_nbatch = lane->retry_nbatch;
+
+	Assert(!lane->in_flight);
+	relay_lane_hold(lane, 0, error, 0);
+	lane->retry_nbatch = retry_nbatch;
+}
+
+/*
+ * The lane's request was refused for its token alone, and a new token is
+ * to come (relay_auth_rejected()): the same batch goes again once it is
+ * there, counting no attempt.
+ */
+static void
+relay_lane_again(RelayLane *lane)
+{
+	lane->sent_last = NULL;
+	lane->retry_nbatch = lane->nbatch;
+	lane->nbatch = 0;
+	lane->next_attempt = 0;
+}
+
+/*
  * A request of a transport that acknowledges each message failed at its
  * position ndelivered, now the lane's head: those after it that the broker
  * acknowledged (of the request's first n positions) are delivered, taken
@@ -545,6 +574,19 @@ void
 relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 {
 	RelayTarget *t = lane->target;
+
+	/*
+	 * A 401 to the target's token: a new token and the same request again,
+	 * once (relay_auth.c); a request taken with it confirms it.
+	 */
+	if (outcome->auth_sent && outcome->status == 401 &&
+		relay_auth_rejected(t, outcome->auth_generation))
+	{
+		relay_lane_again(lane);
+		return;
+	}
+	if (outcome->auth_sent && outcome->kind == RELAY_DELIVERED)
+		relay_auth_accepted(t, outcome->auth_generation);
 
 	/* A pipelined lane's window ends with its outcome. */
 	lane->sent_last = NULL;
@@ -709,7 +751,25 @@ relay_lane_may_send(RelayLane *lane, TimestampTz now)
 		/* A probe lane left with nothing to send hands the probe on. */
 		if (lane != probe && !probe->in_flight && probe->nqueued == 0)
 			t->probe_lane = lane->index;
-		return lane->index == t->probe_lane && now >= t->held_until;
+		if (lane->index != t->probe_lane || now < t->held_until)
+			return false;
+	}
+	/* last: it may ask for the token the request is to carry */
+	if (lane->target->auth != NULL)
+	{
+		char	   *why = NULL;
+
+		switch (relay_auth_ready(lane, now, &why))
+		{
+			case RELAY_AUTH_READY:
+				return true;
+			case RELAY_AUTH_WAIT:
+				return false;
+			case RELAY_AUTH_FAILED:
+				relay_lane_auth_failed(lane, why);
+				pfree(why);
+				return false;
+		}
 	}
 	return true;
 }

@@ -450,6 +450,9 @@ relay_sleep_ms(int64 frontier, TimestampTz now)
 			if (ms >= 0)
 				timeout = Min(timeout, ms);
 		}
+		/* lanes waiting for a token are woken by its answer */
+		if (relay_auth_waiting(t))
+			continue;
 		for (i = 0; i < t->nlanes; i++)
 		{
 			RelayLane  *lane = &t->lanes[i];

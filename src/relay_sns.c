@@ -109,7 +109,7 @@ sns_check(const char *url, const char *arn, const char *region, const char *key_
 	if (strcmp(region, arn_region) != 0)
 		return psprintf("the topic is in region \"%s\"", arn_region);
 	*what = "url";
-	if ((why = aws_url_authority(url, authority, &https)) != NULL)
+	if ((why = relay_url_authority(url, authority, &https)) != NULL)
 		return why;
 	p = url + (https ? 8 : 7) + strlen(*authority);
 	if (*p != '\0' && strcmp(p, "/") != 0)
@@ -168,40 +168,11 @@ outbox_check_sns_target(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* Append s percent-encoded for a form (RFC 3986's unreserved kept). */
-static void
-sns_form_value(StringInfo b, const char *s, size_t len)
-{
-	static const char hex[] = "0123456789ABCDEF";
-	size_t		i;
-	char	   *o;
-
-	/* room for the worst case once, then the bytes written in place */
-	enlargeStringInfo(b, 3 * len);
-	o = b->data + b->len;
-	for (i = 0; i < len; i++)
-	{
-		unsigned char c = (unsigned char) s[i];
-
-		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-			c == '-' || c == '_' || c == '.' || c == '~')
-			*o++ = (char) c;
-		else
-		{
-			*o++ = '%';
-			*o++ = hex[c >> 4];
-			*o++ = hex[c & 15];
-		}
-	}
-	b->len = o - b->data;
-	b->data[b->len] = '\0';
-}
-
 static void
 sns_field(StringInfo b, int pos, const char *name, const char *value)
 {
 	appendStringInfo(b, "&PublishBatchRequestEntries.member.%d.%s=", pos + 1, name);
-	sns_form_value(b, value, strlen(value));
+	relay_form_value(b, value, strlen(value));
 }
 
 static void
@@ -212,7 +183,7 @@ sns_attribute(StringInfo b, int pos, int *k, const char *name, const char *type,
 					 "&PublishBatchRequestEntries.member.%d.MessageAttributes.entry.%d.Value.DataType=%s"
 					 "&PublishBatchRequestEntries.member.%d.MessageAttributes.entry.%d.Value.StringValue=",
 					 pos + 1, *k, name, pos + 1, *k, type, pos + 1, *k);
-	sns_form_value(b, value, strlen(value));
+	relay_form_value(b, value, strlen(value));
 }
 
 /* The size SNS counts of a message: body and attributes. */
@@ -244,12 +215,12 @@ sns_entry(RelayTarget *t, RelayMessage *m, int pos, bool fifo, StringInfo b, Str
 	sns_field(b, pos, "Id", id);
 	appendStringInfo(b, "&PublishBatchRequestEntries.member.%d.Message=", pos + 1);
 	if (t->format == RELAY_FORMAT_OUTBOX)
-		sns_form_value(b, m->payload, m->payload_len);
+		relay_form_value(b, m->payload, m->payload_len);
 	else
 	{
 		resetStringInfo(tmp);
 		relay_ce_structured(t, m, tmp);
-		sns_form_value(b, tmp->data, tmp->len);
+		relay_form_value(b, tmp->data, tmp->len);
 	}
 	sns_attribute(b, pos, &k, "outbox-id", "String", m->msg_id);
 	pg_lltoa(m->id, number);
@@ -312,7 +283,7 @@ relay_sns_send(RelayLane *lane, RelayOutcome *failed)
 	b = aws_lane_body(lane);
 	initStringInfo(&tmp);
 	appendStringInfoString(b, "Action=PublishBatch&Version=2010-03-31&TopicArn=");
-	sns_form_value(b, t->topic, len);
+	relay_form_value(b, t->topic, len);
 	for (i = 0; i < n; i++, m = m->next)
 		sns_entry(t, m, i, fifo, b, &tmp);
 	pfree(tmp.data);

@@ -74,7 +74,7 @@ sqs_parse_url(const char *url, char **authority, bool *fifo, char *host_region)
 	bool		https;
 
 	host_region[0] = '\0';
-	if ((why = aws_url_authority(url, authority, &https)) != NULL)
+	if ((why = relay_url_authority(url, authority, &https)) != NULL)
 		return why;
 	slash = strchr(url + (https ? 8 : 7), '/');
 	if (slash == NULL)

@@ -22,6 +22,7 @@ use Fcntl qw(:flock);
 use Time::HiRes qw(time usleep);
 
 our @EXPORT = qw(
+  node_peer_start node_peer_control
   outbox_node relay_node relay_worker_pid relay_worker_pid_now sink_path_records relay_no_crash start_sink
   sink_control sink_stats stop_sink sink_records sink_attempts wait_until wait_for ok_wait
   relay_reloaded relay_went_round settings_reloaded lag_value json_codec
@@ -339,6 +340,8 @@ sub relay_no_crash
 
 # Every sink started, stopped at exit even when a test dies.
 my @sinks;
+my @node_peers;
+
 END
 {
 	local $?;
@@ -346,6 +349,57 @@ END
 	{
 		eval { $sink->{harness}->kill_kill };
 	}
+	for my $p (grep { $_->{harness} } @node_peers)
+	{
+		$p->{harness}->signal('TERM');
+		eval { $p->{harness}->finish };
+	}
+}
+
+# Start a peer of the tests written for Node.js ($script PORT_FILE writes
+# its ports to PORT_FILE, as JSON, once it listens: test/aws/aws_peer.mjs,
+# test/oauth/oauth_peer.mjs); returns a hash: ports, control (the control
+# port), log, harness, http.
+sub node_peer_start
+{
+	my ($script, $name) = @_;
+	my $base = "$PostgreSQL::Test::Utils::log_path/${name}_" . basename($0, '.pl');
+	my $port_file = "$base.port";
+	unlink $port_file;
+	my $h = IPC::Run::start([ 'node', $script, $port_file ],
+		'<', \undef, '>>', "$base.log", '2>>', "$base.log");
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
+	until (-s $port_file)
+	{
+		die "peer $name did not start (see $base.log)" if time > $deadline || !$h->pumpable;
+		usleep(20_000);
+	}
+	my $ports = JSON::PP->new->utf8->decode(slurp_file($port_file));
+	my $peer = {
+		name => $name,
+		ports => $ports,
+		control => $ports->{control},
+		log => "$base.log",
+		harness => $h,
+		http => HTTP::Tiny->new(timeout => $PostgreSQL::Test::Utils::timeout_default),
+	};
+	push @node_peers, $peer;
+	return $peer;
+}
+
+# POST /$what of a node peer's control port with $req (GET when $req is
+# undef); the decoded answer.
+sub node_peer_control
+{
+	my ($peer, $what, $req) = @_;
+	my $codec = JSON::PP->new->utf8->canonical;
+	my $url = "http://127.0.0.1:$peer->{control}/$what";
+	my $res = defined $req
+	  ? $peer->{http}->post($url,
+		{ content => $codec->encode($req), headers => { 'content-type' => 'application/json' } })
+	  : $peer->{http}->get($url);
+	die "peer $peer->{name}: $what failed: $res->{status} $res->{content}" unless $res->{success};
+	return $codec->decode($res->{content});
 }
 
 # Start the sink; @args are extra command line arguments.  Returns a hash:
