@@ -508,7 +508,7 @@ CREATE TABLE outbox.targets (
 		CHECK ((kind IN ('sqs', 'kinesis', 'sns')) = (region IS NOT NULL) AND region ~ '^[a-z0-9-]{1,32}$'),
 	aws_access_key_id text
 		CONSTRAINT targets_aws_access_key_id_check
-		CHECK ((kind IN ('sqs', 'kinesis', 'sns')) = (aws_access_key_id IS NOT NULL) AND aws_access_key_id ~ '^[!-~]{16,128}$'),
+		CHECK ((aws_access_key_id IS NULL OR kind IN ('sqs', 'kinesis', 'sns')) AND aws_access_key_id ~ '^[!-~]{16,128}$'),
 	aws_secret_access_key text
 		CONSTRAINT targets_aws_secret_access_key_check
 		CHECK ((aws_access_key_id IS NULL) = (aws_secret_access_key IS NULL) AND aws_secret_access_key ~ '^[!-~]{1,128}$'),
@@ -533,6 +533,21 @@ CREATE TABLE outbox.targets (
 	oauth_client_auth text
 		CONSTRAINT targets_oauth_client_auth_check
 		CHECK ((oauth_token_url IS NULL) = (oauth_client_auth IS NULL) AND oauth_client_auth IN ('basic', 'post')),
+	-- AWS web identity (SQS, SNS, Kinesis): the role assumed with the token
+	-- a file holds (STS AssumeRoleWithWebIdentity), instead of an access
+	-- key; STS's URL when not the region's
+	aws_role_arn text
+		CONSTRAINT targets_aws_role_arn_check
+		CHECK (aws_role_arn IS NULL OR (kind IN ('sqs', 'kinesis', 'sns') AND aws_role_arn ~ '^arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]+$' AND octet_length(aws_role_arn) <= 2048)),
+	aws_web_identity_token_file text
+		CONSTRAINT targets_aws_web_identity_token_file_check
+		CHECK ((aws_role_arn IS NULL) = (aws_web_identity_token_file IS NULL) AND aws_web_identity_token_file ~ '^/'),
+	aws_sts_endpoint text
+		CONSTRAINT targets_aws_sts_endpoint_check
+		CHECK (aws_sts_endpoint IS NULL OR (aws_role_arn IS NOT NULL AND aws_sts_endpoint ~* '^https?://' AND octet_length(aws_sts_endpoint) <= 2048)),
+	CONSTRAINT targets_aws_credentials_check
+		CHECK ((kind IN ('sqs', 'kinesis', 'sns')) = (aws_access_key_id IS NOT NULL OR aws_role_arn IS NOT NULL)
+			   AND (aws_access_key_id IS NULL OR aws_role_arn IS NULL)),
 	CONSTRAINT targets_check CHECK ((kind IN ('http', 'nats', 'kafka', 'redis', 'rabbitmq', 'sqs', 'kinesis', 'sns')) = (url IS NOT NULL)),
 	CONSTRAINT targets_check1 CHECK ((kind = 'notify') = (channel IS NOT NULL)),
 	CONSTRAINT targets_lanes_check
@@ -996,7 +1011,7 @@ BEGIN
 	PERFORM outbox.check_headers(t.headers);
 	IF t.oauth_token_url IS NOT NULL THEN
 		PERFORM outbox.check_oauth2(t.oauth_token_url, t.oauth_client_id, t.oauth_client_secret,
-									t.oauth_scope, t.oauth_client_auth);
+									t.oauth_scope, t.oauth_client_auth, t.url);
 		IF EXISTS (SELECT 1 FROM jsonb_object_keys(t.headers) k
 				   WHERE lower(replace(k, '_', '-')) = 'authorization') THEN
 			RAISE EXCEPTION 'a target with OAuth2 client credentials sends its own Authorization header'
@@ -1163,6 +1178,26 @@ BEGIN
 		PERFORM outbox.check_kinesis_target(t.url, t.stream, t.region, t.aws_access_key_id,
 											t.aws_secret_access_key, t.aws_session_token);
 	END IF;
+	IF (t.aws_access_key_id IS NULL) = (t.aws_role_arn IS NULL) THEN
+		RAISE EXCEPTION 'an AWS target has an access key or a web identity: %',
+			CASE WHEN t.aws_role_arn IS NULL THEN 'it has neither' ELSE 'it has both' END
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Give access_key_id and secret_access_key, or role_arn and web_identity_token_file.';
+	END IF;
+	IF t.aws_role_arn IS NOT NULL THEN
+		PERFORM outbox.check_aws_web_identity(t.aws_role_arn, t.aws_web_identity_token_file,
+											  t.aws_sts_endpoint);
+		IF NOT pg_has_role(current_user, 'pg_read_server_files', 'USAGE') THEN
+			RAISE EXCEPTION 'permission denied to name the web identity token file of a target'
+				USING ERRCODE = 'insufficient_privilege',
+					  DETAIL = 'The relay reads the token as the server.',
+					  HINT = 'Only superusers and members of pg_read_server_files may set it.';
+		END IF;
+		PERFORM outbox.check_server_file(t.aws_web_identity_token_file, 'web_identity_token_file');
+		IF t.aws_sts_endpoint IS NOT NULL THEN
+			PERFORM outbox.check_destination(t.aws_sts_endpoint);
+		END IF;
+	END IF;
 	IF t.batch_size IS NULL OR t.batch_size < 1 OR t.batch_size > most THEN
 		RAISE EXCEPTION 'batch_size must be between 1 and %, not %', most, t.batch_size
 			USING ERRCODE = 'invalid_parameter_value',
@@ -1256,7 +1291,8 @@ BEGIN
 									client_key, envelope_only, subject, topic, properties,
 									format, ce_source, stream, maxlen, dedup_window,
 									exchange, routing_key, credentials, region,
-									aws_access_key_id, aws_secret_access_key, aws_session_token)
+									aws_access_key_id, aws_secret_access_key, aws_session_token,
+									aws_role_arn, aws_web_identity_token_file, aws_sts_endpoint)
 		VALUES (target.name, target.kind, target.url, coalesce(target.headers, '{}'), target.secret,
 				target.channel, coalesce(target.batch_size, 1), target.lanes, target.ordering,
 				coalesce(target.max_attempts, 10), coalesce(target.timeout_ms, 10000),
@@ -1265,7 +1301,8 @@ BEGIN
 				target.properties, coalesce(target.format, 'outbox'), target.ce_source,
 				target.stream, target.maxlen, target.dedup_window,
 				target.exchange, target.routing_key, target.credentials, target.region,
-				target.aws_access_key_id, target.aws_secret_access_key, target.aws_session_token)
+				target.aws_access_key_id, target.aws_secret_access_key, target.aws_session_token,
+				target.aws_role_arn, target.aws_web_identity_token_file, target.aws_sts_endpoint)
 		RETURNING id INTO new_id;
 	EXCEPTION WHEN unique_violation THEN
 		GET STACKED DIAGNOSTICS violated = CONSTRAINT_NAME;
@@ -1586,8 +1623,8 @@ CREATE FUNCTION outbox.create_sqs_target(
 	name			  text,
 	queue_url		  text,
 	region			  text,
-	access_key_id	  text,
-	secret_access_key text,
+	access_key_id	  text	DEFAULT NULL,
+	secret_access_key text	DEFAULT NULL,
 	session_token	  text	DEFAULT NULL,
 	batch_size		  int	DEFAULT 10,
 	lanes			  int	DEFAULT 8,
@@ -1596,7 +1633,10 @@ CREATE FUNCTION outbox.create_sqs_target(
 	timeout_ms		  int	DEFAULT 10000,
 	format			  text	DEFAULT 'outbox',
 	source			  text	DEFAULT NULL,
-	ca_file			  text	DEFAULT NULL)
+	ca_file			  text	DEFAULT NULL,
+	role_arn		  text	DEFAULT NULL,
+	web_identity_token_file text DEFAULT NULL,
+	sts_endpoint	  text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1612,6 +1652,9 @@ BEGIN
 	t.aws_access_key_id := access_key_id;
 	t.aws_secret_access_key := secret_access_key;
 	t.aws_session_token := session_token;
+	t.aws_role_arn := role_arn;
+	t.aws_web_identity_token_file := web_identity_token_file;
+	t.aws_sts_endpoint := sts_endpoint;
 	t.batch_size := batch_size;
 	t.lanes := lanes;
 	t.ordering := ordering;
@@ -1628,9 +1671,9 @@ BEGIN
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
+COMMENT ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text, text, text, text) IS
 	'create a target that sends messages to an Amazon SQS queue';
-REVOKE ALL ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_sqs_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text, text, text, text) FROM PUBLIC;
 
 -- Give an AWS target (SQS, Kinesis, SNS) new credentials: an access key id, its secret
 -- and, for temporary credentials, a session token.  The relay signs its
@@ -1657,6 +1700,11 @@ BEGIN
 	t.aws_access_key_id := access_key_id;
 	t.aws_secret_access_key := secret_access_key;
 	t.aws_session_token := session_token;
+	IF access_key_id IS NULL OR secret_access_key IS NULL THEN
+		RAISE EXCEPTION 'AWS credentials need an access key id and its secret'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use outbox.set_aws_web_identity() for a web identity instead.';
+	END IF;
 	-- (the credentials only: rotating them needs no right over the
 	-- target's other options, its TLS files say)
 	IF t.kind = 'sqs' THEN
@@ -1671,7 +1719,8 @@ BEGIN
 	END IF;
 	UPDATE outbox.targets x
 	   SET aws_access_key_id = t.aws_access_key_id, aws_secret_access_key = t.aws_secret_access_key,
-		   aws_session_token = t.aws_session_token
+		   aws_session_token = t.aws_session_token, aws_role_arn = NULL,
+		   aws_web_identity_token_file = NULL, aws_sts_endpoint = NULL
 	 WHERE x.id = tid;
 	PERFORM outbox.config_changed();
 END
@@ -1680,15 +1729,71 @@ COMMENT ON FUNCTION outbox.set_aws_credentials(text, text, text, text) IS
 	'give an SQS, Kinesis or SNS target new AWS credentials';
 REVOKE ALL ON FUNCTION outbox.set_aws_credentials(text, text, text, text) FROM PUBLIC;
 
+-- The checks of an AWS target's web identity (in C, as the relay makes
+-- them of every row it reads).
+CREATE FUNCTION outbox.check_aws_web_identity(role_arn text, token_file text, sts_endpoint text)
+RETURNS void
+LANGUAGE C IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_check_aws_web_identity';
+REVOKE ALL ON FUNCTION outbox.check_aws_web_identity(text, text, text) FROM PUBLIC;
+
+-- Give an AWS target (SQS, Kinesis, SNS) a web identity instead of an
+-- access key: the relay exchanges the token the file holds for temporary
+-- credentials with STS (AssumeRoleWithWebIdentity), renewed before they
+-- expire, the file read again each time.
+CREATE FUNCTION outbox.set_aws_web_identity(
+	target		 text,
+	role_arn	 text,
+	token_file	 text,
+	sts_endpoint text DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	tid int := outbox.target_id(set_aws_web_identity.target);
+	t outbox.targets;
+BEGIN
+	SELECT * INTO t FROM outbox.targets WHERE id = tid FOR UPDATE;
+	IF t.kind NOT IN ('sqs', 'kinesis', 'sns') THEN
+		RAISE EXCEPTION 'target "%" is a % target', set_aws_web_identity.target, t.kind
+			USING ERRCODE = 'wrong_object_type',
+				  DETAIL = 'Only SQS, Kinesis and SNS targets have AWS credentials.';
+	END IF;
+	t.aws_access_key_id := NULL;
+	t.aws_secret_access_key := NULL;
+	t.aws_session_token := NULL;
+	t.aws_role_arn := role_arn;
+	t.aws_web_identity_token_file := token_file;
+	t.aws_sts_endpoint := sts_endpoint;
+	IF role_arn IS NULL OR token_file IS NULL THEN
+		RAISE EXCEPTION 'a web identity needs a role ARN and a token file'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Use outbox.set_aws_credentials() to sign with an access key instead.';
+	END IF;
+	PERFORM outbox.check_aws_options(t);
+	UPDATE outbox.targets x
+	   SET aws_access_key_id = NULL, aws_secret_access_key = NULL, aws_session_token = NULL,
+		   aws_role_arn = t.aws_role_arn, aws_web_identity_token_file = t.aws_web_identity_token_file,
+		   aws_sts_endpoint = t.aws_sts_endpoint
+	 WHERE x.id = tid;
+	PERFORM outbox.config_changed();
+END
+$$;
+COMMENT ON FUNCTION outbox.set_aws_web_identity(text, text, text, text) IS
+	'give an SQS, Kinesis or SNS target a web identity (STS AssumeRoleWithWebIdentity) instead of an access key';
+REVOKE ALL ON FUNCTION outbox.set_aws_web_identity(text, text, text, text) FROM PUBLIC;
+
 -- The checks of OAuth2 client credentials (in C, as the relay makes them
 -- of every row it reads).  The secret is never quoted in an error.
 CREATE FUNCTION outbox.check_oauth2(token_url text, client_id text, client_secret text,
-									scope text, client_auth text)
+									scope text, client_auth text, receiver_url text)
 RETURNS void
 LANGUAGE C IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_check_oauth2';
-REVOKE ALL ON FUNCTION outbox.check_oauth2(text, text, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.check_oauth2(text, text, text, text, text, text) FROM PUBLIC;
 
 -- Give an HTTP target OAuth2 client credentials (RFC 6749, 4.4): the relay
 -- gets a token at token_url and sends it as "Authorization: Bearer" with
@@ -1750,8 +1855,8 @@ CREATE FUNCTION outbox.create_kinesis_target(
 	name			  text,
 	stream			  text,
 	region			  text,
-	access_key_id	  text,
-	secret_access_key text,
+	access_key_id	  text	DEFAULT NULL,
+	secret_access_key text	DEFAULT NULL,
 	session_token	  text	DEFAULT NULL,
 	endpoint		  text	DEFAULT NULL,
 	batch_size		  int	DEFAULT 100,
@@ -1761,7 +1866,10 @@ CREATE FUNCTION outbox.create_kinesis_target(
 	timeout_ms		  int	DEFAULT 10000,
 	format			  text	DEFAULT 'outbox',
 	source			  text	DEFAULT NULL,
-	ca_file			  text	DEFAULT NULL)
+	ca_file			  text	DEFAULT NULL,
+	role_arn		  text	DEFAULT NULL,
+	web_identity_token_file text DEFAULT NULL,
+	sts_endpoint	  text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1779,6 +1887,9 @@ BEGIN
 	t.aws_access_key_id := access_key_id;
 	t.aws_secret_access_key := secret_access_key;
 	t.aws_session_token := session_token;
+	t.aws_role_arn := role_arn;
+	t.aws_web_identity_token_file := web_identity_token_file;
+	t.aws_sts_endpoint := sts_endpoint;
 	t.batch_size := batch_size;
 	t.lanes := lanes;
 	t.ordering := ordering;
@@ -1795,9 +1906,9 @@ BEGIN
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
+COMMENT ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text, text, text, text) IS
 	'create a target that puts messages into an Amazon Kinesis data stream';
-REVOKE ALL ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text, text, text, int, int, text, int, int, text, text, text, text, text, text) FROM PUBLIC;
 
 -- A target that publishes messages to an Amazon SNS topic (PublishBatch,
 -- signed with AWS Signature Version 4): a FIFO topic (its name ends in
@@ -1807,8 +1918,8 @@ REVOKE ALL ON FUNCTION outbox.create_kinesis_target(text, text, text, text, text
 CREATE FUNCTION outbox.create_sns_target(
 	name			  text,
 	topic_arn		  text,
-	access_key_id	  text,
-	secret_access_key text,
+	access_key_id	  text	DEFAULT NULL,
+	secret_access_key text	DEFAULT NULL,
 	session_token	  text	DEFAULT NULL,
 	endpoint		  text	DEFAULT NULL,
 	batch_size		  int	DEFAULT 10,
@@ -1818,7 +1929,10 @@ CREATE FUNCTION outbox.create_sns_target(
 	timeout_ms		  int	DEFAULT 10000,
 	format			  text	DEFAULT 'outbox',
 	source			  text	DEFAULT NULL,
-	ca_file			  text	DEFAULT NULL)
+	ca_file			  text	DEFAULT NULL,
+	role_arn		  text	DEFAULT NULL,
+	web_identity_token_file text DEFAULT NULL,
+	sts_endpoint	  text	DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -1837,6 +1951,9 @@ BEGIN
 	t.aws_access_key_id := access_key_id;
 	t.aws_secret_access_key := secret_access_key;
 	t.aws_session_token := session_token;
+	t.aws_role_arn := role_arn;
+	t.aws_web_identity_token_file := web_identity_token_file;
+	t.aws_sts_endpoint := sts_endpoint;
 	t.batch_size := batch_size;
 	t.lanes := lanes;
 	t.ordering := ordering;
@@ -1853,9 +1970,9 @@ BEGIN
 	PERFORM outbox.add_target(t);
 END
 $$;
-COMMENT ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) IS
+COMMENT ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text, text, text, text) IS
 	'create a target that publishes messages to an Amazon SNS topic';
-REVOKE ALL ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.create_sns_target(text, text, text, text, text, text, int, int, text, int, int, text, text, text, text, text, text) FROM PUBLIC;
 
 -- The id of a target, or undefined_object.
 CREATE FUNCTION outbox.target_id(name text)

@@ -50,12 +50,38 @@ SELECT outbox.create_http_target('web', 'http://127.0.0.1:9/hook');
 SELECT outbox.set_aws_credentials('web', 'AKIAIOSFODNN7EXAMPLE', 'secret');
 SELECT outbox.set_aws_credentials('nope', 'AKIAIOSFODNN7EXAMPLE', 'secret');
 SELECT name, batch_size, lanes, pending_lanes, stream, aws_access_key_id, aws_session_token FROM outbox.targets WHERE kind IN ('sqs', 'kinesis') ORDER BY name;
+-- web identity instead of an access key (STS AssumeRoleWithWebIdentity)
+SELECT outbox.set_aws_web_identity('sq', 'arn:aws:iam::123456789012:role/outbox-relay', current_setting('data_directory') || '/PG_VERSION');
+SELECT name, aws_access_key_id, aws_secret_access_key, aws_role_arn,
+       aws_web_identity_token_file LIKE '%/PG_VERSION' AS token_file, aws_sts_endpoint
+  FROM outbox.targets WHERE name = 'sq';
+SELECT outbox.set_aws_web_identity('sq', 'arn:aws:iam::123456789012:user/bob', current_setting('data_directory') || '/PG_VERSION');
+SELECT outbox.set_aws_web_identity('sq', 'arn:aws:iam::123456789012:role/outbox-relay', 'relative/token');
+SELECT outbox.set_aws_web_identity('sq', 'arn:aws:iam::123456789012:role/outbox-relay', '/nonexistent/token');
+SELECT outbox.set_aws_web_identity('sq', 'arn:aws:iam::123456789012:role/outbox-relay', current_setting('data_directory') || '/PG_VERSION', 'http://sts.example.com/');
+SELECT outbox.set_aws_web_identity('sq', NULL, NULL);
+SELECT outbox.set_aws_web_identity('web', 'arn:aws:iam::123456789012:role/outbox-relay', '/x');
+SELECT outbox.create_kinesis_target('kw', 'orders', 'eu-west-1', role_arn => 'arn:aws:iam::123456789012:role/r',
+                                    web_identity_token_file => current_setting('data_directory') || '/PG_VERSION',
+                                    endpoint => 'http://127.0.0.1:4567', sts_endpoint => 'http://127.0.0.1:4567/sts');
+SELECT name, aws_access_key_id, aws_role_arn, aws_sts_endpoint FROM outbox.targets WHERE name = 'kw';
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's',
+                                role_arn => 'arn:aws:iam::123456789012:role/r', web_identity_token_file => '/x');
+-- back to an access key
+SELECT outbox.set_aws_credentials('sq', 'AKIAIOSFODNN7EXAMPLE', 'secret2');
+SELECT name, aws_access_key_id, aws_role_arn, aws_web_identity_token_file FROM outbox.targets WHERE name = 'sq';
+SELECT outbox.set_aws_credentials('sq', NULL, NULL);
+SELECT outbox.drop_target('kw');
 -- the table's own checks, for rows written by hand
 \set VERBOSITY terse
 INSERT INTO outbox.targets (name, kind, url) VALUES ('x', 'sqs', 'http://127.0.0.1/123456789012/q');
 INSERT INTO outbox.targets (name, kind, url, region, aws_access_key_id) VALUES ('x', 'sqs', 'http://127.0.0.1/123456789012/q', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE');
 INSERT INTO outbox.targets (name, kind, url, region, aws_access_key_id, aws_secret_access_key) VALUES ('x', 'kinesis', 'http://127.0.0.1', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's');
 INSERT INTO outbox.targets (name, kind, url, region) VALUES ('x', 'http', 'http://127.0.0.1', 'eu-west-1');
+INSERT INTO outbox.targets (name, kind, url, region, aws_access_key_id, aws_secret_access_key, aws_role_arn, aws_web_identity_token_file) VALUES ('x', 'sqs', 'http://127.0.0.1/123456789012/q', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's', 'arn:aws:iam::123456789012:role/r', '/t');
+INSERT INTO outbox.targets (name, kind, url, aws_role_arn, aws_web_identity_token_file) VALUES ('x', 'http', 'http://127.0.0.1', 'arn:aws:iam::123456789012:role/r', '/t');
+INSERT INTO outbox.targets (name, kind, url, region, aws_role_arn) VALUES ('x', 'sqs', 'http://127.0.0.1/123456789012/q', 'eu-west-1', 'arn:aws:iam::123456789012:role/r');
 \set VERBOSITY default
 SELECT outbox.drop_target('sq');
 SELECT outbox.drop_target('kn');

@@ -27,6 +27,8 @@ SELECT outbox.set_oauth2('hook', 'http://127.0.0.1:8/token', 'relay', 's3cret-va
 SELECT outbox.alter_target('hook', headers => '{"Authorization": "Bearer static"}');
 SELECT outbox.alter_target('hook', headers => '{"authorization_": "x", "x-tenant": "t1"}');
 SELECT outbox.alter_target('hook', headers => '{"x-tenant": "t1"}');
+-- the token goes to https:// receivers (or loopback ones) only
+SELECT outbox.alter_target('hook', url => 'http://192.0.2.1/hook');
 -- only HTTP targets
 SELECT outbox.create_notify_target('nt', 'outbox_oauth');
 SELECT outbox.set_oauth2('nt', 'http://127.0.0.1:8/token', 'relay', 's3cret-value');

@@ -35,6 +35,10 @@ typedef struct AwsSigner
 /* At most this many headers besides host, x-amz-date and the token. */
 #define AWS_MAX_SIGNED_HEADERS	8
 
+extern bool aws_token_valid(const char *s, size_t min, size_t max);
+extern const char *aws_check_credentials(const char *key_id, const char *secret,
+										 const char *token);
+
 /*
  * Sign a request made at now: method, path (already in canonical form, "/"
  * for AWS's JSON APIs), an empty query, host (the Host header's value),

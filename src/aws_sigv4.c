@@ -171,3 +171,36 @@ aws_sigv4_sign(AwsSigner *signer, const char *method, const char *path,
 	pfree(signed_names.data);
 	pfree(to_sign.data);
 }
+
+/* Whether s is min to max characters of printable ASCII without blanks. */
+bool
+aws_token_valid(const char *s, size_t min, size_t max)
+{
+	size_t		n = s ? strlen(s) : 0;
+	size_t		i;
+
+	if (n < min || n > max)
+		return false;
+	for (i = 0; i < n; i++)
+		if ((unsigned char) s[i] <= 0x20 || (unsigned char) s[i] >= 0x7f)
+			return false;
+	return true;
+}
+
+/*
+ * Why an AWS target's credentials cannot be used, or NULL.  None at all
+ * is fine here: the target gets them from STS (web identity).
+ */
+const char *
+aws_check_credentials(const char *key_id, const char *secret, const char *token)
+{
+	if (key_id == NULL && secret == NULL && token == NULL)
+		return NULL;			/* none: the target has web identity */
+	if (!aws_token_valid(key_id, 16, 128))
+		return "the access key id is not 16 to 128 printable ASCII characters without blanks";
+	if (!aws_token_valid(secret, 1, 128))
+		return "the secret access key is not 1 to 128 printable ASCII characters without blanks";
+	if (token != NULL && !aws_token_valid(token, 1, 8192))
+		return "the session token is not 1 to 8192 printable ASCII characters without blanks";
+	return NULL;
+}

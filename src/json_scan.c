@@ -273,3 +273,58 @@ jscan_true(const char *text, const JscanToken *tok, int i)
 	return i >= 0 && tok[i].type == JSCAN_PRIMITIVE &&
 		tok[i].end - tok[i].start == 4 && memcmp(text + tok[i].start, "true", 4) == 0;
 }
+
+/*
+ * The text of element name inside [from, to) of an XML answer (AWS's
+ * query protocol: SNS, STS), entities decoded
+ * (&lt; &gt; &amp; &quot; &apos;; others shown as they are), printable
+ * ASCII, into out; false if there is none.
+ */
+bool
+xml_text(const char *from, const char *to, const char *name, char *out, size_t size)
+{
+	char		open[40];
+	char		close[40];
+	const char *s;
+	const char *e;
+	size_t		o = 0;
+
+	snprintf(open, sizeof(open), "<%s>", name);
+	snprintf(close, sizeof(close), "</%s>", name);
+	out[0] = '\0';
+	s = from;
+	for (;;)
+	{
+		s = strstr(s, open);
+		if (s == NULL || s >= to)
+			return false;
+		s += strlen(open);
+		e = strstr(s, close);
+		if (e == NULL || e > to)
+			return false;
+		break;
+	}
+	while (s < e && o + 1 < size)
+	{
+		static const struct
+		{
+			const char *entity;
+			char		c;
+		}			entities[] = {{"&lt;", '<'}, {"&gt;", '>'}, {"&amp;", '&'}, {"&quot;", '"'}, {"&apos;", '\''}};
+		int			k;
+		char		c = *s;
+		int			step = 1;
+
+		for (k = 0; c == '&' && k < (int) lengthof(entities); k++)
+			if (strncmp(s, entities[k].entity, strlen(entities[k].entity)) == 0)
+			{
+				c = entities[k].c;
+				step = strlen(entities[k].entity);
+				break;
+			}
+		out[o++] = ((unsigned char) c >= 0x20 && (unsigned char) c < 0x7f) ? c : '?';
+		s += step;
+	}
+	out[o] = '\0';
+	return true;
+}

@@ -60,4 +60,12 @@ extern bool jscan_true(const char *text, const JscanToken *tok, int i);
 /* Whether token i is missing (-1) or the primitive null. */
 extern bool jscan_absent(const char *text, const JscanToken *tok, int i);
 
+/*
+ * And for AWS's XML answers: the text of the first element name inside
+ * [from, to), entities decoded, printable ASCII, into out (size bytes); false
+ * if there is none.
+ */
+extern bool xml_text(const char *from, const char *to, const char *name, char *out,
+					 size_t size);
+
 #endif							/* OUTBOX_JSON_SCAN_H */

@@ -121,6 +121,8 @@ typedef struct RelayOutcome
 	bool		auth_sent;		/* the request carried the target's token
 								 * (relay_auth.c) ... */
 	uint32		auth_generation;	/* ... of this generation */
+	bool		auth_refused;	/* and the receiver refused that token (an
+								 * HTTP 401; AWS's ExpiredToken) */
 } RelayOutcome;
 
 /*
@@ -141,6 +143,8 @@ typedef struct RelayLane
 								 * window (nbatch > 0), or NULL */
 	int			attempts;		/* failed attempts of the head batch */
 	int			retry_nbatch;	/* size of the failed batch, to resend as is */
+	bool		auth_again;		/* that batch goes again because its token
+								 * was refused: a second refusal holds */
 	int64		overflow_id;	/* 0, or the lowest id of the lane not queued
 								 * because the lane was full: messages of the
 								 * lane from there to the target's read_id
@@ -361,14 +365,23 @@ typedef struct RelayTarget
 	char	   *aws_token;		/* AWS: session token, or NULL */
 	char	   *oauth_token_url;	/* OAuth2 client credentials: the token
 									 * endpoint, or NULL for none */
-	char	   *oauth_host;		/* its host, for the destination rules */
 	char	   *oauth_client_id;
 	char	   *oauth_client_secret;
 	char	   *oauth_scope;	/* or NULL */
 	bool		oauth_client_post;	/* id and secret in the body, not Basic */
+	char	   *aws_role_arn;	/* AWS web identity: the role assumed, or
+								 * NULL (static credentials) */
+	char	   *aws_token_file; /* the web identity token's file */
+	char	   *aws_sts_endpoint;	/* STS's URL, or NULL for the region's */
 	struct RelayAuth *auth;		/* the token's state, or NULL */
-	char	   *auth_header;	/* its "Authorization: Bearer ..." line, or
+	char	   *auth_url;		/* where a token is asked for (the token
+								 * endpoint, STS) */
+	char	   *auth_host;		/* its host, for the destination rules */
+	char	   *auth_header;	/* OAuth2: "Authorization: Bearer ...", or
 								 * NULL (relay_auth.c sets it) */
+	char	   *auth_aws_key_id;	/* web identity: STS's credentials, or NULL */
+	char	   *auth_aws_secret;
+	char	   *auth_aws_token;
 	uint32		auth_generation;	/* bumped with every new token */
 	char	   *post_url;		/* a kind on HTTP whose requests go to
 								 * another URL than url (SQS: the service's
@@ -492,6 +505,7 @@ extern void relay_http_header(RelayLane *lane, const char *line);
 extern bool relay_http_start(RelayLane *lane, const char *body, int body_len,
 							 RelayOutcome *failed);
 extern void relay_http_drive(RelayFinishedFn finished);
+extern void relay_http_auth_sent(RelayLane *lane, bool sent, uint32 generation);
 
 /*
  * A request the relay makes for itself (a token: relay_auth.c), on the same
@@ -509,7 +523,6 @@ extern bool relay_fetch_start(RelayFetch *f, const char *url, const char *host,
 							  RelayFetchDone done, void *arg, char *error, size_t size);
 extern void relay_fetch_cancel(RelayFetch *f);
 extern void relay_fetch_free(RelayFetch *f);
-extern bool relay_fetching(void);
 extern void relay_form_value(StringInfo b, const char *s, size_t len);
 
 /*---- relay_auth.c: tokens a target's requests carry (OAuth2) ----*/

@@ -2,9 +2,11 @@
  *
  * relay_auth.c
  *	  Tokens a target's requests carry: OAuth2 client credentials (RFC 6749,
- *	  section 4.4) for HTTP targets.
+ *	  section 4.4) for HTTP targets, and AWS web identity for SQS, SNS and
+ *	  Kinesis targets (STS AssumeRoleWithWebIdentity: the token a file holds,
+ *	  exchanged for temporary credentials the requests are signed with).
  *
- * A target with a token endpoint gets its token there before its first
+ * A target with a token endpoint (or STS) gets its token there before its first
  * request, with a request of the relay's own on the HTTP engine
  * (relay_fetch_start()): the worker never waits for it, and the destination
  * rules check the endpoint's address as they check every receiver's.  No
@@ -27,13 +29,17 @@
 #include "postgres.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <math.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fmgr.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "aws.h"
 #include "json_scan.h"
 #include "relay.h"
 
@@ -44,7 +50,11 @@
 /* Longest lifetime believed. */
 #define AUTH_MAX_LIFETIME_S		(366 * 86400)
 /* Tokens in the endpoint's answer read (access_token, id_token, scope ...). */
-#define AUTH_MAX_JSON_TOKENS	256
+#define AUTH_MAX_JSON_TOKENS	1024
+/* A failure not taken by a lane within this long is forgotten (a paused target). */
+#define AUTH_FAILURE_KEEP_US	(10 * USECS_PER_SEC)
+/* Longest web identity token read from its file (a JWT). */
+#define AUTH_MAX_WEB_IDENTITY	16384
 
 typedef struct RelayAuth
 {
@@ -55,6 +65,7 @@ typedef struct RelayAuth
 								 * ahead of the token's expiry) */
 	char	   *failure;		/* why none could be had, for the next lane
 								 * that asks (relay_auth_ready()), or NULL */
+	TimestampTz failure_at;		/* when */
 	TimestampTz usable_until;	/* t->auth_header is sent until then */
 	TimestampTz refresh_at;		/* a new token is asked for from then */
 	bool		after_401;		/* the token replaced one a receiver refused */
@@ -66,6 +77,40 @@ typedef struct RelayAuth
 
 static void relay_auth_done(void *arg, long status, const char *answer, int len,
 							const char *error);
+
+/* Whether host is an address literal of 127/8 or ::1, or the name localhost. */
+static bool
+relay_host_loopback(const char *host)
+{
+	unsigned char addr[16];
+
+	return pg_strcasecmp(host, "localhost") == 0 ||
+		(inet_pton(AF_INET, host, addr) == 1 && addr[0] == 127) ||
+		(inet_pton(AF_INET6, host, addr) == 1 &&
+		 IN6_IS_ADDR_LOOPBACK((struct in6_addr *) addr));
+}
+
+/*
+ * Whether what is sent to url (https://, or http:// to a loopback address)
+ * cannot be read on the way: where tokens may go.
+ */
+static bool
+relay_url_private(const char *url)
+{
+	const char *why;
+	char	   *host;
+	bool		loopback;
+
+	if (url == NULL)
+		return false;
+	if (pg_strncasecmp(url, "https://", 8) == 0)
+		return true;
+	if (pg_strncasecmp(url, "http://", 7) != 0 || (host = outbox_url_host(url, &why)) == NULL)
+		return false;
+	loopback = relay_host_loopback(host);
+	pfree(host);
+	return loopback;
+}
 
 /*
  * The scheme and authority of an http(s) URL (checked by
@@ -100,15 +145,7 @@ relay_url_authority(const char *url, char **authority, bool *https)
 		w[0] = pg_tolower((unsigned char) w[0]);
 		return w;
 	}
-	{
-		unsigned char addr[16];
-
-		/* an address literal of 127/8 or ::1, or the name localhost */
-		loopback = pg_strcasecmp(host, "localhost") == 0 ||
-			(inet_pton(AF_INET, host, addr) == 1 && addr[0] == 127) ||
-			(inet_pton(AF_INET6, host, addr) == 1 &&
-			 IN6_IS_ADDR_LOOPBACK((struct in6_addr *) addr));
-	}
+	loopback = relay_host_loopback(host);
 	pfree(host);
 	end = a + strcspn(a, "/?#");
 	if (*end == '?' || *end == '#')
@@ -197,19 +234,27 @@ PG_FUNCTION_INFO_V1(outbox_check_oauth2);
 
 /*
  * outbox.check_oauth2(token_url, client_id, client_secret, scope,
- * client_auth): the checks of OAuth2 client credentials, for set_oauth2().
+ * client_auth, receiver_url): the checks of OAuth2 client credentials and
+ * of the URL the token goes to, for check_http_target().
  */
 Datum
 outbox_check_oauth2(PG_FUNCTION_ARGS)
 {
-	char	   *args[5];
+	char	   *args[6];
 	const char *what;
 	const char *why;
 	int			i;
 
-	for (i = 0; i < 5; i++)
+	for (i = 0; i < 6; i++)
 		args[i] = PG_ARGISNULL(i) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(i));
 	why = relay_auth_problem(args[0], args[1], args[2], args[3], args[4], &what);
+	if (why == NULL && !relay_url_private(args[5]))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a target with OAuth2 client credentials needs an https:// URL"),
+				 errdetail("Its requests carry the token, which would go in clear text to \"%s\".",
+						   args[5] ? args[5] : ""),
+				 errhint("Give the target an https:// URL (http:// goes to a loopback address only).")));
 	if (why == NULL)
 		PG_RETURN_VOID();
 	if (strcmp(what, "token_url") == 0)
@@ -240,9 +285,70 @@ outbox_check_oauth2(PG_FUNCTION_ARGS)
 }
 
 /*
- * The OAuth2 options of a target row (relay_config.c), checked as
- * outbox.check_oauth2() checks them: why they cannot be used, or NULL.
- * Sets t->oauth_host.
+ * The checks of an AWS target's web identity, the SQL function's and the
+ * relay's: why it cannot be used, or NULL; *what names the option.
+ */
+static const char *
+relay_auth_sts_problem(const char *role_arn, const char *token_file, const char *endpoint,
+					   const char **what)
+{
+	char	   *authority;
+	bool		https;
+	const char *why;
+
+	*what = "role_arn";
+	if (!aws_token_valid(role_arn, 20, 2048) || strncmp(role_arn, "arn:aws", 7) != 0 ||
+		strstr(role_arn, ":iam::") == NULL || strstr(role_arn, ":role/") == NULL)
+		return "it is not the ARN of an IAM role (arn:aws:iam::<account>:role/<name>)";
+	*what = "web_identity_token_file";
+	if (token_file == NULL || token_file[0] != '/' || strlen(token_file) > 1024)
+		return "it is not an absolute path of at most 1024 bytes";
+	*what = "sts_endpoint";
+	if (endpoint != NULL)
+	{
+		if (strlen(endpoint) > 2048)
+			return "it is longer than 2048 characters";
+		if ((why = relay_url_authority(endpoint, &authority, &https)) != NULL)
+			return why;
+	}
+	return NULL;
+}
+
+PG_FUNCTION_INFO_V1(outbox_check_aws_web_identity);
+
+/*
+ * outbox.check_aws_web_identity(role_arn, token_file, sts_endpoint): the
+ * checks of an AWS target's web identity, for the create functions and
+ * set_aws_web_identity().
+ */
+Datum
+outbox_check_aws_web_identity(PG_FUNCTION_ARGS)
+{
+	char	   *args[3];
+	const char *what;
+	const char *why;
+	int			i;
+
+	for (i = 0; i < 3; i++)
+		args[i] = PG_ARGISNULL(i) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(i));
+	why = relay_auth_sts_problem(args[0], args[1], args[2], &what);
+	if (why == NULL)
+		PG_RETURN_VOID();
+	i = strcmp(what, "role_arn") == 0 ? 0 : strcmp(what, "sts_endpoint") == 0 ? 2 : 1;
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("invalid %s \"%s\" for AWS web identity", what, args[i] ? args[i] : ""),
+			 errdetail("The %s is not usable: %s.", what, why),
+			 i == 0 ? errhint("Give the role's ARN, such as 'arn:aws:iam::123456789012:role/outbox-relay'.") :
+			 i == 1 ? errhint("Give the file the platform writes the token to, such as '/var/run/secrets/eks.amazonaws.com/serviceaccount/token' (AWS_WEB_IDENTITY_TOKEN_FILE).") :
+			 errhint("Leave sts_endpoint out for the region's STS, or give an https:// URL.")));
+	PG_RETURN_VOID();
+}
+
+/*
+ * The token options of a target row (relay_config.c), checked as
+ * outbox.check_oauth2() and check_aws_web_identity() check them: why they
+ * cannot be used, or NULL.  Sets t->auth_url and t->auth_host.
  */
 const char *
 relay_auth_check(RelayTarget *t)
@@ -251,33 +357,80 @@ relay_auth_check(RelayTarget *t)
 	const char *what;
 	int			i;
 
-	if (t->oauth_token_url == NULL)
+	if (t->oauth_token_url != NULL)
+	{
+		if (t->kind != RELAY_HTTP)
+			return "only HTTP targets take OAuth2 client credentials";
+		why = relay_auth_problem(t->oauth_token_url, t->oauth_client_id, t->oauth_client_secret,
+								 t->oauth_scope, t->oauth_client_post ? "post" : "basic", &what);
+		if (why != NULL)
+			return psprintf("oauth %s: %s", what, why);
+		for (i = 0; i < t->nheader_lines; i++)
+			if (outbox_header_name_is(t->header_names[i], strlen(t->header_names[i]),
+									  "authorization", true))
+				return "a target with OAuth2 client credentials has no Authorization header of its own";
+		if (!relay_url_private(t->url))
+			return "a target with OAuth2 client credentials sends its token to an https:// URL (or http:// to a loopback address) only";
+		t->auth_url = t->oauth_token_url;
+	}
+	else if (t->aws_role_arn != NULL)
+	{
+		if (t->region == NULL || t->aws_key_id != NULL)
+			return "only SQS, SNS and Kinesis targets without static credentials take a web identity";
+		why = relay_auth_sts_problem(t->aws_role_arn, t->aws_token_file, t->aws_sts_endpoint,
+									 &what);
+		if (why != NULL)
+			return psprintf("%s: %s", what, why);
+		t->auth_url = t->aws_sts_endpoint ? t->aws_sts_endpoint :
+			psprintf("https://sts.%s.amazonaws.com%s/", t->region,
+					 strncmp(t->region, "cn-", 3) == 0 ? ".cn" : "");
+	}
+	else
+	{
+		if (t->region != NULL && t->aws_key_id == NULL)
+			return "the target has neither AWS credentials nor a web identity";
 		return NULL;
-	why = relay_auth_problem(t->oauth_token_url, t->oauth_client_id, t->oauth_client_secret,
-							 t->oauth_scope, t->oauth_client_post ? "post" : "basic", &what);
-	if (why != NULL)
-		return psprintf("oauth %s: %s", what, why);
-	t->oauth_host = outbox_url_host(t->oauth_token_url, &why);
-	if (t->oauth_host == NULL)
-		return psprintf("oauth token_url: %s", why);
-	for (i = 0; i < t->nheader_lines; i++)
-		if (outbox_header_name_is(t->header_names[i], strlen(t->header_names[i]),
-								  "authorization", true))
-			return "a target with OAuth2 client credentials has no Authorization header of its own";
+	}
+	t->auth_host = outbox_url_host(t->auth_url, &why);
+	if (t->auth_host == NULL)
+		return psprintf("%s: %s", t->oauth_token_url ? "oauth token_url" : "sts_endpoint", why);
 	return NULL;
 }
 
-/* Forget t's token, zeroed. */
+/* Free a string of secrets, zeroed, and forget it. */
+static void
+relay_auth_forget(char **s)
+{
+	if (*s != NULL)
+	{
+		explicit_bzero(*s, strlen(*s));
+		pfree(*s);
+		*s = NULL;
+	}
+}
+
+/* Whether t has a token (or credentials) in hand. */
+static bool
+relay_auth_have(RelayTarget *t)
+{
+	return t->auth_header != NULL || t->auth_aws_key_id != NULL;
+}
+
+/*
+ * Forget t's token (or credentials), zeroed.  Its generation moves on, so
+ * that whatever holds on to them (an AWS target's signer) lets go.
+ */
 static void
 relay_auth_drop(RelayTarget *t)
 {
-	if (t->auth_header != NULL)
-	{
-		explicit_bzero(t->auth_header, strlen(t->auth_header));
-		pfree(t->auth_header);
-		t->auth_header = NULL;
-	}
+	if (relay_auth_have(t))
+		t->auth_generation++;
+	relay_auth_forget(&t->auth_header);
+	relay_auth_forget(&t->auth_aws_key_id);
+	relay_auth_forget(&t->auth_aws_secret);
+	relay_auth_forget(&t->auth_aws_token);
 }
+
 
 /* Give t, which has a token endpoint, its token state (none yet). */
 void
@@ -285,7 +438,7 @@ relay_auth_create(RelayTarget *t)
 {
 	RelayAuth  *a;
 
-	if (t->oauth_token_url == NULL)
+	if (t->auth_url == NULL)
 		return;
 	a = MemoryContextAllocZero(t->cxt, sizeof(RelayAuth));
 	a->t = t;
@@ -319,15 +472,110 @@ relay_auth_options_changed(RelayTarget *t, RelayTarget *n)
 #define DIFFER(f) ((t->f == NULL) != (n->f == NULL) || (t->f != NULL && strcmp(t->f, n->f) != 0))
 	return DIFFER(oauth_token_url) || DIFFER(oauth_client_id) ||
 		DIFFER(oauth_client_secret) || DIFFER(oauth_scope) ||
-		t->oauth_client_post != n->oauth_client_post;
+		t->oauth_client_post != n->oauth_client_post ||
+		DIFFER(aws_role_arn) || DIFFER(aws_token_file) || DIFFER(auth_url) ||
+		DIFFER(region);
 #undef DIFFER
 }
 
-/* The token endpoint's URL as errors show it. */
-static const char *
-relay_auth_endpoint(RelayTarget *t)
+/* What a failure to get a token says first. */
+static void
+relay_auth_failed_text(RelayTarget *t, char *out, size_t size, const char *fmt,...)
 {
-	return t->oauth_token_url;
+	va_list		ap;
+	size_t		n;
+
+	if (t->oauth_token_url != NULL)
+		snprintf(out, size, "could not get an OAuth2 token from %s: ", t->auth_url);
+	else
+		snprintf(out, size, "could not get AWS credentials for %s from STS (%s): ",
+				 t->aws_role_arn, t->auth_url);
+	n = strlen(out);
+	va_start(ap, fmt);
+	vsnprintf(out + n, size - n, fmt, ap);
+	va_end(ap);
+}
+
+/*
+ * The web identity token t's file holds, into buf (AUTH_MAX_WEB_IDENTITY + 2
+ * bytes), trailing blanks cut; or why not, into error.
+ */
+static bool
+relay_auth_read_token_file(RelayTarget *t, char *buf, char *error, size_t size)
+{
+	int			fd = open(t->aws_token_file, O_RDONLY | O_CLOEXEC);
+	ssize_t		n = 0;
+	ssize_t		r;
+
+	if (fd < 0)
+	{
+		snprintf(error, size, "could not read the web identity token file \"%s\": %s",
+				 t->aws_token_file, strerror(errno));
+		return false;
+	}
+	while (n <= AUTH_MAX_WEB_IDENTITY &&
+		   (r = read(fd, buf + n, AUTH_MAX_WEB_IDENTITY + 1 - n)) != 0)
+	{
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+		{
+			snprintf(error, size, "could not read the web identity token file \"%s\": %s",
+					 t->aws_token_file, strerror(errno));
+			close(fd);
+			return false;
+		}
+		n += r;
+	}
+	close(fd);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' ||
+					 buf[n - 1] == '\t'))
+		n--;
+	buf[n] = '\0';
+	if (!aws_token_valid(buf, 1, AUTH_MAX_WEB_IDENTITY))
+	{
+		explicit_bzero(buf, n);
+		snprintf(error, size, "the web identity token file \"%s\" does not hold a token (1 to %d printable characters)",
+				 t->aws_token_file, AUTH_MAX_WEB_IDENTITY);
+		return false;
+	}
+	return true;
+}
+
+/* Ask STS for credentials: AssumeRoleWithWebIdentity, the token the file holds. */
+static bool
+relay_auth_sts_start(RelayAuth *a, char *error, size_t size)
+{
+	RelayTarget *t = a->t;
+	StringInfoData body;
+	char		session[65];
+	char	   *token = palloc(AUTH_MAX_WEB_IDENTITY + 2);
+	const char *headers[2] = {"Content-Type: application/x-www-form-urlencoded; charset=utf-8",
+	"Expect:"};
+	bool		started;
+
+	if (!relay_auth_read_token_file(t, token, error, size))
+	{
+		pfree(token);
+		return false;
+	}
+	/* RoleSessionName: [\w+=,.@-]{2,64}, a target's name fits but its length */
+	snprintf(session, sizeof(session), "outbox-%s", t->name);
+	initStringInfo(&body);
+	appendStringInfoString(&body, "Action=AssumeRoleWithWebIdentity&Version=2011-06-15&RoleArn=");
+	relay_form_value(&body, t->aws_role_arn, strlen(t->aws_role_arn));
+	appendStringInfoString(&body, "&RoleSessionName=");
+	relay_form_value(&body, session, strlen(session));
+	appendStringInfoString(&body, "&WebIdentityToken=");
+	relay_form_value(&body, token, strlen(token));
+	started = relay_fetch_start(a->fetch, t->auth_url, t->auth_host, NULL, t->timeout_ms,
+								headers, lengthof(headers), body.data, relay_auth_done, t,
+								error, size);
+	explicit_bzero(token, strlen(token));
+	explicit_bzero(body.data, body.len);
+	pfree(token);
+	pfree(body.data);
+	return started;
 }
 
 /* Ask the endpoint for a token; whether a lane waits for it. */
@@ -339,9 +587,18 @@ relay_auth_fetch(RelayAuth *a, bool waited)
 	StringInfoData basic;
 	const char *headers[4];
 	int			nheaders = 0;
-	char		error[256];
+	char		error[512];
 	bool		started;
 
+	a->waited = waited;
+	if (t->aws_role_arn != NULL)
+	{
+		if (relay_auth_sts_start(a, error, sizeof(error)))
+			a->fetching = true;
+		else
+			relay_auth_done(t, 0, "", 0, error);
+		return;
+	}
 	initStringInfo(&body);
 	initStringInfo(&basic);
 	appendStringInfoString(&body, "grant_type=client_credentials");
@@ -376,14 +633,13 @@ relay_auth_fetch(RelayAuth *a, bool waited)
 	headers[nheaders++] = "Accept: application/json";
 	headers[nheaders++] = "Expect:";
 
-	started = relay_fetch_start(a->fetch, t->oauth_token_url, t->oauth_host, NULL,
+	started = relay_fetch_start(a->fetch, t->auth_url, t->auth_host, NULL,
 								t->timeout_ms, headers, nheaders, body.data,
 								relay_auth_done, t, error, sizeof(error));
 	explicit_bzero(body.data, body.len);
 	explicit_bzero(basic.data, basic.len);
 	pfree(body.data);
 	pfree(basic.data);
-	a->waited = waited;
 	if (started)
 	{
 		a->fetching = true;
@@ -406,11 +662,16 @@ relay_auth_ready(RelayLane *lane, TimestampTz now, char **why)
 
 	if (a == NULL)
 		return RELAY_AUTH_READY;
-	if (t->auth_header != NULL && now < a->usable_until)
+	if (relay_auth_have(t) && now < a->usable_until)
 	{
 		if (now >= a->refresh_at && !a->fetching)
 			relay_auth_fetch(a, false);
 		return RELAY_AUTH_READY;
+	}
+	if (a->failure != NULL && now - a->failure_at > AUTH_FAILURE_KEEP_US)
+	{
+		pfree(a->failure);		/* stale: ask again */
+		a->failure = NULL;
 	}
 	if (a->failure != NULL)
 	{
@@ -434,7 +695,7 @@ relay_auth_waiting(RelayTarget *t)
 	RelayAuth  *a = AUTH(t);
 
 	return a != NULL && a->fetching &&
-		(t->auth_header == NULL || GetCurrentTimestamp() >= a->usable_until);
+		(!relay_auth_have(t) || GetCurrentTimestamp() >= a->usable_until);
 }
 
 /*
@@ -486,7 +747,8 @@ relay_auth_b64token(const char *s, int len)
 {
 	int			i = 0;
 
-	while (i < len && (isalnum((unsigned char) s[i]) || strchr("-._~+/", s[i]) != NULL))
+	while (i < len && ((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+					   (s[i] >= '0' && s[i] <= '9') || strchr("-._~+/", s[i]) != NULL))
 		i++;
 	if (i == 0)
 		return false;
@@ -510,7 +772,7 @@ relay_auth_read(const char *answer, int len, MemoryContext cxt, char **header,
 	int			ei;
 
 	if (ntok <= 0 || tok[0].type != JSCAN_OBJECT)
-		return "the answer is not a JSON object";
+		return "the answer is not a JSON object (of at most 1024 values)";
 	at = jscan_member(answer, tok, 0, "access_token");
 	if (at < 0 || tok[at].type != JSCAN_STRING)
 		return "the answer has no access_token";
@@ -556,8 +818,68 @@ relay_auth_read(const char *answer, int len, MemoryContext cxt, char **header,
 }
 
 /*
+ * Read STS's answer of status 2xx: the credentials, palloc'd in cxt, and
+ * their lifetime in seconds; or why not.
+ */
+static const char *
+relay_auth_read_sts(const char *answer, int len, MemoryContext cxt, char **key_id,
+					char **secret, char **token, int64 *lifetime_s)
+{
+	const char *end = answer + len;
+	const char *c = strstr(answer, "<Credentials>");
+	char		k[130];
+	char		s[130];
+	char	   *tok = palloc(8194);
+	char		expiration[64];
+	struct tm	tm;
+	int			frac = 0;
+	char		z = '\0';
+	const char *why = NULL;
+
+	memset(&tm, 0, sizeof(tm));
+	if (c == NULL || c >= end)
+		why = "the answer holds no Credentials";
+	else if (!xml_text(c, end, "AccessKeyId", k, sizeof(k)) ||
+			 !xml_text(c, end, "SecretAccessKey", s, sizeof(s)) ||
+			 !xml_text(c, end, "SessionToken", tok, 8194) ||
+			 !xml_text(c, end, "Expiration", expiration, sizeof(expiration)))
+		why = "the answer's Credentials lack AccessKeyId, SecretAccessKey, SessionToken or Expiration";
+	else if (aws_check_credentials(k, s, tok) != NULL)
+		why = aws_check_credentials(k, s, tok);
+	else if (!((sscanf(expiration, "%4d-%2d-%2dT%2d:%2d:%2d%c", &tm.tm_year, &tm.tm_mon,
+					   &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &z) == 7 && z == 'Z') ||
+			   (sscanf(expiration, "%4d-%2d-%2dT%2d:%2d:%2d.%dZ", &tm.tm_year, &tm.tm_mon,
+					   &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &frac) == 7)) ||
+			 tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 ||
+			 tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
+		why = "the answer's Expiration is not a UTC time (YYYY-MM-DDTHH:MM:SSZ)";
+	else
+	{
+		time_t		at;
+
+		tm.tm_year -= 1900;
+		tm.tm_mon -= 1;
+		at = timegm(&tm);
+		*lifetime_s = (int64) at - (int64) time(NULL);
+		if (*lifetime_s < 1)
+			why = "the credentials it gives have expired already (or this server's clock is ahead)";
+		else
+		{
+			*lifetime_s = Min(*lifetime_s, (int64) AUTH_MAX_LIFETIME_S);
+			*key_id = MemoryContextStrdup(cxt, k);
+			*secret = MemoryContextStrdup(cxt, s);
+			*token = MemoryContextStrdup(cxt, tok);
+		}
+	}
+	explicit_bzero(s, sizeof(s));
+	explicit_bzero(tok, 8194);
+	pfree(tok);
+	return why;
+}
+
+/*
  * What a token endpoint refusing says: its error and error_description
- * (RFC 6749, 5.2), or the start of its answer.
+ * (RFC 6749, 5.2), or STS's Code and Message, or the start of its answer.
  */
 static void
 relay_auth_refusal(const char *answer, int len, char *out, size_t size)
@@ -577,6 +899,14 @@ relay_auth_refusal(const char *answer, int len, char *out, size_t size)
 			snprintf(out, size, "%s", code);
 		return;
 	}
+	if (xml_text(answer, answer + len, "Code", code, sizeof(code)))
+	{
+		if (xml_text(answer, answer + len, "Message", text, sizeof(text)))
+			snprintf(out, size, "%s (%s)", code, text);
+		else
+			snprintf(out, size, "%s", code);
+		return;
+	}
 	relay_auth_printable(out, size, answer, Min(len, 200));
 }
 
@@ -586,8 +916,11 @@ relay_auth_done(void *arg, long status, const char *answer, int len, const char 
 {
 	RelayTarget *t = (RelayTarget *) arg;
 	RelayAuth  *a = AUTH(t);
-	char		why[512];
+	char		why[768];
 	char	   *header = NULL;
+	char	   *key_id = NULL;
+	char	   *secret = NULL;
+	char	   *token = NULL;
 	int64		lifetime_s = 0;
 	TimestampTz now = GetCurrentTimestamp();
 	bool		waited = a->waited;
@@ -595,31 +928,34 @@ relay_auth_done(void *arg, long status, const char *answer, int len, const char 
 	a->fetching = false;
 	a->waited = false;
 	if (error != NULL)
-		snprintf(why, sizeof(why), "could not get an OAuth2 token from %s: %s",
-				 relay_auth_endpoint(t), error);
+		relay_auth_failed_text(t, why, sizeof(why), "%s", error);
 	else if (status < 200 || status > 299)
 	{
 		char		refusal[300];
 
 		relay_auth_refusal(answer, len, refusal, sizeof(refusal));
-		snprintf(why, sizeof(why), "could not get an OAuth2 token from %s: HTTP %ld%s%s",
-				 relay_auth_endpoint(t), status, refusal[0] ? ": " : "", refusal);
+		relay_auth_failed_text(t, why, sizeof(why), "HTTP %ld%s%s", status,
+							   refusal[0] ? ": " : "", refusal);
 	}
 	else
 	{
-		const char *bad = relay_auth_read(answer, len, t->cxt, &header, &lifetime_s);
+		const char *bad = t->aws_role_arn != NULL ?
+			relay_auth_read_sts(answer, len, t->cxt, &key_id, &secret, &token, &lifetime_s) :
+			relay_auth_read(answer, len, t->cxt, &header, &lifetime_s);
 
 		if (bad != NULL)
-			snprintf(why, sizeof(why), "could not get an OAuth2 token from %s: %s",
-					 relay_auth_endpoint(t), bad);
+			relay_auth_failed_text(t, why, sizeof(why), "%s", bad);
 	}
 
-	if (header != NULL)
+	if (header != NULL || key_id != NULL)
 	{
 		int64		margin_s = Min((int64) 30, lifetime_s / 10);
 
 		relay_auth_drop(t);
 		t->auth_header = header;
+		t->auth_aws_key_id = key_id;
+		t->auth_aws_secret = secret;
+		t->auth_aws_token = token;
 		t->auth_generation++;
 		a->after_401 = a->want_after_401;
 		a->want_after_401 = false;
@@ -636,16 +972,18 @@ relay_auth_done(void *arg, long status, const char *answer, int len, const char 
 	 * refresh ahead of expiry tries again after a backoff, while the token
 	 * lasts.
 	 */
+	a->want_after_401 = false;
 	if (waited)
 	{
 		if (a->failure != NULL)
 			pfree(a->failure);
 		a->failure = MemoryContextStrdup(t->cxt, why);
+		a->failure_at = now;
 	}
 	else
 	{
 		a->refresh_failures++;
-		if (a->refresh_failures == 1)
+		if (a->refresh_failures == 1 && relay_auth_have(t))
 			ereport(LOG,
 					(errmsg("outbox relay could not renew the token of target \"%s\"", t->name),
 					 errdetail("%s", why),

@@ -18,33 +18,6 @@
 #include "relay.h"
 #include "relay_aws.h"
 
-/* Whether s is min to max characters of printable ASCII without blanks. */
-bool
-aws_token_valid(const char *s, size_t min, size_t max)
-{
-	size_t		n = s ? strlen(s) : 0;
-	size_t		i;
-
-	if (n < min || n > max)
-		return false;
-	for (i = 0; i < n; i++)
-		if ((unsigned char) s[i] <= 0x20 || (unsigned char) s[i] >= 0x7f)
-			return false;
-	return true;
-}
-
-/* Why an AWS target's credentials cannot be used, or NULL. */
-const char *
-aws_check_credentials(const char *key_id, const char *secret, const char *token)
-{
-	if (!aws_token_valid(key_id, 16, 128))
-		return "the access key id is not 16 to 128 printable ASCII characters without blanks";
-	if (!aws_token_valid(secret, 1, 128))
-		return "the secret access key is not 1 to 128 printable ASCII characters without blanks";
-	if (token != NULL && !aws_token_valid(token, 1, 8192))
-		return "the session token is not 1 to 8192 printable ASCII characters without blanks";
-	return NULL;
-}
 
 /*
  * The region an AWS host names, "<service>.<region>.amazonaws.com" (or
@@ -171,9 +144,20 @@ aws_prepare(RelayTarget *t, const char *service)
 		a->authority = pstrdup("");
 	explicit_bzero(a->signer.key, sizeof(a->signer.key));
 	memset(&a->signer, 0, sizeof(a->signer));
-	a->signer.access_key_id = t->aws_key_id;
-	a->signer.secret_access_key = t->aws_secret;
-	a->signer.session_token = t->aws_token;
+	if (t->aws_role_arn != NULL)
+	{
+		/* web identity: STS's credentials (relay_auth.c), when there are */
+		a->signer.access_key_id = t->auth_aws_key_id;
+		a->signer.secret_access_key = t->auth_aws_secret;
+		a->signer.session_token = t->auth_aws_token;
+	}
+	else
+	{
+		a->signer.access_key_id = t->aws_key_id;
+		a->signer.secret_access_key = t->aws_secret;
+		a->signer.session_token = t->aws_token;
+	}
+	a->auth_generation = t->auth_generation;
 	a->signer.region = t->region;
 	a->signer.service = service;
 	a->options_version = t->options_version;
@@ -246,13 +230,24 @@ bool
 aws_send(RelayLane *lane, StringInfo body, const char *content_type,
 		 const char *target, RelayOutcome *failed)
 {
-	AwsTarget  *a = AWS(lane->target);
+	RelayTarget *t = lane->target;
+	AwsTarget  *a = AWS(t);
 	char		amz_date[17];
 	const char *names[2] = {"content-type", "x-amz-target"};
 	const char *values[2];
 
 	values[0] = content_type;
 	values[1] = target;
+	if (t->aws_role_arn != NULL && a->auth_generation != t->auth_generation)
+		aws_prepare(t, a->signer.service);	/* new credentials from STS */
+	if (a->signer.access_key_id == NULL)
+	{
+		/* not the message's fault: held, no attempt counted */
+		failed->kind = RELAY_RECEIVER_FAILED;
+		failed->error = "the target's AWS credentials from STS went away before the request was sent";
+		return false;
+	}
+	relay_http_auth_sent(lane, t->aws_role_arn != NULL, t->auth_generation);
 	aws_sigv4_sign(&a->signer, "POST", "/", a->authority, names, values, target ? 2 : 1,
 				   body->data, body->len, time(NULL), amz_date, &a->auth);
 	relay_http_headers_reset(lane);
@@ -385,4 +380,21 @@ aws_error_answer(const char *service, long status, const char *body, int len,
 	snprintf(msg, size, "%s answered HTTP %ld: %s%s%s", service, status, code,
 			 text[0] ? ": " : "", text);
 	outcome->kind = aws_code_class(code, status, nmessages);
+	outcome->auth_refused = aws_code_refuses_credentials(code);
+}
+
+/*
+ * Whether code says the request's temporary credentials are no longer
+ * good (expired, or revoked): a target with web identity gets new ones
+ * from STS once and sends the request again (relay_auth.c).
+ */
+bool
+aws_code_refuses_credentials(const char *code)
+{
+	static const char *const codes[] = {
+		"ExpiredToken", "ExpiredTokenException", "InvalidClientTokenId",
+		"UnrecognizedClientException", NULL
+	};
+
+	return aws_code_in(code, codes);
 }

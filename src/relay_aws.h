@@ -16,6 +16,7 @@
 typedef struct AwsTarget
 {
 	int			options_version;	/* of the target, when made */
+	uint32		auth_generation;	/* of its credentials from STS, when made */
 	char	   *authority;		/* the Host header's value */
 	AwsSigner	signer;
 	StringInfoData *bodies;		/* a request body per lane */
@@ -27,9 +28,6 @@ typedef struct AwsTarget
 
 #define AWS(t)	((AwsTarget *) (t)->priv)
 
-extern bool aws_token_valid(const char *s, size_t min, size_t max);
-extern const char *aws_check_credentials(const char *key_id, const char *secret,
-										 const char *token);
 extern const char *aws_row_checked(RelayTarget *t, const char *what, const char *why,
 								   const char *authority, const char *kind);
 /* An error of an option of an AWS kind's SQL check function. */
@@ -51,6 +49,7 @@ extern StringInfo aws_lane_body(RelayLane *lane);
 extern bool aws_send(RelayLane *lane, StringInfo body, const char *content_type,
 					 const char *target, RelayOutcome *failed);
 extern bool aws_code_not_message(const char *code);
+extern bool aws_code_refuses_credentials(const char *code);
 extern void aws_lane_done(RelayLane *lane);
 extern RelayOutcomeKind aws_code_class(const char *code, long status, int nmessages);
 extern void aws_error_answer(const char *service, long status, const char *body, int len,

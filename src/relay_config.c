@@ -328,14 +328,17 @@ relay_make_target(HeapTuple tup, TupleDesc desc, bool with_lanes,
 	t->oauth_scope = relay_spi_text(tup, desc, 44);
 	s = relay_spi_text(tup, desc, 45);
 	t->oauth_client_post = s != NULL && strcmp(s, "post") == 0;
+	t->aws_role_arn = relay_spi_text(tup, desc, 46);
+	t->aws_token_file = relay_spi_text(tup, desc, 47);
+	t->aws_sts_endpoint = relay_spi_text(tup, desc, 48);
 	/* the kind's check below reads them (an SQS target's headers must be none) */
 	d = SPI_getbinval(tup, desc, 11, &isnull);
 	if (*problem == NULL && !isnull)
 		*problem = relay_target_headers(t, DatumGetJsonbP(d));
-	if (*problem == NULL && t->oauth_token_url != NULL)
+	if (*problem == NULL)
 	{
-		const char *why = t->kind == RELAY_HTTP ? relay_auth_check(t) :
-			"only HTTP targets take OAuth2 client credentials";
+		/* OAuth2 client credentials, AWS web identity */
+		const char *why = relay_auth_check(t);
 
 		if (why != NULL)
 			*problem = MemoryContextStrdup(oldcxt, why);
@@ -517,9 +520,23 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 		relay_report_bad_target(t->id, t->name, problem);
 		return;
 	}
-	/* Another token endpoint, client or scope: the token is not good. */
+	/*
+	 * Another token endpoint, client, scope or role: the token is not
+	 * good, and a target held for want of one tries the new options now.
+	 */
 	if (relay_auth_options_changed(t, n))
+	{
+		int			i;
+
 		relay_auth_release(t);
+		if (t->hold_attempts > 0)
+		{
+			t->hold_attempts = 0;
+			t->held_until = 0;
+			for (i = 0; i < t->nlanes; i++)
+				t->lanes[i].next_attempt = 0;
+		}
+	}
 	/* n's context holds the new strings: keep it, drop the previous one. */
 	MemoryContextSetParent(n->cxt, t->cxt);
 	if (t->opts_cxt)
@@ -552,7 +569,11 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 	t->aws_secret = n->aws_secret;
 	t->aws_token = n->aws_token;
 	t->oauth_token_url = n->oauth_token_url;
-	t->oauth_host = n->oauth_host;
+	t->aws_role_arn = n->aws_role_arn;
+	t->aws_token_file = n->aws_token_file;
+	t->aws_sts_endpoint = n->aws_sts_endpoint;
+	t->auth_url = n->auth_url;
+	t->auth_host = n->auth_host;
 	t->oauth_client_id = n->oauth_client_id;
 	t->oauth_client_secret = n->oauth_client_secret;
 	t->oauth_scope = n->oauth_scope;
@@ -717,7 +738,7 @@ relay_load_config(void)
 	 * a RabbitMQ target's exchange and routing key, unroutable_after in
 	 * milliseconds, and a NATS target's credentials file (schema 0.3);
 	 * 37 to 40: an AWS target's region and credentials, 41 to 45: OAuth2
-	 * client credentials (schema 0.4).
+	 * client credentials, 46 to 48: AWS web identity (schema 0.4).
 	 */
 #define RELAY_TARGETS_QUERY(brokers) \
 					"SELECT t.id, t.name, t.kind, t.url, t.channel, t.batch_size, t.lanes," \
@@ -734,8 +755,8 @@ relay_load_config(void)
 					"       t.previous_secret, t.ca_file, t.client_cert, t.client_key, t.envelope_only," \
 					"       t.ordering, " brokers \
 					"  FROM outbox.targets t WHERE t.kind <> 'queue' ORDER BY t.id"
-#define RELAY_NO_AWS ", NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text"
-	if (SPI_execute(relay_schema_aws ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials, t.region, t.aws_access_key_id, t.aws_secret_access_key, t.aws_session_token, t.oauth_token_url, t.oauth_client_id, t.oauth_client_secret, t.oauth_scope, t.oauth_client_auth") :
+#define RELAY_NO_AWS ", NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text"
+	if (SPI_execute(relay_schema_aws ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials, t.region, t.aws_access_key_id, t.aws_secret_access_key, t.aws_session_token, t.oauth_token_url, t.oauth_client_id, t.oauth_client_secret, t.oauth_scope, t.oauth_client_auth, t.aws_role_arn, t.aws_web_identity_token_file, t.aws_sts_endpoint") :
 					relay_schema_set_aside ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, ceil(extract(epoch FROM least(greatest(t.unroutable_after, interval '0'), interval '100 years')) * 1000)::bigint, t.credentials" RELAY_NO_AWS) :
 					relay_schema_brokers ? RELAY_TARGETS_QUERY("t.subject, t.topic, t.properties, t.format, t.ce_source, t.stream, t.maxlen, t.dedup_window, t.exchange, t.routing_key, NULL::bigint, NULL::text" RELAY_NO_AWS) :
 					relay_schema_operations ? RELAY_TARGETS_QUERY("NULL::text, NULL::text, NULL::jsonb, NULL::text, NULL::text, NULL::text, NULL::bigint, NULL::int, NULL::text, NULL::text, NULL::bigint, NULL::text" RELAY_NO_AWS) :

@@ -704,6 +704,10 @@ relay_fetch_create(MemoryContext cxt)
 static void
 relay_fetch_clear(RelayFetch *f)
 {
+	struct curl_slist *l;
+
+	for (l = f->headers; l != NULL; l = l->next)
+		explicit_bzero(l->data, strlen(l->data));	/* client credentials */
 	curl_slist_free_all(f->headers);
 	f->headers = NULL;
 	if (f->body != NULL)
@@ -849,14 +853,9 @@ relay_fetch_finish(CURL *easy, CURLcode result)
 		error = msg;
 	}
 	f->done(f->arg, status, f->answer, f->answer_len, error);
+	explicit_bzero(f->answer, f->answer_len);	/* a token */
+	f->answer_len = 0;
 	return true;
-}
-
-/* Whether the relay has a fetch on the wire (relay_http_drive() must run). */
-bool
-relay_fetching(void)
-{
-	return fetches != NULL;
 }
 
 /* Append s percent-encoded for a form (RFC 3986's unreserved kept). */
@@ -886,6 +885,18 @@ relay_form_value(StringInfo b, const char *s, size_t len)
 	}
 	b->len = o - b->data;
 	b->data[b->len] = '\0';
+}
+
+/*
+ * Whether the lane's next request carries the target's token (or
+ * credentials) of this generation: then what the answer says of it counts
+ * (RelayOutcome.auth_refused).
+ */
+void
+relay_http_auth_sent(RelayLane *lane, bool sent, uint32 generation)
+{
+	HTTP(lane)->has_auth = sent;
+	HTTP(lane)->auth_generation = generation;
 }
 
 /* Start the header lines of a lane's next request (relay_http_start()). */
@@ -1413,6 +1424,8 @@ relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
 	{
 		/* A kind that reads the answer (relay_sqs.c) says what it means. */
 		outcome.status = (int) status;
+		outcome.auth_sent = h->has_auth;	/* auth_refused: the kind's */
+		outcome.auth_generation = h->auth_generation;
 		lane->target->transport->http_answer(lane, status, h->answer ? h->answer : "",
 											 h->answer_len, h->body_capped, &outcome,
 											 msg, sizeof(msg));
@@ -1432,7 +1445,14 @@ relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
 		/* A body cut at the cap still has its status. */
 		outcome.auth_sent = h->has_auth;	/* a 401 to it: relay_lane_outcome() */
 		outcome.auth_generation = h->auth_generation;
+		outcome.auth_refused = status == 401;
 		outcome.kind = relay_http_status_class(status);
+		/*
+		 * Headers too large with a token in them: the token (a JWT of many
+		 * claims), not the message; held, nothing dead-lettered.
+		 */
+		if (status == 431 && h->has_auth)
+			outcome.kind = RELAY_RECEIVER_FAILED;
 		outcome.status = (int) status;
 		if (outcome.kind != RELAY_DELIVERED)
 		{

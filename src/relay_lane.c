@@ -495,12 +495,15 @@ relay_lane_auth_failed(RelayLane *lane, const char *error)
  * there, counting no attempt.
  */
 static void
-relay_lane_again(RelayLane *lane)
+relay_lane_again(RelayLane *lane, const RelayOutcome *outcome)
 {
+	relay_lane_set_error(lane, outcome->status, outcome->error ? outcome->error : "token refused");
+	lane->target->stats.retries++;
 	lane->sent_last = NULL;
 	lane->retry_nbatch = lane->nbatch;
 	lane->nbatch = 0;
 	lane->next_attempt = 0;
+	lane->auth_again = true;
 }
 
 /*
@@ -576,15 +579,17 @@ relay_lane_outcome(RelayLane *lane, const RelayOutcome *outcome)
 	RelayTarget *t = lane->target;
 
 	/*
-	 * A 401 to the target's token: a new token and the same request again,
-	 * once (relay_auth.c); a request taken with it confirms it.
+	 * A 401 to the target's token (AWS: an expired one): a new token and
+	 * the same request again, once (relay_auth.c); a request taken with it
+	 * confirms it.
 	 */
-	if (outcome->auth_sent && outcome->status == 401 &&
+	if (outcome->auth_sent && outcome->auth_refused && !lane->auth_again &&
 		relay_auth_rejected(t, outcome->auth_generation))
 	{
-		relay_lane_again(lane);
+		relay_lane_again(lane, outcome);
 		return;
 	}
+	lane->auth_again = false;	/* (a second refusal of the batch: held below) */
 	if (outcome->auth_sent && outcome->kind == RELAY_DELIVERED)
 		relay_auth_accepted(t, outcome->auth_generation);
 

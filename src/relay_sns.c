@@ -26,6 +26,7 @@
 #include "utils/builtins.h"
 
 #include "aws.h"
+#include "json_scan.h"
 #include "relay.h"
 #include "relay_aws.h"
 
@@ -290,67 +291,13 @@ relay_sns_send(RelayLane *lane, RelayOutcome *failed)
 	return aws_send(lane, b, "application/x-www-form-urlencoded; charset=utf-8", NULL, failed);
 }
 
-/*
- * The text of element name inside [from, to) of body, entities decoded
- * (&lt; &gt; &amp; &quot; &apos;; others shown as they are), printable
- * ASCII, into out; false if there is none.
- */
-static bool
-sns_xml_text(const char *from, const char *to, const char *name, char *out, size_t size)
-{
-	char		open[40];
-	char		close[40];
-	const char *s;
-	const char *e;
-	size_t		o = 0;
-
-	snprintf(open, sizeof(open), "<%s>", name);
-	snprintf(close, sizeof(close), "</%s>", name);
-	out[0] = '\0';
-	s = from;
-	for (;;)
-	{
-		s = strstr(s, open);
-		if (s == NULL || s >= to)
-			return false;
-		s += strlen(open);
-		e = strstr(s, close);
-		if (e == NULL || e > to)
-			return false;
-		break;
-	}
-	while (s < e && o + 1 < size)
-	{
-		static const struct
-		{
-			const char *entity;
-			char		c;
-		}			entities[] = {{"&lt;", '<'}, {"&gt;", '>'}, {"&amp;", '&'}, {"&quot;", '"'}, {"&apos;", '\''}};
-		int			k;
-		char		c = *s;
-		int			step = 1;
-
-		for (k = 0; c == '&' && k < (int) lengthof(entities); k++)
-			if (strncmp(s, entities[k].entity, strlen(entities[k].entity)) == 0)
-			{
-				c = entities[k].c;
-				step = strlen(entities[k].entity);
-				break;
-			}
-		out[o++] = ((unsigned char) c >= 0x20 && (unsigned char) c < 0x7f) ? c : '?';
-		s += step;
-	}
-	out[o] = '\0';
-	return true;
-}
-
 /* The position an entry's <Id> names: "0" to "9" as sent, or -1. */
 static int
 sns_position(const char *from, const char *to, int n)
 {
 	char		id[8];
 
-	if (!sns_xml_text(from, to, "Id", id, sizeof(id)) ||
+	if (!xml_text(from, to, "Id", id, sizeof(id)) ||
 		id[0] < '0' || id[0] > '9' || id[1] != '\0' || id[0] - '0' >= n)
 		return -1;
 	return id[0] - '0';
@@ -382,12 +329,13 @@ relay_sns_answer(RelayLane *lane, long status, const char *body, int len,
 	if (status != 200)
 	{
 		/* <ErrorResponse><Error><Type/><Code/><Message/></Error> */
-		if (!capped && sns_xml_text(body, end, "Code", code, sizeof(code)))
+		if (!capped && xml_text(body, end, "Code", code, sizeof(code)))
 		{
-			sns_xml_text(body, end, "Message", text, sizeof(text));
+			xml_text(body, end, "Message", text, sizeof(text));
 			snprintf(msg, size, "SNS answered HTTP %ld: %s%s%s", status, code,
 					 text[0] ? ": " : "", text);
 			outcome->kind = aws_code_class(code, status, n);
+			outcome->auth_refused = aws_code_refuses_credentials(code);
 		}
 		else
 			aws_error_answer("SNS", status, body, len, capped, n, outcome, msg, size);
@@ -449,13 +397,13 @@ relay_sns_answer(RelayLane *lane, long status, const char *body, int len,
 		outcome->kind = RELAY_RETRY;
 		return;
 	}
-	if (!sns_xml_text(failed_at[i], failed_end[i], "Code", code, sizeof(code)))
+	if (!xml_text(failed_at[i], failed_end[i], "Code", code, sizeof(code)))
 		strlcpy(code, "?", sizeof(code));
-	sns_xml_text(failed_at[i], failed_end[i], "Message", text, sizeof(text));
+	xml_text(failed_at[i], failed_end[i], "Message", text, sizeof(text));
 	{
 		char		fault[8];
 
-		if (sns_xml_text(failed_at[i], failed_end[i], "SenderFault", fault, sizeof(fault)) &&
+		if (xml_text(failed_at[i], failed_end[i], "SenderFault", fault, sizeof(fault)) &&
 			strcmp(fault, "true") == 0 && !stored[i] && !aws_code_not_message(code))
 		{
 			snprintf(msg, size, "SNS refused the message: %s%s%s", code, text[0] ? ": " : "", text);

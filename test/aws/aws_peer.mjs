@@ -43,7 +43,19 @@
 //   GET  /drain?queue=n   every message now in the queue, received and
 //                  deleted, in order: [{body, attrs, group, dedup, seq}]
 //   GET  /stats   {"requests", "verified", "refused": {reason: n},
-//                  "entries", "batches": [sizes]}
+//                  "entries", "batches": [sizes], "sts": {"requests",
+//                  "issued", "refused": {code: n}}}
+// STS, at POST /sts on the front's port (unsigned, as AWS's is):
+// AssumeRoleWithWebIdentity with the role and web identity token of
+//   POST /setup   {"web_identity": {"role": arn, "token": t}, "sts_lifetime": s}
+// issues temporary credentials (an ASIA key, its secret, a session token,
+// the Expiration sts_lifetime seconds on, default 3600) that the front
+// then takes until they expire (ExpiredToken after); XML answers, errors
+// as STS writes them (InvalidIdentityToken ...).
+//   POST /expire_sessions  every session token issued so far expires now
+//   POST /fault   {"sts_fail": n, "sts_status": s, "sts_code": c}  the next
+//                  n AssumeRoleWithWebIdentity answered s with code c
+import crypto from 'node:crypto';
 import http from 'node:http';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -62,8 +74,11 @@ const config = { region: 'eu-west-1', keys: {}, tokens: {}, expired: [] };
 const queues = {};
 const hiddenTopics = new Set();   // ARNs the front says do not exist   // name -> the URL fauxqs knows it by
 const faults = { throttle: 0, error500: 0, garbage: 0, bad_ids: 0, nulls: 0, marker: null, marker_times: 0,
-  marker_code: null, marker_sender: false, reject_marker: null };
-const stats = { requests: 0, verified: 0, refused: {}, entries: 0, batches: [] };
+  marker_code: null, marker_sender: false, reject_marker: null, sts_fail: 0, sts_status: 400,
+  sts_code: 'InvalidIdentityToken' };
+const stats = { requests: 0, verified: 0, refused: {}, entries: 0, batches: [],
+  sts: { requests: 0, issued: 0, refused: {} } };
+const sessions = {};   // session token -> when it expires (ms)
 
 const app = buildApp({ logger: false });
 await app.listen({ port: 0, host: '127.0.0.1' });
@@ -97,6 +112,10 @@ async function verify(req, body, res) {
   if (config.tokens[akid] !== undefined) {
     if (token !== undefined && config.expired.includes(token)) {
       refuse(res, 400, 'com.amazonaws.sqs#ExpiredToken', 'The security token included in the request is expired', 'expired token');
+      return false;
+    }
+    if (sessions[token] !== undefined && Date.now() >= sessions[token]) {
+      refuse(res, 400, 'com.amazonaws.sqs#ExpiredToken', 'The security token included in the request is expired', 'expired session');
       return false;
     }
     if (token !== config.tokens[akid]) {
@@ -154,6 +173,45 @@ async function verify(req, body, res) {
   return true;
 }
 
+// STS's AssumeRoleWithWebIdentity, as AWS answers it (query protocol, XML).
+function sts(req, body, res) {
+  const form = new URLSearchParams(body);
+  const wi = config.web_identity || {};
+  const fail = (status, code, message) => {
+    stats.sts.refused[code] = (stats.sts.refused[code] || 0) + 1;
+    res.writeHead(status, { 'content-type': 'text/xml' });
+    res.end(`<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type><Code>${code}</Code><Message>${message}</Message></Error><RequestId>r${stats.sts.requests}</RequestId></ErrorResponse>`);
+  };
+  stats.sts.requests++;
+  if (req.method !== 'POST' || req.headers.authorization !== undefined ||
+      !/^application\/x-www-form-urlencoded/.test(req.headers['content-type'] || ''))
+    return fail(400, 'InvalidRequest', 'not an unsigned form POST');
+  if (form.get('Action') !== 'AssumeRoleWithWebIdentity' || form.get('Version') !== '2011-06-15')
+    return fail(400, 'InvalidAction', 'unknown action or version');
+  if (faults.sts_fail > 0) {
+    faults.sts_fail--;
+    return fail(faults.sts_status, faults.sts_code, 'fault injected by the test');
+  }
+  if (!/^[\w+=,.@-]{2,64}$/.test(form.get('RoleSessionName') || ''))
+    return fail(400, 'ValidationError', 'RoleSessionName is not [\\w+=,.@-]{2,64}');
+  if (form.get('RoleArn') !== wi.role)
+    return fail(403, 'AccessDenied', 'Not authorized to perform sts:AssumeRoleWithWebIdentity');
+  if (form.get('WebIdentityToken') !== wi.token)
+    return fail(400, 'InvalidIdentityToken', 'Couldn\'t retrieve verification key from your identity provider');
+  const rand = (n, set) => Array.from(crypto.randomBytes(n), (b) => set[b % set.length]).join('');
+  const akid = 'ASIA' + rand(16, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567');
+  const secret = rand(40, 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/');
+  const token = crypto.randomBytes(300).toString('base64');
+  const lifetime = config.sts_lifetime || 3600;
+  config.keys[akid] = secret;
+  config.tokens[akid] = token;
+  sessions[token] = Date.now() + lifetime * 1000;
+  stats.sts.issued++;
+  const expiration = new Date(sessions[token]).toISOString().replace(/\.\d{3}Z$/, 'Z');
+  res.writeHead(200, { 'content-type': 'text/xml' });
+  res.end(`<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleWithWebIdentityResult><SubjectFromWebIdentityToken>system:serviceaccount:default:outbox</SubjectFromWebIdentityToken><Audience>sts.amazonaws.com</Audience><AssumedRoleUser><Arn>${wi.role}/${form.get('RoleSessionName')}</Arn><AssumedRoleId>AROA:${form.get('RoleSessionName')}</AssumedRoleId></AssumedRoleUser><Credentials><SessionToken>${token}</SessionToken><SecretAccessKey>${secret}</SecretAccessKey><Expiration>${expiration}</Expiration><AccessKeyId>${akid}</AccessKeyId></Credentials><Provider>oidc.eks.example</Provider></AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>r${stats.sts.requests}</RequestId></ResponseMetadata></AssumeRoleWithWebIdentityResponse>`);
+}
+
 // Pass a request to its emulator as it came; the answer back.
 function forward(req, body, port = innerPort) {
   return new Promise((resolve, reject) => {
@@ -175,6 +233,8 @@ const front = http.createServer((req, res) => {
     try {
       stats.requests++;
       let body = Buffer.concat(chunks).toString();
+      if (req.url === '/sts')
+        return sts(req, body, res);
       if (!(await verify(req, body, res)))
         return;
       if (faults.throttle > 0) {
@@ -498,6 +558,9 @@ const control = http.createServer((req, res) => {
         delete queues[body.name];
       } else if (u.pathname === '/fault') {
         Object.assign(faults, body);
+      } else if (u.pathname === '/expire_sessions') {
+        for (const t of Object.keys(sessions))
+          sessions[t] = 0;
       } else if (u.pathname === '/drain') {
         answer = await drain(u.searchParams.get('queue'));
       } else if (u.pathname === '/stream') {

@@ -22,6 +22,10 @@
 #  - the relay killed (kill -9) mid-stream: every message there, the FIFO
 #    queue's copies dropped by their deduplication id;
 #  - destination rules apply to SQS requests;
+#  - web identity: credentials from STS (AssumeRoleWithWebIdentity) for the
+#    token a file holds, renewed ahead of expiry, asked for again once when
+#    SQS finds them expired (the file read again: a rotated token), the
+#    target held with STS's reason when it refuses or the file is gone;
 #  - bad options refused at create time (region not the URL's).
 use strict;
 use warnings;
@@ -309,6 +313,99 @@ $node->reload;
 ok_wait('allowed again: delivered', sub { return (pending('std') == 0) });
 is(scalar(@{ sqs_drain($peer, 'orders') }), 1, 'the message is there');
 
+# --- web identity: credentials from STS -----------------------------------
+# The token a file holds (as EKS writes one), exchanged with STS
+# (AssumeRoleWithWebIdentity, the peer's /sts) for temporary credentials.
+my $role = 'arn:aws:iam::000000000000:role/outbox-relay';
+my $wi_dir = PostgreSQL::Test::Utils::tempdir();
+my $wi_file = "$wi_dir/token";
+my $wi_token = 'eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6b3V0Ym94In0.c2ln';
+PostgreSQL::Test::Utils::append_to_file($wi_file, "$wi_token\n");
+aws_control($peer, 'setup', { web_identity => { role => $role, token => $wi_token } });
+aws_control($peer, 'queue', { name => 'wi', attributes => {} });
+$node->safe_psql('postgres', qq{
+	SELECT outbox.create_sqs_target('wi', '$peer->{url}/000000000000/wi', 'eu-west-1',
+		role_arn => '$role', web_identity_token_file => '$wi_file',
+		sts_endpoint => '$peer->{url}/sts', max_attempts => 1);
+	SELECT outbox.subscribe('wi', 'wi.*');});
+my %wi_seen;
+sub wi_delivered
+{
+	my ($what, $want) = @_;
+	ok_wait("$what: delivered", sub { return (pending('wi') == 0, pending('wi') . ' pending') });
+	$wi_seen{ $chars->decode($_->{body})->{n} }++ for @{ sqs_drain($peer, 'wi') };
+	is(scalar(keys %wi_seen), $want, "$what: all $want there");
+	is(scalar(grep { $_ > 1 } values %wi_seen), 0, "$what: each once");
+	is(dead_letter_lines($node, 'wi')->[0], undef, "$what: nothing dead-lettered");
+}
+sub wi_held
+{
+	my ($what, $re) = @_;
+	emit('wi', 5, 5);
+	ok_wait("$what: held with the reason",
+		sub { my $e = lag_value($node, 'wi', 'last_error'); return (scalar($e =~ $re), $e) });
+	cmp_ok(pending('wi'), '>', 0, "$what: messages wait");
+	is(dead_letter_lines($node, 'wi')->[0], undef, "$what: nothing dead-lettered");
+}
+emit('wi', 30, 5);
+wi_delivered('web identity', 30);
+is(aws_stats($peer)->{sts}{issued}, 1, 'one set of credentials from STS');
+is($node->safe_psql('postgres', q{SELECT aws_access_key_id IS NULL FROM outbox.targets WHERE name = 'wi'}),
+	't', 'no access key stored');
+
+# The platform rotates the token; the credentials expire in flight
+# (ExpiredToken): new ones once, with the new token, the request again.
+my $wi_token2 = 'eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJyb3RhdGVkIn0.c2lnMg';
+unlink $wi_file;
+PostgreSQL::Test::Utils::append_to_file($wi_file, $wi_token2);
+aws_control($peer, 'setup', { web_identity => { role => $role, token => $wi_token2 } });
+aws_control($peer, 'expire_sessions', {});
+my $wi_log = -s $node->logfile;
+emit('wi', 10, 5);
+wi_delivered('credentials expired in flight', 40);
+# (each lane's request on the wire with them is refused: at most one a lane)
+my $expired = aws_stats($peer)->{refused}{'expired session'} // 0;
+ok($expired >= 1 && $expired <= 8, "SQS refused the expired credentials ($expired requests, one a lane at most)");
+is(aws_stats($peer)->{sts}{issued}, 2, 'new credentials asked for once, with the rotated token');
+unlike(slurp_file($node->logfile, $wi_log), qr/holds target "wi"/, 'the target was not held');
+
+# Credentials renewed ahead of their expiry: ten seconds each.
+aws_control($peer, 'setup', { sts_lifetime => 10 });
+aws_control($peer, 'expire_sessions', {});
+emit('wi', 2, 2);
+ok_wait('ten-second credentials: delivered', sub { return (pending('wi') == 0) });
+$expired = aws_stats($peer)->{refused}{'expired session'};
+my $issued = aws_stats($peer)->{sts}{issued};
+my $t0 = time;
+my $n_wi = 42;
+while (time - $t0 < 13)
+{
+	emit('wi', 2, 2);
+	$n_wi += 2;
+	ok_wait('a round delivered', sub { return (pending('wi') == 0) }) or last;
+	sleep 1;    # the span over which credentials expire
+}
+wi_delivered('credentials renewed', $n_wi);
+cmp_ok(aws_stats($peer)->{sts}{issued} - $issued, '>=', 1, 'credentials renewed before they expire (13 s of 10-second ones)');
+is(aws_stats($peer)->{refused}{'expired session'}, $expired, 'no request signed with credentials that had expired');
+aws_control($peer, 'setup', { sts_lifetime => 3600 });
+
+# STS refuses the token; the token file is gone: held with the reason.
+aws_control($peer, 'fault', { sts_fail => 1000000, sts_status => 400, sts_code => 'InvalidIdentityToken' });
+aws_control($peer, 'expire_sessions', {});
+wi_held('STS refuses the token',
+	qr/could not get AWS credentials for \Q$role\E from STS \(.*\): HTTP 400: InvalidIdentityToken \(fault injected by the test\)/);
+aws_control($peer, 'fault', { sts_fail => 0 });
+$n_wi += 5;
+wi_delivered('STS takes it again', $n_wi);
+rename $wi_file, "$wi_file.away";
+aws_control($peer, 'expire_sessions', {});
+wi_held('the token file gone', qr/could not read the web identity token file "\Q$wi_file\E": No such file/);
+rename "$wi_file.away", $wi_file;
+$n_wi += 5;
+wi_delivered('the token file back', $n_wi);
+unlike(slurp_file($node->logfile), qr/\Q$wi_token\E|\Q$wi_token2\E/, 'no web identity token in the log');
+
 # --- the relay killed mid-stream ------------------------------------------
 # (a rate limit keeps the stream going while the relay is killed)
 target('kill', 'kill.fifo', lanes => 4);
@@ -332,7 +429,7 @@ is(scalar(grep { !in_order($k->{$_}) } keys %$k), 0, 'per key in order');
 
 my $st = aws_stats($peer);
 is_deeply([ sort keys %{ $st->{refused} } ],
-	[ 'bad ids', 'error500', 'expired token', 'garbage', 'rejected whole', 'scope', 'signature', 'throttled' ],
+	[ 'bad ids', 'error500', 'expired session', 'expired token', 'garbage', 'rejected whole', 'scope', 'signature', 'throttled' ],
 	'the only requests SQS refused were those the test asked for');
 ok($st->{verified} > 100, "every other request's signature checked by AWS's signer ($st->{verified})");
 relay_no_crash($node, $pid);
