@@ -1178,6 +1178,11 @@ BEGIN
 		PERFORM outbox.check_kinesis_target(t.url, t.stream, t.region, t.aws_access_key_id,
 											t.aws_secret_access_key, t.aws_session_token);
 	END IF;
+	IF t.aws_role_arn IS NULL AND (t.aws_web_identity_token_file IS NOT NULL OR t.aws_sts_endpoint IS NOT NULL) THEN
+		RAISE EXCEPTION 'web_identity_token_file and sts_endpoint go with role_arn'
+			USING ERRCODE = 'invalid_parameter_value',
+				  HINT = 'Give role_arn too, for a web identity; or leave them out, for an access key.';
+	END IF;
 	IF (t.aws_access_key_id IS NULL) = (t.aws_role_arn IS NULL) THEN
 		RAISE EXCEPTION 'an AWS target has an access key or a web identity: %',
 			CASE WHEN t.aws_role_arn IS NULL THEN 'it has neither' ELSE 'it has both' END

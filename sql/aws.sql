@@ -68,6 +68,8 @@ SELECT name, aws_access_key_id, aws_role_arn, aws_sts_endpoint FROM outbox.targe
 SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1');
 SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's',
                                 role_arn => 'arn:aws:iam::123456789012:role/r', web_identity_token_file => '/x');
+SELECT outbox.create_sqs_target('x', 'http://127.0.0.1:4566/123456789012/orders', 'eu-west-1', 'AKIAIOSFODNN7EXAMPLE', 's',
+                                web_identity_token_file => '/x');
 -- back to an access key
 SELECT outbox.set_aws_credentials('sq', 'AKIAIOSFODNN7EXAMPLE', 'secret2');
 SELECT name, aws_access_key_id, aws_role_arn, aws_web_identity_token_file FROM outbox.targets WHERE name = 'sq';

@@ -31,6 +31,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,6 +54,12 @@
 #define AUTH_MAX_JSON_TOKENS	1024
 /* A failure not taken by a lane within this long is forgotten (a paused target). */
 #define AUTH_FAILURE_KEEP_US	(10 * USECS_PER_SEC)
+/*
+ * A token fetched because the one before was refused, refused too, is not
+ * replaced for so long (a receiver that refuses every token costs a fetch
+ * this often at most).
+ */
+#define AUTH_AFTER_401_US		(30 * USECS_PER_SEC)
 /* Longest web identity token read from its file (a JWT). */
 #define AUTH_MAX_WEB_IDENTITY	16384
 
@@ -66,6 +73,7 @@ typedef struct RelayAuth
 	char	   *failure;		/* why none could be had, for the next lane
 								 * that asks (relay_auth_ready()), or NULL */
 	TimestampTz failure_at;		/* when */
+	TimestampTz fetched_at;		/* when the token in hand came */
 	TimestampTz usable_until;	/* t->auth_header is sent until then */
 	TimestampTz refresh_at;		/* a new token is asked for from then */
 	bool		after_401;		/* the token replaced one a receiver refused */
@@ -77,6 +85,8 @@ typedef struct RelayAuth
 
 static void relay_auth_done(void *arg, long status, const char *answer, int len,
 							const char *error);
+static void relay_auth_failed_text(RelayTarget *t, char *out, size_t size, const char *fmt,...)
+			pg_attribute_printf(4, 5);
 
 /* Whether host is an address literal of 127/8 or ::1, or the name localhost. */
 static bool
@@ -503,7 +513,9 @@ relay_auth_failed_text(RelayTarget *t, char *out, size_t size, const char *fmt,.
 static bool
 relay_auth_read_token_file(RelayTarget *t, char *buf, char *error, size_t size)
 {
-	int			fd = open(t->aws_token_file, O_RDONLY | O_CLOEXEC);
+	/* non-blocking: a FIFO there must not stop the worker */
+	int			fd = open(t->aws_token_file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	struct stat st;
 	ssize_t		n = 0;
 	ssize_t		r;
 
@@ -511,6 +523,13 @@ relay_auth_read_token_file(RelayTarget *t, char *buf, char *error, size_t size)
 	{
 		snprintf(error, size, "could not read the web identity token file \"%s\": %s",
 				 t->aws_token_file, strerror(errno));
+		return false;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > AUTH_MAX_WEB_IDENTITY + 2)
+	{
+		snprintf(error, size, "the web identity token file \"%s\" is not a regular file of at most %d bytes",
+				 t->aws_token_file, AUTH_MAX_WEB_IDENTITY);
+		close(fd);
 		return false;
 	}
 	while (n <= AUTH_MAX_WEB_IDENTITY &&
@@ -522,6 +541,7 @@ relay_auth_read_token_file(RelayTarget *t, char *buf, char *error, size_t size)
 		{
 			snprintf(error, size, "could not read the web identity token file \"%s\": %s",
 					 t->aws_token_file, strerror(errno));
+			explicit_bzero(buf, n);
 			close(fd);
 			return false;
 		}
@@ -532,7 +552,7 @@ relay_auth_read_token_file(RelayTarget *t, char *buf, char *error, size_t size)
 					 buf[n - 1] == '\t'))
 		n--;
 	buf[n] = '\0';
-	if (!aws_token_valid(buf, 1, AUTH_MAX_WEB_IDENTITY))
+	if (memchr(buf, '\0', n) != NULL || !aws_token_valid(buf, 1, AUTH_MAX_WEB_IDENTITY))
 	{
 		explicit_bzero(buf, n);
 		snprintf(error, size, "the web identity token file \"%s\" does not hold a token (1 to %d printable characters)",
@@ -713,7 +733,11 @@ relay_auth_rejected(RelayTarget *t, uint32 generation)
 		return false;
 	if (generation != t->auth_generation)
 		return true;			/* sent with an older token */
-	if (a->after_401)
+	/*
+	 * A token fetched because one was refused, refused too: the receiver's
+	 * answer (held), for a while; a probe after that may fetch once more.
+	 */
+	if (a->after_401 && GetCurrentTimestamp() - a->fetched_at < AUTH_AFTER_401_US)
 		return false;
 	relay_auth_drop(t);
 	a->want_after_401 = true;
@@ -817,6 +841,49 @@ relay_auth_read(const char *answer, int len, MemoryContext cxt, char **header,
 	return NULL;
 }
 
+/* Read d digits at *s into *v; false if they are not there. */
+static bool
+relay_auth_digits(const char **s, int d, int *v)
+{
+	*v = 0;
+	for (; d > 0; d--, (*s)++)
+	{
+		if (**s < '0' || **s > '9')
+			return false;
+		*v = *v * 10 + (**s - '0');
+	}
+	return true;
+}
+
+/*
+ * Whether s is exactly YYYY-MM-DDTHH:MM:SS, a fraction of 1 to 9 digits
+ * or none, and Z (STS's Expiration); into *tm (year and month as written).
+ */
+static bool
+relay_auth_utc_time(const char *s, struct tm *tm)
+{
+	int			frac;
+
+	if (!relay_auth_digits(&s, 4, &tm->tm_year) || *s++ != '-' ||
+		!relay_auth_digits(&s, 2, &tm->tm_mon) || *s++ != '-' ||
+		!relay_auth_digits(&s, 2, &tm->tm_mday) || *s++ != 'T' ||
+		!relay_auth_digits(&s, 2, &tm->tm_hour) || *s++ != ':' ||
+		!relay_auth_digits(&s, 2, &tm->tm_min) || *s++ != ':' ||
+		!relay_auth_digits(&s, 2, &tm->tm_sec))
+		return false;
+	if (*s == '.')
+	{
+		s++;
+		for (frac = 0; *s >= '0' && *s <= '9' && frac < 9; s++, frac++)
+			;
+		if (frac == 0)
+			return false;
+	}
+	return s[0] == 'Z' && s[1] == '\0' &&
+		tm->tm_mon >= 1 && tm->tm_mon <= 12 && tm->tm_mday >= 1 && tm->tm_mday <= 31 &&
+		tm->tm_hour <= 23 && tm->tm_min <= 59 && tm->tm_sec <= 60;
+}
+
 /*
  * Read STS's answer of status 2xx: the credentials, palloc'd in cxt, and
  * their lifetime in seconds; or why not.
@@ -825,34 +892,29 @@ static const char *
 relay_auth_read_sts(const char *answer, int len, MemoryContext cxt, char **key_id,
 					char **secret, char **token, int64 *lifetime_s)
 {
-	const char *end = answer + len;
 	const char *c = strstr(answer, "<Credentials>");
+	const char *end = c ? strstr(c, "</Credentials>") : NULL;
 	char		k[130];
 	char		s[130];
 	char	   *tok = palloc(8194);
 	char		expiration[64];
 	struct tm	tm;
-	int			frac = 0;
-	char		z = '\0';
 	const char *why = NULL;
 
 	memset(&tm, 0, sizeof(tm));
-	if (c == NULL || c >= end)
+	if (c == NULL || end == NULL || end > answer + len)
 		why = "the answer holds no Credentials";
 	else if (!xml_text(c, end, "AccessKeyId", k, sizeof(k)) ||
 			 !xml_text(c, end, "SecretAccessKey", s, sizeof(s)) ||
 			 !xml_text(c, end, "SessionToken", tok, 8194) ||
 			 !xml_text(c, end, "Expiration", expiration, sizeof(expiration)))
 		why = "the answer's Credentials lack AccessKeyId, SecretAccessKey, SessionToken or Expiration";
-	else if (aws_check_credentials(k, s, tok) != NULL)
-		why = aws_check_credentials(k, s, tok);
-	else if (!((sscanf(expiration, "%4d-%2d-%2dT%2d:%2d:%2d%c", &tm.tm_year, &tm.tm_mon,
-					   &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &z) == 7 && z == 'Z') ||
-			   (sscanf(expiration, "%4d-%2d-%2dT%2d:%2d:%2d.%dZ", &tm.tm_year, &tm.tm_mon,
-					   &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &frac) == 7)) ||
-			 tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 ||
-			 tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
-		why = "the answer's Expiration is not a UTC time (YYYY-MM-DDTHH:MM:SSZ)";
+	/* (xml_text shows a byte outside printable ASCII as '?'; credentials hold none) */
+	else if (aws_check_credentials(k, s, tok) != NULL || strchr(k, '?') || strchr(s, '?') ||
+			 strchr(tok, '?'))
+		why = "the answer's credentials are not printable ASCII of AWS's lengths";
+	else if (!relay_auth_utc_time(expiration, &tm))
+		why = "the answer's Expiration is not a UTC time (YYYY-MM-DDTHH:MM:SS[.fff]Z)";
 	else
 	{
 		time_t		at;
@@ -958,6 +1020,7 @@ relay_auth_done(void *arg, long status, const char *answer, int len, const char 
 		t->auth_aws_token = token;
 		t->auth_generation++;
 		a->after_401 = a->want_after_401;
+		a->fetched_at = now;
 		a->want_after_401 = false;
 		a->refresh_failures = 0;
 		a->usable_until = now + (lifetime_s - margin_s) * USECS_PER_SEC;

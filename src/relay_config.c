@@ -536,6 +536,8 @@ relay_refresh_target(RelayTarget *t, HeapTuple tup, TupleDesc desc)
 			for (i = 0; i < t->nlanes; i++)
 				t->lanes[i].next_attempt = 0;
 		}
+		for (i = 0; i < t->nlanes; i++)
+			t->lanes[i].auth_again = false;
 	}
 	/* n's context holds the new strings: keep it, drop the previous one. */
 	MemoryContextSetParent(n->cxt, t->cxt);

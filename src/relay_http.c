@@ -86,6 +86,7 @@ typedef struct RelayHttpLane
 	int			answer_cap;		/* bytes allocated */
 	uint32		auth_generation;	/* of the token the request carries */
 	bool		has_auth;		/* it carries one (relay_auth.c) */
+	bool		auth_heavy;		/* which is most of its header bytes */
 } RelayHttpLane;
 
 #define HTTP(lane)	((RelayHttpLane *) (lane)->priv)
@@ -896,6 +897,7 @@ void
 relay_http_auth_sent(RelayLane *lane, bool sent, uint32 generation)
 {
 	HTTP(lane)->has_auth = sent;
+	HTTP(lane)->auth_heavy = false;
 	HTTP(lane)->auth_generation = generation;
 }
 
@@ -1246,6 +1248,8 @@ relay_http_send(RelayLane *lane, RelayOutcome *failed)
 		}
 		relay_header(h, line);
 		h->has_auth = true;
+		/* the token is most of the header bytes (a 431 is then its doing) */
+		h->auth_heavy = strlen(line) * 2 > (size_t) h->hdr.len;
 	}
 
 	return relay_http_start(lane, body, body_len, failed);
@@ -1448,10 +1452,10 @@ relay_http_finish(CURL *easy, CURLcode result, RelayFinishedFn finished)
 		outcome.auth_refused = status == 401;
 		outcome.kind = relay_http_status_class(status);
 		/*
-		 * Headers too large with a token in them: the token (a JWT of many
-		 * claims), not the message; held, nothing dead-lettered.
+		 * Headers too large, most of them the token (a JWT of many claims):
+		 * the token's doing, not the message's; held, nothing dead-lettered.
 		 */
-		if (status == 431 && h->has_auth)
+		if (status == 431 && h->has_auth && h->auth_heavy)
 			outcome.kind = RELAY_RECEIVER_FAILED;
 		outcome.status = (int) status;
 		if (outcome.kind != RELAY_DELIVERED)

@@ -487,6 +487,7 @@ relay_lane_auth_failed(RelayLane *lane, const char *error)
 	Assert(!lane->in_flight);
 	relay_lane_hold(lane, 0, error, 0);
 	lane->retry_nbatch = retry_nbatch;
+	lane->auth_again = false;	/* the next token may be refused once more */
 }
 
 /*

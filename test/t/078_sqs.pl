@@ -25,7 +25,8 @@
 #  - web identity: credentials from STS (AssumeRoleWithWebIdentity) for the
 #    token a file holds, renewed ahead of expiry, asked for again once when
 #    SQS finds them expired (the file read again: a rotated token), the
-#    target held with STS's reason when it refuses or the file is gone;
+#    target held with STS's reason when it refuses, the file is gone or
+#    is a FIFO (refused without blocking the relay);
 #  - bad options refused at create time (region not the URL's).
 use strict;
 use warnings;
@@ -33,6 +34,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use JSON::PP;
+use POSIX ();
 use OutboxRelayTest;
 use OutboxAws;
 
@@ -404,6 +406,16 @@ wi_held('the token file gone', qr/could not read the web identity token file "\Q
 rename "$wi_file.away", $wi_file;
 $n_wi += 5;
 wi_delivered('the token file back', $n_wi);
+# A FIFO at the path: refused without blocking the relay (an open() would
+# wait for a writer for ever).
+rename $wi_file, "$wi_file.away";
+POSIX::mkfifo($wi_file, 0600) or die "mkfifo: $!";
+aws_control($peer, 'expire_sessions', {});
+wi_held('a FIFO at the token path', qr/the web identity token file "\Q$wi_file\E" is not a regular file/);
+unlink $wi_file;
+rename "$wi_file.away", $wi_file;
+$n_wi += 5;
+wi_delivered('a token file again', $n_wi);
 unlike(slurp_file($node->logfile), qr/\Q$wi_token\E|\Q$wi_token2\E/, 'no web identity token in the log');
 
 # --- the relay killed mid-stream ------------------------------------------
