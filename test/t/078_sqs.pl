@@ -33,6 +33,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Cwd qw(abs_path);
 use JSON::PP;
 use POSIX ();
 use OutboxRelayTest;
@@ -319,7 +320,8 @@ is(scalar(@{ sqs_drain($peer, 'orders') }), 1, 'the message is there');
 # The token a file holds (as EKS writes one), exchanged with STS
 # (AssumeRoleWithWebIdentity, the peer's /sts) for temporary credentials.
 my $role = 'arn:aws:iam::000000000000:role/outbox-relay';
-my $wi_dir = PostgreSQL::Test::Utils::tempdir();
+# (absolute: the server reads it; 16's tempdir() is relative to the test's directory)
+my $wi_dir = abs_path(PostgreSQL::Test::Utils::tempdir());
 my $wi_file = "$wi_dir/token";
 my $wi_token = 'eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6b3V0Ym94In0.c2ln';
 PostgreSQL::Test::Utils::append_to_file($wi_file, "$wi_token\n");
